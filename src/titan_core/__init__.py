@@ -1,0 +1,88 @@
+"""titan-core: the shared LLM pre-training runtime; models and converters are plugins.
+
+The public API is ``__all__``. Names are loaded lazily, so ``titan-train --list``
+and ``--help`` never pay for torch, datasets or tiktoken until something needs them.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from ._version import PLUGIN_API_VERSION, __version__
+
+# public name -> module that defines it
+_LAZY: dict[str, str] = {
+    "TitanError": "errors",
+    "ConfigError": "errors",
+    "PluginError": "errors",
+    "CheckpointError": "errors",
+    "NonFiniteError": "errors",
+    "TrainSpec": "protocols",
+    "ModelConverter": "protocols",
+    "EmptyConfig": "protocols",
+    "RunContext": "protocols",
+    "TensorParallelStyles": "protocols",
+    "Tokenizer": "protocols",
+    "ParallelDims": "parallel_dims",
+    "register_train_spec": "discovery",
+    "register_model_converter": "discovery",
+    "JobConfig": "config.job",
+    "ActivationCheckpointSection": "config.sections",
+    "CheckpointSection": "config.sections",
+    "CompileSection": "config.sections",
+    "DataSection": "config.sections",
+    "LRSchedulerSection": "config.sections",
+    "MetricsSection": "config.sections",
+    "ModelSection": "config.sections",
+    "OptimizerSection": "config.sections",
+    "ParallelismSection": "config.sections",
+    "TrainingSection": "config.sections",
+    "OptimizersContainer": "optim",
+    "LRSchedulersContainer": "optim",
+    "Trainer": "trainer",
+    "cross_entropy_loss": "loss",
+    "TiktokenTokenizer": "tokenizer",
+    "build_tokenizer": "tokenizer",
+    "build_dataloader": "data",
+}
+
+__all__ = ["PLUGIN_API_VERSION", "__version__", *_LAZY]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'titan_core' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)
+
+
+if TYPE_CHECKING:
+    from .config.job import JobConfig
+    from .config.sections import (
+        ActivationCheckpointSection,
+        CheckpointSection,
+        CompileSection,
+        DataSection,
+        LRSchedulerSection,
+        MetricsSection,
+        ModelSection,
+        OptimizerSection,
+        ParallelismSection,
+        TrainingSection,
+    )
+    from .data import build_dataloader
+    from .discovery import register_model_converter, register_train_spec
+    from .errors import CheckpointError, ConfigError, NonFiniteError, PluginError, TitanError
+    from .loss import cross_entropy_loss
+    from .optim import LRSchedulersContainer, OptimizersContainer
+    from .parallel_dims import ParallelDims
+    from .protocols import EmptyConfig, ModelConverter, RunContext, TensorParallelStyles, TrainSpec, Tokenizer
+    from .tokenizer import TiktokenTokenizer, build_tokenizer
+    from .trainer import Trainer

@@ -1,0 +1,7 @@
+"""``python -m titan_core`` (what torchrun runs) is ``titan-train``."""
+
+import sys
+
+from .cli import main
+
+sys.exit(main())

@@ -1,0 +1,125 @@
+"""``titan-train``: a few run-level flags; every config value is ``--section.key=value``.
+
+Kept light: ``--help`` and ``--list`` import neither torchao nor the data stack.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import traceback
+from typing import Sequence
+
+from .errors import TitanError
+
+EPILOG = """\
+config values:
+  Every field of every section is set as --section.key=value (lists as a,b), e.g.
+  --training.steps=50 --optimizer.lr=1e-3 --parallelism.tp=2 --float8.recipe=rowwise.
+  Sources, later wins: defaults < the spec's defaults < --config < --section.key flags.
+  titan-train --schema lists every section and key; docs/configuration.md explains them.
+
+examples:
+  titan-train --spec llama3 --flavor debugmodel --training.steps=200
+  titan-train --spec llama3 --converters float8,mx --dry-run
+  titan-train --nproc-per-node 2 --parallelism.dp_shard=2 --training.steps=20
+  torchrun --nproc-per-node 2 -m titan_core --parallelism.tp=2
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="titan-train", description="Pre-train an LLM with titan-core; models and converters are plugins.",
+        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--list", action="store_true", help="list installed specs and converters, and exit")
+    p.add_argument("--spec", help="TrainSpec name (same as --model.spec)")
+    p.add_argument("--flavor", help="model flavor of the spec (same as --model.flavor)")
+    p.add_argument("--converters", help="comma-separated converters, applied in order; later wins (same as --model.converters)")
+    p.add_argument("--config", help="a TOML file, or pkg.module:function returning a config (config as code)")
+    p.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
+                   help="import MODULE first (it may register specs/converters in-process); repeatable")
+    p.add_argument("--print-config", action="store_true", help="print the merged config as TOML and exit")
+    p.add_argument("--schema", action="store_true", help="print the JSON schema of the config and exit")
+    p.add_argument("--dry-run", action="store_true",
+                   help="validate, build the model on the meta device, apply converters, print the table, exit")
+    p.add_argument("--compare-baseline", action="store_true",
+                   help="train with and without the converters (same seed) and report the loss gap")
+    p.add_argument("--nproc-per-node", type=int, default=None, metavar="N",
+                   help="re-launch through torch.distributed.run with N processes on this node")
+    p.add_argument("--traceback", action="store_true", help="show Python tracebacks for errors")
+    return p
+
+
+def _override_pairs(args: argparse.Namespace, rest: list[str]) -> list[tuple[str, str]]:
+    from .config.overrides import parse_override_args
+
+    pairs: list[tuple[str, str]] = []
+    for flag, key in (("spec", "model.spec"), ("flavor", "model.flavor"), ("converters", "model.converters")):
+        value = getattr(args, flag)
+        if value is not None:
+            pairs.append((key, value))
+    return pairs + parse_override_args(rest)
+
+
+def run(args: argparse.Namespace, rest: list[str], argv: list[str]) -> int:
+    from . import discovery
+
+    discovery.import_modules(args.imports)
+    if args.list:
+        from .commands.list_plugins import print_plugin_list
+
+        return print_plugin_list(with_traceback=args.traceback)
+    from .distributed import world_size_from_env
+
+    world_size = args.nproc_per_node or world_size_from_env()
+    from .config.resolve import resolve_config
+
+    resolved = resolve_config(config_source=args.config, override_pairs=_override_pairs(args, rest), world_size=world_size)
+    if args.print_config:
+        from .config.toml_out import dumps
+
+        print(dumps(resolved.config.model_dump(mode="json")), end="")
+        return 0
+    if args.schema:
+        import json
+
+        print(json.dumps(resolved.job_model.model_json_schema(), indent=2))
+        return 0
+    if args.dry_run:
+        from .commands.dry_run import dry_run
+
+        return dry_run(resolved)
+    if args.nproc_per_node and world_size_from_env() == 1:
+        from .commands.launch import relaunch
+
+        return relaunch(args.nproc_per_node, argv)
+    if args.compare_baseline:
+        from .commands.compare import compare_baseline
+
+        return compare_baseline(resolved)
+    from .commands.train import train
+
+    return train(resolved)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    args, rest = parser.parse_known_args(argv)
+    try:
+        return run(args, rest, argv)
+    except TitanError as exc:
+        if args.traceback:
+            traceback.print_exc()
+        print(f"titan-train: error: {exc}", file=sys.stderr)
+        if not args.traceback:
+            print("(run with --traceback to see where it happened)", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("titan-train: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,37 @@
+"""``--dry-run``: validate, build on the meta device, convert, report, train nothing."""
+
+from __future__ import annotations
+
+import torch
+
+from ..config.resolve import ResolvedConfig
+from ..converters import apply_converters
+from ..parallel_dims import ParallelDims
+from ..protocols import RunContext
+
+
+def dry_run(resolved: ResolvedConfig) -> int:
+    from ..tokenizer import build_tokenizer
+
+    c, spec = resolved.config, resolved.spec
+    build_tok = spec.build_tokenizer_fn or (lambda data: build_tokenizer(data.tokenizer))
+    tokenizer = build_tok(c.data)
+    args = spec.model_args(c.model.flavor, getattr(c, spec.name, None), vocab_size=tokenizer.vocab_size)
+    with torch.device("meta"):
+        model = spec.model_cls(args)
+    p = c.parallelism
+    dims = ParallelDims.resolve(dp_replicate=p.dp_replicate, dp_shard=p.dp_shard, tp=p.tp, pp=p.pp,
+                                world_size=resolved.world_size)
+    device = torch.device("cuda" if torch.cuda.is_available() and c.training.device != "cpu" else "cpu")
+    backend = p.backend if p.backend != "auto" else ("nccl" if device.type == "cuda" else "gloo")
+    ctx = RunContext(device, backend, c.training, c.parallelism, c.compile)
+    converters = [(name, cls(getattr(c, name), parallel_dims=dims, job=ctx)) for name, cls in resolved.converters]
+    table = apply_converters(model, converters, spec)
+    n_params = sum(t.numel() for t in model.parameters())
+    print(f"spec {spec.name}, flavor {c.model.flavor}: {n_params:,} parameters ({n_params / 1e9:.3f} B)")
+    if converters:
+        print(table.format())
+    else:
+        print("no converters requested")
+    print("dry run: configuration valid; nothing trained")
+    return 0

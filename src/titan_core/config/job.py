@@ -1,0 +1,96 @@
+"""JobConfig: the core sections plus one section per requested plugin.
+
+The set of sections depends on which spec and converters are requested, so the
+model is built per run with ``build_job_model``; plugin sections are validated by
+the plugin's own pydantic model. Cross-field checks live here, in one validator.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, create_model, model_validator
+
+from .sections import (
+    ActivationCheckpointSection,
+    CheckpointSection,
+    CompileSection,
+    DataSection,
+    JobSection,
+    LRSchedulerSection,
+    MetricsSection,
+    ModelSection,
+    OptimizerSection,
+    ParallelismSection,
+    TrainingSection,
+    ValidationSection,
+)
+
+CORE_SECTIONS: tuple[str, ...] = (
+    "job", "model", "training", "optimizer", "lr_scheduler", "data", "validation",
+    "parallelism", "checkpoint", "metrics", "compile", "activation_checkpoint",
+)
+
+
+class JobConfig(BaseModel):
+    """The validated configuration of one run. Plugin sections are extra fields added per run."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    job: JobSection = Field(default_factory=JobSection, description="Run folder and description.")
+    model: ModelSection = Field(default_factory=ModelSection, description="Which spec, flavor and converters.")
+    training: TrainingSection = Field(default_factory=TrainingSection, description="Steps, batch, precision, seed.")
+    optimizer: OptimizerSection = Field(default_factory=OptimizerSection, description="Optimizer settings.")
+    lr_scheduler: LRSchedulerSection = Field(default_factory=LRSchedulerSection, description="Warmup and decay.")
+    data: DataSection = Field(default_factory=DataSection, description="Dataset and tokenizer.")
+    validation: ValidationSection = Field(default_factory=ValidationSection, description="Held-out evaluation.")
+    parallelism: ParallelismSection = Field(default_factory=ParallelismSection, description="Parallel degrees and schedules.")
+    checkpoint: CheckpointSection = Field(default_factory=CheckpointSection, description="Checkpointing and resume.")
+    metrics: MetricsSection = Field(default_factory=MetricsSection, description="Console, JSONL and W&B metrics.")
+    compile: CompileSection = Field(default_factory=CompileSection, description="torch.compile.")
+    activation_checkpoint: ActivationCheckpointSection = Field(
+        default_factory=ActivationCheckpointSection, description="Activation checkpointing."
+    )
+
+    @model_validator(mode="after")
+    def _cross_field_checks(self, info: ValidationInfo) -> "JobConfig":
+        """Checks that span sections; the world size comes from the validation context."""
+        from ..parallel_dims import ParallelDims
+
+        world_size = int((info.context or {}).get("world_size", 1))
+        p, t = self.parallelism, self.training
+        dims = ParallelDims.resolve(dp_replicate=p.dp_replicate, dp_shard=p.dp_shard, tp=p.tp, pp=p.pp, world_size=world_size)
+        per_step = t.local_batch_size * dims.dp
+        if t.global_batch_size is not None and t.global_batch_size % per_step:
+            raise ValueError(
+                f"training.global_batch_size={t.global_batch_size} must be a multiple of local_batch_size "
+                f"({t.local_batch_size}) x data-parallel degree ({dims.dp}) = {per_step}"
+            )
+        if p.pp > 1:
+            n_micro = p.pp_microbatches or p.pp * p.pp_stages_per_rank
+            if t.local_batch_size % n_micro:
+                raise ValueError(
+                    f"parallelism.pp_microbatches={n_micro} must divide training.local_batch_size={t.local_batch_size}"
+                )
+        if self.checkpoint.async_mode == "async" and not self.checkpoint.enable:
+            raise ValueError("checkpoint.async_mode=async needs checkpoint.enable=true")
+        return self
+
+
+def accumulation_steps(config: JobConfig, dp: int) -> int:
+    """Micro-steps per optimizer step for data-parallel degree ``dp``."""
+    t = config.training
+    if t.global_batch_size is None:
+        return 1
+    return t.global_batch_size // (t.local_batch_size * dp)
+
+
+def build_job_model(plugin_sections: dict[str, type[BaseModel]]) -> type[JobConfig]:
+    """A JobConfig subclass with one extra section per requested plugin (name -> its model)."""
+    if not plugin_sections:
+        return JobConfig
+    fields: dict[str, Any] = {
+        name: (model, Field(default_factory=model, description=f"Section of plugin {name}."))
+        for name, model in plugin_sections.items()
+    }
+    return create_model("JobConfig", __base__=JobConfig, **fields)  # type: ignore[call-overload]

@@ -1,0 +1,74 @@
+"""``--section.key=value`` flags: parsed by the type of the field they set."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from pydantic import BaseModel, TypeAdapter, ValidationError
+
+from ..errors import ConfigError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+
+def parse_override_args(args: list[str]) -> list[tuple[str, str]]:
+    """``["--a.b=1", "--c.d", "2"]`` -> ``[("a.b", "1"), ("c.d", "2")]``."""
+    pairs: list[tuple[str, str]] = []
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if not arg.startswith("--") or "." not in arg.split("=", 1)[0]:
+            raise ConfigError(
+                f"unrecognised argument {arg!r}. Config values are set as --section.key=value "
+                f"(e.g. --training.steps=10); see titan-train --help."
+            )
+        key, eq, value = arg[2:].partition("=")
+        if not eq:
+            if i + 1 >= len(args) or args[i + 1].startswith("--"):
+                raise ConfigError(f"--{key} needs a value: write --{key}=VALUE.")
+            value = args[i + 1]
+            i += 1
+        pairs.append((key, value))
+        i += 1
+    return pairs
+
+
+def _toml_scalar(text: str) -> Any:
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text
+
+
+def typed_value(annotation: Any, text: str) -> Any:
+    """The first reading of ``text`` that the field's type accepts: TOML, raw string, comma list."""
+    candidates: list[Any] = [_toml_scalar(text), text]
+    if text == "":
+        candidates.append([])
+    else:
+        candidates.append([_toml_scalar(part.strip()) for part in text.split(",")])
+        candidates.append([part.strip() for part in text.split(",")])
+    adapter = TypeAdapter(annotation)
+    for candidate in candidates:
+        try:
+            adapter.validate_python(candidate)
+            return candidate
+        except ValidationError:
+            continue
+    return candidates[0]  # let full validation report the error with its location
+
+
+def overrides_layer(pairs: list[tuple[str, str]], sections: dict[str, type[BaseModel]]) -> dict[str, dict[str, Any]]:
+    """Nested dict of typed values; unknown sections/keys are left for the validator to name."""
+    layer: dict[str, dict[str, Any]] = {}
+    for dotted, text in pairs:
+        section, _, key = dotted.partition(".")
+        model = sections.get(section)
+        field = model.model_fields.get(key) if model is not None else None
+        value = typed_value(field.annotation, text) if field is not None else _toml_scalar(text)
+        layer.setdefault(section, {})[key] = value
+    return layer

@@ -1,0 +1,131 @@
+"""The core's configuration sections, one pydantic model each.
+
+Every model forbids unknown keys; every field carries a one-line description that
+feeds ``--schema`` and docs/configuration.md. Plugin sections are not declared
+here: the core keeps them as raw data until the plugin's own model validates them.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class Section(BaseModel):
+    """Base for every config section: unknown keys are errors, assignment is validated."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class JobSection(Section):
+    run_dir: str = Field("runs/default", description="Folder for metrics, conversion table and checkpoints.")
+    description: str = Field("", description="Free text recorded with the run.")
+
+
+class ModelSection(Section):
+    spec: str = Field("llama3", description="TrainSpec name (entry point in titan.train_specs).")
+    flavor: str = Field("debugmodel", description="Named model size from the spec's flavors.")
+    converters: list[str] = Field(default_factory=list, description="ModelConverter names, applied in this order; later wins on overlap.")
+
+    @model_validator(mode="after")
+    def _no_duplicate_converters(self) -> "ModelSection":
+        seen: set[str] = set()
+        for name in self.converters:
+            if name in seen:
+                raise ValueError(f'converter "{name}" is listed twice in model.converters; list each converter once')
+            seen.add(name)
+        return self
+
+
+class TrainingSection(Section):
+    steps: int = Field(200, gt=0, description="Number of optimizer steps to train.")
+    local_batch_size: int = Field(8, gt=0, description="Sequences per data-parallel rank per micro-step.")
+    global_batch_size: int | None = Field(None, gt=0, description="Sequences per optimizer step over all ranks; a multiple of local_batch_size x dp degree (gradient accumulation). Default: no accumulation.")
+    seq_len: int = Field(256, gt=0, description="Tokens per training sequence.")
+    max_norm: float = Field(1.0, ge=0, description="Gradient clipping norm; 0 disables clipping.")
+    seed: int = Field(0, description="Seed for weights, data order and dropout.")
+    deterministic: bool = Field(False, description="Use deterministic algorithms (slower on GPU).")
+    dtype: Literal["auto", "float32", "bfloat16"] = Field("auto", description="Compute dtype: auto = bfloat16 autocast on CUDA, float32 on CPU.")
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="Device: auto = CUDA when available.")
+    skip_nonfinite_steps: bool = Field(False, description="Skip (and count) steps with a non-finite loss or grad norm instead of stopping.")
+
+
+class OptimizerSection(Section):
+    name: Literal["AdamW", "Adam", "SGD"] = Field("AdamW", description="torch.optim optimizer class.")
+    lr: float = Field(3e-3, gt=0, description="Peak learning rate.")
+    betas: tuple[float, float] = Field((0.9, 0.95), description="Adam betas.")
+    eps: float = Field(1e-8, gt=0, description="Adam epsilon.")
+    weight_decay: float = Field(0.1, ge=0, description="Decoupled weight decay.")
+    implementation: Literal["auto", "foreach", "for-loop", "fused"] = Field("auto", description="Kernel: auto = fused on CUDA, foreach elsewhere.")
+
+
+class LRSchedulerSection(Section):
+    warmup_steps: int = Field(20, ge=0, description="Linear warmup steps from ~0 to the peak LR.")
+    decay_type: Literal["linear", "cosine", "wsd", "constant"] = Field("cosine", description="Decay after warmup; wsd = constant then decay in the last decay_ratio of steps.")
+    decay_ratio: float = Field(0.2, gt=0, le=1, description="For wsd: fraction of steps spent decaying.")
+    min_lr_factor: float = Field(0.1, ge=0, le=1, description="LR at the end of decay, as a fraction of the peak.")
+
+
+class DataSection(Section):
+    source: str = Field("builtin", description='"builtin" (Python\'s own docs and sources), a local .txt/.jsonl/.json/.parquet file or folder, or "hf:<name>" (opt-in hub download).')
+    text_field: str = Field("text", description="Field holding the text in .jsonl/.json/.parquet rows.")
+    hf_split: str = Field("train", description='Split for an "hf:" dataset.')
+    allow_download: bool = Field(False, description='Permit "hf:" sources to download (off by default: nothing is fetched at run time).')
+    tokenizer: str = Field("builtin", description='"builtin" or a path to a Llama-3-format tokenizer.model (tiktoken BPE ranks).')
+    val_fraction: float = Field(0.01, ge=0, lt=1, description="Fraction of documents held out for validation.")
+
+
+class ValidationSection(Section):
+    enable: bool = Field(False, description="Run a validation loop on the held-out split.")
+    freq: int = Field(100, gt=0, description="Validate every N steps.")
+    steps: int = Field(4, gt=0, description="Batches per validation.")
+
+
+class ParallelismSection(Section):
+    dp_replicate: int = Field(1, ge=1, description="Data-parallel replicas (DDP / HSDP outer dimension).")
+    dp_shard: int = Field(-1, description="FSDP2 shard degree; -1 = whatever the world size leaves.")
+    tp: int = Field(1, ge=1, description="Tensor-parallel degree.")
+    pp: int = Field(1, ge=1, description="Pipeline-parallel degree.")
+    pp_schedule: str = Field("1F1B", description="Pipeline schedule: 1F1B, GPipe, Interleaved1F1B, ZBVZeroBubble, ...")
+    pp_microbatches: int | None = Field(None, gt=0, description="Microbatches per local batch; default = number of stages.")
+    pp_stages_per_rank: int = Field(1, ge=1, description="Stages per pipeline rank (2+ for interleaved schedules).")
+    pp_split_points: list[str] = Field(default_factory=list, description="Layer names that start a new stage; empty = balanced automatic split.")
+    loss_parallel: bool = Field(True, description="With tp > 1: compute the loss on vocab-sharded logits.")
+    fsdp_reshard_after_forward: Literal["default", "always", "never"] = Field("default", description="FSDP2 reshard policy; default = always, except never for the last block.")
+    param_dtype: Literal["float32", "bfloat16"] = Field("float32", description="FSDP2 parameter dtype during compute.")
+    reduce_dtype: Literal["float32", "bfloat16"] = Field("float32", description="FSDP2 gradient reduce dtype.")
+    backend: Literal["auto", "gloo", "nccl"] = Field("auto", description="Process-group backend; auto = nccl on CUDA, gloo on CPU.")
+
+
+class CheckpointSection(Section):
+    enable: bool = Field(False, description="Save checkpoints with torch.distributed.checkpoint.")
+    interval: int = Field(100, gt=0, description="Save every N steps (and at the last step).")
+    folder: str = Field("checkpoints", description="Folder for checkpoints, relative to job.run_dir.")
+    keep_latest_k: int = Field(2, ge=0, description="Keep this many complete checkpoints; 0 keeps all.")
+    async_mode: Literal["disabled", "async"] = Field("disabled", description="async: save in the background after the copy to CPU.")
+    resume: str = Field("auto", description='"auto" (newest complete checkpoint in folder), "never", or a path to a checkpoint.')
+    allow_converter_change: bool = Field(False, description="Allow resuming with a different converter list (e.g. fine-tune a baseline with float8).")
+    export_at_end: bool = Field(False, description="Write the full model weights as safetensors at the end.")
+    export_dtype: Literal["float32", "bfloat16"] = Field("float32", description="dtype of the exported weights.")
+
+
+class MetricsSection(Section):
+    log_freq: int = Field(10, gt=0, description="Print and record metrics every N steps.")
+    wandb: bool = Field(False, description="Also log to Weights & Biases (respects WANDB_MODE=offline).")
+    wandb_project: str = Field("titan", description="W&B project name.")
+    peak_tflops: float | None = Field(None, gt=0, description="Peak bf16 TFLOP/s for MFU; default from a table of known GPUs.")
+
+
+class CompileSection(Section):
+    enable: bool = Field(False, description="torch.compile each transformer block.")
+
+
+class ActivationCheckpointSection(Section):
+    mode: Literal["none", "full", "selective"] = Field("none", description="Activation checkpointing: none, full (every block) or selective.")
+    selective_every: int = Field(0, ge=0, description="selective: checkpoint every Nth block (0 = use per-op selective instead).")
+    selective_save_ops: list[str] = Field(
+        default_factory=lambda: ["aten.mm.default", "aten._scaled_dot_product_flash_attention.default",
+                                 "aten._scaled_dot_product_efficient_attention.default"],
+        description="selective per-op: ops whose outputs are saved (every other matmul is recomputed).",
+    )

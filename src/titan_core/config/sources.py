@@ -1,0 +1,100 @@
+"""Where config values come from, and how they merge (later wins).
+
+field defaults < the spec's defaults < ``--config`` (TOML file or ``pkg.mod:fn``)
+< ``--section.key=value`` flags.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+
+from ..errors import ConfigError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+Layer = dict[str, dict[str, Any]]
+
+
+def merge(*layers: Layer) -> Layer:
+    """Section-wise merge; a later layer's key replaces an earlier one's (nested dicts merge)."""
+    out: Layer = {}
+    for layer in layers:
+        for section, values in layer.items():
+            if not isinstance(values, dict):
+                raise ConfigError(f'config section "{section}" must be a table of keys, got {values!r}.')
+            out[section] = _merge_dict(out.get(section, {}), values)
+    return out
+
+
+def _merge_dict(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    out = dict(a)
+    for k, v in b.items():
+        out[k] = _merge_dict(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def load_config_source(source: str) -> Layer:
+    """``--config``: a TOML file path, or ``pkg.module:function`` returning a JobConfig or a dict."""
+    if source.endswith(".toml") or "/" in source or Path(source).exists():
+        return _load_toml(Path(source))
+    if ":" in source:
+        return _call_config_function(source)
+    raise ConfigError(
+        f'--config {source}: not a .toml file and not a "pkg.module:function" reference. '
+        f"Pass a path to a TOML file or a config function such as mypkg.configs:llama3_debug."
+    )
+
+
+def _load_toml(path: Path) -> Layer:
+    if not path.is_file():
+        raise ConfigError(f"--config {path}: no such file. Check the path (relative paths start at {Path.cwd()}).")
+    try:
+        text = path.read_text(encoding="utf-8")
+        return tomllib.loads(text)
+    except UnicodeDecodeError:
+        raise ConfigError(f"--config {path}: not a text file (it is not UTF-8). Pass a TOML config file.") from None
+    except tomllib.TOMLDecodeError as exc:
+        # tomllib's message already says "(at line N, column M)".
+        raise ConfigError(f"--config {path}: TOML syntax error: {exc}. Fix the file at that line.") from None
+
+
+def _call_config_function(ref: str) -> Layer:
+    module_name, _, fn_name = ref.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:
+        raise ConfigError(
+            f"--config {ref}: module {module_name!r} could not be imported ({type(exc).__name__}: {exc}). "
+            f"Check the module path and that it is importable (installed, or on PYTHONPATH)."
+        ) from exc
+    fn = getattr(module, fn_name, None)
+    if fn is None or not callable(fn):
+        names = [n for n in dir(module) if not n.startswith("_") and callable(getattr(module, n))]
+        from ..errors import did_you_mean
+
+        raise ConfigError(
+            f"--config {ref}: module {module_name} has no function {fn_name!r}.{did_you_mean(fn_name, names)} "
+            f"Functions there: {', '.join(names) or 'none'}."
+        )
+    try:
+        result = fn()
+    except Exception as exc:
+        raise ConfigError(
+            f"--config {ref}: the config function raised {type(exc).__name__}: {exc}. Fix the function "
+            f"(--traceback shows where)."
+        ) from exc
+    if isinstance(result, BaseModel):
+        # Only what the function set explicitly counts as a layer, so the spec's defaults
+        # still apply to everything it left alone.
+        return result.model_dump(exclude_unset=True)
+    if isinstance(result, dict):
+        return result
+    raise ConfigError(f"--config {ref}: the config function returned {type(result).__name__}; return a JobConfig or a dict.")

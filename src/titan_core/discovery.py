@@ -1,0 +1,204 @@
+"""Find TrainSpecs and ModelConverters: entry points plus in-process registrations.
+
+Listing reads package metadata only; a plugin's module is imported when it is
+requested (or when ``--list`` checks its health). Every rank runs the same code
+on the same installed packages, so every rank loads the same plugins, and
+loading is cached, so loading twice is a no-op.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import traceback
+from dataclasses import dataclass
+from typing import Any, Callable, Literal
+
+from ._metadata import entry_points_of
+from ._version import PLUGIN_API_VERSION
+from .errors import PluginError, did_you_mean
+
+Group = Literal["titan.train_specs", "titan.model_converters"]
+SPECS: Group = "titan.train_specs"
+CONVERTERS: Group = "titan.model_converters"
+_KIND = {SPECS: "spec", CONVERTERS: "converter"}
+
+# Comma-separated plugin or distribution names that discovery ignores entirely.
+DISABLE_ENV = "TITAN_DISABLE_PLUGINS"
+
+
+@dataclass(frozen=True)
+class PluginInfo:
+    """One discovered plugin, as package metadata (or an in-process registration) says."""
+
+    name: str
+    group: str
+    distribution: str
+    version: str
+    target: str  # "module:attr" of the entry point, or "<in-process>"
+
+
+@dataclass(frozen=True)
+class PluginHealth:
+    """What loading a plugin showed: its plugin-API version, or why it is broken."""
+
+    info: PluginInfo
+    api_version: str | None
+    error: str | None
+
+
+_registered: dict[str, dict[str, tuple[Any, PluginInfo]]] = {SPECS: {}, CONVERTERS: {}}
+_loaded: dict[tuple[str, str], Any] = {}
+
+
+def _disabled() -> set[str]:
+    return {part.strip() for part in os.environ.get(DISABLE_ENV, "").split(",") if part.strip()}
+
+
+def discover(group: Group) -> dict[str, list[PluginInfo]]:
+    """Name -> every distribution that claims it (more than one is a clash). Imports nothing."""
+    found: dict[str, list[PluginInfo]] = {}
+    off = _disabled()
+    for ep, dist_name, dist_version in entry_points_of(group):
+        if ep.name in off or dist_name in off:
+            continue
+        info = PluginInfo(ep.name, group, dist_name, dist_version, ep.value)
+        claims = found.setdefault(ep.name, [])
+        # An editable install can list one distribution twice; that is not a clash.
+        if all(c.distribution != info.distribution for c in claims):
+            claims.append(info)
+    for name, (_, info) in _registered[group].items():
+        found.setdefault(name, [])
+        if info not in found[name]:
+            found[name].append(info)
+    return found
+
+
+def _register(group: Group, name: str, obj: Any) -> None:
+    current = _registered[group].get(name)
+    if current is not None and current[0] is not obj:
+        raise PluginError(
+            f'{_KIND[group]} "{name}" is already registered in this process by {current[1].target}; '
+            f"register each name once (or choose another name)."
+        )
+    module = getattr(obj, "__module__", "<in-process>")
+    _registered[group][name] = (obj, PluginInfo(name, group, f"<registered in {module}>", "-", "<in-process>"))
+    _loaded.pop((group, name), None)
+
+
+def register_train_spec(spec: Any, name: str | None = None) -> None:
+    """Register a TrainSpec (or a zero-argument callable returning one) in this process."""
+    _register(SPECS, name or spec.name, spec)
+
+
+def register_model_converter(name: str, converter_cls: type) -> None:
+    """Register a ModelConverter class under ``name`` in this process."""
+    _register(CONVERTERS, name, converter_cls)
+
+
+def import_modules(names: list[str]) -> None:
+    """``--import mod.name``: import modules that register plugins in-process."""
+    for module in names:
+        try:
+            importlib.import_module(module)
+        except Exception as exc:
+            raise PluginError(
+                f'--import {module}: the module could not be imported ({type(exc).__name__}: {exc}). '
+                f"Check the module name and that its package is on sys.path (--traceback shows where it failed)."
+            ) from exc
+
+
+def _resolve_one(group: Group, name: str) -> PluginInfo:
+    found = discover(group)
+    kind = _KIND[group]
+    if name not in found:
+        installed = sorted(found)
+        listed = ", ".join(installed) if installed else "none"
+        raise PluginError(
+            f'unknown {kind} "{name}".{did_you_mean(name, installed)} Installed {kind}s: {listed}. '
+            f"Run titan-train --list to see them with their distributions, or install the package that provides it."
+        )
+    claims = found[name]
+    if len(claims) > 1:
+        who = " and ".join(f"{c.distribution} {c.version} ({c.target})" for c in claims)
+        raise PluginError(
+            f'{kind} "{name}" is provided by more than one distribution: {who}. Uninstall one of them, '
+            f"or disable one with {DISABLE_ENV}=<distribution>."
+        )
+    return claims[0]
+
+
+def _check_api(info: PluginInfo, api_version: str) -> None:
+    major = api_version.split(".")[0]
+    if major != PLUGIN_API_VERSION.split(".")[0]:
+        raise PluginError(
+            f'{_KIND[info.group]} "{info.name}" from {info.distribution} {info.version} was written for '
+            f"titan-core plugin API {api_version}, but this titan-core speaks {PLUGIN_API_VERSION}. "
+            f"Install a version of {info.distribution} built for plugin API {PLUGIN_API_VERSION.split('.')[0]}.x "
+            f"(or a titan-core that matches the plugin)."
+        )
+
+
+def _import_target(info: PluginInfo) -> Any:
+    if info.target == "<in-process>":
+        return _registered[info.group][info.name][0]
+    module_name, _, attr = info.target.partition(":")
+    try:
+        obj: Any = importlib.import_module(module_name.strip())
+        for part in attr.strip().split(".") if attr else []:
+            obj = getattr(obj, part)
+        return obj
+    except Exception as exc:
+        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise PluginError(
+            f'{_KIND[info.group]} "{info.name}" failed to import: entry point "{info.name} = {info.target}" '
+            f"of {info.distribution} {info.version} raised {type(exc).__name__}: {first_line}. "
+            f"Reinstall or fix {info.distribution} (--traceback shows the full traceback), or disable it with "
+            f"{DISABLE_ENV}={info.distribution}."
+        ) from exc
+
+
+def _load(group: Group, name: str, finish: Callable[[Any], Any]) -> Any:
+    key = (group, name)
+    if key not in _loaded:
+        info = _resolve_one(group, name)
+        obj = finish(_import_target(info))
+        _check_api(info, str(getattr(obj, "plugin_api_version", PLUGIN_API_VERSION)))
+        _loaded[key] = obj
+    return _loaded[key]
+
+
+def load_train_spec(name: str) -> Any:
+    """The TrainSpec called ``name``; a zero-argument factory is called once."""
+    from .protocols import TrainSpec
+
+    def finish(obj: Any) -> Any:
+        spec = obj if isinstance(obj, TrainSpec) else obj() if callable(obj) else obj
+        if not isinstance(spec, TrainSpec):
+            raise PluginError(f'spec "{name}" resolved to {type(spec).__name__}, not a titan_core.TrainSpec.')
+        return spec
+
+    return _load(SPECS, name, finish)
+
+
+def load_converter(name: str) -> type:
+    """The ModelConverter class called ``name``."""
+    from .protocols import ModelConverter
+
+    def finish(obj: Any) -> Any:
+        if not (isinstance(obj, type) and issubclass(obj, ModelConverter)):
+            raise PluginError(f'converter "{name}" resolved to {obj!r}, not a titan_core.ModelConverter subclass.')
+        return obj
+
+    return _load(CONVERTERS, name, finish)
+
+
+def health(info: PluginInfo, *, with_traceback: bool = False) -> PluginHealth:
+    """Load one plugin to report its API version or why it is broken (for ``--list``)."""
+    loader = load_train_spec if info.group == SPECS else load_converter
+    try:
+        obj = loader(info.name)
+    except PluginError as exc:
+        detail = "".join(traceback.format_exception(exc.__cause__ or exc)) if with_traceback else str(exc)
+        return PluginHealth(info, None, detail)
+    return PluginHealth(info, str(getattr(obj, "plugin_api_version", PLUGIN_API_VERSION)), None)

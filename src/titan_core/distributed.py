@@ -1,0 +1,66 @@
+"""Process group set-up from torchrun's environment, and small collectives."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class ProcessInfo:
+    rank: int
+    world_size: int
+    local_rank: int
+    backend: str
+    device: torch.device
+
+    @property
+    def is_rank0(self) -> bool:
+        return self.rank == 0
+
+
+def world_size_from_env() -> int:
+    """The world size torchrun announced (1 outside torchrun): known before any process group."""
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def pick_device(preference: str, local_rank: int) -> torch.device:
+    if preference == "cuda" or (preference == "auto" and torch.cuda.is_available()):
+        return torch.device("cuda", local_rank)
+    return torch.device("cpu")
+
+
+def init_process_group(*, backend: str, device_preference: str) -> ProcessInfo:
+    """Init the default group when launched by torchrun; a single process needs none."""
+    world_size = world_size_from_env()
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    device = pick_device(device_preference, local_rank)
+    if backend == "auto":
+        backend = "nccl" if device.type == "cuda" else "gloo"
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    if world_size > 1 and not dist.is_initialized():
+        dist.init_process_group(backend=backend)
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    return ProcessInfo(rank, world_size, local_rank, backend, device)
+
+
+def all_reduce_sum(value: torch.Tensor) -> torch.Tensor:
+    """Sum over all ranks (a copy; identity in a single process)."""
+    out = value.detach().clone()
+    if dist.is_initialized():
+        dist.all_reduce(out, op=dist.ReduceOp.SUM)
+    return out
+
+
+def barrier() -> None:
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def destroy() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()

@@ -1,0 +1,39 @@
+"""Gradient norm and clipping that are correct under DTensor sharding and pipelining."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.tensor import DTensor
+
+
+def total_grad_norm(model_parts: list[nn.Module], *, pp_group: "dist.ProcessGroup | None") -> torch.Tensor:
+    """2-norm of all gradients of all parts on all ranks.
+
+    A DTensor norm is already global over its mesh (full_tensor of the partial
+    norm); pipeline stages hold disjoint parameters, so their squared norms add up
+    across the pipeline group.
+    """
+    grads = [p.grad for part in model_parts for p in part.parameters() if p.grad is not None]
+    if not grads:
+        return torch.zeros(())
+    norm = torch.nn.utils.get_total_norm(grads, norm_type=2.0, foreach=True)
+    if isinstance(norm, DTensor):
+        norm = norm.full_tensor()
+    if pp_group is not None:
+        squared = norm.pow(2)
+        dist.all_reduce(squared, op=dist.ReduceOp.SUM, group=pp_group)
+        norm = squared.sqrt()
+    return norm
+
+
+def clip_grad_norm(model_parts: list[nn.Module], max_norm: float, *, pp_group: "dist.ProcessGroup | None") -> float:
+    """Clip in place to ``max_norm`` (0 = only measure); returns the norm before clipping."""
+    norm = total_grad_norm(model_parts, pp_group=pp_group)
+    if max_norm > 0 and math.isfinite(float(norm)):
+        params = [p for part in model_parts for p in part.parameters() if p.grad is not None]
+        torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm, foreach=True)
+    return float(norm)

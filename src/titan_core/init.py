@@ -1,0 +1,45 @@
+"""Layout-independent weight init: each parameter from its own (seed, fqn) generator.
+
+A parameter's values depend only on the seed and its name, never on how it is
+sharded, which stage holds it, or the device: the full tensor is made on the CPU
+and then cut to the local shard. Peak extra memory is one full parameter.
+"""
+
+from __future__ import annotations
+
+import zlib
+
+import torch
+from torch import nn
+from torch.distributed.tensor import DTensor, distribute_tensor
+
+
+def parameter_generator(seed: int, fqn: str) -> torch.Generator:
+    """The generator for parameter ``fqn``; model plugins use the same scheme in init_weights."""
+    return torch.Generator().manual_seed((seed * 1_000_003 + zlib.crc32(fqn.encode())) % 2**63)
+
+
+def clean_fqn(fqn: str) -> str:
+    """Drop wrapper segments (activation checkpointing, torch.compile) from a parameter name."""
+    for wrapper in ("_checkpoint_wrapped_module.", "_orig_mod."):
+        fqn = fqn.replace(wrapper, "")
+    return fqn
+
+
+@torch.no_grad()
+def init_model_weights(model: nn.Module, *, seed: int) -> None:
+    """Fill every parameter via ``model.init_parameter`` and recompute buffers (after to_empty)."""
+    init_parameter = getattr(model, "init_parameter")
+    for raw_fqn, param in model.named_parameters():
+        fqn = clean_fqn(raw_fqn)
+        full = torch.empty(param.shape, dtype=torch.float32)
+        init_parameter(fqn, full, parameter_generator(seed, fqn))
+        if isinstance(param, DTensor):
+            # Every rank computed the same full tensor, so no broadcast is needed (src_data_rank=None).
+            local = distribute_tensor(full.to(param.device), param.device_mesh, param.placements, src_data_rank=None)
+            param.copy_(local)
+        else:
+            param.copy_(full)
+    init_buffers = getattr(model, "init_buffers", None)
+    if init_buffers is not None:
+        init_buffers()

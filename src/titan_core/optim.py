@@ -1,0 +1,124 @@
+"""Optimizers and LR schedulers over all model parts, stepped as one."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+import torch
+from torch import nn
+from torch.optim.lr_scheduler import LambdaLR
+
+from .config.sections import LRSchedulerSection, OptimizerSection
+
+_OPTIMIZERS: dict[str, type[torch.optim.Optimizer]] = {
+    "AdamW": torch.optim.AdamW,
+    "Adam": torch.optim.Adam,
+    "SGD": torch.optim.SGD,
+}
+
+
+class OptimizersContainer(torch.optim.Optimizer):
+    """One optimizer per model part, behaving as a single ``torch.optim.Optimizer``.
+
+    One inner optimizer per part keeps each part's (possibly differently sharded)
+    parameters together, which is what DCP's optimizer state dicts expect; the
+    container's ``param_groups`` are the inner groups, so an LR scheduler built on
+    the container drives all of them. Parameters with ``requires_grad=False`` are
+    left out (frozen embeddings, converter buffers registered as parameters).
+    Step hooks registered on the container (converters' pre/post hooks) run once per
+    step, around all inner steps.
+    """
+
+    def __init__(self, model_parts: list[nn.Module], config: OptimizerSection, *, device_type: str) -> None:
+        cls = _OPTIMIZERS[config.name]
+        kwargs: dict[str, Any] = {"lr": config.lr, "weight_decay": config.weight_decay}
+        if config.name != "SGD":
+            kwargs.update(betas=config.betas, eps=config.eps)
+            impl = config.implementation
+            if impl == "auto":
+                impl = "fused" if device_type == "cuda" else "foreach"
+            if impl == "fused":
+                kwargs["fused"] = True
+            elif impl == "foreach":
+                kwargs["foreach"] = True
+            else:
+                kwargs["foreach"] = False
+        self.model_parts = model_parts
+        self.optimizers = [
+            cls([p for p in part.parameters() if p.requires_grad], **kwargs) for part in model_parts
+        ]
+        params = [p for opt in self.optimizers for g in opt.param_groups for p in g["params"]]
+        super().__init__(params, dict(kwargs))
+        # The container's groups ARE the inner groups: changing lr here changes it there.
+        self.param_groups = [g for opt in self.optimizers for g in opt.param_groups]
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], float] | None = None) -> None:  # type: ignore[override]
+        for opt in self.optimizers:
+            opt.step()
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for opt in self.optimizers:
+            opt.zero_grad(set_to_none=set_to_none)
+
+    def state_dict(self) -> dict[str, Any]:  # type: ignore[override]
+        return {f"part{i}": opt.state_dict() for i, opt in enumerate(self.optimizers)}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:  # type: ignore[override]
+        for i, opt in enumerate(self.optimizers):
+            opt.load_state_dict(state_dict[f"part{i}"])
+
+
+def lr_multiplier(step: int, *, warmup: int, total: int, config: LRSchedulerSection) -> float:
+    """LR factor for ``step`` (0-based optimizer steps): linear warmup, then the decay."""
+    if step < warmup:
+        return (step + 1) / (warmup + 1)
+    floor = config.min_lr_factor
+    decay_steps = total - warmup
+    if config.decay_type == "constant" or decay_steps <= 0:
+        return 1.0
+    if config.decay_type == "wsd":
+        decay_len = max(1, int(round(config.decay_ratio * decay_steps)))
+        start = total - decay_len
+        if step < start:
+            return 1.0
+        progress = (step - start) / decay_len
+        return 1.0 - (1.0 - floor) * min(1.0, progress)
+    progress = min(1.0, (step - warmup) / decay_steps)
+    if config.decay_type == "linear":
+        return 1.0 - (1.0 - floor) * progress
+    return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+class LRSchedulersContainer:
+    """One LambdaLR per inner optimizer, stepped together; state is the shared step count."""
+
+    def __init__(self, optimizers: OptimizersContainer, config: LRSchedulerSection, *, total_steps: int) -> None:
+        warmup = min(config.warmup_steps, total_steps)
+
+        def factor(step: int) -> float:
+            return lr_multiplier(step, warmup=warmup, total=total_steps, config=config)
+
+        self._factor = factor
+        self.schedulers = [LambdaLR(opt, factor) for opt in optimizers.optimizers]
+
+    def step(self) -> None:
+        for scheduler in self.schedulers:
+            scheduler.step()
+
+    def get_last_lr(self) -> float:
+        return float(self.schedulers[0].get_last_lr()[0])
+
+    def state_dict(self) -> dict[str, Any]:
+        # Every scheduler has the same step count; saving one keeps the state layout-free.
+        return {"last_epoch": int(self.schedulers[0].last_epoch)}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        last = int(state_dict["last_epoch"])
+        for scheduler in self.schedulers:
+            scheduler.last_epoch = last
+            lrs = [base * self._factor(last) for base in scheduler.base_lrs]
+            for group, lr in zip(scheduler.optimizer.param_groups, lrs):
+                group["lr"] = lr
+            scheduler._last_lr = lrs  # what get_last_lr() reports

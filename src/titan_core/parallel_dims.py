@@ -1,0 +1,93 @@
+"""Parallel degrees, validated against the world size before any process group exists."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+
+from .errors import ConfigError
+
+
+@dataclass(frozen=True)
+class ParallelDims:
+    """dp_replicate x dp_shard x tp x pp = world_size; builds the named device mesh.
+
+    Mesh dimension names: ``pp``, ``dp_replicate``, ``dp_shard``, ``tp``, and the
+    flattened ``dp`` (all data-parallel ranks).
+    """
+
+    dp_replicate: int
+    dp_shard: int
+    tp: int
+    pp: int
+    world_size: int
+
+    @staticmethod
+    def resolve(*, dp_replicate: int, dp_shard: int, tp: int, pp: int, world_size: int) -> "ParallelDims":
+        """Fill ``dp_shard=-1`` from the world size and check that the degrees multiply to it."""
+        others = dp_replicate * tp * pp
+        if dp_shard == -1:
+            if world_size % others:
+                raise ConfigError(
+                    f"parallelism degrees do not fit the world size: dp_replicate={dp_replicate} x tp={tp} x pp={pp} "
+                    f"= {others} does not divide world size {world_size}. Change the degrees or the number of processes."
+                )
+            dp_shard = world_size // others
+        if dp_shard < 1:
+            raise ConfigError(f"parallelism.dp_shard must be -1 or >= 1, got {dp_shard}.")
+        product = dp_replicate * dp_shard * tp * pp
+        if product != world_size:
+            raise ConfigError(
+                f"parallelism degrees do not fit the world size: dp_replicate={dp_replicate} x dp_shard={dp_shard} "
+                f"x tp={tp} x pp={pp} = {product}, but the world size is {world_size}. Make the product equal the "
+                f"number of processes (dp_shard=-1 takes what the others leave)."
+            )
+        return ParallelDims(dp_replicate, dp_shard, tp, pp, world_size)
+
+    @property
+    def dp(self) -> int:
+        """Number of data-parallel ranks (each reads its own data shard)."""
+        return self.dp_replicate * self.dp_shard
+
+    @property
+    def fsdp_enabled(self) -> bool:
+        return self.dp_shard > 1
+
+    @property
+    def dp_replicate_enabled(self) -> bool:
+        return self.dp_replicate > 1
+
+    @property
+    def tp_enabled(self) -> bool:
+        return self.tp > 1
+
+    @property
+    def pp_enabled(self) -> bool:
+        return self.pp > 1
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+    def build_mesh(self, device_type: str):  # -> DeviceMesh
+        """The named mesh over all ranks; call after the process group exists."""
+        return self._mesh(device_type)
+
+    def _mesh(self, device_type: str):
+        from torch.distributed.device_mesh import init_device_mesh
+
+        names = ("pp", "dp_replicate", "dp_shard", "tp")
+        shape = (self.pp, self.dp_replicate, self.dp_shard, self.tp)
+        mesh = init_device_mesh(device_type, shape, mesh_dim_names=names)
+        # Flattened views: "dp" for data loading / loss averaging, "dp_fsdp" for
+        # the FSDP2 mesh (2-D for HSDP, 1-D otherwise).
+        mesh[("dp_replicate", "dp_shard")]._flatten("dp")
+        return mesh
+
+    def dp_mesh(self, mesh):
+        """The mesh FSDP2 / replication uses: (dp_replicate, dp_shard) for HSDP, else 1-D."""
+        if self.dp_replicate_enabled and self.fsdp_enabled:
+            return mesh[("dp_replicate", "dp_shard")]
+        if self.dp_replicate_enabled:
+            return mesh["dp_replicate"]
+        return mesh["dp_shard"]

@@ -1,0 +1,200 @@
+"""The two plugin contracts: TrainSpec (a model) and ModelConverter (a model rewrite).
+
+A plugin imports only ``titan_core``'s public API. Everything a plugin receives
+is a narrow, validated slice of the job config, never the whole of it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Mapping, Protocol, Sequence
+
+import torch
+from pydantic import BaseModel, ConfigDict
+from torch import nn
+
+from ._version import PLUGIN_API_VERSION
+
+if TYPE_CHECKING:
+    from .config.sections import (
+        ActivationCheckpointSection,
+        CompileSection,
+        ParallelismSection,
+        TrainingSection,
+    )
+    from .parallel_dims import ParallelDims
+
+
+class Tokenizer(Protocol):
+    """What the trainer and data loader need from a tokenizer."""
+
+    @property
+    def vocab_size(self) -> int: ...
+    @property
+    def bos_id(self) -> int: ...
+    @property
+    def eos_id(self) -> int: ...
+    def encode(self, text: str, *, bos: bool = False, eos: bool = False) -> list[int]: ...
+    def decode(self, ids: Sequence[int]) -> str: ...
+
+
+@dataclass(frozen=True)
+class RunContext:
+    """The read-only facts about this run that a plugin may need besides its own section."""
+
+    device: torch.device
+    backend: str
+    training: "TrainingSection"
+    parallelism: "ParallelismSection"
+    compile: "CompileSection"
+
+
+@dataclass(frozen=True)
+class TensorParallelStyles:
+    """ParallelStyle classes a parallelize_fn uses for linear layers.
+
+    A converter may supply its own (e.g. float8-aware TP) through
+    ``ModelConverter.tensor_parallel_styles``; the defaults are torch's.
+    """
+
+    colwise: type
+    rowwise: type
+    prepare_module_input: type
+
+    @staticmethod
+    def default() -> "TensorParallelStyles":
+        from torch.distributed.tensor.parallel import ColwiseParallel, PrepareModuleInput, RowwiseParallel
+
+        return TensorParallelStyles(ColwiseParallel, RowwiseParallel, PrepareModuleInput)
+
+
+class ParallelizeFn(Protocol):
+    """Applies TP -> activation checkpointing -> compile -> FSDP2 to one model part, in place.
+
+    ``mesh`` is the full named DeviceMesh (dims ``pp``, ``dp_replicate``, ``dp_shard``,
+    ``tp`` and the flattened ``dp``), or None in a single-process run.
+    """
+
+    def __call__(
+        self,
+        model: nn.Module,
+        *,
+        parallel_dims: "ParallelDims",
+        mesh: Any,
+        training: "TrainingSection",
+        parallelism: "ParallelismSection",
+        compile: "CompileSection",
+        activation_checkpoint: "ActivationCheckpointSection",
+        tp_styles: TensorParallelStyles,
+    ) -> nn.Module: ...
+
+
+@dataclass(frozen=True)
+class TrainSpec:
+    """Everything the core needs to train one model family.
+
+    A minimal spec names ``name``, ``model_cls``, ``flavors`` and ``parallelize_fn``;
+    every ``build_*`` factory left as ``None`` uses the core's default.
+
+    Contract for the model (``model_cls(args)``):
+      * it can be built under ``torch.device("meta")`` and holds no parallelism code;
+      * ``init_parameter(fqn, tensor, generator)`` fills a full-shaped plain tensor
+        for the parameter ``fqn``; the core calls it per parameter with a generator
+        seeded from (seed, fqn), so weights are identical whatever the layout;
+      * ``init_buffers()`` (optional) recomputes non-persistent buffers after
+        ``to_empty``;
+      * ``forward(tokens) -> logits``; with pipelining, a stage's forward takes the
+        previous stage's output.
+    Flavor args are dataclasses. A field ``vocab_size`` left ``None`` is filled from
+    the tokenizer; fields of the spec's ``config_model`` section that are not
+    ``None`` replace the flavor's values.
+    """
+
+    name: str
+    model_cls: type[nn.Module]
+    flavors: Mapping[str, Any]
+    parallelize_fn: ParallelizeFn
+    pipelining_fn: Callable[..., Any] | None = None
+    config_model: type[BaseModel] | None = None
+    defaults: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    # validate_fn(model_args, *, parallelism, training, world_size) raises ConfigError for
+    # layouts the model cannot take (e.g. tp not dividing the heads); runs before any process group.
+    validate_fn: Callable[..., None] | None = None
+    flops_per_token_fn: Callable[[Any, int], float] | None = None
+    build_loss_fn: Callable[..., Any] | None = None
+    build_tokenizer_fn: Callable[..., Tokenizer] | None = None
+    build_dataloader_fn: Callable[..., Any] | None = None
+    build_optimizers_fn: Callable[..., Any] | None = None
+    build_lr_schedulers_fn: Callable[..., Any] | None = None
+    build_metrics_processor_fn: Callable[..., Any] | None = None
+    state_dict_adapter: Any | None = None
+    plugin_api_version: str = PLUGIN_API_VERSION
+
+    def model_args(self, flavor: str, section: BaseModel | None, vocab_size: int | None) -> Any:
+        """The flavor's args with the spec section's non-None fields and the vocab applied."""
+        args = self.flavors[flavor]
+        overrides: dict[str, Any] = {}
+        if section is not None:
+            overrides = {k: v for k, v in section.model_dump().items() if v is not None}
+        names = {f.name for f in dataclasses.fields(args)}
+        unknown = sorted(set(overrides) - names)
+        if unknown:
+            raise TypeError(f"spec {self.name!r}: config fields {unknown} are not fields of {type(args).__name__}")
+        if vocab_size is not None and "vocab_size" in names and getattr(args, "vocab_size") is None \
+                and "vocab_size" not in overrides:
+            overrides["vocab_size"] = vocab_size
+        return dataclasses.replace(args, **overrides)
+
+
+class EmptyConfig(BaseModel):
+    """The config of a converter that has no options."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class ModelConverter:
+    """Base class of a converter plugin (low precision, fused kernels, ...).
+
+    Lifecycle, all on the meta-device model before any parallelism:
+      ``__init__`` (raise ``TitanError`` when hardware or settings cannot support it)
+      -> ``compatible_with(spec)`` -> ``select(model)`` -> the core resolves overlaps
+      between converters (the converter named later wins) -> ``convert(model, fqns)``.
+    ``pre_optimizer_hook`` / ``post_optimizer_hook`` run around every optimizer step.
+    ``Config`` is the pydantic model of the converter's section, which is named after
+    its entry point (``[float8]``, ``[mx]``).
+    """
+
+    Config: ClassVar[type[BaseModel]] = EmptyConfig
+    plugin_api_version: ClassVar[str] = PLUGIN_API_VERSION
+    prototype: ClassVar[bool] = False
+
+    def __init__(self, config: BaseModel, *, parallel_dims: "ParallelDims", job: RunContext) -> None:
+        self.config = config
+        self.parallel_dims = parallel_dims
+        self.job = job
+
+    def compatible_with(self, spec: TrainSpec) -> None:
+        """Raise ``TitanError`` for a spec this converter cannot serve."""
+
+    def select(self, model: nn.Module) -> list[str]:
+        """Fully qualified names of the modules this converter would convert."""
+        raise NotImplementedError(f"{type(self).__name__} must implement select()")
+
+    def convert(self, model: nn.Module, fqns: list[str]) -> None:
+        """Rewrite exactly the modules named in ``fqns``, in place (meta device)."""
+        raise NotImplementedError(f"{type(self).__name__} must implement convert()")
+
+    def selection_keys(self) -> list[str]:
+        """Config keys a user sets to change the selection (named in overlap errors)."""
+        return []
+
+    def tensor_parallel_styles(self) -> TensorParallelStyles | None:
+        """TP styles this converter needs for its modules, or None for torch's defaults."""
+        return None
+
+    def pre_optimizer_hook(self, model_parts: list[nn.Module]) -> None:
+        """Called before every optimizer step."""
+
+    def post_optimizer_hook(self, model_parts: list[nn.Module]) -> None:
+        """Called after every optimizer step."""

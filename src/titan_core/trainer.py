@@ -1,0 +1,330 @@
+"""The Trainer: the architecture page's init order, one method per step, and the loop.
+
+Subclass and replace one method (``build_model``, ``forward_backward``, ...) to
+change one step without copying the loop.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+import torch
+from torch import nn
+
+from . import distributed
+from .config.job import JobConfig, accumulation_steps
+from .config.resolve import ResolvedConfig
+from .config.toml_out import dumps
+from .errors import NonFiniteError
+from .grad_norm import clip_grad_norm
+from .init import init_model_weights
+from .loss import cross_entropy_loss
+from .metrics import MetricsLogger, progress
+from .optim import LRSchedulersContainer, OptimizersContainer
+from .parallel_dims import ParallelDims
+from .protocols import ModelConverter, RunContext, TensorParallelStyles
+
+
+@dataclass
+class StepResult:
+    loss: float
+    grad_norm: float
+    skipped: bool
+
+
+class Trainer:
+    """Builds every component from a validated config, then trains."""
+
+    def __init__(self, resolved: ResolvedConfig) -> None:
+        self.config: JobConfig = resolved.config
+        self.spec = resolved.spec
+        self.converter_classes = resolved.converters
+        self.step = 0
+        self.tokens_seen = 0
+        self.skipped_steps = 0
+        self.run_dir = Path(self.config.job.run_dir)
+
+    # ---- set-up, in the architecture page's order -------------------------------------------
+    def setup(self) -> None:
+        self.init_distributed()
+        self.build_tokenizer_and_data()
+        model = self.build_model()
+        self.apply_converters(model)
+        self.build_model_parts(model)
+        self.materialize_and_init()
+        self.build_optimizers()
+        self.build_checkpointer()
+        self.build_metrics()
+
+    def init_distributed(self) -> None:
+        t, p = self.config.training, self.config.parallelism
+        self.proc = distributed.init_process_group(backend=p.backend, device_preference=t.device)
+        self.device = self.proc.device
+        self.dims = ParallelDims.resolve(
+            dp_replicate=p.dp_replicate, dp_shard=p.dp_shard, tp=p.tp, pp=p.pp, world_size=self.proc.world_size
+        )
+        self.mesh = self.dims.build_mesh(self.device.type) if self.dims.distributed else None
+        self.dp_rank = self.mesh["dp"].get_local_rank() if self.mesh is not None else 0
+        torch.manual_seed(t.seed)
+        if t.deterministic:
+            torch.use_deterministic_algorithms(True)
+        self.compute_dtype = torch.bfloat16 if t.dtype == "bfloat16" or (
+            t.dtype == "auto" and self.device.type == "cuda") else torch.float32
+        if self.proc.is_rank0:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            (self.run_dir / "config.toml").write_text(dumps(self.config.model_dump(mode="json")))
+        self.is_rank0 = self.proc.is_rank0
+
+    def build_tokenizer_and_data(self) -> None:
+        from .data import build_dataloader
+        from .tokenizer import build_tokenizer
+
+        d, t = self.config.data, self.config.training
+        progress(f"loading tokenizer ({d.tokenizer}) and data ({d.source})", is_rank0=self.is_rank0)
+        build_tok = self.spec.build_tokenizer_fn or (lambda data: build_tokenizer(data.tokenizer))
+        self.tokenizer = build_tok(d)
+        build_loader = self.spec.build_dataloader_fn or build_dataloader
+
+        def loader(split: str) -> Any:
+            return build_loader(
+                source=d.source, tokenizer=self.tokenizer, seq_len=t.seq_len, local_batch_size=t.local_batch_size,
+                dp_rank=self.dp_rank, dp_world_size=self.dims.dp, seed=t.seed, split=split,
+                val_fraction=d.val_fraction, text_field=d.text_field, hf_split=d.hf_split,
+                allow_download=d.allow_download,
+            )
+
+        self.dataloader = loader("train")
+        self.val_dataloader = loader("validation") if self.config.validation.enable else None
+
+    def build_model(self) -> nn.Module:
+        m = self.config.model
+        self.model_args = self.spec.model_args(m.flavor, getattr(self.config, self.spec.name, None),
+                                               vocab_size=self.tokenizer.vocab_size)
+        # Built on the meta device: no memory is used until the model is sharded.
+        with torch.device("meta"):
+            model = self.spec.model_cls(self.model_args)
+        n_params = sum(p.numel() for p in model.parameters())
+        progress(f"model {self.spec.name}/{m.flavor}: {n_params:,} parameters", is_rank0=self.is_rank0)
+        self.n_params = n_params
+        return model
+
+    def run_context(self) -> RunContext:
+        return RunContext(self.device, self.proc.backend, self.config.training, self.config.parallelism,
+                          self.config.compile)
+
+    def apply_converters(self, model: nn.Module) -> None:
+        from .converters import apply_converters
+
+        ctx = self.run_context()
+        self.converters: list[ModelConverter] = [
+            cls(getattr(self.config, name), parallel_dims=self.dims, job=ctx) for name, cls in self.converter_classes
+        ]
+        named = [(name, conv) for (name, _), conv in zip(self.converter_classes, self.converters)]
+        self.conversion_table = apply_converters(model, named, self.spec)
+        if self.is_rank0 and named:
+            print(self.conversion_table.format(), flush=True)
+            self.conversion_table.write(self.run_dir / "conversion_table.json")
+
+    def tp_styles(self) -> TensorParallelStyles:
+        for conv in self.converters:
+            styles = conv.tensor_parallel_styles()
+            if styles is not None:
+                return styles
+        return TensorParallelStyles.default()
+
+    def parallelize(self, part: nn.Module) -> nn.Module:
+        c = self.config
+        return self.spec.parallelize_fn(
+            part, parallel_dims=self.dims, mesh=self.mesh, training=c.training, parallelism=c.parallelism,
+            compile=c.compile, activation_checkpoint=c.activation_checkpoint, tp_styles=self.tp_styles(),
+        )
+
+    def build_model_parts(self, model: nn.Module) -> None:
+        self.loss_fn = self.spec.build_loss_fn() if self.spec.build_loss_fn else cross_entropy_loss
+        self.accum = accumulation_steps(self.config, self.dims.dp)
+        self.pipeline = None
+        if self.dims.pp_enabled:
+            if self.spec.pipelining_fn is None:
+                from .errors import ConfigError
+
+                raise ConfigError(f'spec "{self.spec.name}" has no pipelining_fn; set parallelism.pp=1.')
+            self.pipeline = self.spec.pipelining_fn(
+                model, parallel_dims=self.dims, mesh=self.mesh, parallelism=self.config.parallelism,
+                training=self.config.training, device=self.device, loss_fn=self.scaled_loss, parallelize=self.parallelize,
+            )
+            self.model_parts = self.pipeline.model_parts
+        else:
+            self.model_parts = [self.parallelize(model)]
+
+    def scaled_loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """The pipeline's per-microbatch loss, scaled so gradients match one full batch."""
+        n_micro = self.config.parallelism.pp_microbatches or self.dims.pp * self.config.parallelism.pp_stages_per_rank
+        return self.loss_fn(logits, labels) / (n_micro * self.accum)
+
+    def materialize_and_init(self) -> None:
+        for part in self.model_parts:
+            part.to_empty(device=self.device)
+            init_model_weights(part, seed=self.config.training.seed)
+            part.train()
+
+    def build_optimizers(self) -> None:
+        from .converters import register_converter_hooks
+
+        c = self.config
+        self.optimizer = OptimizersContainer(self.model_parts, c.optimizer, device_type=self.device.type)
+        self.lr_schedulers = LRSchedulersContainer(self.optimizer, c.lr_scheduler, total_steps=c.training.steps)
+        register_converter_hooks(self.optimizer, self.converters, self.model_parts)
+
+    def build_checkpointer(self) -> None:
+        from .checkpoint import CheckpointManager, RunIdentity
+
+        c = self.config
+        identity = RunIdentity(
+            spec=self.spec.name, flavor=c.model.flavor, converters=tuple(c.model.converters),
+            param_shapes=self.full_param_shapes(),
+        )
+        self.checkpointer = CheckpointManager(
+            config=c.checkpoint, run_dir=self.run_dir, model_parts=self.model_parts, optimizer=self.optimizer,
+            lr_schedulers=self.lr_schedulers, dataloader=self.dataloader, identity=identity, is_rank0=self.is_rank0,
+        )
+
+    def full_param_shapes(self) -> dict[str, tuple[int, ...]]:
+        from .init import clean_fqn
+
+        return {clean_fqn(n): tuple(p.shape) for part in self.model_parts for n, p in part.named_parameters()}
+
+    def build_metrics(self) -> None:
+        fpt = self.spec.flops_per_token_fn(self.model_args, self.config.training.seq_len) \
+            if self.spec.flops_per_token_fn else None
+        self.metrics = MetricsLogger(
+            self.config.metrics, run_dir=self.run_dir, is_rank0=self.is_rank0, device=self.device,
+            flops_per_token=fpt, world_size=self.proc.world_size, run_config=self.config.model_dump(mode="json"),
+        )
+
+    # ---- one step ------------------------------------------------------------------------------
+    def autocast(self) -> contextlib.AbstractContextManager[Any]:
+        if self.compute_dtype == torch.float32:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.compute_dtype)
+
+    def loss_context(self) -> contextlib.AbstractContextManager[Any]:
+        """Loss on vocab-sharded logits needs torch's loss_parallel context (TP only)."""
+        if self.dims.tp_enabled and self.config.parallelism.loss_parallel:
+            from torch.distributed.tensor.parallel import loss_parallel
+
+            return loss_parallel()
+        return contextlib.nullcontext()
+
+    def forward_backward(self, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """One micro-batch; returns its (accumulation-scaled) loss, zero on non-last PP stages."""
+        inputs, labels = inputs.to(self.device), labels.to(self.device)
+        if self.pipeline is not None:
+            return self.pipeline_forward_backward(inputs, labels)
+        with self.autocast(), self.loss_context():
+            loss = self.loss_fn(self.model_parts[0](inputs), labels) / self.accum
+            loss.backward()
+        return loss.detach()
+
+    def pipeline_forward_backward(self, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        pipe = self.pipeline
+        losses: list[torch.Tensor] | None = [] if pipe.has_last_stage else None
+        target = labels if pipe.has_last_stage else None
+        with self.autocast():
+            if pipe.has_first_stage:
+                pipe.schedule.step(inputs, target=target, losses=losses)
+            else:
+                pipe.schedule.step(target=target, losses=losses)
+        if losses:
+            return torch.stack([l.detach() for l in losses]).sum()
+        return torch.zeros((), device=self.device)
+
+    def train_step(self, batches: Iterator[tuple[torch.Tensor, torch.Tensor]]) -> StepResult:
+        self.optimizer.zero_grad()
+        loss = sum((self.forward_backward(*next(batches)) for _ in range(self.accum)), torch.zeros((), device=self.device))
+        pp_group = self.mesh["pp"].get_group() if self.dims.pp_enabled else None
+        grad_norm = clip_grad_norm(self.model_parts, self.config.training.max_norm, pp_group=pp_group)
+        global_loss = self.global_average_loss(loss)
+        if not (math.isfinite(global_loss) and math.isfinite(grad_norm)):
+            return self.handle_nonfinite(global_loss, grad_norm)
+        self.optimizer.step()
+        self.lr_schedulers.step()
+        return StepResult(global_loss, grad_norm, skipped=False)
+
+    def global_average_loss(self, loss: torch.Tensor) -> float:
+        """Mean over data-parallel ranks; non-last pipeline stages contribute zero, TP ranks repeat."""
+        if not self.dims.distributed:
+            return float(loss)
+        total = distributed.all_reduce_sum(loss.float())
+        return float(total) / (self.dims.dp * self.dims.tp)
+
+    def handle_nonfinite(self, loss: float, grad_norm: float) -> StepResult:
+        if not self.config.training.skip_nonfinite_steps:
+            raise NonFiniteError(
+                f"step {self.step + 1}: non-finite {'loss' if not math.isfinite(loss) else 'gradient norm'} "
+                f"(loss={loss}, grad_norm={grad_norm}). Training stopped before the optimizer step, so the last "
+                f"checkpoint holds the last good state. Lower optimizer.lr, check the data, or set "
+                f"--training.skip_nonfinite_steps=true to skip such steps."
+            )
+        self.optimizer.zero_grad()
+        self.skipped_steps += 1
+        return StepResult(loss, grad_norm, skipped=True)
+
+    # ---- the loop --------------------------------------------------------------------------------
+    def train(self) -> list[float]:
+        """Resume if there is a checkpoint, then: step -> log -> checkpoint -> maybe validate."""
+        resumed = self.checkpointer.resume()
+        if resumed is not None:
+            self.step, self.tokens_seen = resumed.step, resumed.tokens_seen
+            progress(f"resuming from {resumed.path} at step {resumed.step}", is_rank0=self.is_rank0)
+        t = self.config.training
+        batches = iter(self.dataloader)
+        tokens_per_step = t.local_batch_size * t.seq_len * self.accum
+        losses: list[float] = []
+        progress("first step (building kernels, loading data) ...", is_rank0=self.is_rank0)
+        while self.step < t.steps:
+            start = time.perf_counter()
+            result = self.train_step(batches)
+            self.step += 1
+            self.tokens_seen += tokens_per_step * self.dims.dp
+            losses.append(result.loss)
+            last = self.step == t.steps
+            if self.metrics.should_log(self.step, last=last):
+                self.metrics.log_step(
+                    step=self.step, loss=result.loss, grad_norm=result.grad_norm, lr=self.lr_schedulers.get_last_lr(),
+                    tokens=tokens_per_step, step_time=time.perf_counter() - start,
+                    extra={"skipped_steps": self.skipped_steps, "tokens_seen": self.tokens_seen},
+                )
+            self.checkpointer.maybe_save(self.step, tokens_seen=self.tokens_seen, last=last)
+            self.maybe_validate(last=last)
+        self.finish()
+        return losses
+
+    @torch.no_grad()
+    def maybe_validate(self, *, last: bool) -> None:
+        v = self.config.validation
+        if self.val_dataloader is None or not (self.step % v.freq == 0 or last):
+            return
+        model = self.model_parts[0]
+        model.eval()
+        batches = iter(self.val_dataloader)
+        total = torch.zeros((), device=self.device)
+        for _ in range(v.steps):
+            inputs, labels = (x.to(self.device) for x in next(batches))
+            with self.autocast(), self.loss_context():
+                total += self.loss_fn(model(inputs), labels).detach().float()
+        model.train()
+        self.metrics.log_validation(step=self.step, loss=self.global_average_loss(total / v.steps))
+
+    def finish(self) -> None:
+        self.checkpointer.wait()
+        if self.config.checkpoint.export_at_end:
+            from .checkpoint import export_safetensors
+
+            dtype = getattr(torch, self.config.checkpoint.export_dtype)
+            export_safetensors(self.model_parts, self.run_dir / "model.safetensors", dtype=dtype, is_rank0=self.is_rank0)
+        self.metrics.close()

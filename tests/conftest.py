@@ -1,0 +1,56 @@
+"""Shared test helpers: run the real CLI in a subprocess or in-process."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@dataclass
+class CliResult:
+    code: int
+    out: str
+    err: str
+
+    @property
+    def text(self) -> str:
+        return self.out + self.err
+
+
+def run_cli(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None, timeout: float = 600) -> CliResult:
+    """``python -m titan_core ARGS`` in a fresh process (what a user's shell runs)."""
+    full_env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), **(env or {})}
+    proc = subprocess.run(
+        [sys.executable, "-m", "titan_core", *args], cwd=cwd or REPO, env=full_env,
+        capture_output=True, text=True, timeout=timeout,
+    )
+    return CliResult(proc.returncode, proc.stdout, proc.stderr)
+
+
+def run_main(capsys: pytest.CaptureFixture[str], *args: str) -> CliResult:
+    """The CLI's ``main`` in this process (fast; same code path after process start)."""
+    from titan_core.cli import main
+
+    code = main(list(args))
+    captured = capsys.readouterr()
+    return CliResult(code, captured.out, captured.err)
+
+
+@pytest.fixture
+def cli(capsys: pytest.CaptureFixture[str]):
+    return lambda *args: run_main(capsys, *args)
+
+
+def assert_user_error(result: CliResult, *fragments: str, code: int = 2) -> None:
+    """Exit code, every fragment in the message, and no Python traceback."""
+    assert result.code == code, result.text
+    for fragment in fragments:
+        assert fragment in result.text, f"{fragment!r} not in:\n{result.text}"
+    assert "Traceback (most recent call last)" not in result.text, result.text
