@@ -311,6 +311,7 @@ class Trainer:
             return
         model = self.model_parts[0]
         model.eval()
+        self.val_dataloader.reset()  # every validation scores the same held-out batches
         batches = iter(self.val_dataloader)
         total = torch.zeros((), device=self.device)
         for _ in range(v.steps):

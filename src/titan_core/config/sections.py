@@ -73,7 +73,7 @@ class DataSection(Section):
     hf_split: str = Field("train", description='Split for an "hf:" dataset.')
     allow_download: bool = Field(False, description='Permit "hf:" sources to download (off by default: nothing is fetched at run time).')
     tokenizer: str = Field("builtin", description='"builtin" or a path to a Llama-3-format tokenizer.model (tiktoken BPE ranks).')
-    val_fraction: float = Field(0.01, ge=0, lt=1, description="Fraction of documents held out for validation.")
+    val_fraction: float = Field(0.05, ge=0, lt=1, description="Fraction of documents held out for validation.")
 
 
 class ValidationSection(Section):

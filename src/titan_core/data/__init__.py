@@ -1,0 +1,62 @@
+"""Data loading: documents -> packed token stream -> sharded, stateful batches.
+
+``build_dataloader`` is the core's default ``build_dataloader_fn``. Modules:
+``corpus`` (the built-in corpus), ``sources`` (files and hub), ``packing``
+(tokenize, split, cache) and ``loader`` (windows, order, DP sharding, state).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Literal
+
+from ..errors import ConfigError
+from ..protocols import Tokenizer
+from .loader import TokenDataLoader
+from .packing import check_split, split_stream, tokenized_source
+
+__all__ = ["TokenDataLoader", "build_dataloader"]
+
+logger = logging.getLogger(__name__)
+
+
+def build_dataloader(
+    *,
+    source: str,
+    tokenizer: Tokenizer,
+    seq_len: int,
+    local_batch_size: int,
+    dp_rank: int = 0,
+    dp_world_size: int = 1,
+    seed: int = 0,
+    split: Literal["train", "validation"] = "train",
+    val_fraction: float = 0.01,
+    text_field: str = "text",
+    hf_split: str = "train",
+    allow_download: bool = False,
+) -> TokenDataLoader:
+    """A loader over one split of ``source``; rank ``dp_rank`` of ``dp_world_size`` gets its rows.
+
+    The train split is shuffled per epoch with ``seed``; the validation split is
+    sequential. Raises ConfigError for unreadable sources and for a split smaller
+    than one global batch.
+    """
+    if split not in ("train", "validation"):
+        raise ConfigError(f'data split "{split}" is unknown; use "train" or "validation".')
+    packed = tokenized_source(source, tokenizer, text_field=text_field, hf_split=hf_split, allow_download=allow_download)
+    stream, num_docs = split_stream(packed, split=split, val_fraction=val_fraction)
+    global_batch = local_batch_size * dp_world_size
+    check_split(stream, split=split, source=source, num_docs=num_docs, val_fraction=val_fraction,
+                window=seq_len + 1, global_batch=global_batch)
+    loader = TokenDataLoader(
+        stream,
+        seq_len=seq_len,
+        local_batch_size=local_batch_size,
+        dp_rank=dp_rank,
+        dp_world_size=dp_world_size,
+        seed=seed,
+        shuffle=split == "train",
+        name=split,
+    )
+    logger.info("data %s (%s): %d documents, %r", source, split, num_docs, loader)
+    return loader

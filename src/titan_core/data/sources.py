@@ -1,0 +1,172 @@
+"""Reading documents from ``data.source``: the built-in corpus, local files, or the hub.
+
+Local sources (read through the ``datasets`` library, except ``.txt``):
+
+* ``.txt``: the whole file is one document (UTF-8);
+* ``.jsonl`` / ``.json``: one document per row, text in ``data.text_field``;
+* ``.parquet``: one document per row, text in ``data.text_field``;
+* a folder: every such file below it, in sorted path order (hidden files are
+  ignored; any other file is an error, so nothing is silently left out).
+
+Rows whose text is null or empty are skipped. ``hf:<name>`` streams a Hugging Face
+hub dataset; it is refused unless ``data.allow_download`` is true, and it reads at
+most :data:`HF_MAX_BYTES` of text (the loader tokenizes its whole split in memory).
+
+Every user mistake raises :class:`ConfigError` naming the path and the fix.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import tempfile
+from pathlib import Path
+from typing import Any, Iterable, Iterator
+
+from ..errors import ConfigError
+from .corpus import builtin_documents
+
+SUPPORTED_SUFFIXES = (".txt", ".jsonl", ".json", ".parquet")
+HF_PREFIX = "hf:"
+HF_MAX_BYTES = 256 * 1024 * 1024
+_BUILDER = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
+
+
+def source_files(source: str) -> list[Path]:
+    """The files a local source names, sorted; ConfigError when there are none or one is unsupported."""
+    path = Path(source).expanduser()
+    if not path.exists():
+        raise ConfigError(
+            f'data.source "{source}" does not exist; give an existing .txt/.jsonl/.json/.parquet file or folder, '
+            '"builtin", or "hf:<name>".'
+        )
+    if path.is_file():
+        if path.suffix.lower() not in SUPPORTED_SUFFIXES:
+            raise ConfigError(
+                f'data.source "{source}" has the unsupported extension "{path.suffix}"; '
+                f"supported: {', '.join(SUPPORTED_SUFFIXES)} (or a folder of such files)."
+            )
+        return [path]
+    files = sorted(
+        (p for p in path.rglob("*") if p.is_file() and not any(part.startswith(".") for part in p.relative_to(path).parts)),
+        key=lambda p: p.relative_to(path).as_posix(),
+    )
+    unsupported = [p for p in files if p.suffix.lower() not in SUPPORTED_SUFFIXES]
+    if unsupported:
+        names = ", ".join(p.relative_to(path).as_posix() for p in unsupported[:3])
+        raise ConfigError(
+            f'data.source folder "{source}" holds {len(unsupported)} file(s) with unsupported extensions ({names}); '
+            f"supported: {', '.join(SUPPORTED_SUFFIXES)}. Move them out or point data.source at one file."
+        )
+    if not files:
+        raise ConfigError(f'data.source folder "{source}" holds no .txt/.jsonl/.json/.parquet files; add some or pick another source.')
+    return files
+
+
+def read_documents(source: str, *, text_field: str = "text", hf_split: str = "train", allow_download: bool = False) -> list[str]:
+    """All documents of ``source`` in a deterministic order (see the module docstring)."""
+    if source == "builtin":
+        return list(builtin_documents())
+    if source.startswith(HF_PREFIX):
+        return _read_hub(source[len(HF_PREFIX):], text_field=text_field, split=hf_split, allow_download=allow_download)
+    docs: list[str] = []
+    for path in source_files(source):
+        docs.extend(_read_file(path, text_field=text_field))
+    if not docs:
+        raise ConfigError(f'data.source "{source}" contains no documents (every file or row is empty); add text or pick another source.')
+    return docs
+
+
+def _read_file(path: Path, *, text_field: str) -> list[str]:
+    if path.suffix.lower() == ".txt":
+        raw = path.read_bytes()
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise ConfigError(
+                f"data file {path} is not UTF-8 text (undecodable byte at offset {e.start}); "
+                "convert it to UTF-8 or remove it from data.source."
+            ) from None
+        if "\x00" in text:
+            raise ConfigError(f"data file {path} looks binary (it contains NUL bytes); give a text file.")
+        return [text] if text.strip() else []
+    return _read_table(path, builder=_BUILDER[path.suffix.lower()], text_field=text_field)
+
+
+@contextlib.contextmanager
+def _quiet_datasets() -> Iterator[Any]:
+    """Import ``datasets`` with its progress bars off for the duration (restored after)."""
+    import datasets
+
+    was_disabled = datasets.utils.are_progress_bars_disabled()
+    datasets.disable_progress_bars()
+    try:
+        yield datasets
+    finally:
+        if not was_disabled:
+            datasets.enable_progress_bars()
+
+
+def _read_table(path: Path, *, builder: str, text_field: str) -> list[str]:
+    kind = "JSON" if builder == "json" else "Parquet"
+    # A throwaway cache folder: the rows are copied out, and ~/.cache stays clean.
+    with _quiet_datasets() as datasets, tempfile.TemporaryDirectory(prefix="titan-ds-") as cache:
+        try:
+            table = datasets.load_dataset(builder, data_files=[str(path)], split="train", cache_dir=cache)
+        except Exception as e:  # datasets wraps pyarrow's parse errors in its own types
+            cause = e.__cause__ or e
+            raise ConfigError(
+                f"data file {path} could not be read as {kind} ({type(cause).__name__}: {str(cause)[:200]}); "
+                f"fix the file or remove it from data.source."
+            ) from None
+        if text_field not in table.column_names:
+            raise ConfigError(
+                f'data file {path} has no field "{text_field}" (its fields: {", ".join(table.column_names) or "none"}); '
+                "set --data.text_field to the field that holds the text."
+            )
+        return _texts(table[text_field], where=str(path), text_field=text_field)
+
+
+def _texts(values: Iterable[Any], *, where: str, text_field: str, max_bytes: int | None = None) -> list[str]:
+    docs: list[str] = []
+    total = 0
+    for row, value in enumerate(values):
+        if value is None or value == "":
+            continue
+        if not isinstance(value, str):
+            raise ConfigError(
+                f'{where}: row {row} field "{text_field}" holds {type(value).__name__}, not text; '
+                "set --data.text_field to a string field."
+            )
+        docs.append(value)
+        total += len(value)
+        if max_bytes is not None and total >= max_bytes:
+            break
+    return docs
+
+
+def _read_hub(name: str, *, text_field: str, split: str, allow_download: bool) -> list[str]:
+    if not allow_download:
+        raise ConfigError(
+            f'data.source "hf:{name}" needs a download from the Hugging Face hub, which is off by default; '
+            "set --data.allow_download=true to permit it, or use a local file or folder."
+        )
+    with _quiet_datasets() as datasets:
+        try:
+            stream = datasets.load_dataset(name, split=split, streaming=True)
+            first = next(iter(stream), None)
+        except Exception as e:
+            raise ConfigError(
+                f'could not open hub dataset "{name}" (split "{split}"): {type(e).__name__}: {str(e)[:300]}; '
+                "check the name, data.hf_split and your network access."
+            ) from None
+        if first is None:
+            raise ConfigError(f'hub dataset "{name}" split "{split}" has no rows; pick another dataset or data.hf_split.')
+        if text_field not in first:
+            raise ConfigError(
+                f'hub dataset "{name}" has no field "{text_field}" (its fields: {", ".join(first)}); '
+                "set --data.text_field to the field that holds the text."
+            )
+        docs = _texts((row[text_field] for row in stream), where=f"hf:{name}", text_field=text_field, max_bytes=HF_MAX_BYTES)
+    if not docs:
+        raise ConfigError(f'hub dataset "{name}" split "{split}" contains no documents in field "{text_field}".')
+    return docs

@@ -1,0 +1,124 @@
+"""The four distributions as real wheels in a fresh venv, plus on-the-fly plugin packages.
+
+This catches what editable installs hide: entry points and package data that only
+work from a source checkout.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+DISTS = [REPO, REPO / "plugins/titan-llama", REPO / "plugins/titan-float8", REPO / "plugins/titan-mx-prototype"]
+
+
+def _run(cmd: list[str], **kw) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run(cmd, capture_output=True, text=True, **kw)
+    assert proc.returncode == 0, f"{cmd}\n{proc.stdout}\n{proc.stderr}"
+    return proc
+
+
+def _package(root: Path, dist: str, module: str, entry: str, body: str) -> Path:
+    """Write a tiny plugin distribution with one titan.model_converters entry point."""
+    pkg = root / dist
+    (pkg / "src" / module).mkdir(parents=True)
+    (pkg / "src" / module / "__init__.py").write_text(textwrap.dedent(body))
+    (pkg / "pyproject.toml").write_text(textwrap.dedent(f"""
+        [build-system]
+        requires = ["hatchling"]
+        build-backend = "hatchling.build"
+        [project]
+        name = "{dist}"
+        version = "0.0.1"
+        dependencies = ["titan-core"]
+        [project.entry-points."titan.model_converters"]
+        {entry}
+        [tool.hatch.build.targets.wheel]
+        packages = ["src/{module}"]
+    """))
+    return pkg
+
+
+GOOD_BODY = """
+    from titan_core import ModelConverter
+    class Renamer(ModelConverter):
+        plugin_api_version = "1.0"
+        def select(self, model):
+            return ["output"]
+        def convert(self, model, fqns):
+            return None
+"""
+
+
+@pytest.fixture(scope="module")
+def fresh_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("wheels")
+    wheels = root / "dist"
+    extra = [
+        _package(root, "titan-newconv", "titan_newconv", 'newconv = "titan_newconv:Renamer"', GOOD_BODY),
+        _package(root, "titan-brokenconv", "titan_brokenconv", 'broken = "titan_brokenconv:Conv"',
+                 "raise ImportError('simulated: this plugin needs libfoo')\n"),
+        _package(root, "titan-clash-a", "titan_clash_a", 'twin = "titan_clash_a:Renamer"', GOOD_BODY),
+        _package(root, "titan-clash-b", "titan_clash_b", 'twin = "titan_clash_b:Renamer"', GOOD_BODY),
+    ]
+    for src in DISTS + extra:
+        _run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(wheels), str(src)])
+    venv = root / "venv"
+    _run([sys.executable, "-m", "venv", str(venv)])
+    pip = [str(venv / "bin/python"), "-m", "pip", "install", "-q"]
+    _run(pip + ["torch==2.13.0"], timeout=900)
+    _run(pip + sorted(str(w) for w in wheels.glob("*.whl")), timeout=900)
+    return venv
+
+
+def _titan(venv: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    return subprocess.run([str(venv / "bin/titan-train"), *args], capture_output=True, text=True, env=env,
+                          cwd=venv.parent, timeout=600)
+
+
+@pytest.mark.slow
+def test_list_from_installed_wheels(fresh_venv: Path) -> None:
+    result = _titan(fresh_venv, "--list")
+    assert result.returncode == 0, result.stderr
+    lines = {line.split()[0]: line for line in result.stdout.splitlines() if line.startswith("  ")}
+    assert "titan-llama 0.1.0" in lines["llama3"] and "plugin API 1.0" in lines["llama3"]
+    assert "titan-float8 0.1.0" in lines["float8"]
+    assert "titan-mx-prototype 0.1.0" in lines["mx"] and "prototype" in lines["mx"]
+    assert "titan-newconv 0.0.1" in lines["newconv"]
+    assert "BROKEN" in lines["broken"] and "simulated: this plugin needs libfoo" in lines["broken"]
+    assert "CLASH" in lines["twin"] and "titan-clash-a" in lines["twin"] and "titan-clash-b" in lines["twin"]
+    # the wheels really were used: titan_core comes from the venv, not this checkout
+    where = subprocess.run([str(fresh_venv / "bin/python"), "-c", "import titan_core; print(titan_core.__file__)"],
+                           capture_output=True, text=True, cwd=fresh_venv.parent)
+    assert str(fresh_venv) in where.stdout
+
+
+@pytest.mark.slow
+def test_requested_plugins_from_wheels(fresh_venv: Path) -> None:
+    ok = _titan(fresh_venv, "--dry-run", "--converters", "float8,mx")
+    assert ok.returncode == 0, ok.stderr
+    assert "float8" in ok.stdout and "mx" in ok.stdout
+    broken = _titan(fresh_venv, "--print-config", "--converters", "broken")
+    assert broken.returncode == 2
+    assert "titan-brokenconv 0.0.1" in broken.stderr and "simulated: this plugin needs libfoo" in broken.stderr
+    assert "Traceback" not in broken.stderr
+    clash = _titan(fresh_venv, "--print-config", "--converters", "twin")
+    assert clash.returncode == 2 and "titan-clash-a" in clash.stderr and "titan-clash-b" in clash.stderr
+    # a broken plugin that is not requested never stops a run
+    fine = _titan(fresh_venv, "--print-config", "--converters", "newconv")
+    assert fine.returncode == 0, fine.stderr
+
+
+@pytest.mark.slow
+def test_builtin_tokenizer_ships_in_the_wheel(fresh_venv: Path) -> None:
+    code = "from titan_core.tokenizer import build_tokenizer; print(build_tokenizer('builtin').vocab_size)"
+    out = subprocess.run([str(fresh_venv / "bin/python"), "-c", code], capture_output=True, text=True, cwd=fresh_venv.parent)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "2048"
