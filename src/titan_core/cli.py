@@ -112,7 +112,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except TitanError as exc:
         if args.traceback:
             traceback.print_exc()
-        print(f"titan-train: error: {exc}", file=sys.stderr)
+        from .metrics import rank_prefix
+
+        print(f"{rank_prefix()}titan-train: error: {exc}", file=sys.stderr)
         if not args.traceback:
             print("(run with --traceback to see where it happened)", file=sys.stderr)
         return exc.exit_code

@@ -129,4 +129,11 @@ class MetricsLogger:
 def progress(message: str, *, is_rank0: bool) -> None:
     """A short status line so nobody stares at a silent terminal during set-up."""
     if is_rank0:
-        print(f"[titan] {message}", file=sys.stderr, flush=True)
+        print(f"{rank_prefix()}[titan] {message}", file=sys.stderr, flush=True)
+
+
+def rank_prefix() -> str:
+    """``[rank3] `` in a multi-process run, so interleaved output says who wrote it."""
+    import os
+
+    return f"[rank{os.environ['RANK']}] " if int(os.environ.get("WORLD_SIZE", "1")) > 1 else ""

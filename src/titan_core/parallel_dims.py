@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import cached_property
+from typing import Any
 
 from .errors import ConfigError
 
@@ -69,22 +69,24 @@ class ParallelDims:
     def distributed(self) -> bool:
         return self.world_size > 1
 
-    def build_mesh(self, device_type: str):  # -> DeviceMesh
-        """The named mesh over all ranks; call after the process group exists."""
-        return self._mesh(device_type)
+    def build_mesh(self, device_type: str) -> Any:
+        """The named 4-D mesh (``mesh["dp"]`` also works, with a torch deprecation warning)."""
+        return self.build_meshes(device_type)[0]
 
-    def _mesh(self, device_type: str):
+    def build_meshes(self, device_type: str) -> tuple[Any, Any]:
+        """(the named 4-D mesh, the flattened 1-D data-parallel mesh); after the process group exists.
+
+        The flattened ``dp`` mesh is what data loading and loss averaging use; it is
+        returned rather than sliced from the root later, as torch asks.
+        """
         from torch.distributed.device_mesh import init_device_mesh
 
         names = ("pp", "dp_replicate", "dp_shard", "tp")
         shape = (self.pp, self.dp_replicate, self.dp_shard, self.tp)
         mesh = init_device_mesh(device_type, shape, mesh_dim_names=names)
-        # Flattened views: "dp" for data loading / loss averaging, "dp_fsdp" for
-        # the FSDP2 mesh (2-D for HSDP, 1-D otherwise).
-        mesh[("dp_replicate", "dp_shard")]._flatten("dp")
-        return mesh
+        return mesh, mesh[("dp_replicate", "dp_shard")]._flatten("dp")
 
-    def dp_mesh(self, mesh):
+    def dp_mesh(self, mesh: Any) -> Any:
         """The mesh FSDP2 / replication uses: (dp_replicate, dp_shard) for HSDP, else 1-D."""
         if self.dp_replicate_enabled and self.fsdp_enabled:
             return mesh[("dp_replicate", "dp_shard")]

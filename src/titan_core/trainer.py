@@ -68,8 +68,8 @@ class Trainer:
         self.dims = ParallelDims.resolve(
             dp_replicate=p.dp_replicate, dp_shard=p.dp_shard, tp=p.tp, pp=p.pp, world_size=self.proc.world_size
         )
-        self.mesh = self.dims.build_mesh(self.device.type) if self.dims.distributed else None
-        self.dp_rank = self.mesh["dp"].get_local_rank() if self.mesh is not None else 0
+        self.mesh, self.dp_flat_mesh = self.dims.build_meshes(self.device.type) if self.dims.distributed else (None, None)
+        self.dp_rank = self.dp_flat_mesh.get_local_rank() if self.dp_flat_mesh is not None else 0
         torch.manual_seed(t.seed)
         if t.deterministic:
             torch.use_deterministic_algorithms(True)
