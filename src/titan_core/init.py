@@ -36,8 +36,8 @@ def init_model_weights(model: nn.Module, *, seed: int) -> None:
         init_parameter(fqn, full, parameter_generator(seed, fqn))
         if isinstance(param, DTensor):
             # Every rank computed the same full tensor, so no broadcast is needed (src_data_rank=None).
-            local = distribute_tensor(full.to(param.device), param.device_mesh, param.placements, src_data_rank=None)
-            param.copy_(local)
+            shard = distribute_tensor(full.to(param.device), param.device_mesh, param.placements, src_data_rank=None)
+            param.to_local().copy_(shard.to_local())
         else:
             param.copy_(full)
     init_buffers = getattr(model, "init_buffers", None)

@@ -37,6 +37,14 @@ class StepResult:
     skipped: bool
 
 
+def _plain(loss: torch.Tensor) -> torch.Tensor:
+    """A detached plain tensor (a loss on vocab-sharded logits is a replicated DTensor)."""
+    from torch.distributed.tensor import DTensor
+
+    loss = loss.detach()
+    return loss.full_tensor() if isinstance(loss, DTensor) else loss
+
+
 class Trainer:
     """Builds every component from a validated config, then trains."""
 
@@ -162,9 +170,9 @@ class Trainer:
             self.model_parts = [self.parallelize(model)]
 
     def scaled_loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        """The pipeline's per-microbatch loss, scaled so gradients match one full batch."""
-        n_micro = self.config.parallelism.pp_microbatches or self.dims.pp * self.config.parallelism.pp_stages_per_rank
-        return self.loss_fn(logits, labels) / (n_micro * self.accum)
+        """The pipeline's per-microbatch loss. The schedule itself divides gradients by the
+        number of microbatches, so only gradient accumulation is scaled here."""
+        return self.loss_fn(logits, labels) / self.accum
 
     def materialize_and_init(self) -> None:
         for part in self.model_parts:
@@ -228,19 +236,19 @@ class Trainer:
         with self.autocast(), self.loss_context():
             loss = self.loss_fn(self.model_parts[0](inputs), labels) / self.accum
             loss.backward()
-        return loss.detach()
+        return _plain(loss)
 
     def pipeline_forward_backward(self, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         pipe = self.pipeline
         losses: list[torch.Tensor] | None = [] if pipe.has_last_stage else None
         target = labels if pipe.has_last_stage else None
-        with self.autocast():
+        with self.autocast(), self.loss_context():
             if pipe.has_first_stage:
-                pipe.schedule.step(inputs, target=target, losses=losses)
+                pipe.schedule.step(inputs, target=target, losses=losses, return_outputs=False)
             else:
-                pipe.schedule.step(target=target, losses=losses)
+                pipe.schedule.step(target=target, losses=losses, return_outputs=False)
         if losses:
-            return torch.stack([l.detach() for l in losses]).sum()
+            return torch.stack([_plain(l) for l in losses]).mean()
         return torch.zeros((), device=self.device)
 
     def train_step(self, batches: Iterator[tuple[torch.Tensor, torch.Tensor]]) -> StepResult:

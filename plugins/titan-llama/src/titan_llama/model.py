@@ -1,0 +1,277 @@
+"""The Llama 3 / 3.1 / 3.2 decoder-only transformer, in one file.
+
+Features:
+  * RMSNorm before attention and before the feed-forward (pre-norm), and a final norm;
+  * rotary position embeddings over consecutive pairs of each head's channels, with the
+    Llama 3.1 frequency scaling for long contexts (``RopeScaling``);
+  * grouped-query attention (``n_kv_heads`` <= ``n_heads``) through
+    ``F.scaled_dot_product_attention(is_causal=True)``, so the fused (flash) kernels run
+    and no mask is ever materialised;
+  * SwiGLU feed-forward with Llama's hidden-size rule;
+  * an untied output head, no biases anywhere;
+  * a forward that tolerates the pipeline splitter removing ``tok_embeddings``,
+    ``norm``, ``output`` or some ``layers`` (a stage then passes hidden states on);
+  * buildable on the meta device; weights are filled per parameter name from a seeded
+    generator (``init_parameter``), so the same seed gives the same weights on any
+    device and under any sharding.
+
+Nothing here knows about parallelism: tensor-parallel plans shard ``wq``/``wk``/``wv``/
+``w1``/``w3`` column-wise and ``wo``/``w2`` row-wise, and attention derives its local
+head count from the weights it is given.
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@dataclass(frozen=True)
+class RopeScaling:
+    """Llama 3.1 rotary frequency scaling: long wavelengths are slowed by ``factor``."""
+
+    factor: float = 8.0
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_position_embeddings: int = 8192
+
+
+@dataclass(frozen=True)
+class LlamaArgs:
+    """Shape of a Llama model. Frozen: derive variants with ``dataclasses.replace``."""
+
+    dim: int = 4096
+    n_layers: int = 32
+    n_heads: int = 32
+    n_kv_heads: int | None = None  # None: as many key/value heads as query heads
+    vocab_size: int | None = None  # None: filled from the tokenizer by the core
+    multiple_of: int = 256  # the feed-forward hidden size is rounded up to this
+    ffn_dim_multiplier: float | None = None
+    norm_eps: float = 1e-5
+    rope_theta: float = 500000.0
+    rope_scaling: RopeScaling | None = None  # None: plain RoPE
+    max_seq_len: int = 2048  # length of the rotary table; longer inputs are an error
+
+    def __post_init__(self) -> None:
+        if self.dim % self.n_heads:
+            raise ValueError(f"LlamaArgs: dim={self.dim} is not divisible by n_heads={self.n_heads}")
+        if self.head_dim % 2:
+            raise ValueError(f"LlamaArgs: head_dim={self.head_dim} must be even for rotary embeddings")
+        if self.n_heads % self.kv_heads:
+            raise ValueError(f"LlamaArgs: n_heads={self.n_heads} is not divisible by n_kv_heads={self.kv_heads}")
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.n_heads
+
+    @property
+    def kv_heads(self) -> int:
+        return self.n_heads if self.n_kv_heads is None else self.n_kv_heads
+
+    @property
+    def ffn_hidden_dim(self) -> int:
+        """Llama's rule: 2/3 of 4*dim, times the multiplier, rounded up to ``multiple_of``."""
+        hidden = int(2 * (4 * self.dim) / 3)
+        if self.ffn_dim_multiplier is not None:
+            hidden = int(self.ffn_dim_multiplier * hidden)
+        return self.multiple_of * ((hidden + self.multiple_of - 1) // self.multiple_of)
+
+
+def rope_frequencies(head_dim: int, theta: float, scaling: RopeScaling | None, device: torch.device | None = None) -> torch.Tensor:
+    """The rotation speed of each channel pair, ``theta ** (-2i / head_dim)``, optionally 3.1-scaled."""
+    freqs = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim))
+    if scaling is None:
+        return freqs
+    # Wavelengths shorter than the original context / high_freq_factor are kept, those
+    # longer than context / low_freq_factor are slowed by `factor`; in between the two
+    # are blended linearly in (context / wavelength).
+    wavelen = 2 * math.pi / freqs
+    ctx = scaling.original_max_position_embeddings
+    smooth = (ctx / wavelen - scaling.low_freq_factor) / (scaling.high_freq_factor - scaling.low_freq_factor)
+    blended = (1 - smooth) * freqs / scaling.factor + smooth * freqs
+    scaled = torch.where(wavelen > ctx / scaling.low_freq_factor, freqs / scaling.factor, blended)
+    return torch.where(wavelen < ctx / scaling.high_freq_factor, freqs, scaled)
+
+
+def rope_table(args: LlamaArgs, device: torch.device | None = None) -> torch.Tensor:
+    """``exp(i * pos * freq)`` for every position below ``max_seq_len``: complex64 [max_seq_len, head_dim/2]."""
+    freqs = rope_frequencies(args.head_dim, args.rope_theta, args.rope_scaling, device)
+    positions = torch.arange(args.max_seq_len, device=device, dtype=torch.float32)
+    angles = torch.outer(positions, freqs)
+    return torch.polar(torch.ones_like(angles), angles)
+
+
+def apply_rope(x: torch.Tensor, freqs_cis: torch.Tensor) -> torch.Tensor:
+    """Rotate each pair (x[..., 2i], x[..., 2i+1]) of ``x`` [b, s, heads, head_dim] by pos * freq_i.
+
+    Viewing the pairs as complex numbers makes the rotation one complex multiply, which
+    measured faster on CPU (forward and backward) than real cos/sin tables.
+    """
+    seqlen = x.shape[1]
+    if seqlen > freqs_cis.shape[0]:
+        raise ValueError(f"sequence length {seqlen} exceeds the rotary table's max_seq_len {freqs_cis.shape[0]}")
+    xc = torch.view_as_complex(x.float().unflatten(-1, (-1, 2)))
+    rotated = torch.view_as_real(xc * freqs_cis[:seqlen, None, :]).flatten(-2)
+    return rotated.type_as(x)
+
+
+class RMSNorm(nn.Module):
+    """x / sqrt(mean(x^2) + eps) * weight, over the last dimension."""
+
+    def __init__(self, dim: int, eps: float = 1e-5) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
+
+
+class Attention(nn.Module):
+    """Causal grouped-query self-attention with rotary embeddings."""
+
+    def __init__(self, args: LlamaArgs) -> None:
+        super().__init__()
+        self.head_dim = args.head_dim
+        self.wq = nn.Linear(args.dim, args.n_heads * args.head_dim, bias=False)
+        self.wk = nn.Linear(args.dim, args.kv_heads * args.head_dim, bias=False)
+        self.wv = nn.Linear(args.dim, args.kv_heads * args.head_dim, bias=False)
+        self.wo = nn.Linear(args.n_heads * args.head_dim, args.dim, bias=False)
+
+    def forward(self, x: torch.Tensor, freqs_cis: torch.Tensor) -> torch.Tensor:
+        bs, seqlen, _ = x.shape
+        # Head counts come from the (possibly tensor-parallel sharded) weights, not args.
+        q = self.wq(x).view(bs, seqlen, -1, self.head_dim)
+        k = self.wk(x).view(bs, seqlen, -1, self.head_dim)
+        v = self.wv(x).view(bs, seqlen, -1, self.head_dim)
+        q, k = apply_rope(q, freqs_cis), apply_rope(k, freqs_cis)
+        n_rep = q.shape[2] // k.shape[2]
+        if n_rep > 1:
+            # The CPU flash kernel has no GQA path (enable_gqa falls back to the math
+            # kernel, which materialises the scores), so the kv heads are repeated.
+            k = k.repeat_interleave(n_rep, dim=2)
+            v = v.repeat_interleave(n_rep, dim=2)
+        # [b, s, h, d] -> [b, h, s, d] as strided views: the flash kernel takes strides and
+        # returns [b, h, s, d] laid out as [b, s, h, d], so the transpose back is free.
+        out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
+        return self.wo(out.transpose(1, 2).reshape(bs, seqlen, -1))
+
+
+class FeedForward(nn.Module):
+    """SwiGLU: w2(silu(w1 x) * w3 x)."""
+
+    def __init__(self, dim: int, hidden_dim: int) -> None:
+        super().__init__()
+        self.w1 = nn.Linear(dim, hidden_dim, bias=False)
+        self.w2 = nn.Linear(hidden_dim, dim, bias=False)
+        self.w3 = nn.Linear(dim, hidden_dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class TransformerBlock(nn.Module):
+    """Pre-norm residual block: x + attention(norm(x)), then h + feed_forward(norm(h))."""
+
+    def __init__(self, args: LlamaArgs) -> None:
+        super().__init__()
+        self.attention_norm = RMSNorm(args.dim, args.norm_eps)
+        self.attention = Attention(args)
+        self.ffn_norm = RMSNorm(args.dim, args.norm_eps)
+        self.feed_forward = FeedForward(args.dim, args.ffn_hidden_dim)
+
+    def forward(self, x: torch.Tensor, freqs_cis: torch.Tensor) -> torch.Tensor:
+        h = x + self.attention(self.attention_norm(x), freqs_cis)
+        return h + self.feed_forward(self.ffn_norm(h))
+
+
+class Transformer(nn.Module):
+    """Token ids [b, s] -> logits [b, s, vocab]; a pipeline stage may lack either end."""
+
+    def __init__(self, args: LlamaArgs) -> None:
+        super().__init__()
+        if args.vocab_size is None:
+            raise ValueError("LlamaArgs.vocab_size is None: fill it (from the tokenizer) before building the model")
+        self.args = args
+        self.tok_embeddings: nn.Embedding | None = nn.Embedding(args.vocab_size, args.dim)
+        # A ModuleDict keyed "0".."n-1", not a ModuleList, so that a pipeline stage keeps
+        # the original names (and checkpoint keys) of the layers it holds.
+        self.layers = nn.ModuleDict({str(i): TransformerBlock(args) for i in range(args.n_layers)})
+        self.norm: RMSNorm | None = RMSNorm(args.dim, args.norm_eps)
+        self.output: nn.Linear | None = nn.Linear(args.dim, args.vocab_size, bias=False)
+        # Non-persistent: derived from args, so not saved; recomputed by init_buffers().
+        self.register_buffer("freqs_cis", rope_table(args), persistent=False)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        # Without tok_embeddings this is a later pipeline stage: the input is hidden states.
+        h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens
+        for layer in self.layers.values():
+            h = layer(h, self.freqs_cis)
+        if self.norm is not None:
+            h = self.norm(h)
+        return self.output(h) if self.output is not None else h
+
+    def init_parameter(self, fqn: str, tensor: torch.Tensor, generator: torch.Generator) -> None:
+        """Fill ``tensor`` (full-shaped, plain) with the initial value of parameter ``fqn``.
+
+        Wrapper segments (activation checkpointing, compile) in ``fqn`` are ignored.
+        """
+        parts = [p for p in fqn.split(".") if p not in _WRAPPER_SEGMENTS]
+        module = parts[-2] if len(parts) >= 2 else ""
+        if module == "tok_embeddings":
+            nn.init.normal_(tensor, mean=0.0, std=1.0, generator=generator)
+        elif module.endswith("norm"):
+            nn.init.ones_(tensor)
+        elif module in ("wq", "wk", "wv", "w1", "w3"):
+            _trunc_normal(tensor, 0.02, generator)
+        elif module in ("wo", "w2"):
+            # These write into the residual stream: deeper layers start smaller.
+            layer_id = int(parts[parts.index("layers") + 1])
+            _trunc_normal(tensor, 0.02 / math.sqrt(2 * (layer_id + 1)), generator)
+        elif module == "output":
+            _trunc_normal(tensor, self.args.dim**-0.5, generator)
+        else:
+            raise ValueError(f"Transformer.init_parameter: no init rule for parameter {fqn!r}")
+
+    def init_buffers(self) -> None:
+        """Recompute the rotary table on the buffer's current device (after ``to_empty``)."""
+        self.freqs_cis = rope_table(self.args, self.freqs_cis.device)
+
+    @torch.no_grad()
+    def init_weights(self, seed: int = 0) -> None:
+        """Initialise a plain (not distributed) model in place; same seed, same weights anywhere."""
+        for fqn, param in self.named_parameters():
+            # The core seeds each parameter of a sharded model the same way, so a plain
+            # and a sharded model built with one seed hold the same weights.
+            generator = torch.Generator().manual_seed((seed * 1_000_003 + zlib.crc32(fqn.encode())) % 2**63)
+            full = torch.empty(param.shape, dtype=torch.float32)
+            self.init_parameter(fqn, full, generator)
+            param.copy_(full)
+        self.init_buffers()
+
+
+# Name segments that module wrappers insert into parameter names.
+_WRAPPER_SEGMENTS = frozenset({"_checkpoint_wrapped_module", "_orig_mod", "_fsdp_wrapped_module"})
+
+
+def _trunc_normal(tensor: torch.Tensor, std: float, generator: torch.Generator) -> None:
+    nn.init.trunc_normal_(tensor, mean=0.0, std=std, a=-3 * std, b=3 * std, generator=generator)
+
+
+def flops_per_token(args: LlamaArgs, seq_len: int) -> float:
+    """Training FLOPs per token: 6 x non-embedding parameters + 12 x layers x heads x head_dim x seq_len.
+
+    The second term is attention's score and value matmuls (forward and backward),
+    counted over the full square as is customary, although causal kernels skip half.
+    """
+    assert args.vocab_size is not None, "flops_per_token needs vocab_size"
+    d, hd, kv = args.dim, args.head_dim, args.kv_heads
+    attention = d * (args.n_heads * hd) * 2 + d * (kv * hd) * 2
+    per_layer = attention + 3 * d * args.ffn_hidden_dim + 2 * d
+    non_embedding = args.n_layers * per_layer + d + d * args.vocab_size
+    return 6.0 * non_embedding + 12.0 * args.n_layers * args.n_heads * hd * seq_len

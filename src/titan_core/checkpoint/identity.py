@@ -1,0 +1,158 @@
+"""What a checkpoint records about the run that wrote it, and the resume-time comparison.
+
+``titan_checkpoint.json`` (written by rank 0, the last file before publishing)
+holds the run identity (spec, flavor, converters, full parameter shapes), the step
+and tokens seen, and a manifest of every other file with its size and CRC-32, so a
+truncated or overwritten shard is reported by name instead of loading garbage.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..errors import CheckpointError
+from .layout import IDENTITY_FILE
+
+FORMAT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class RunIdentity:
+    """What resume compares between the checkpoint and the current run.
+
+    ``param_shapes`` maps each canonical state-dict key (parameters and persistent
+    buffers, as ``get_model_state_dict`` names them) to its full, unsharded shape,
+    over all pipeline stages; build it with ``collect_param_shapes``.
+    """
+
+    spec: str
+    flavor: str
+    converters: tuple[str, ...]
+    param_shapes: dict[str, tuple[int, ...]]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "spec": self.spec,
+            "flavor": self.flavor,
+            "converters": list(self.converters),
+            "param_shapes": {k: list(v) for k, v in sorted(self.param_shapes.items())},
+        }
+
+    @staticmethod
+    def from_json(data: dict[str, Any]) -> "RunIdentity":
+        return RunIdentity(
+            spec=str(data["spec"]),
+            flavor=str(data["flavor"]),
+            converters=tuple(str(c) for c in data["converters"]),
+            param_shapes={str(k): tuple(int(d) for d in v) for k, v in data["param_shapes"].items()},
+        )
+
+
+@dataclass(frozen=True)
+class ResumeInfo:
+    """What ``CheckpointManager.resume`` loaded."""
+
+    step: int
+    tokens_seen: int
+    path: Path
+    optimizer_loaded: bool = True
+
+
+@dataclass(frozen=True)
+class CheckpointRecord:
+    """The parsed identity file of one checkpoint."""
+
+    identity: RunIdentity
+    step: int
+    tokens_seen: int
+    world_size: int
+    files: dict[str, tuple[int, int]]  # relative name -> (size, crc32)
+
+
+def write_record(folder: Path, record: CheckpointRecord) -> None:
+    """Write and fsync the identity file (the caller publishes the folder afterwards)."""
+    payload = {
+        "format": FORMAT_VERSION,
+        "step": record.step,
+        "tokens_seen": record.tokens_seen,
+        "world_size": record.world_size,
+        "identity": record.identity.to_json(),
+        "files": {name: {"size": size, "crc32": crc} for name, (size, crc) in sorted(record.files.items())},
+    }
+    path = folder / IDENTITY_FILE
+    with open(path, "w", encoding="utf-8") as fh:
+        json.dump(payload, fh, indent=1)
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def read_record(folder: Path) -> CheckpointRecord:
+    """Parse the identity file; any damage is a CheckpointError naming the file."""
+    path = folder / IDENTITY_FILE
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        if data.get("format") != FORMAT_VERSION:
+            raise ValueError(f"unknown format {data.get('format')!r} (this titan-core reads {FORMAT_VERSION})")
+        return CheckpointRecord(
+            identity=RunIdentity.from_json(data["identity"]),
+            step=int(data["step"]),
+            tokens_seen=int(data["tokens_seen"]),
+            world_size=int(data["world_size"]),
+            files={str(k): (int(v["size"]), int(v["crc32"])) for k, v in data["files"].items()},
+        )
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise CheckpointError(
+            f"checkpoint identity file {path} is unreadable or corrupt ({type(exc).__name__}: {exc}). "
+            f"The checkpoint cannot be trusted; resume from another step-N folder."
+        ) from exc
+
+
+def check_identity(saved: RunIdentity, current: RunIdentity, *, path: Path, allow_converter_change: bool) -> bool:
+    """Raise CheckpointError when the checkpoint cannot be resumed by this run.
+
+    Returns True when the converter list differs and the change is allowed (the
+    caller then loads the model weights only).
+    """
+    if saved.spec != current.spec:
+        raise CheckpointError(
+            f"checkpoint {path} was written by spec {saved.spec!r} but this run uses spec {current.spec!r}. "
+            f"Resume with --model.spec={saved.spec} or start fresh with --checkpoint.resume=never."
+        )
+    if saved.flavor != current.flavor:
+        raise CheckpointError(
+            f"checkpoint {path} was written with flavor {saved.flavor!r} but this run uses flavor "
+            f"{current.flavor!r}. Resume with --model.flavor={saved.flavor} or start fresh with "
+            f"--checkpoint.resume=never."
+        )
+    converters_changed = saved.converters != current.converters
+    if converters_changed and not allow_converter_change:
+        raise CheckpointError(
+            f"checkpoint {path} was written with converters {list(saved.converters)} but this run uses "
+            f"{list(current.converters)}. Converters change the numerics and possibly the optimizer state; "
+            f"pass --checkpoint.allow_converter_change=true to load the model weights anyway (the optimizer "
+            f"state is then not loaded), or use the converters {list(saved.converters)}."
+        )
+    _check_shapes(saved.param_shapes, current.param_shapes, path=path)
+    return converters_changed
+
+
+def _check_shapes(saved: dict[str, tuple[int, ...]], current: dict[str, tuple[int, ...]], *, path: Path) -> None:
+    for fqn in sorted(set(saved) | set(current)):
+        a, b = saved.get(fqn), current.get(fqn)
+        if a == b:
+            continue
+        if a is None:
+            detail = f"{fqn!r} (shape {list(b or ())}) exists in this model but not in the checkpoint"
+        elif b is None:
+            detail = f"{fqn!r} (shape {list(a)}) exists in the checkpoint but not in this model"
+        else:
+            detail = f"{fqn!r} has shape {list(a)} in the checkpoint but {list(b)} in this model"
+        raise CheckpointError(
+            f"checkpoint {path} does not fit this model: parameter {detail}. The model arguments "
+            f"(flavor or spec section overrides) differ from the run that wrote it; use the same arguments or "
+            f"start fresh with --checkpoint.resume=never."
+        )

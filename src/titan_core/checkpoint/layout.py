@@ -1,0 +1,145 @@
+"""Where checkpoints live on disk, which ones count, and how one is published.
+
+A run's checkpoint folder holds:
+
+* ``step-000010/``: a published checkpoint (DCP shards, DCP's ``.metadata`` and
+  our ``titan_checkpoint.json``);
+* ``.tmp-step-000010-<nonce>/``: a save in progress (or one a crash interrupted);
+* ``.old-step-000010-<nonce>/``: a published folder being replaced by a newer
+  save of the same step.
+
+Only ``step-N`` folders holding both ``.metadata`` and the identity file count as
+checkpoints. A save becomes visible in one ``os.rename`` of its temporary folder,
+so a crash at any moment leaves either the previous checkpoints or the new one.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import shutil
+from pathlib import Path
+
+from ..errors import CheckpointError
+
+METADATA_FILE = ".metadata"  # written by DCP's FileSystemWriter, last, by the coordinator
+IDENTITY_FILE = "titan_checkpoint.json"  # written by us, last, by rank 0
+
+_STEP_RE = re.compile(r"^step-(\d+)$")
+_STALE_PREFIXES = (".tmp-step-", ".old-step-")
+
+
+def step_dirname(step: int) -> str:
+    """``step-000010``: zero-padded so that a plain listing sorts by step."""
+    return f"step-{step:06d}"
+
+
+def tmp_dirname(step: int) -> str:
+    """A fresh temporary folder name for a save of ``step`` (unique per attempt)."""
+    return f".tmp-{step_dirname(step)}-{secrets.token_hex(4)}"
+
+
+def missing_parts(path: Path) -> list[str]:
+    """The files a complete checkpoint needs that ``path`` lacks (empty when complete)."""
+    if not path.is_dir():
+        return [f"the folder {path} itself"]
+    return [name for name in (METADATA_FILE, IDENTITY_FILE) if not (path / name).is_file()]
+
+
+def require_complete(path: Path) -> None:
+    """Raise CheckpointError naming what is missing unless ``path`` is a complete checkpoint."""
+    missing = missing_parts(path)
+    if missing:
+        raise CheckpointError(
+            f"{path} is not a complete checkpoint: missing {', '.join(missing)}. A checkpoint folder is only "
+            f"complete once its save finished and was published; pick another step-N folder or set "
+            f"--checkpoint.resume=auto to use the newest complete one."
+        )
+
+
+def complete_checkpoints(folder: Path) -> list[tuple[int, Path]]:
+    """Published, complete checkpoints in ``folder``, oldest first, as (step, path)."""
+    if not folder.is_dir():
+        return []
+    found: list[tuple[int, Path]] = []
+    for entry in folder.iterdir():
+        match = _STEP_RE.match(entry.name)
+        if match and not missing_parts(entry):
+            found.append((int(match.group(1)), entry))
+    return sorted(found)
+
+
+def latest_checkpoint(folder: Path) -> Path | None:
+    """The newest complete checkpoint in ``folder``, or None."""
+    found = complete_checkpoints(folder)
+    return found[-1][1] if found else None
+
+
+def remove_stale(folder: Path) -> list[Path]:
+    """Delete temporary folders left by interrupted saves; returns what was removed.
+
+    Call only when no save of this run is in flight (at startup, on rank 0).
+    """
+    removed: list[Path] = []
+    if not folder.is_dir():
+        return removed
+    for entry in folder.iterdir():
+        if entry.is_dir() and entry.name.startswith(_STALE_PREFIXES):
+            shutil.rmtree(entry, ignore_errors=True)
+            removed.append(entry)
+    return removed
+
+
+def fsync_dir(path: Path) -> None:
+    """Make a rename inside ``path`` durable (a rename is only on disk once its folder is synced)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def publish(tmp: Path, final: Path) -> None:
+    """Atomically make the finished save in ``tmp`` visible as ``final``.
+
+    ``rename`` cannot replace a non-empty folder, so an existing ``final`` (the same
+    step saved by an earlier run) is first moved aside and deleted afterwards.
+    """
+    old: Path | None = None
+    if final.exists():
+        old = final.with_name(f".old-{final.name}-{secrets.token_hex(4)}")
+        os.rename(final, old)
+    os.rename(tmp, final)
+    fsync_dir(final.parent)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def apply_retention(folder: Path, keep_latest_k: int, *, protect: Path) -> list[Path]:
+    """Delete complete checkpoints beyond the newest ``keep_latest_k`` (0 keeps all).
+
+    ``protect`` (the checkpoint just written) is never deleted, even when an
+    earlier run left checkpoints with higher step numbers in the same folder.
+    """
+    if keep_latest_k <= 0:
+        return []
+    others = [path for _, path in complete_checkpoints(folder) if path.resolve() != protect.resolve()]
+    doomed = others[: max(0, len(others) - (keep_latest_k - 1))]
+    for path in doomed:
+        # Rename first so that a crash mid-delete never leaves a half folder named step-N.
+        trash = path.with_name(f".old-{path.name}-{secrets.token_hex(4)}")
+        os.rename(path, trash)
+        shutil.rmtree(trash, ignore_errors=True)
+    return doomed
+
+
+def ensure_folder(folder: Path) -> None:
+    """Create the checkpoint folder, turning an OSError into a CheckpointError naming it."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise CheckpointError(
+            f"cannot create the checkpoint folder {folder}: {exc}. Point --checkpoint.folder (relative to "
+            f"job.run_dir) at a writable location."
+        ) from exc

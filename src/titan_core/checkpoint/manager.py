@@ -1,0 +1,355 @@
+"""CheckpointManager: save every ``interval`` steps, resume, all crash-safe.
+
+One save, on every rank:
+
+1. rank 0 creates ``<folder>/.tmp-step-N-<nonce>`` and tells the others its name;
+2. DCP writes every rank's shards and then ``.metadata`` into it (in async mode in
+   a background thread, after the state was copied to CPU);
+3. the ranks digest the files (size + CRC-32), rank 0 writes
+   ``titan_checkpoint.json`` and renames the folder to ``step-N`` (one atomic
+   ``os.rename`` plus an fsync of the folder), then applies ``keep_latest_k``.
+
+Resume (``config.resume``): ``auto`` loads the newest complete ``step-N``,
+``never`` starts fresh, anything else is a checkpoint path (as given, or relative
+to the checkpoint folder, e.g. ``step-000010``). Rank 0 checks completeness and
+the identity (spec, flavor, converters, full shapes) and tells the other ranks;
+all ranks then verify their share of the file checksums before DCP loads. With
+``allow_converter_change`` and a different converter list, only the model weights
+(and schedule, data position, RNG, step) are loaded, never the optimizer state:
+float8/MX linears subclass ``nn.Linear`` and keep the ``weight``/``bias`` fqns, so
+the shape check still guards the weights, but optimizer state written under other
+numerics (or for parameters a converter adds) is not trusted. With
+``enable = false`` the manager does nothing, neither saving nor loading.
+
+Every collective runs on a dedicated gloo group, so a background save never
+interleaves with the training's collectives and needs no GPU. Failures are agreed
+on by all ranks, so one rank's full disk stops every rank with the same error
+instead of leaving the others waiting in a collective.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import shutil
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, NoReturn, Protocol
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch import nn
+from torch.distributed.checkpoint import FileSystemWriter
+from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+from ..config.sections import CheckpointSection
+from ..errors import CheckpointError
+from . import integrity, layout, states
+from .identity import CheckpointRecord, ResumeInfo, RunIdentity, check_identity, read_record, write_record
+from .storage import SafeFileSystemReader, SafeLoadPlanner, read_metadata
+
+PAUSE_AT_STEP_ENV = "TITAN_CHECKPOINT_PAUSE_AT_STEP"
+PAUSE_FILE_ENV = "TITAN_CHECKPOINT_PAUSE_FILE"
+PAUSE_SECONDS_ENV = "TITAN_CHECKPOINT_PAUSE_SECONDS"
+
+
+class Stateful(Protocol):
+    def state_dict(self) -> dict[str, Any]: ...
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None: ...
+
+
+class CheckpointManager:
+    """Saves and resumes model parts, optimizer, LR schedulers, data position and RNG.
+
+    Construct it on every rank after the optimizer exists (the constructor is a
+    collective when a process group exists). ``lr_schedulers`` and ``dataloader``
+    are Stateful objects whose state is identical on every rank; RNG streams are
+    saved per rank.
+    """
+
+    def __init__(
+        self,
+        *,
+        config: CheckpointSection,
+        run_dir: Path,
+        model_parts: list[nn.Module],
+        optimizer: torch.optim.Optimizer,
+        lr_schedulers: Stateful,
+        dataloader: Stateful,
+        identity: RunIdentity,
+        is_rank0: bool,
+    ) -> None:
+        self.config = config
+        self.folder = Path(run_dir) / config.folder
+        self.identity = identity
+        self.is_rank0 = is_rank0
+        self._view = states.merged_view(model_parts)
+        self._optimizer = optimizer
+        self._lr_schedulers = lr_schedulers
+        self._dataloader = dataloader
+        self._pg: Any = None
+        self._rank, self._world = 0, 1
+        if config.enable and dist.is_available() and dist.is_initialized():
+            self._pg = dist.new_group(backend="gloo")
+            self._rank, self._world = dist.get_rank(self._pg), dist.get_world_size(self._pg)
+        self._pending: Future[None] | None = None
+        self._executor: ThreadPoolExecutor | None = None
+        self._last_saved_step: int | None = None
+        if config.enable and self._rank == 0:
+            for stale in layout.remove_stale(self.folder):
+                self._log(f"removed the interrupted save {stale}")
+
+    # ---- public API ---------------------------------------------------------------
+
+    def resume(self) -> ResumeInfo | None:
+        """Load the checkpoint ``config.resume`` names; None when starting fresh."""
+        if not self.config.enable:
+            return None
+        decision = self._agree_on_rank0(self._decide_resume)
+        if decision is None:
+            return None
+        path, record, weights_only = decision
+        self._agree(integrity.verify_share(path, record.files, rank=self._rank, world=self._world))
+        info = self._load(path, weights_only=weights_only)
+        if info.step != record.step:
+            raise CheckpointError(f"checkpoint {path} holds step {info.step} but its identity file says {record.step}")
+        self._last_saved_step = info.step
+        return info
+
+    def maybe_save(self, step: int, *, tokens_seen: int, last: bool = False) -> None:
+        """Save at every ``interval``-th step and at the last step (once per step)."""
+        if not self.config.enable or step == self._last_saved_step:
+            return
+        if step % self.config.interval and not last:
+            return
+        self._save(step, tokens_seen)
+
+    def wait(self) -> None:
+        """Finish and publish a pending async save; raises its CheckpointError if it failed."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.result()
+
+    # ---- saving -------------------------------------------------------------------
+
+    def _save(self, step: int, tokens_seen: int) -> None:
+        self.wait()  # the previous async save is published before the next begins
+        tmp = self._agree_on_rank0(lambda: self._make_tmp(step))
+        state = {
+            "model": states.model_state(self._view),
+            "optimizer": states.optimizer_state(self._view, self._optimizer),
+            # Copied: an async write serialises these later, after training moved on.
+            "lr_scheduler": copy.deepcopy(self._lr_schedulers.state_dict()),
+            "dataloader": copy.deepcopy(self._dataloader.state_dict()),
+            "progress": {
+                "step": torch.tensor(step, dtype=torch.int64),
+                "tokens_seen": torch.tensor(tokens_seen, dtype=torch.int64),
+            },
+            # Per-rank keys: DCP writes a plain tensor present on several ranks only once.
+            "rng": {f"rank{self._rank}": states.rng_state()},
+        }
+        self._last_saved_step = step
+        if self.config.async_mode == "async":
+            try:  # staging (the copy to CPU) happens here; the writes in DCP's thread
+                writing = dcp.async_save(state, storage_writer=FileSystemWriter(tmp), process_group=self._pg)
+            except (Exception, CheckpointException) as exc:
+                self._fail(step, tmp, _describe(exc))
+            if self._executor is None:
+                self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="titan-checkpoint")
+            self._pending = self._executor.submit(self._write_and_publish, step, tokens_seen, tmp, None, writing)
+        else:
+            self._write_and_publish(step, tokens_seen, tmp, state, None)
+
+    def _make_tmp(self, step: int) -> Path:
+        layout.ensure_folder(self.folder)
+        tmp = self.folder / layout.tmp_dirname(step)
+        try:
+            tmp.mkdir()
+        except OSError as exc:
+            raise CheckpointError(f"cannot create {tmp} for the checkpoint of step {step}: {exc}") from exc
+        return tmp
+
+    def _write_and_publish(
+        self, step: int, tokens_seen: int, tmp: Path, state: dict[str, Any] | None, writing: Any
+    ) -> None:
+        """Runs on every rank (in the background thread in async mode)."""
+        error: str | None = None
+        try:
+            if writing is not None:
+                writing.result()
+            else:
+                dcp.save(state, storage_writer=FileSystemWriter(tmp), process_group=self._pg)
+        except (Exception, CheckpointException) as exc:  # DCP reports every rank's failure to all ranks
+            error = _describe(exc)
+        if error is not None:
+            self._fail(step, tmp, error)
+        _maybe_pause(step, tmp)
+        digests: dict[str, tuple[int, int]] = {}
+        try:
+            digests = integrity.digest_share(tmp, rank=self._rank, world=self._world)
+        except OSError as exc:
+            error = _describe(exc)
+        shares = self._gather((error, digests))
+        errors = [e for e, _ in shares if e]
+        if errors:
+            self._fail(step, tmp, errors[0])
+        files = {name: digest for _, share in shares for name, digest in share.items()}
+        record = CheckpointRecord(self.identity, step, tokens_seen, self._world, files)
+        self._agree_on_rank0(lambda: self._publish(tmp, record))
+
+    def _publish(self, tmp: Path, record: CheckpointRecord) -> None:
+        final = self.folder / layout.step_dirname(record.step)
+        try:
+            write_record(tmp, record)
+            layout.publish(tmp, final)
+        except OSError as exc:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise CheckpointError(self._failure_text(record.step, tmp, _describe(exc))) from exc
+        for old in layout.apply_retention(self.folder, self.config.keep_latest_k, protect=final):
+            self._log(f"deleted {old} (keep_latest_k={self.config.keep_latest_k})")
+        self._log(f"saved checkpoint {final}")
+
+    def _fail(self, step: int, tmp: Path, error: str) -> NoReturn:
+        if self._rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise CheckpointError(self._failure_text(step, tmp, error))
+
+    def _failure_text(self, step: int, tmp: Path, error: str) -> str:
+        previous = layout.latest_checkpoint(self.folder)
+        kept = f"the previous checkpoint {previous} is intact" if previous else "no earlier checkpoint exists"
+        return (
+            f"saving the checkpoint of step {step} to {tmp} failed: {error}. The partial save was discarded and "
+            f"{kept}. Free disk space or point --checkpoint.folder at a writable location."
+        )
+
+    # ---- resuming -----------------------------------------------------------------
+
+    def _decide_resume(self) -> tuple[Path, CheckpointRecord, bool] | None:
+        """Rank 0: which checkpoint to load, checked for completeness and identity."""
+        mode = self.config.resume
+        if mode == "never":
+            if layout.latest_checkpoint(self.folder) is not None:
+                self._log(f"checkpoint.resume=never: ignoring the checkpoints in {self.folder}")
+            return None
+        if mode == "auto":
+            path = layout.latest_checkpoint(self.folder)
+            if path is None:
+                return None
+        else:
+            path = Path(mode)
+            if not path.exists() and (self.folder / mode).exists():
+                path = self.folder / mode
+        layout.require_complete(path)
+        record = read_record(path)
+        weights_only = check_identity(
+            record.identity, self.identity, path=path, allow_converter_change=self.config.allow_converter_change
+        )
+        read_metadata(path)  # a damaged .metadata is named here rather than inside DCP
+        return path, record, weights_only
+
+    def _load(self, path: Path, *, weights_only: bool) -> ResumeInfo:
+        metadata = read_metadata(path)
+        rng_key = f"rank{self._rank}"
+        rng_template = {
+            key.split(".", 2)[2]: torch.empty(tuple(md.size), dtype=md.properties.dtype)
+            for key, md in metadata.state_dict_metadata.items()
+            if key.startswith(f"rng.{rng_key}.") and isinstance(md, TensorStorageMetadata)
+        }
+        state: dict[str, Any] = {
+            "model": states.model_state(self._view),
+            "lr_scheduler": self._lr_schedulers.state_dict(),
+            "dataloader": self._dataloader.state_dict(),
+            "progress": {"step": torch.zeros((), dtype=torch.int64), "tokens_seen": torch.zeros((), dtype=torch.int64)},
+        }
+        if not weights_only:
+            state["optimizer"] = states.optimizer_state(self._view, self._optimizer)
+        if rng_template:
+            state["rng"] = {rng_key: rng_template}
+        try:
+            dcp.load(state, storage_reader=SafeFileSystemReader(path), planner=SafeLoadPlanner(), process_group=self._pg)
+        except (Exception, CheckpointException) as exc:
+            raise CheckpointError(
+                f"cannot load checkpoint {path}: {_describe(exc)}. The checkpoint does not match this run's "
+                f"model/optimizer/scheduler/data-loader state; resume from another checkpoint or start fresh "
+                f"with --checkpoint.resume=never."
+            ) from exc
+        states.load_model_state(self._view, state["model"])
+        if weights_only:
+            self._log(f"converters changed ({list(self.identity.converters)}): loaded the model weights from {path}, "
+                      f"not the optimizer state")
+        else:
+            states.load_optimizer_state(self._view, self._optimizer, state["optimizer"])
+        self._lr_schedulers.load_state_dict(state["lr_scheduler"])
+        self._dataloader.load_state_dict(state["dataloader"])
+        if rng_template:
+            states.set_rng_state(state["rng"][rng_key])
+        else:
+            self._log(f"{path} has no RNG state for rank {self._rank} (saved with fewer ranks); keeping the seeded one")
+        step, tokens = int(state["progress"]["step"]), int(state["progress"]["tokens_seen"])
+        return ResumeInfo(step=step, tokens_seen=tokens, path=path, optimizer_loaded=not weights_only)
+
+    # ---- collectives on the checkpoint group ---------------------------------------
+
+    def _gather(self, obj: Any) -> list[Any]:
+        if self._pg is None:
+            return [obj]
+        out: list[Any] = [None] * self._world
+        dist.all_gather_object(out, obj, group=self._pg)
+        return out
+
+    def _agree(self, error: str | None) -> None:
+        """Raise the first rank's error on every rank (or nothing when none failed)."""
+        errors = [e for e in self._gather(error) if e]
+        if errors:
+            raise CheckpointError(errors[0])
+
+    def _agree_on_rank0(self, fn: Any) -> Any:
+        """Run ``fn`` on rank 0 only; every rank returns its result or raises its CheckpointError."""
+        box: list[Any] = [None]
+        failure: Exception | None = None
+        if self._rank == 0:
+            try:
+                box[0] = ("ok", fn())
+            except Exception as exc:  # broadcast first, or the other ranks would wait forever
+                failure = exc
+                box[0] = ("error", str(exc) if isinstance(exc, CheckpointError) else _describe(exc))
+        if self._pg is not None:
+            dist.broadcast_object_list(box, src=dist.get_global_rank(self._pg, 0), group=self._pg)
+        kind, value = box[0]
+        if failure is not None:
+            raise failure
+        if kind == "error":
+            raise CheckpointError(value)
+        return value
+
+    def _log(self, message: str) -> None:
+        if self.is_rank0:
+            print(f"[checkpoint] {message}", flush=True)
+
+
+def _describe(exc: BaseException) -> str:
+    """The root cause: DCP wraps each rank's exception in a CheckpointException."""
+    if isinstance(exc, CheckpointException):
+        causes = [pair[0] for pair in exc.failures.values()]
+        for cause in causes:
+            if isinstance(cause, OSError):
+                return _describe(cause)
+        if causes:
+            return _describe(causes[0])
+    if isinstance(exc, OSError) and exc.filename:
+        return f"{exc.strerror or exc} ({exc.filename})"
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _maybe_pause(step: int, tmp: Path) -> None:
+    """Test hook: stop between writing the shards and publishing, so a test can SIGKILL here."""
+    at = os.environ.get(PAUSE_AT_STEP_ENV)
+    if at is None or int(at) != step:
+        return
+    pause_file = os.environ.get(PAUSE_FILE_ENV)
+    if pause_file:
+        Path(pause_file).write_text(str(tmp), encoding="utf-8")
+    time.sleep(float(os.environ.get(PAUSE_SECONDS_ENV, "60")))
