@@ -45,6 +45,13 @@ _LAZY: dict[str, str] = {
     "TiktokenTokenizer": "tokenizer",
     "build_tokenizer": "tokenizer",
     "build_dataloader": "data",
+    "CheckpointManager": "checkpoint",
+    "RunIdentity": "checkpoint",
+    "ResumeInfo": "checkpoint",
+    "collect_param_shapes": "checkpoint",
+    "export_safetensors": "checkpoint",
+    "ConversionTable": "converters",
+    "apply_converters": "converters",
 }
 
 __all__ = ["PLUGIN_API_VERSION", "__version__", *_LAZY]
@@ -64,7 +71,9 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:
+    from .checkpoint import CheckpointManager, ResumeInfo, RunIdentity, collect_param_shapes, export_safetensors
     from .config.job import JobConfig
+    from .converters import ConversionTable, apply_converters
     from .config.sections import (
         ActivationCheckpointSection,
         CheckpointSection,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,6 +57,8 @@ class Trainer:
         self.tokens_seen = 0
         self.skipped_steps = 0
         self.run_dir = Path(self.config.job.run_dir)
+        # Fault injection for tests of the non-finite guard: the loss of this step reads as NaN.
+        self.inject_nonfinite_at = int(os.environ.get("TITAN_INJECT_NONFINITE_AT_STEP", "0"))
 
     # ---- set-up, in the architecture page's order -------------------------------------------
     def setup(self) -> None:
@@ -189,22 +192,17 @@ class Trainer:
         register_converter_hooks(self.optimizer, self.converters, self.model_parts)
 
     def build_checkpointer(self) -> None:
-        from .checkpoint import CheckpointManager, RunIdentity
+        from .checkpoint import CheckpointManager, RunIdentity, collect_param_shapes
 
         c = self.config
         identity = RunIdentity(
             spec=self.spec.name, flavor=c.model.flavor, converters=tuple(c.model.converters),
-            param_shapes=self.full_param_shapes(),
+            param_shapes=collect_param_shapes(self.model_parts),  # all pipeline stages' parameters
         )
         self.checkpointer = CheckpointManager(
             config=c.checkpoint, run_dir=self.run_dir, model_parts=self.model_parts, optimizer=self.optimizer,
             lr_schedulers=self.lr_schedulers, dataloader=self.dataloader, identity=identity, is_rank0=self.is_rank0,
         )
-
-    def full_param_shapes(self) -> dict[str, tuple[int, ...]]:
-        from .init import clean_fqn
-
-        return {clean_fqn(n): tuple(p.shape) for part in self.model_parts for n, p in part.named_parameters()}
 
     def build_metrics(self) -> None:
         fpt = self.spec.flops_per_token_fn(self.model_args, self.config.training.seq_len) \
@@ -257,6 +255,8 @@ class Trainer:
         pp_group = self.mesh["pp"].get_group() if self.dims.pp_enabled else None
         grad_norm = clip_grad_norm(self.model_parts, self.config.training.max_norm, pp_group=pp_group)
         global_loss = self.global_average_loss(loss)
+        if self.step + 1 == self.inject_nonfinite_at:
+            global_loss = float("nan")
         if not (math.isfinite(global_loss) and math.isfinite(grad_norm)):
             return self.handle_nonfinite(global_loss, grad_norm)
         self.optimizer.step()
@@ -335,5 +335,6 @@ class Trainer:
             from .checkpoint import export_safetensors
 
             dtype = getattr(torch, self.config.checkpoint.export_dtype)
-            export_safetensors(self.model_parts, self.run_dir / "model.safetensors", dtype=dtype, is_rank0=self.is_rank0)
+            export_safetensors(self.model_parts, self.run_dir / "export" / "model.safetensors", dtype=dtype,
+                               is_rank0=self.is_rank0)
         self.metrics.close()
