@@ -1,0 +1,51 @@
+"""Int8FakeConverter: the ModelConverter that swaps selected linears for Int8FakeQuantLinear."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel
+from torch import nn
+
+from titan_core import ModelConverter, ParallelDims, RunContext
+
+from .config import Int8FakeConfig
+from .layer import Int8FakeQuantLinear
+
+
+def fqn_matches(fqn: str, entry: str) -> bool:
+    """True when ``entry``'s dot-separated parts appear consecutively in ``fqn``."""
+    return f".{entry}." in f".{fqn}."
+
+
+class Int8FakeConverter(ModelConverter):
+    """Fake-quantized int weights (straight-through estimator) for the selected nn.Linear layers."""
+
+    Config = Int8FakeConfig
+    plugin_api_version = "1.0"  # the titan-core plugin API this converter was written for
+
+    def __init__(self, config: BaseModel, *, parallel_dims: ParallelDims, job: RunContext) -> None:
+        if not isinstance(config, Int8FakeConfig):
+            config = Int8FakeConfig.model_validate(config.model_dump() if isinstance(config, BaseModel) else config)
+        super().__init__(config, parallel_dims=parallel_dims, job=job)
+        self.config: Int8FakeConfig = config
+
+    def selection_keys(self) -> list[str]:
+        return ["fqns", "filter_fqns"]
+
+    def select(self, model: nn.Module) -> list[str]:
+        cfg = self.config
+        chosen = []
+        for fqn, module in model.named_modules():
+            if not fqn or not isinstance(module, nn.Linear) or isinstance(module, Int8FakeQuantLinear):
+                continue
+            if cfg.fqns and not any(fqn_matches(fqn, e) for e in cfg.fqns):
+                continue
+            if any(fqn_matches(fqn, e) for e in cfg.filter_fqns):
+                continue
+            chosen.append(fqn)
+        return chosen
+
+    def convert(self, model: nn.Module, fqns: list[str]) -> None:
+        for fqn in fqns:
+            parent_name, _, child = fqn.rpartition(".")
+            parent = model.get_submodule(parent_name)
+            setattr(parent, child, Int8FakeQuantLinear.from_linear(getattr(parent, child), self.config.bits))

@@ -1,0 +1,113 @@
+"""MXConverter: MXFP8 training of selected linears with torchao's prototype (``[mx]``).
+
+torchao 0.18 applies MX training by swapping each selected linear's weight for
+an ``MXFP8TrainingWeightWrapperTensor`` (``quantize_`` with an
+``MXFP8TrainingOpConfig``); the module stays an ``nn.Linear``, and its matmuls
+quantize activations, weights and gradients to MXFP8 on the fly. It is a
+prototype: APIs and numerics may change between torchao releases.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Any
+
+from pydantic import BaseModel
+from torch import nn
+
+from titan_core import ConfigError, ModelConverter, ParallelDims, RunContext, TitanError
+
+from .config import MXConfig
+from .hardware import resolve_emulate
+from .selection import select_linears
+
+logger = logging.getLogger(__name__)
+
+#: torchao's MXFP8 training path fixes 32 elements per shared scale.
+BLOCK_SIZE = 32
+
+
+@dataclasses.dataclass(frozen=True)
+class _TorchAO:
+    """The few torchao names this converter uses, imported on demand."""
+
+    quantize_: Any
+    MXFP8TrainingOpConfig: Any
+    MXFP8TrainingRecipe: Any
+    KernelPreference: Any
+    MXFP8TrainingWeightWrapperTensor: Any
+
+
+def import_torchao_mx() -> _TorchAO:
+    """torchao's MX training API, or a TitanError saying how to install it."""
+    try:
+        from torchao import quantize_
+        from torchao.prototype.moe_training.config import MXFP8TrainingOpConfig, MXFP8TrainingRecipe
+        from torchao.prototype.moe_training.tensor import MXFP8TrainingWeightWrapperTensor
+        from torchao.quantization.quantize_.common import KernelPreference
+    except ImportError as exc:
+        raise TitanError(
+            f"the mx converter needs torchao's MX training prototype: pip install 'torchao>=0.18' "
+            f"(import failed: {exc})"
+        ) from exc
+    return _TorchAO(quantize_, MXFP8TrainingOpConfig, MXFP8TrainingRecipe, KernelPreference,
+                    MXFP8TrainingWeightWrapperTensor)
+
+
+class MXConverter(ModelConverter):
+    """MXFP8 training (torchao prototype) for the selected bias-free linear layers; see ``MXConfig``."""
+
+    Config = MXConfig
+    prototype = True
+    plugin_api_version = "1.0"  # the titan-core plugin API this converter was written for
+
+    def __init__(self, config: BaseModel, *, parallel_dims: ParallelDims, job: RunContext) -> None:
+        if not isinstance(config, MXConfig):
+            config = MXConfig.model_validate(config.model_dump() if isinstance(config, BaseModel) else config)
+        super().__init__(config, parallel_dims=parallel_dims, job=job)
+        self.config: MXConfig = config
+        self._ao = import_torchao_mx()
+        self.emulate, self.emulate_reason = resolve_emulate(config.emulate, job.device)
+        logger.info("mx (prototype): recipe %s, %s", config.recipe, self.emulate_reason)
+
+    def selection_keys(self) -> list[str]:
+        return ["fqns", "filter_fqns"]
+
+    def select(self, model: nn.Module) -> list[str]:
+        def eligible(fqn: str, module: nn.Linear) -> bool:
+            out_dim, in_dim = module.weight.shape
+            if module.bias is not None:
+                # torchao 0.18's MX linear override computes x @ w.T and drops the bias.
+                logger.info("mx: skipping %s (has a bias; MX training supports bias-free linears only)", fqn)
+                return False
+            if out_dim % BLOCK_SIZE or in_dim % BLOCK_SIZE:
+                logger.info("mx: skipping %s (weight %dx%d not divisible by %d)", fqn, out_dim, in_dim, BLOCK_SIZE)
+                return False
+            return not self.is_mx_weight(module)
+
+        return select_linears(
+            model, section="mx", fqns=self.config.fqns, filter_fqns=self.config.filter_fqns, eligible=eligible
+        )
+
+    def torchao_config(self) -> Any:
+        """The ``MXFP8TrainingOpConfig`` this converter applies."""
+        recipe = self._ao.MXFP8TrainingRecipe(self.config.recipe)
+        kernels = self._ao.KernelPreference
+        kernel = kernels.EMULATED if self.emulate else kernels.AUTO
+        return dataclasses.replace(self._ao.MXFP8TrainingOpConfig.from_recipe(recipe), kernel_preference=kernel)
+
+    def is_mx_weight(self, module: nn.Module) -> bool:
+        """Whether ``module``'s weight is an MX training wrapper (converted)."""
+        weight = getattr(module, "weight", None)
+        return weight is not None and isinstance(weight.data, self._ao.MXFP8TrainingWeightWrapperTensor)
+
+    def convert(self, model: nn.Module, fqns: list[str]) -> None:
+        wanted = set(fqns)
+        try:
+            self._ao.quantize_(model, self.torchao_config(), filter_fn=lambda module, fqn: fqn in wanted)
+        except AssertionError as exc:  # torchao states its requirements as asserts
+            raise TitanError(f"torchao could not apply MX training: {exc}") from exc
+        missed = [fqn for fqn in fqns if not self.is_mx_weight(model.get_submodule(fqn))]
+        if missed:
+            raise ConfigError(f"mx could not convert {missed}: only bias-free nn.Linear modules can use MX training")

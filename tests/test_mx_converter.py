@@ -1,0 +1,221 @@
+"""titan-mx-prototype: hardware errors, selection, float8+mx together, equivalence with torchao, training."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+from pydantic import ValidationError
+from torch import nn
+
+from titan_core.config.sections import CompileSection, ParallelismSection, TrainingSection
+from titan_core.converters import apply_converters, register_converter_hooks
+from titan_core.errors import ConfigError, TitanError
+from titan_core.parallel_dims import ParallelDims
+from titan_core.protocols import RunContext
+from titan_float8 import Float8Config, Float8Converter
+from titan_llama.model import LlamaArgs, Transformer
+from titan_mx_prototype import MXConfig, MXConverter
+from titan_mx_prototype import hardware
+from torchao import quantize_
+from torchao.prototype.moe_training.config import MXFP8TrainingOpConfig, MXFP8TrainingRecipe
+from torchao.prototype.moe_training.tensor import MXFP8TrainingWeightWrapperTensor
+from torchao.quantization.quantize_.common import KernelPreference
+
+torch.set_num_threads(1)
+LLAMA = LlamaArgs(dim=64, n_layers=2, n_heads=4, vocab_size=256, multiple_of=32, max_seq_len=64)
+FFN = [f"layers.{i}.feed_forward.w{j}" for i in range(2) for j in (1, 2, 3)]
+ATTENTION = [f"layers.{i}.attention.w{j}" for i in range(2) for j in "qkvo"]
+
+
+def job(device: str = "cpu", backend: str = "gloo") -> RunContext:
+    return RunContext(torch.device(device), backend, TrainingSection(), ParallelismSection(), CompileSection())
+
+
+DIMS = ParallelDims(1, 1, 1, 1, 1)
+
+
+def make(device: str = "cpu", **config) -> MXConverter:
+    return MXConverter(MXConfig(**config), parallel_dims=DIMS, job=job(device, "nccl" if device == "cuda" else "gloo"))
+
+
+def llama_on_meta() -> Transformer:
+    with torch.device("meta"):
+        return Transformer(LLAMA)
+
+
+class Toy(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.up = nn.Linear(64, 128, bias=False)
+        self.down = nn.Linear(128, 64, bias=False)
+        self.biased = nn.Linear(64, 64)  # MX drops biases in torchao 0.18: never selected
+        self.narrow = nn.Linear(64, 48, bias=False)  # 48 is not a multiple of the block size 32
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x + self.down(torch.relu(self.up(x)))
+        return self.biased(h) + self.narrow(h).mean(-1, keepdim=True)
+
+
+def materialize(model: nn.Module, seed: int = 0) -> nn.Module:
+    model.to_empty(device="cpu")
+    if isinstance(model, Transformer):
+        model.init_weights(seed)
+    else:
+        gen = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            for p in model.parameters():
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.1)
+    return model
+
+
+def test_is_a_prototype_without_optimizer_hooks() -> None:
+    conv = make()
+    assert MXConverter.prototype is True
+    assert conv.emulate is True
+    opt = torch.optim.SGD([nn.Parameter(torch.zeros(1))], lr=1)
+    assert register_converter_hooks(opt, [conv], []).registered == []
+
+
+def test_unsupported_gpu_explains_the_hardware(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(hardware, "cuda_capability", lambda device: (9, 0))
+    for emulate in ("auto", False):
+        with pytest.raises(TitanError) as info:
+            make(device="cuda", emulate=emulate)
+        text = str(info.value)
+        assert "Blackwell" in text and "SM100" in text and "9.0" in text and "sm_90" in text
+        assert "--mx.emulate=true" in text
+    assert make(device="cuda", emulate=True).torchao_config().kernel_preference == KernelPreference.EMULATED
+
+
+def test_blackwell_uses_real_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(hardware, "cuda_capability", lambda device: (10, 0))
+    conv = make(device="cuda")
+    assert conv.emulate is False
+    assert conv.torchao_config().kernel_preference == KernelPreference.AUTO
+
+
+def test_emulate_false_on_cpu_is_an_error() -> None:
+    with pytest.raises(TitanError, match=r"mx.emulate=false.*Blackwell.*device cpu"):
+        make(emulate="false")
+
+
+def test_missing_torchao_says_how_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "torchao.prototype.moe_training.config", None)
+    with pytest.raises(TitanError, match=r"the mx converter needs torchao.*pip install 'torchao>=0.18'"):
+        make()
+
+
+def test_bad_config_values() -> None:
+    with pytest.raises(ValidationError, match="recipe"):
+        MXConfig(recipe="mxfp4")
+    with pytest.raises(ValidationError, match="Extra inputs are not permitted"):
+        MXConfig(fqn=["w1"])
+    assert MXConfig().fqns == ["feed_forward.w1", "feed_forward.w2", "feed_forward.w3"]
+    assert MXConfig().filter_fqns == ["output"]
+    for name, field in MXConfig.model_fields.items():
+        assert field.description, name
+
+
+def test_default_selection_is_the_feed_forward() -> None:
+    assert make().select(llama_on_meta()) == FFN
+
+
+def test_selection_skips_biased_and_misaligned_linears() -> None:
+    assert make(fqns=[]).select(Toy()) == ["up", "down"]
+    with pytest.raises(ConfigError, match=r"mx.fqns entries \['feed_forward.w1', 'feed_forward.w2', 'feed_forward.w3'\]"):
+        make().select(Toy())
+
+
+def test_float8_then_mx_with_defaults_gives_both_modules() -> None:
+    model = llama_on_meta()
+    float8 = Float8Converter(Float8Config(), parallel_dims=DIMS, job=job())
+    table = apply_converters(model, [("float8", float8), ("mx", make())], spec=None)
+    assert table.modules_of("float8") == ATTENTION
+    assert table.modules_of("mx") == FFN
+    assert type(model.output) is nn.Linear
+
+
+def test_mx_then_float8_leaves_mx_empty_with_a_pointer() -> None:
+    float8 = Float8Converter(Float8Config(), parallel_dims=DIMS, job=job())
+    with pytest.raises(ConfigError) as info:
+        apply_converters(llama_on_meta(), [("mx", make()), ("float8", float8)], spec=None)
+    text = str(info.value)
+    assert 'converter "mx"' in text and 'taken by "float8"' in text
+    assert "mx.fqns" in text and "float8.filter_fqns" in text
+
+
+def torchao_reference(model: nn.Module, recipe: str, fqns: list[str]) -> None:
+    cfg = dataclasses.replace(MXFP8TrainingOpConfig.from_recipe(MXFP8TrainingRecipe(recipe)),
+                              kernel_preference=KernelPreference.EMULATED)
+    wanted = set(fqns)
+    quantize_(model, cfg, filter_fn=lambda m, fqn: fqn in wanted)
+
+
+def kinds(model: nn.Module) -> dict[str, tuple[type, type]]:
+    return {fqn: (type(m), type(m.weight.data)) for fqn, m in model.named_modules() if isinstance(m, nn.Linear)}
+
+
+@pytest.mark.parametrize("recipe", ["mxfp8_rceil", "mxfp8_rceil_wgrad_with_hp"])
+@pytest.mark.parametrize("kind", ["toy", "llama"])
+def test_equivalent_to_torchao(recipe: str, kind: str) -> None:
+    def build() -> nn.Module:
+        if kind == "llama":
+            return llama_on_meta()
+        with torch.device("meta"):
+            return Toy()
+
+    conv = make(recipe=recipe, **({} if kind == "llama" else {"fqns": []}))
+    ours, theirs, plain = build(), build(), materialize(build())
+    table = apply_converters(ours, [("mx", conv)], spec=None)
+    fqns = table.modules_of("mx")
+    assert fqns == (FFN if kind == "llama" else ["up", "down"])
+    torchao_reference(theirs, recipe, fqns)
+    assert kinds(ours) == kinds(theirs)
+    assert {row.after for row in table.rows} == {"Linear(weight=MXFP8TrainingWeightWrapperTensor)"}
+    materialize(ours), materialize(theirs)
+    # initialising in place keeps the MX wrapper
+    assert all(isinstance(ours.get_submodule(f).weight.data, MXFP8TrainingWeightWrapperTensor) for f in fqns)
+
+    x = torch.randint(0, LLAMA.vocab_size, (2, 32)) if kind == "llama" else torch.randn(2, 32, 64)
+    y_ours, y_theirs = ours(x), theirs(x)
+    assert torch.equal(y_ours, y_theirs)
+    y_ours.square().mean().backward()
+    y_theirs.square().mean().backward()
+    for (name, a), b in zip(ours.named_parameters(), theirs.parameters()):
+        assert torch.equal(a.grad, b.grad), name
+    y_plain = plain(x)
+    rel = ((y_ours - y_plain).norm() / y_plain.norm()).item()
+    assert 0 < rel < 0.1, rel
+
+
+def test_llama_trains_with_float8_and_mx() -> None:
+    torch.manual_seed(0)
+    data = torch.randint(0, LLAMA.vocab_size, (4, 33))
+
+    def losses(model: nn.Module) -> list[float]:
+        opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+        out = []
+        for _ in range(8):
+            logits = model(data[:, :-1])
+            loss = F.cross_entropy(logits.flatten(0, 1), data[:, 1:].flatten())
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            out.append(loss.item())
+        return out
+
+    converted = llama_on_meta()
+    float8 = Float8Converter(Float8Config(), parallel_dims=DIMS, job=job())
+    apply_converters(converted, [("float8", float8), ("mx", make())], spec=None)
+    low = losses(materialize(converted))
+    ref = losses(materialize(llama_on_meta()))
+    assert all(math.isfinite(v) for v in low)
+    assert low[-1] < low[0] - 1.0
+    assert max(abs(a - b) for a, b in zip(low, ref)) < 0.05, (low, ref)
+    # still MX after the optimizer updated the weights in place
+    assert isinstance(converted.layers["0"].feed_forward.w1.weight.data, MXFP8TrainingWeightWrapperTensor)
