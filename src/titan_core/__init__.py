@@ -45,6 +45,9 @@ _LAZY: dict[str, str] = {
     "TiktokenTokenizer": "tokenizer",
     "build_tokenizer": "tokenizer",
     "build_dataloader": "data",
+    "init_model_weights": "init",
+    "parameter_generator": "init",
+    "MetricsLogger": "metrics",
     "CheckpointManager": "checkpoint",
     "RunIdentity": "checkpoint",
     "ResumeInfo": "checkpoint",
@@ -89,7 +92,9 @@ if TYPE_CHECKING:
     from .data import build_dataloader
     from .discovery import register_model_converter, register_train_spec
     from .errors import CheckpointError, ConfigError, NonFiniteError, PluginError, TitanError
+    from .init import init_model_weights, parameter_generator
     from .loss import cross_entropy_loss
+    from .metrics import MetricsLogger
     from .optim import LRSchedulersContainer, OptimizersContainer
     from .parallel_dims import ParallelDims
     from .protocols import EmptyConfig, ModelConverter, RunContext, TensorParallelStyles, TrainSpec, Tokenizer

@@ -106,6 +106,14 @@ class TrainSpec:
         ``to_empty``;
       * ``forward(tokens) -> logits``; with pipelining, a stage's forward takes the
         previous stage's output.
+    Factories, when given, are called as the defaults are:
+      ``build_optimizers_fn(model_parts, optimizer_section, *, device_type)`` (default
+      ``OptimizersContainer``), ``build_lr_schedulers_fn(optimizers, lr_section, *, total_steps)``
+      (``LRSchedulersContainer``), ``build_metrics_processor_fn(metrics_section, *, run_dir, is_rank0,
+      device, flops_per_token, world_size, run_config)`` (``MetricsLogger``), ``build_loss_fn()``
+      returning ``loss(logits, labels)``, ``build_tokenizer_fn(data_section)``, and
+      ``build_dataloader_fn(**kwargs of titan_core.build_dataloader)``. ``state_dict_adapter`` is
+      carried for HF <-> native key conversion but not used by the core in this version.
     Flavor args are dataclasses. A field ``vocab_size`` left ``None`` is filled from
     the tokenizer; fields of the spec's ``config_model`` section that are not
     ``None`` replace the flavor's values.

@@ -187,8 +187,10 @@ class Trainer:
         from .converters import register_converter_hooks
 
         c = self.config
-        self.optimizer = OptimizersContainer(self.model_parts, c.optimizer, device_type=self.device.type)
-        self.lr_schedulers = LRSchedulersContainer(self.optimizer, c.lr_scheduler, total_steps=c.training.steps)
+        build_opt = self.spec.build_optimizers_fn or OptimizersContainer
+        build_lr = self.spec.build_lr_schedulers_fn or LRSchedulersContainer
+        self.optimizer = build_opt(self.model_parts, c.optimizer, device_type=self.device.type)
+        self.lr_schedulers = build_lr(self.optimizer, c.lr_scheduler, total_steps=c.training.steps)
         register_converter_hooks(self.optimizer, self.converters, self.model_parts)
 
     def build_checkpointer(self) -> None:
@@ -207,7 +209,8 @@ class Trainer:
     def build_metrics(self) -> None:
         fpt = self.spec.flops_per_token_fn(self.model_args, self.config.training.seq_len) \
             if self.spec.flops_per_token_fn else None
-        self.metrics = MetricsLogger(
+        build_metrics = self.spec.build_metrics_processor_fn or MetricsLogger
+        self.metrics = build_metrics(
             self.config.metrics, run_dir=self.run_dir, is_rank0=self.is_rank0, device=self.device,
             flops_per_token=fpt, world_size=self.proc.world_size, run_config=self.config.model_dump(mode="json"),
         )
