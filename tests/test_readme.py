@@ -1,0 +1,50 @@
+"""The README's first two commands are the project's front door: keep them true."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def readme_commands() -> list[str]:
+    lines = (REPO / "README.md").read_text().splitlines()
+    assert lines[0] == "```bash", "the README must open with its two commands"
+    commands = []
+    for line in lines[1:]:
+        if line.startswith("```"):
+            break
+        commands.append(line.split("#", 1)[0].strip())
+    return commands
+
+
+def test_readme_opens_with_exactly_two_commands() -> None:
+    assert readme_commands() == ["bash scripts/quickstart.sh", "bash scripts/test.sh"]
+
+
+def test_ci_runs_the_readme_test_command() -> None:
+    ci = (REPO / ".ci/run").read_text()
+    assert "scripts/test.sh" in ci
+
+
+@pytest.mark.slow
+def test_quickstart_script_trains(tmp_path: Path) -> None:
+    """Runs the README's first command (its script), shortened by a later override flag."""
+    run_dir = REPO / "runs" / "quickstart"
+    metrics = run_dir / "metrics.jsonl"
+    if metrics.exists():
+        metrics.unlink()
+    env = {**os.environ, "OMP_NUM_THREADS": "2"}
+    env.pop("PYTHONPATH", None)
+    proc = subprocess.run(["bash", "scripts/quickstart.sh", "--training.steps=30", "--training.seq_len=64"],
+                          cwd=REPO, capture_output=True, text=True, env=env, timeout=1200)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    records = [json.loads(l) for l in metrics.read_text().splitlines() if '"loss"' in l]
+    assert records[-1]["step"] == 30
+    assert records[-1]["loss"] < records[0]["loss"]
+    assert "step     30 | loss" in proc.stdout
