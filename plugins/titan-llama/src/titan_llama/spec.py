@@ -1,14 +1,43 @@
-"""The llama3 TrainSpec: what the titan.train_specs entry point ``llama3`` names."""
+"""The llama3 TrainSpec: what the titan.train_specs entry point ``llama3`` names.
+
+The parallelism functions are reached through thin wrappers that import their
+modules on first call: those modules import DTensor, which costs seconds, and
+``titan-train --list`` / ``--help`` must stay about as cheap as ``import torch``.
+"""
 
 from __future__ import annotations
+
+from typing import Any
+
+from torch import nn
 
 from titan_core import TrainSpec
 
 from .config import LlamaSection
 from .flavors import llama3_flavors
 from .model import Transformer, flops_per_token
-from .parallelize import parallelize_llama, validate_llama_layout
-from .pipeline import pipeline_llama
+
+
+def parallelize_llama(model: nn.Module, **kwargs: Any) -> nn.Module:
+    """See titan_llama.parallelize.parallelize_llama."""
+    from .parallelize import parallelize_llama as impl
+
+    return impl(model, **kwargs)
+
+
+def pipeline_llama(model: nn.Module, **kwargs: Any) -> Any:
+    """See titan_llama.pipeline.pipeline_llama."""
+    from .pipeline import pipeline_llama as impl
+
+    return impl(model, **kwargs)
+
+
+def validate_llama_layout(args: Any, **kwargs: Any) -> None:
+    """See titan_llama.parallelize.validate_llama_layout."""
+    from .parallelize import validate_llama_layout as impl
+
+    impl(args, **kwargs)
+
 
 llama3_spec = TrainSpec(
     name="llama3",
