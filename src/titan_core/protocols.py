@@ -6,6 +6,7 @@ is a narrow, validated slice of the job config, never the whole of it.
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Mapping, Protocol, Sequence
@@ -161,7 +162,7 @@ class EmptyConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-class ModelConverter:
+class ModelConverter(abc.ABC):
     """Base class of a converter plugin (low precision, fused kernels, ...).
 
     Lifecycle, all on the meta-device model before any parallelism:
@@ -185,16 +186,19 @@ class ModelConverter:
     def compatible_with(self, spec: TrainSpec) -> None:
         """Raise ``TitanError`` for a spec this converter cannot serve."""
 
+    @abc.abstractmethod
     def select(self, model: nn.Module) -> list[str]:
         """Fully qualified names of the modules this converter would convert."""
-        raise NotImplementedError(f"{type(self).__name__} must implement select()")
 
+    @abc.abstractmethod
     def convert(self, model: nn.Module, fqns: list[str]) -> None:
         """Rewrite exactly the modules named in ``fqns``, in place (meta device)."""
-        raise NotImplementedError(f"{type(self).__name__} must implement convert()")
 
     def selection_keys(self) -> list[str]:
-        """Config keys a user sets to change the selection (named in overlap errors)."""
+        """Field names of ``Config`` that change the selection (e.g. ``["fqns", "filter_fqns"]``).
+
+        The core prefixes them with the section name (``float8.fqns``) in its errors.
+        """
         return []
 
     def tensor_parallel_styles(self) -> TensorParallelStyles | None:
