@@ -90,14 +90,14 @@ def run(args: argparse.Namespace, rest: list[str], argv: list[str]) -> int:
         from .commands.dry_run import dry_run
 
         return dry_run(resolved)
-    if args.nproc_per_node and world_size_from_env() == 1:
-        from .commands.launch import relaunch
-
-        return relaunch(args.nproc_per_node, argv)
     if args.compare_baseline:
         from .commands.compare import compare_baseline
 
         return compare_baseline(resolved)
+    if args.nproc_per_node and world_size_from_env() == 1:
+        from .commands.launch import relaunch
+
+        return relaunch(args.nproc_per_node, argv)
     from .commands.train import train
 
     return train(resolved)

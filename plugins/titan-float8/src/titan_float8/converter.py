@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 from types import ModuleType
 from typing import Any
 
@@ -24,6 +25,11 @@ logger = logging.getLogger(__name__)
 
 #: float8 matmuls need both dims of the weight divisible by 16 (hardware tile size)
 DIM_MULTIPLE = 16
+
+
+def _is_rank0() -> bool:
+    # torchrun's environment; converters are built after the process group, but the env is enough.
+    return int(os.environ.get("RANK", "0")) == 0
 
 
 def import_torchao_float8() -> ModuleType:
@@ -62,6 +68,14 @@ class Float8Converter(ModelConverter):
             self.settings.recipe, self.settings.emulate_reason,
             "on" if self.settings.enable_fsdp_float8_all_gather else "off", self.settings.reason,
         )
+        if _is_rank0() and parallel_dims.fsdp_enabled and config.fsdp_float8_all_gather == "auto" \
+                and not self.settings.enable_fsdp_float8_all_gather:
+            # A warning, not info: nothing configures logging by default, and a user who asked
+            # for FSDP should see why the weights travel in high precision (more bytes per all-gather).
+            logger.warning(
+                "float8: FSDP float8 all-gather is off: %s; FSDP all-gathers the weights in high "
+                "precision and they are cast to float8 after the all-gather", self.settings.reason,
+            )
         if self.settings.precompute_scale:
             # Only this setting needs a hook; set on the instance so the core
             # registers nothing when the all-gather is off.

@@ -1,0 +1,165 @@
+"""``titan-train --compare-baseline``: train with and without the converters, report the loss gap.
+
+Both runs use the same config (seed, data order, steps, optimizer) in this one
+process; the only difference is ``model.converters`` (and the converters' own
+sections, which the baseline's config does not have). Each run gets its own
+subfolder of the run folder, so their metrics, conversion table and
+checkpoints never mix:
+
+    <run_dir>/converted/   the run with the requested converters
+    <run_dir>/baseline/    the same run with model.converters = []
+    <run_dir>/compare.jsonl  one record per run and step: {"run", "step", "loss"}
+    <run_dir>/compare.png    both loss curves
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from pathlib import Path
+
+from .. import distributed
+from ..config.job import build_job_model
+from ..config.resolve import ResolvedConfig
+from ..errors import ConfigError
+from ..metrics import progress
+
+__all__ = ["LossCurve", "baseline_of", "compare_baseline", "format_comparison", "relative_gap", "with_run_dir"]
+
+
+@dataclasses.dataclass(frozen=True)
+class LossCurve:
+    """The losses of one run, by optimizer step (1-based)."""
+
+    run: str
+    steps: list[int]
+    losses: list[float]
+
+    def by_step(self) -> dict[int, float]:
+        return dict(zip(self.steps, self.losses))
+
+
+def with_run_dir(resolved: ResolvedConfig, run_dir: Path) -> ResolvedConfig:
+    """The same resolved config, writing into ``run_dir``."""
+    config = resolved.config
+    job = config.job.model_copy(update={"run_dir": str(run_dir)})
+    return dataclasses.replace(resolved, config=config.model_copy(update={"job": job}))
+
+
+def baseline_of(resolved: ResolvedConfig, run_dir: Path) -> ResolvedConfig:
+    """``resolved`` without converters: ``model.converters=[]`` and no converter sections.
+
+    The job model depends on which plugin sections a run has, so the baseline's
+    config is validated by a model built for the spec's section alone.
+    """
+    spec = resolved.spec
+    sections = {spec.name: spec.config_model} if spec.config_model is not None else {}
+    job_model = build_job_model(sections)
+    data = resolved.config.model_dump()
+    for name, _ in resolved.converters:
+        data.pop(name, None)
+    data["model"]["converters"] = []
+    data["job"]["run_dir"] = str(run_dir)
+    config = job_model.model_validate(data, context={"world_size": resolved.world_size})
+    return dataclasses.replace(resolved, config=config, converters=[], job_model=job_model)
+
+
+def relative_gap(converted: float, baseline: float) -> float:
+    """(converted - baseline) / |baseline|; positive when the converted run's loss is higher."""
+    return (converted - baseline) / abs(baseline) if baseline else math.inf
+
+
+def format_comparison(converted: LossCurve, baseline: LossCurve) -> str:
+    """A per-step table over the steps both runs have, and the final relative gap."""
+    conv, base = converted.by_step(), baseline.by_step()
+    common = sorted(set(conv) & set(base))
+    header = f"{'step':>6}  {'loss converted':>14}  {'loss baseline':>13}  {'difference':>10}"
+    lines = [header, "-" * len(header)]
+    for step in common:
+        lines.append(f"{step:>6}  {conv[step]:>14.4f}  {base[step]:>13.4f}  {conv[step] - base[step]:>+10.4f}")
+    if common:
+        last = common[-1]
+        gap = relative_gap(conv[last], base[last])
+        lines.append(
+            f"final relative gap (step {last}): {gap:+.3%} "
+            f"(converted {conv[last]:.4f} vs baseline {base[last]:.4f})"
+        )
+    else:
+        lines.append("no step in common: nothing to compare")
+    return "\n".join(lines)
+
+
+def write_jsonl(path: Path, curves: list[LossCurve]) -> None:
+    with path.open("w") as f:
+        for curve in curves:
+            for step, loss in zip(curve.steps, curve.losses):
+                f.write(json.dumps({"run": curve.run, "step": step, "loss": loss}) + "\n")
+
+
+def plot_curves(path: Path, curves: list[LossCurve], title: str, labels: dict[str, str] | None = None) -> None:
+    """Both loss curves in one PNG (matplotlib's Agg canvas: no display, no global pyplot state)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(7, 4), dpi=100)
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    for curve in curves:
+        label = (labels or {}).get(curve.run, curve.run)
+        ax.plot(curve.steps, curve.losses, label=label, marker="." if len(curve.steps) <= 50 else None)
+    ax.set_xlabel("step")
+    ax.set_ylabel("training loss")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, format="png")
+
+
+def train_once(resolved: ResolvedConfig, run: str) -> LossCurve:
+    """One full Trainer run; its losses by step."""
+    from ..trainer import Trainer
+
+    trainer = Trainer(resolved)
+    trainer.setup()
+    losses = trainer.train()
+    # A resumed run trains only the remaining steps; number them as the trainer did.
+    first = trainer.step - len(losses) + 1
+    return LossCurve(run, list(range(first, trainer.step + 1)), losses)
+
+
+def compare_baseline(resolved: ResolvedConfig) -> int:
+    """Train the config with its converters, then without; print and write the comparison. Exit code 0."""
+    names = [name for name, _ in resolved.converters]
+    if not names:
+        raise ConfigError(
+            "--compare-baseline compares a run with converters against the same run without them, but no "
+            "converters were requested. Add them with --converters NAME[,NAME...] (or model.converters), "
+            "e.g. --compare-baseline --converters float8."
+        )
+    if resolved.world_size > 1 or distributed.world_size_from_env() > 1:
+        raise ConfigError(
+            f"--compare-baseline runs both trainings in one process and supports a single process only, but "
+            f"this run has world size {max(resolved.world_size, distributed.world_size_from_env())}. Drop "
+            f"--nproc-per-node (and torchrun), or train each configuration separately and compare their "
+            f"metrics.jsonl."
+        )
+    root = Path(resolved.config.job.run_dir)
+    runs = [("converted", with_run_dir(resolved, root / "converted")), ("baseline", baseline_of(resolved, root / "baseline"))]
+    curves: list[LossCurve] = []
+    try:
+        for i, (run, config) in enumerate(runs, 1):
+            what = f"converters {','.join(names)}" if config.converters else "no converters"
+            progress(f"compare {i}/2: {run} ({what}) -> {config.config.job.run_dir}", is_rank0=True)
+            curves.append(train_once(config, run))
+    finally:
+        distributed.destroy()
+    converted, baseline = curves
+    print(format_comparison(converted, baseline), flush=True)
+    root.mkdir(parents=True, exist_ok=True)
+    write_jsonl(root / "compare.jsonl", curves)
+    title = f"{resolved.spec.name}/{resolved.config.model.flavor}: {','.join(names)} vs baseline"
+    plot_curves(root / "compare.png", curves, title, labels={"converted": f"converted ({','.join(names)})"})
+    print(f"[titan] compare: wrote {root / 'compare.jsonl'} and {root / 'compare.png'}", flush=True)
+    return 0
