@@ -69,3 +69,15 @@ def test_loss_falls_over_200_steps_via_cli(tmp_path: Path) -> None:
     assert all(k in lines[-1] for k in ("loss", "grad_norm", "lr", "tok/s", "mem"))
     assert (tmp_path / "config.toml").is_file()
     assert "first step" in result.err  # progress while the first step loads
+
+
+def test_wandb_offline_logs_the_same_metrics(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    losses = train_in_process(tmp_path, "training.steps=2", "metrics.wandb=true", "metrics.wandb_project=titan-test")
+    runs = list((tmp_path / "wandb").glob("offline-run-*"))
+    assert len(runs) == 1, list((tmp_path / "wandb").iterdir())
+    history = list(runs[0].glob("*.wandb"))
+    assert history and history[0].stat().st_size > 0
+    records = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["loss"] for r in records] == losses
