@@ -53,6 +53,8 @@ _LAZY: dict[str, str] = {
     "ResumeInfo": "checkpoint",
     "collect_param_shapes": "checkpoint",
     "export_safetensors": "checkpoint",
+    "fqn_matches": "selection",
+    "select_linears": "selection",
     "ConversionTable": "converters",
     "apply_converters": "converters",
 }
@@ -97,6 +99,7 @@ if TYPE_CHECKING:
     from .metrics import MetricsLogger
     from .optim import LRSchedulersContainer, OptimizersContainer
     from .parallel_dims import ParallelDims
+    from .selection import fqn_matches, select_linears
     from .protocols import EmptyConfig, ModelConverter, RunContext, TensorParallelStyles, TrainSpec, Tokenizer
     from .tokenizer import TiktokenTokenizer, build_tokenizer
     from .trainer import Trainer

@@ -5,15 +5,10 @@ from __future__ import annotations
 from pydantic import BaseModel
 from torch import nn
 
-from titan_core import ModelConverter, ParallelDims, RunContext
+from titan_core import ModelConverter, ParallelDims, RunContext, select_linears
 
 from .config import Int8FakeConfig
 from .layer import Int8FakeQuantLinear
-
-
-def fqn_matches(fqn: str, entry: str) -> bool:
-    """True when ``entry``'s dot-separated parts appear consecutively in ``fqn``."""
-    return f".{entry}." in f".{fqn}."
 
 
 class Int8FakeConverter(ModelConverter):
@@ -32,17 +27,11 @@ class Int8FakeConverter(ModelConverter):
         return ["fqns", "filter_fqns"]
 
     def select(self, model: nn.Module) -> list[str]:
-        cfg = self.config
-        chosen = []
-        for fqn, module in model.named_modules():
-            if not fqn or not isinstance(module, nn.Linear) or isinstance(module, Int8FakeQuantLinear):
-                continue
-            if cfg.fqns and not any(fqn_matches(fqn, e) for e in cfg.fqns):
-                continue
-            if any(fqn_matches(fqn, e) for e in cfg.filter_fqns):
-                continue
-            chosen.append(fqn)
-        return chosen
+        # The core's selection helper: the same fqns / filter_fqns rule as titan-float8 and mx.
+        return select_linears(
+            model, section="int8fake", fqns=self.config.fqns, filter_fqns=self.config.filter_fqns,
+            eligible=lambda fqn, module: not isinstance(module, Int8FakeQuantLinear),
+        )
 
     def convert(self, model: nn.Module, fqns: list[str]) -> None:
         for fqn in fqns:

@@ -18,7 +18,7 @@ from torch import nn
 from titan_core import ConfigError, ModelConverter, ParallelDims, RunContext, TensorParallelStyles, TitanError
 
 from .config import Float8Config
-from .selection import select_linears
+from titan_core import select_linears
 from .settings import Float8Settings, resolve_settings
 
 logger = logging.getLogger(__name__)

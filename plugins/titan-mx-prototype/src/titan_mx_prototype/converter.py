@@ -20,7 +20,7 @@ from titan_core import ConfigError, ModelConverter, ParallelDims, RunContext, Ti
 
 from .config import MXConfig
 from .hardware import resolve_emulate
-from .selection import select_linears
+from titan_core import select_linears
 
 logger = logging.getLogger(__name__)
 

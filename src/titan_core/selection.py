@@ -1,4 +1,8 @@
-"""Which nn.Linear modules a converter takes: opt-in ``fqns``, opt-out ``filter_fqns``, a size rule."""
+"""Module selection for converters: opt-in ``fqns``, opt-out ``filter_fqns``, an eligibility rule.
+
+Shared by every converter plugin so that the same config means the same modules
+in each of them (``--float8.fqns`` and ``--mx.fqns`` follow one matching rule).
+"""
 
 from __future__ import annotations
 
@@ -6,7 +10,7 @@ from typing import Callable
 
 from torch import nn
 
-from titan_core import ConfigError
+from .errors import ConfigError
 
 
 def fqn_matches(fqn: str, entry: str) -> bool:
