@@ -21,7 +21,7 @@ def parameter_generator(seed: int, fqn: str) -> torch.Generator:
 
 def clean_fqn(fqn: str) -> str:
     """Drop wrapper segments (activation checkpointing, torch.compile) from a parameter name."""
-    for wrapper in ("_checkpoint_wrapped_module.", "_orig_mod."):
+    for wrapper in ("_checkpoint_wrapped_module.", "_orig_mod.", "_fsdp_wrapped_module."):
         fqn = fqn.replace(wrapper, "")
     return fqn
 

@@ -81,6 +81,10 @@ class Trainer:
         )
         self.mesh, self.dp_flat_mesh = self.dims.build_meshes(self.device.type) if self.dims.distributed else (None, None)
         self.dp_rank = self.dp_flat_mesh.get_local_rank() if self.dp_flat_mesh is not None else 0
+        if self.device.type == "cpu" and t.cpu_malloc_tuning:
+            from .cpu_allocator import keep_freed_memory_in_heap
+
+            keep_freed_memory_in_heap()
         torch.manual_seed(t.seed)
         if t.deterministic:
             torch.use_deterministic_algorithms(True)
@@ -88,7 +92,6 @@ class Trainer:
             t.dtype == "auto" and self.device.type == "cuda") else torch.float32
         if self.proc.is_rank0:
             self.run_dir.mkdir(parents=True, exist_ok=True)
-            (self.run_dir / "config.toml").write_text(dumps(self.config.model_dump(mode="json")))
         self.is_rank0 = self.proc.is_rank0
 
     def build_tokenizer_and_data(self) -> None:
@@ -292,14 +295,23 @@ class Trainer:
         if resumed is not None:
             self.step, self.tokens_seen = resumed.step, resumed.tokens_seen
             progress(f"resuming from {resumed.path} at step {resumed.step}", is_rank0=self.is_rank0)
+        if self.is_rank0:  # written once resume is accepted: a refused run leaves the run folder as it was
+            (self.run_dir / "config.toml").write_text(dumps(self.config.model_dump(mode="json")))
         t = self.config.training
         batches = iter(self.dataloader)
         tokens_per_step = t.local_batch_size * t.seq_len * self.accum
+        # TP and PP ranks share their data-parallel rank's batch, so each device's share is
+        # 1/(tp*pp) of it; the logger's x world_size is then the true global token rate.
+        tokens_per_device = tokens_per_step * self.dims.dp / self.dims.world_size
         losses: list[float] = []
         progress("first step (building kernels, loading data) ...", is_rank0=self.is_rank0)
         while self.step < t.steps:
             start = time.perf_counter()
-            result = self.train_step(batches)
+            try:
+                result = self.train_step(batches)
+            except NonFiniteError:
+                self.checkpointer.wait()  # an async save of the last good step is published before stopping
+                raise
             self.step += 1
             self.tokens_seen += tokens_per_step * self.dims.dp
             losses.append(result.loss)
@@ -307,7 +319,7 @@ class Trainer:
             if self.metrics.should_log(self.step, last=last):
                 self.metrics.log_step(
                     step=self.step, loss=result.loss, grad_norm=result.grad_norm, lr=self.lr_schedulers.get_last_lr(),
-                    tokens=tokens_per_step, step_time=time.perf_counter() - start,
+                    tokens=tokens_per_device, step_time=time.perf_counter() - start,
                     extra={"skipped_steps": self.skipped_steps, "tokens_seen": self.tokens_seen},
                 )
             self.checkpointer.maybe_save(self.step, tokens_seen=self.tokens_seen, last=last)

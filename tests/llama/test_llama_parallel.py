@@ -191,8 +191,9 @@ def test_activation_checkpointing_recomputes_what_the_mode_says() -> None:
     none = _backward_op_counts({})
     full = _backward_op_counts(dict(mode="full"))
     every2 = _backward_op_counts(dict(mode="selective", selective_every=2))
-    per_op = _backward_op_counts(dict(mode="selective"))
+    per_op = _backward_op_counts(dict(mode="selective", selective_save_ops=[MM]))
     save_attn = _backward_op_counts(dict(mode="selective", selective_save_ops=[MM, SDPA_CPU]))
+    default = _backward_op_counts(dict(mode="selective"))  # the default list saves attention on CPU too
     recomputed = {name: c[MM] - none[MM] for name, c in
                   [("full", full), ("every2", every2), ("per_op", per_op), ("save_attn", save_attn)]}
     # Without checkpointing backward runs no forward attention; full reruns it in every block.
@@ -203,6 +204,7 @@ def test_activation_checkpointing_recomputes_what_the_mode_says() -> None:
     assert recomputed["per_op"] * 2 == recomputed["full"] and per_op[SDPA_CPU] == w.ARGS.n_layers
     # Saving the (CPU) attention op removes it from the recomputation.
     assert save_attn[SDPA_CPU] == 0 and recomputed["save_attn"] == recomputed["per_op"]
+    assert default[SDPA_CPU] == 0 and default[MM] == save_attn[MM]
 
 
 def test_activation_checkpointing_rejects_unknown_ops() -> None:

@@ -1,28 +1,50 @@
-"""Named Llama shapes: plain data. ``vocab_size=None`` takes the tokenizer's vocabulary."""
+"""Llama 3 presets: tiny debug shapes and the published Llama 3.1 / 3.2 shapes.
+
+``vocab_size=None`` means "the tokenizer's vocabulary" (the core fills it in).
+``max_seq_len`` sizes the rotary table only; a run overrides it with its own length.
+"""
 
 from __future__ import annotations
 
 from .model import LlamaArgs, RopeScaling
 
-_LLAMA31_ROPE = RopeScaling(factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=8192)
+# Llama 3.1's published scaling (8B / 70B / 405B); Llama 3.2 1B uses factor 32.
+_LLAMA31_SCALING = RopeScaling(
+    factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=8192
+)
+_LLAMA32_SCALING = RopeScaling(
+    factor=32.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=8192
+)
 
 llama3_flavors: dict[str, LlamaArgs] = {
-    # Tiny, for CPUs and tests: the shape the CPU benchmarks use.
-    "debugmodel": LlamaArgs(dim=256, n_layers=6, n_heads=16, n_kv_heads=16, vocab_size=None,
-                            multiple_of=256, rope_theta=500000.0, max_seq_len=2048),
-    "debugmodel_gqa": LlamaArgs(dim=256, n_layers=6, n_heads=16, n_kv_heads=4, vocab_size=None,
-                                multiple_of=256, rope_theta=500000.0, max_seq_len=2048),
-    # Llama 3.2 1B shape with the tokenizer's vocabulary: a ~1B model for one GPU.
-    "1B": LlamaArgs(dim=2048, n_layers=16, n_heads=32, n_kv_heads=8, vocab_size=None, multiple_of=256,
-                    ffn_dim_multiplier=1.5, rope_theta=500000.0,
-                    rope_scaling=RopeScaling(factor=32.0, low_freq_factor=1.0, high_freq_factor=4.0,
-                                             original_max_position_embeddings=8192),
-                    max_seq_len=8192),
-    # The published Llama 3.1 shapes.
-    "8B": LlamaArgs(dim=4096, n_layers=32, n_heads=32, n_kv_heads=8, vocab_size=128256, multiple_of=1024,
-                    ffn_dim_multiplier=1.3, rope_theta=500000.0, rope_scaling=_LLAMA31_ROPE, max_seq_len=131072),
-    "70B": LlamaArgs(dim=8192, n_layers=80, n_heads=64, n_kv_heads=8, vocab_size=128256, multiple_of=4096,
-                     ffn_dim_multiplier=1.3, rope_theta=500000.0, rope_scaling=_LLAMA31_ROPE, max_seq_len=131072),
-    "405B": LlamaArgs(dim=16384, n_layers=126, n_heads=128, n_kv_heads=8, vocab_size=128256, multiple_of=4096,
-                      ffn_dim_multiplier=1.2, rope_theta=500000.0, rope_scaling=_LLAMA31_ROPE, max_seq_len=131072),
+    # The shape of the CPU benchmark: 16 heads of 16 channels, plain multi-head attention.
+    "debugmodel": LlamaArgs(
+        dim=256, n_layers=6, n_heads=16, n_kv_heads=16, vocab_size=None,
+        multiple_of=256, rope_theta=500000.0, max_seq_len=2048,
+    ),
+    # Same, with 4 key/value heads shared by 4 query heads each.
+    "debugmodel_gqa": LlamaArgs(
+        dim=256, n_layers=6, n_heads=16, n_kv_heads=4, vocab_size=None,
+        multiple_of=256, rope_theta=500000.0, max_seq_len=2048,
+    ),
+    "1B": LlamaArgs(
+        dim=2048, n_layers=16, n_heads=32, n_kv_heads=8, vocab_size=None,
+        multiple_of=256, ffn_dim_multiplier=1.5, rope_theta=500000.0,
+        rope_scaling=_LLAMA32_SCALING, max_seq_len=131072,
+    ),
+    "8B": LlamaArgs(
+        dim=4096, n_layers=32, n_heads=32, n_kv_heads=8, vocab_size=128256,
+        multiple_of=1024, ffn_dim_multiplier=1.3, rope_theta=500000.0,
+        rope_scaling=_LLAMA31_SCALING, max_seq_len=131072,
+    ),
+    "70B": LlamaArgs(
+        dim=8192, n_layers=80, n_heads=64, n_kv_heads=8, vocab_size=128256,
+        multiple_of=4096, ffn_dim_multiplier=1.3, rope_theta=500000.0,
+        rope_scaling=_LLAMA31_SCALING, max_seq_len=131072,
+    ),
+    "405B": LlamaArgs(
+        dim=16384, n_layers=126, n_heads=128, n_kv_heads=8, vocab_size=128256,
+        multiple_of=4096, ffn_dim_multiplier=1.2, rope_theta=500000.0,
+        rope_scaling=_LLAMA31_SCALING, max_seq_len=131072,
+    ),
 }

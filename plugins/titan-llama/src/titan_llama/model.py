@@ -82,7 +82,9 @@ class LlamaArgs:
         return self.multiple_of * ((hidden + self.multiple_of - 1) // self.multiple_of)
 
 
-def rope_frequencies(head_dim: int, theta: float, scaling: RopeScaling | None, device: torch.device | None = None) -> torch.Tensor:
+def rope_frequencies(
+    head_dim: int, theta: float, scaling: RopeScaling | None, device: torch.device | None = None
+) -> torch.Tensor:
     """The rotation speed of each channel pair, ``theta ** (-2i / head_dim)``, optionally 3.1-scaled."""
     freqs = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim))
     if scaling is None:
@@ -113,11 +115,41 @@ def apply_rope(x: torch.Tensor, freqs_cis: torch.Tensor) -> torch.Tensor:
     measured faster on CPU (forward and backward) than real cos/sin tables.
     """
     seqlen = x.shape[1]
+    if not freqs_cis.is_complex():
+        # model.to(dtype) casts the complex table to a real one, dropping the sines.
+        raise ValueError(
+            f"the rotary table is {freqs_cis.dtype}, not complex: cast only the parameters, or call init_buffers()"
+        )
     if seqlen > freqs_cis.shape[0]:
         raise ValueError(f"sequence length {seqlen} exceeds the rotary table's max_seq_len {freqs_cis.shape[0]}")
     xc = torch.view_as_complex(x.float().unflatten(-1, (-1, 2)))
     rotated = torch.view_as_real(xc * freqs_cis[:seqlen, None, :]).flatten(-2)
     return rotated.type_as(x)
+
+
+class _RMSNormFunction(torch.autograd.Function):
+    """RMSNorm with a hand-written backward that saves only x and 1/rms.
+
+    On CPU ``F.rms_norm`` is a composite whose autograd graph keeps and re-reads several
+    full-size intermediates; this measured ~30% faster there (fwd+bwd, fp32). CUDA has a
+    fused kernel, so other devices keep ``F.rms_norm``.
+    """
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:  # type: ignore[override]
+        rstd = (x * x).mean(-1, keepdim=True).add_(eps).rsqrt_()
+        ctx.save_for_backward(x, weight, rstd)
+        return (x * rstd).mul_(weight)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, None]:  # type: ignore[override]
+        x, weight, rstd = ctx.saved_tensors
+        x_hat = x * rstd
+        grad_weight = (grad * x_hat).sum(tuple(range(grad.dim() - 1)))
+        grad_x_hat = grad * weight
+        # d/dx of x*rstd: project out the component along x_hat, then rescale.
+        dot = (grad_x_hat * x_hat).mean(-1, keepdim=True)
+        return grad_x_hat.sub_(x_hat.mul_(dot)).mul_(rstd), grad_weight, None
 
 
 class RMSNorm(nn.Module):
@@ -129,6 +161,10 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Plain tensors only: sharded (DTensor) inputs keep torch's well-trodden path.
+        plain = type(x) is torch.Tensor and type(self.weight) in (torch.Tensor, nn.Parameter)
+        if plain and x.device.type == "cpu" and x.dtype == torch.float32:
+            return _RMSNormFunction.apply(x, self.weight, self.eps)
         return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
 
 
@@ -150,15 +186,13 @@ class Attention(nn.Module):
         k = self.wk(x).view(bs, seqlen, -1, self.head_dim)
         v = self.wv(x).view(bs, seqlen, -1, self.head_dim)
         q, k = apply_rope(q, freqs_cis), apply_rope(k, freqs_cis)
-        n_rep = q.shape[2] // k.shape[2]
-        if n_rep > 1:
-            # The CPU flash kernel has no GQA path (enable_gqa falls back to the math
-            # kernel, which materialises the scores), so the kv heads are repeated.
-            k = k.repeat_interleave(n_rep, dim=2)
-            v = v.repeat_interleave(n_rep, dim=2)
-        # [b, s, h, d] -> [b, h, s, d] as strided views: the flash kernel takes strides and
-        # returns [b, h, s, d] laid out as [b, s, h, d], so the transpose back is free.
-        out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
+        # Measured on CPU: the flash kernel runs ~10% faster (fwd+bwd) on contiguous
+        # [b, h, s, d] inputs than on transposed views, more than paying for the copies.
+        q, k, v = (t.transpose(1, 2).contiguous() for t in (q, k, v))
+        # With fewer kv heads, enable_gqa lets the kernel share them (the CPU flash kernel
+        # supports it and is as fast as repeating them, without the copies).
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=k.shape[1] != q.shape[1])
+        # The kernel's output is laid out [b, s, h, d], so this reshape is a view.
         return self.wo(out.transpose(1, 2).reshape(bs, seqlen, -1))
 
 
@@ -188,6 +222,14 @@ class TransformerBlock(nn.Module):
     def forward(self, x: torch.Tensor, freqs_cis: torch.Tensor) -> torch.Tensor:
         h = x + self.attention(self.attention_norm(x), freqs_cis)
         return h + self.feed_forward(self.ffn_norm(h))
+
+
+# Name segments that module wrappers insert into parameter names.
+_WRAPPER_SEGMENTS = frozenset({"_checkpoint_wrapped_module", "_orig_mod", "_fsdp_wrapped_module"})
+
+
+def _trunc_normal(tensor: torch.Tensor, std: float, generator: torch.Generator) -> None:
+    nn.init.trunc_normal_(tensor, mean=0.0, std=std, a=-3 * std, b=3 * std, generator=generator)
 
 
 class Transformer(nn.Module):
@@ -255,13 +297,6 @@ class Transformer(nn.Module):
         self.init_buffers()
 
 
-# Name segments that module wrappers insert into parameter names.
-_WRAPPER_SEGMENTS = frozenset({"_checkpoint_wrapped_module", "_orig_mod", "_fsdp_wrapped_module"})
-
-
-def _trunc_normal(tensor: torch.Tensor, std: float, generator: torch.Generator) -> None:
-    nn.init.trunc_normal_(tensor, mean=0.0, std=std, a=-3 * std, b=3 * std, generator=generator)
-
 
 def flops_per_token(args: LlamaArgs, seq_len: int) -> float:
     """Training FLOPs per token: 6 x non-embedding parameters + 12 x layers x heads x head_dim x seq_len.
@@ -269,7 +304,8 @@ def flops_per_token(args: LlamaArgs, seq_len: int) -> float:
     The second term is attention's score and value matmuls (forward and backward),
     counted over the full square as is customary, although causal kernels skip half.
     """
-    assert args.vocab_size is not None, "flops_per_token needs vocab_size"
+    if args.vocab_size is None:
+        raise ValueError("flops_per_token: LlamaArgs.vocab_size is None; fill it from the tokenizer first")
     d, hd, kv = args.dim, args.head_dim, args.kv_heads
     attention = d * (args.n_heads * hd) * 2 + d * (kv * hd) * 2
     per_layer = attention + 3 * d * args.ffn_hidden_dim + 2 * d
