@@ -81,9 +81,9 @@ class MetricsLogger:
         return step == 1 or last or step % self.config.log_freq == 0
 
     def log_step(
-        self, *, step: int, loss: float, grad_norm: float, lr: float, tokens: int, step_time: float, extra: dict[str, float]
+        self, *, step: int, loss: float, grad_norm: float, lr: float, tokens: float, step_time: float, extra: dict[str, float]
     ) -> dict[str, float]:
-        """Record one training step; ``tokens`` is this rank's tokens in the step."""
+        """Record one training step; ``tokens`` is this device's share of the step's tokens."""
         tps_rank = tokens / step_time if step_time > 0 else 0.0
         record: dict[str, float] = {
             "step": step, "loss": loss, "grad_norm": grad_norm, "lr": lr,

@@ -1,0 +1,215 @@
+"""The distributed runtime end to end, through the real CLI in real gloo processes.
+
+Each layout trains the llama3 debug model (shrunk to 2 layers) for 5 steps on 2
+processes, launched either by ``titan-train --nproc-per-node 2`` (the CLI
+re-launches itself through torch.distributed.run) or by ``python -m
+torch.distributed.run ... -m titan_core``, and must reproduce the per-step loss
+and gradient norm that one process records in ``metrics.jsonl`` for the same
+seed and the same global batch. Bad layouts must be refused with exit code 2
+and one clear message before any worker starts.
+
+Run with ``-s`` to see the measured differences per layout.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+TOLERANCE = 1e-5
+STEPS = 5
+# Global batch: 4 sequences of 32 tokens. Data-parallel layouts read 2 per rank.
+GLOBAL_BATCH = 4
+SEQ_LEN = 32
+COMMON = (
+    "--spec", "llama3", "--flavor", "debugmodel", "--llama3.n_layers=2", f"--training.seq_len={SEQ_LEN}",
+    f"--training.steps={STEPS}", "--metrics.log_freq=1", "--lr_scheduler.warmup_steps=1",
+    "--training.max_norm=1.0", "--training.seed=0",
+)
+
+
+@dataclass(frozen=True)
+class Run:
+    code: int
+    out: str
+    err: str
+    run_dir: Path
+
+    @property
+    def text(self) -> str:
+        return self.out + self.err
+
+    def records(self) -> list[dict[str, float]]:
+        lines = (self.run_dir / "metrics.jsonl").read_text().splitlines()
+        return [json.loads(line) for line in lines]
+
+
+def run_command(cmd: list[str], *, run_dir: Path, timeout: float = 300) -> Run:
+    """Run ``cmd`` in its own process group, killing the whole group (workers too) on timeout."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen(
+        cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        raise AssertionError(f"timed out after {timeout}s: {' '.join(cmd)}\n{out}\n{err}") from None
+    finally:
+        if proc.poll() is None:  # the test was interrupted: leave no worker behind
+            os.killpg(proc.pid, signal.SIGKILL)
+    return Run(proc.returncode, out, err, run_dir)
+
+
+def titan(run_dir: Path, *args: str, nproc: int | None = None) -> Run:
+    """``python -m titan_core [--nproc-per-node N] ARGS``."""
+    launch = ["--nproc-per-node", str(nproc)] if nproc else []
+    cmd = [sys.executable, "-m", "titan_core", *launch, *COMMON, f"--job.run_dir={run_dir}", *args]
+    return run_command(cmd, run_dir=run_dir)
+
+
+def torchrun(run_dir: Path, *args: str, nproc: int = 2) -> Run:
+    """``python -m torch.distributed.run --standalone --nproc-per-node N -m titan_core ARGS``."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
+           "-m", "titan_core", *COMMON, f"--job.run_dir={run_dir}", *args]
+    return run_command(cmd, run_dir=run_dir)
+
+
+def max_rel_diff(records: list[dict[str, float]], reference: list[dict[str, float]], key: str) -> float:
+    return max(abs(r[key] - ref[key]) / abs(ref[key]) for r, ref in zip(records, reference))
+
+
+@dataclass(frozen=True)
+class Layout:
+    name: str
+    launcher: str  # "relaunch" (titan-train --nproc-per-node 2) or "torchrun"
+    local_batch: int
+    args: tuple[str, ...]
+
+
+DP_BATCH = GLOBAL_BATCH // 2
+LAYOUTS = [
+    Layout("fsdp2", "relaunch", DP_BATCH, ("--parallelism.dp_shard=2",)),
+    Layout("tp2_loss_parallel", "torchrun", GLOBAL_BATCH, ("--parallelism.tp=2", "--parallelism.loss_parallel=true")),
+    Layout("pp2_1f1b", "relaunch", GLOBAL_BATCH, ("--parallelism.pp=2", "--parallelism.pp_schedule=1F1B")),
+    Layout("pp2_gpipe", "torchrun", GLOBAL_BATCH,
+           ("--parallelism.pp=2", "--parallelism.pp_schedule=GPipe", "--parallelism.pp_microbatches=4")),
+    Layout("dp_replicate2", "relaunch", DP_BATCH, ("--parallelism.dp_replicate=2", "--parallelism.dp_shard=1")),
+    Layout("fsdp2_ac_full", "torchrun", DP_BATCH, ("--parallelism.dp_shard=2", "--activation_checkpoint.mode=full")),
+    Layout("fsdp2_ac_selective", "relaunch", DP_BATCH,
+           ("--parallelism.dp_shard=2", "--activation_checkpoint.mode=selective")),
+]
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, float]]:
+    run = titan(tmp_path_factory.mktemp("single"), f"--training.local_batch_size={GLOBAL_BATCH}")
+    assert run.code == 0, run.text
+    records = run.records()
+    # A reference that does not learn would match anything; clipping must be active to be tested.
+    assert records[-1]["loss"] < records[0]["loss"] - 0.1
+    assert all(r["grad_norm"] > 1.0 for r in records)
+    return records
+
+
+@pytest.fixture(scope="module")
+def layout_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Run]:
+    def launch(layout: Layout) -> Run:
+        run_dir = tmp_path_factory.mktemp(layout.name)
+        args = (f"--training.local_batch_size={layout.local_batch}", *layout.args)
+        return titan(run_dir, *args, nproc=2) if layout.launcher == "relaunch" else torchrun(run_dir, *args)
+
+    # Two runs at a time: much of a run is process start-up and rendezvous, not compute.
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        return dict(zip((layout.name for layout in LAYOUTS), pool.map(launch, LAYOUTS)))
+
+
+def _ok(run: Run, name: str) -> list[dict[str, float]]:
+    assert run.code == 0, f"{name} failed:\n{run.text}"
+    assert "Traceback" not in run.text, run.text
+    records = run.records()
+    assert [int(r["step"]) for r in records] == list(range(1, STEPS + 1)), name
+    return records
+
+
+@pytest.mark.parametrize("name", [layout.name for layout in LAYOUTS])
+def test_losses_match_single_process(name: str, layout_runs: dict[str, Run], reference: list[dict[str, float]]) -> None:
+    records = _ok(layout_runs[name], name)
+    diff = max_rel_diff(records, reference, "loss")
+    print(f"\n{name}: max relative loss difference {diff:.3e}")
+    assert diff < TOLERANCE, (
+        f"{name}: losses {[r['loss'] for r in records]} vs single process {[r['loss'] for r in reference]}"
+    )
+
+
+@pytest.mark.parametrize("name", [layout.name for layout in LAYOUTS])
+def test_grad_norms_match_single_process(
+    name: str, layout_runs: dict[str, Run], reference: list[dict[str, float]]
+) -> None:
+    # The norm is taken before clipping, over every rank's shards and stages.
+    records = _ok(layout_runs[name], name)
+    diff = max_rel_diff(records, reference, "grad_norm")
+    print(f"\n{name}: max relative grad_norm difference {diff:.3e}")
+    assert diff < TOLERANCE, (
+        f"{name}: grad norms {[r['grad_norm'] for r in records]} vs single process "
+        f"{[r['grad_norm'] for r in reference]}"
+    )
+
+
+@pytest.mark.parametrize("name", [layout.name for layout in LAYOUTS])
+def test_only_rank0_reports(name: str, layout_runs: dict[str, Run]) -> None:
+    run = layout_runs[name]
+    records = _ok(run, name)
+    step_lines = [line for line in run.out.splitlines() if line.startswith("step ")]
+    assert len(step_lines) == STEPS, run.out  # one console line per step, not one per rank
+    assert "[rank1]" not in run.text, run.text
+    progress = [line for line in run.err.splitlines() if "[titan]" in line]
+    assert progress and all(line.startswith("[rank0] [titan]") for line in progress), run.err
+    # Every layout has two devices: the global token rate is twice each device's, and it
+    # counts each global-batch token once (TP and PP ranks share their batch).
+    for r in records:
+        assert r["tokens_per_s_total"] == pytest.approx(2 * r["tokens_per_s"], rel=1e-12)
+        assert r["tokens_per_s_total"] * r["step_time_s"] == pytest.approx(GLOBAL_BATCH * SEQ_LEN, rel=1e-9)
+
+
+def test_worker_errors_carry_rank_prefix(tmp_path: Path) -> None:
+    # A mistake only the workers can see (the data folder is opened after the launch).
+    run = titan(tmp_path / "run", "--data.source=/nonexistent/corpus.txt", nproc=2)
+    assert run.code == 2, run.text
+    for rank in (0, 1):
+        assert f'[rank{rank}] titan-train: error: data.source "/nonexistent/corpus.txt" does not exist' in run.err
+    assert "Traceback" not in run.text, run.text
+
+
+BAD_LAYOUTS = [
+    pytest.param(2, ("--parallelism.tp=3",), "tp=3 x pp=1 = 3 does not divide world size 2", id="tp3_on_2"),
+    pytest.param(None, ("--parallelism.dp_shard=2",), "dp_shard=2 x tp=1 x pp=1 = 2, but the world size is 1",
+                 id="dp_shard2_on_1"),
+    pytest.param(3, ("--parallelism.tp=3",), "parallelism.tp=3 does not divide model n_heads=16", id="tp_heads"),
+    pytest.param(4, ("--parallelism.pp=4",), "pipeline has more stages than the model has layers: pp=4",
+                 id="pp_gt_layers"),
+    pytest.param(2, ("--parallelism.pp=2", "--parallelism.pp_schedule=ZigZag"),
+                 'unknown pipeline schedule "ZigZag". Valid schedules: 1F1B, GPipe', id="unknown_schedule"),
+    pytest.param(2, ("--parallelism.pp=2", "--parallelism.pp_microbatches=3", "--training.local_batch_size=4"),
+                 "parallelism.pp_microbatches=3 must divide training.local_batch_size=4", id="microbatches"),
+]
+
+
+@pytest.mark.parametrize("nproc, args, message", BAD_LAYOUTS)
+def test_bad_layout_is_refused_before_launch(nproc: int | None, args: tuple[str, ...], message: str, tmp_path: Path) -> None:
+    run = titan(tmp_path / "run", *args, nproc=nproc)
+    assert run.code == 2, run.text
+    assert message in run.err, run.err
+    assert run.err.startswith("titan-train: error: "), run.err  # no rank prefix: no worker was started
+    assert "[rank" not in run.text and "Traceback" not in run.text, run.text
+    assert not (tmp_path / "run").exists()  # refused before any set-up, let alone training
