@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass
 
 import torch
@@ -20,6 +21,25 @@ class ProcessInfo:
     @property
     def is_rank0(self) -> bool:
         return self.rank == 0
+
+
+def die_with_launcher() -> None:
+    """Under torchrun, ask Linux to SIGKILL this worker when its launcher dies.
+
+    torchrun starts each worker in its own session, so killing the launcher (a
+    scheduler's SIGKILL, a closed terminal) would otherwise leave workers training
+    and writing checkpoints on their own.
+    """
+    if "TORCHELASTIC_RUN_ID" not in os.environ or not sys.platform.startswith("linux"):
+        return
+    import ctypes
+    import signal
+
+    pr_set_pdeathsig = 1
+    try:
+        ctypes.CDLL(None).prctl(pr_set_pdeathsig, signal.SIGKILL)
+    except (OSError, AttributeError):
+        pass
 
 
 def world_size_from_env() -> int:

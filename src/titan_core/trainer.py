@@ -142,7 +142,6 @@ class Trainer:
         self.conversion_table = apply_converters(model, named, self.spec)
         if self.is_rank0 and named:
             print(self.conversion_table.format(), flush=True)
-            self.conversion_table.write(self.run_dir / "conversion_table.json")
 
     def tp_styles(self) -> TensorParallelStyles:
         for conv in self.converters:
@@ -297,6 +296,8 @@ class Trainer:
             progress(f"resuming from {resumed.path} at step {resumed.step}", is_rank0=self.is_rank0)
         if self.is_rank0:  # written once resume is accepted: a refused run leaves the run folder as it was
             (self.run_dir / "config.toml").write_text(dumps(self.config.model_dump(mode="json")))
+            if self.converters:
+                self.conversion_table.write(self.run_dir / "conversion_table.json")
         t = self.config.training
         batches = iter(self.dataloader)
         tokens_per_step = t.local_batch_size * t.seq_len * self.accum

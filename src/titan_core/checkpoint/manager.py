@@ -105,9 +105,14 @@ class CheckpointManager:
     # ---- public API ---------------------------------------------------------------
 
     def resume(self) -> ResumeInfo | None:
-        """Load the checkpoint ``config.resume`` names; None when starting fresh."""
+        """Load the checkpoint ``config.resume`` names; None when starting fresh.
+
+        Creates the checkpoint folder first, so an unwritable folder stops the run
+        before training rather than at the first save ``interval`` steps later.
+        """
         if not self.config.enable:
             return None
+        self._agree_on_rank0(lambda: layout.ensure_folder(self.folder))
         decision = self._agree_on_rank0(self._decide_resume)
         if decision is None:
             return None

@@ -9,6 +9,7 @@ from ..config.resolve import ResolvedConfig
 def train(resolved: ResolvedConfig) -> int:
     from ..trainer import Trainer
 
+    distributed.die_with_launcher()
     trainer = Trainer(resolved)
     try:
         trainer.setup()
