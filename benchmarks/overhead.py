@@ -9,6 +9,7 @@ and CPU MFU = model FLOP/s / this machine's fp32 matmul FLOP/s (a large square a
 measured in the same subprocess).
 
     python benchmarks/overhead.py                      # debugmodel, vocab 2048, batch 8 x seq 2048
+    python benchmarks/overhead.py --compile            # the same with torch.compile per block
     python benchmarks/overhead.py --seq-len 256 --steps 6 --rounds 1   # a quick look
 """
 
@@ -42,7 +43,8 @@ from titan_core import Trainer
 from titan_core.config.resolve import resolve_config
 overrides = [("training.seq_len", str(args["seq_len"])), ("training.local_batch_size", str(args["batch"])),
              ("training.steps", "1000"), ("metrics.log_freq", "1000000"), ("job.run_dir", args["run_dir"]),
-             ("llama3.vocab_size", str(args["vocab"])), ("lr_scheduler.warmup_steps", "2")]
+             ("llama3.vocab_size", str(args["vocab"])), ("lr_scheduler.warmup_steps", "2"),
+             ("compile.enable", "true" if args["compile"] else "false")]
 resolved = resolve_config(config_source=None, override_pairs=overrides)
 trainer = Trainer(resolved)
 trainer.setup()
@@ -54,6 +56,9 @@ else:
     from titan_llama.model import Transformer
     model = Transformer(trainer.model_args)
     model.init_weights(seed=0)
+    if args["compile"]:  # the same per-block compilation the Trainer applies
+        for block in model.layers.values():
+            block.compile(fullgraph=True)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1, foreach=True)
     def step():
         x, y = next(batches)
@@ -74,7 +79,8 @@ print(json.dumps({"step_s": statistics.median(times), "rss_gib": resource.getrus
 
 def run(variant: str, a: argparse.Namespace) -> dict[str, float]:
     payload = json.dumps({"variant": variant, "seq_len": a.seq_len, "batch": a.batch, "vocab": a.vocab,
-                          "warmup": a.warmup, "steps": a.steps, "run_dir": f"/tmp/titan-overhead-{variant}"})
+                          "warmup": a.warmup, "steps": a.steps, "compile": a.compile,
+                          "run_dir": f"/tmp/titan-overhead-{variant}"})
     out = subprocess.run([sys.executable, "-c", WORKER, payload], capture_output=True, text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -87,13 +93,16 @@ def main() -> None:
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--compile", action="store_true", help="torch.compile each block in both variants")
     a = p.parse_args()
     results: dict[str, list[dict[str, float]]] = {"trainer": [], "hand loop": []}
     for _ in range(a.rounds):
         results["trainer"].append(run("trainer", a))
         results["hand loop"].append(run("hand", a))
     tokens = a.batch * a.seq_len
-    print(f"debugmodel shape, vocab {a.vocab}, batch {a.batch} x seq {a.seq_len}, fp32, 1 process, torch {__import__('torch').__version__}")
+    mode = "torch.compile per block" if a.compile else "eager"
+    print(f"debugmodel shape, vocab {a.vocab}, batch {a.batch} x seq {a.seq_len}, fp32, 1 process, {mode}, "
+          f"torch {__import__('torch').__version__}")
     print(f"{'variant':<10} {'step s':>8} {'tokens/s':>9} {'peak RSS GiB':>12} {'CPU MFU':>8}")
     summary = {}
     for name, runs in results.items():
