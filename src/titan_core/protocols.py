@@ -178,7 +178,11 @@ class ModelConverter(abc.ABC):
     plugin_api_version: ClassVar[str] = PLUGIN_API_VERSION
     prototype: ClassVar[bool] = False
 
-    def __init__(self, config: BaseModel, *, parallel_dims: "ParallelDims", job: RunContext) -> None:
+    def __init__(self, config: BaseModel | Mapping[str, Any], *, parallel_dims: "ParallelDims", job: RunContext) -> None:
+        # The core passes a validated ``Config``; tests and notebooks may pass a dict.
+        if not isinstance(config, self.Config):
+            raw = config.model_dump() if isinstance(config, BaseModel) else dict(config)
+            config = self.Config.model_validate(raw)
         self.config = config
         self.parallel_dims = parallel_dims
         self.job = job

@@ -18,10 +18,9 @@ class Int8FakeConverter(ModelConverter):
     plugin_api_version = "1.0"  # the titan-core plugin API this converter was written for
 
     def __init__(self, config: BaseModel, *, parallel_dims: ParallelDims, job: RunContext) -> None:
-        if not isinstance(config, Int8FakeConfig):
-            config = Int8FakeConfig.model_validate(config.model_dump() if isinstance(config, BaseModel) else config)
         super().__init__(config, parallel_dims=parallel_dims, job=job)
-        self.config: Int8FakeConfig = config
+        self.config: Int8FakeConfig
+        config = self.config  # validated by the base class
 
     def selection_keys(self) -> list[str]:
         return ["fqns", "filter_fqns"]

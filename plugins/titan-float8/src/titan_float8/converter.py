@@ -51,10 +51,9 @@ class Float8Converter(ModelConverter):
     plugin_api_version = "1.0"  # the titan-core plugin API this converter was written for
 
     def __init__(self, config: BaseModel, *, parallel_dims: ParallelDims, job: RunContext) -> None:
-        if not isinstance(config, Float8Config):
-            config = Float8Config.model_validate(config.model_dump() if isinstance(config, BaseModel) else config)
         super().__init__(config, parallel_dims=parallel_dims, job=job)
-        self.config: Float8Config = config
+        self.config: Float8Config
+        config = self.config  # validated by the base class
         self._ao = import_torchao_float8()
         if config.auto_filter_small_kn and config.recipe == "rowwise_with_gw_hp":
             raise ConfigError(

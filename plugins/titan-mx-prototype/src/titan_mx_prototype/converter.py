@@ -63,10 +63,9 @@ class MXConverter(ModelConverter):
     plugin_api_version = "1.0"  # the titan-core plugin API this converter was written for
 
     def __init__(self, config: BaseModel, *, parallel_dims: ParallelDims, job: RunContext) -> None:
-        if not isinstance(config, MXConfig):
-            config = MXConfig.model_validate(config.model_dump() if isinstance(config, BaseModel) else config)
         super().__init__(config, parallel_dims=parallel_dims, job=job)
-        self.config: MXConfig = config
+        self.config: MXConfig
+        config = self.config  # validated by the base class
         self._ao = import_torchao_mx()
         self.emulate, self.emulate_reason = resolve_emulate(config.emulate, job.device)
         logger.info("mx (prototype): recipe %s, %s", config.recipe, self.emulate_reason)
