@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from dataclasses import dataclass
@@ -36,10 +37,8 @@ def die_with_launcher() -> None:
     import signal
 
     pr_set_pdeathsig = 1
-    try:
+    with contextlib.suppress(OSError, AttributeError):  # not glibc: workers simply outlive a killed launcher
         ctypes.CDLL(None).prctl(pr_set_pdeathsig, signal.SIGKILL)
-    except (OSError, AttributeError):
-        pass
 
 
 def world_size_from_env() -> int:
