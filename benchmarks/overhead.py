@@ -5,11 +5,13 @@ AdamW, gradient clipping and seed, fp32, one process, no activation checkpointin
 Each variant runs in its own subprocess (so peak RSS is its own), alternating A/B/A/B
 so machine noise hits both alike. Printed: steady-state step time (median over the
 measured steps), peak RSS, tokens/s, the ratio Trainer / hand loop (target <= 1.03),
-and CPU MFU = model FLOP/s / this machine's fp32 matmul FLOP/s (a large square a @ b,
-measured in the same subprocess).
+and CPU MFU = model FLOP/s / this machine's fp32 matmul FLOP/s (a 4096^3 a @ b timed
+right after each measured step, in the same subprocess, since the host's speed drifts;
+the median over steps and rounds is printed).
 
     python benchmarks/overhead.py                      # debugmodel, vocab 2048, batch 8 x seq 2048
     python benchmarks/overhead.py --compile            # the same with torch.compile per block
+    python benchmarks/overhead.py --attention sdpa     # ATen's flash kernel instead of the fused one
     python benchmarks/overhead.py --seq-len 256 --steps 6 --rounds 1   # a quick look
 """
 
@@ -44,7 +46,8 @@ from titan_core.config.resolve import resolve_config
 overrides = [("training.seq_len", str(args["seq_len"])), ("training.local_batch_size", str(args["batch"])),
              ("training.steps", "1000"), ("metrics.log_freq", "1000000"), ("job.run_dir", args["run_dir"]),
              ("llama3.vocab_size", str(args["vocab"])), ("lr_scheduler.warmup_steps", "2"),
-             ("compile.enable", "true" if args["compile"] else "false")]
+             ("compile.enable", "true" if args["compile"] else "false"),
+             ("llama3.attention_kernel", args["attention"])]
 resolved = resolve_config(config_source=None, override_pairs=overrides)
 trainer = Trainer(resolved)
 trainer.setup()
@@ -67,19 +70,24 @@ else:
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
-times = []
+times, step_mfus = [], []
+tokens = args["batch"] * args["seq_len"]
 for i in range(args["warmup"] + args["steps"]):
     t = time.perf_counter(); step(); dt = time.perf_counter() - t
     if i >= args["warmup"]:
         times.append(dt)
+        # The host's speed drifts: each step is set against a matmul timed right after it.
+        step_mfus.append(trainer.metrics.flops_per_token * tokens / dt / matmul_flops(reps=1))
 print(json.dumps({"step_s": statistics.median(times), "rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
-                  "matmul_flops": matmul_flops(), "flops_per_token": trainer.metrics.flops_per_token}))
+                  "matmul_flops": matmul_flops(), "flops_per_token": trainer.metrics.flops_per_token,
+                  "mfu": statistics.median(step_mfus)}))
 """
 
 
 def run(variant: str, a: argparse.Namespace) -> dict[str, float]:
     payload = json.dumps({"variant": variant, "seq_len": a.seq_len, "batch": a.batch, "vocab": a.vocab,
                           "warmup": a.warmup, "steps": a.steps, "compile": a.compile,
+                          "attention": a.attention,
                           "run_dir": f"/tmp/titan-overhead-{variant}"})
     out = subprocess.run([sys.executable, "-c", WORKER, payload], capture_output=True, text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -94,20 +102,22 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--compile", action="store_true", help="torch.compile each block in both variants")
+    p.add_argument("--attention", choices=["auto", "sdpa"], default="auto",
+                   help="llama3.attention_kernel: auto (the fused CPU kernel) or sdpa (ATen's flash kernel)")
     a = p.parse_args()
     results: dict[str, list[dict[str, float]]] = {"trainer": [], "hand loop": []}
     for _ in range(a.rounds):
         results["trainer"].append(run("trainer", a))
         results["hand loop"].append(run("hand", a))
     tokens = a.batch * a.seq_len
-    mode = "torch.compile per block" if a.compile else "eager"
+    mode = ("torch.compile per block" if a.compile else "eager") + f", attention {a.attention}"
     print(f"debugmodel shape, vocab {a.vocab}, batch {a.batch} x seq {a.seq_len}, fp32, 1 process, {mode}, "
           f"torch {__import__('torch').__version__}")
     print(f"{'variant':<10} {'step s':>8} {'tokens/s':>9} {'peak RSS GiB':>12} {'CPU MFU':>8}")
     summary = {}
     for name, runs in results.items():
         step = statistics.median(r["step_s"] for r in runs)
-        mfu = statistics.median(r["flops_per_token"] * tokens / r["step_s"] / r["matmul_flops"] for r in runs)
+        mfu = statistics.median(r["mfu"] for r in runs)
         rss = max(r["rss_gib"] for r in runs)
         summary[name] = step
         print(f"{name:<10} {step:>8.3f} {tokens / step:>9.0f} {rss:>12.2f} {mfu:>8.2f}")

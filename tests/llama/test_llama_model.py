@@ -300,14 +300,46 @@ def test_every_flavor_builds_on_meta(name: str) -> None:
     assert model.layers["1"].attention.wk.weight.shape == (args.kv_heads * args.head_dim, args.dim)
 
 
-@pytest.mark.parametrize("n_kv_heads", [None, 2], ids=["mha", "gqa"])
-def test_attention_runs_the_flash_kernel_forward_and_backward(n_kv_heads: int | None) -> None:
-    # The CPU speed of the model rests on this: no mask, no math fallback, no repeated kv.
-    model = built(tiny_args(n_kv_heads))
+def _attention_ops(args: LlamaArgs) -> set[str]:
+    model = built(args)
     tokens = torch.randint(0, 97, (1, 16))
     with torch.profiler.profile() as prof:
         model(tokens).sum().backward()
-    ops = {event.key for event in prof.key_averages()}
+    return {event.key for event in prof.key_averages()}
+
+
+@pytest.mark.parametrize("n_kv_heads", [None, 2], ids=["mha", "gqa"])
+def test_attention_runs_the_fused_cpu_kernel_by_default(n_kv_heads: int | None) -> None:
+    # The CPU speed of the model rests on this: no mask, no math fallback, no repeated kv.
+    ops = _attention_ops(tiny_args(n_kv_heads))
+    assert {"titan_llama::causal_attention", "titan_llama::causal_attention_backward"} <= ops
+    assert not {"aten::_scaled_dot_product_attention_math", "aten::softmax", "aten::repeat_interleave",
+                "aten::_scaled_dot_product_flash_attention_for_cpu"} & ops
+
+
+@pytest.mark.parametrize("n_kv_heads", [None, 2], ids=["mha", "gqa"])
+def test_attention_sdpa_setting_runs_the_flash_kernel(n_kv_heads: int | None) -> None:
+    ops = _attention_ops(tiny_args(n_kv_heads, attention_kernel="sdpa"))
     assert "aten::_scaled_dot_product_flash_attention_for_cpu" in ops
     assert "aten::_scaled_dot_product_flash_attention_for_cpu_backward" in ops
-    assert not {"aten::_scaled_dot_product_attention_math", "aten::softmax", "aten::repeat_interleave"} & ops
+    assert not {"aten::_scaled_dot_product_attention_math", "aten::softmax", "aten::repeat_interleave",
+                "titan_llama::causal_attention"} & ops
+
+
+def test_attention_kernels_agree_in_logits_and_gradients() -> None:
+    grads = []
+    for kernel in ("auto", "sdpa"):
+        model = built(tiny_args(2, attention_kernel=kernel))
+        tokens = torch.randint(0, 97, (2, 32), generator=torch.Generator().manual_seed(1))
+        logits = model(tokens)
+        logits.square().mean().backward()
+        grads.append((logits.detach(), {n: p.grad for n, p in model.named_parameters()}))
+    (la, ga), (lb, gb) = grads
+    assert (la - lb).abs().max().item() < 1e-5
+    for name in ga:
+        assert (ga[name] - gb[name]).abs().max().item() < 1e-5 * max(1.0, gb[name].abs().max().item()), name
+
+
+def test_unknown_attention_kernel_is_rejected() -> None:
+    with pytest.raises(ValueError, match="attention_kernel='flash' is not one of"):
+        tiny_args(attention_kernel="flash")

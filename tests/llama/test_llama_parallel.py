@@ -173,6 +173,8 @@ def _backward_op_counts(ac: dict[str, Any]) -> Counter[str]:
 
 
 SDPA_CPU = "aten._scaled_dot_product_flash_attention_for_cpu.default"
+# The op the model's attention runs here (float32 CPU, 16-channel heads): the fused kernel.
+ATTENTION = "titan_llama.causal_attention.default"
 MM = "aten.mm.default"
 
 
@@ -197,18 +199,21 @@ def test_activation_checkpointing_recomputes_what_the_mode_says() -> None:
     recomputed = {name: c[MM] - none[MM] for name, c in
                   [("full", full), ("every2", every2), ("per_op", per_op), ("save_attn", save_attn)]}
     # Without checkpointing backward runs no forward attention; full reruns it in every block.
-    assert none[SDPA_CPU] == 0 and full[SDPA_CPU] == w.ARGS.n_layers
+    assert none[ATTENTION] == 0 and full[ATTENTION] == w.ARGS.n_layers
     # Every 2nd block: half the blocks recompute.
-    assert every2[SDPA_CPU] == w.ARGS.n_layers // 2 and recomputed["every2"] * 2 == recomputed["full"]
+    assert every2[ATTENTION] == w.ARGS.n_layers // 2 and recomputed["every2"] * 2 == recomputed["full"]
     # Per-op: every block reruns, but half of its matmuls come from the saved outputs.
-    assert recomputed["per_op"] * 2 == recomputed["full"] and per_op[SDPA_CPU] == w.ARGS.n_layers
+    assert recomputed["per_op"] * 2 == recomputed["full"] and per_op[ATTENTION] == w.ARGS.n_layers
     # Saving the (CPU) attention op removes it from the recomputation.
-    assert save_attn[SDPA_CPU] == 0 and recomputed["save_attn"] == recomputed["per_op"]
-    assert default[SDPA_CPU] == 0 and default[MM] == save_attn[MM]
+    assert save_attn[ATTENTION] == 0 and recomputed["save_attn"] == recomputed["per_op"]
+    assert default[ATTENTION] == 0 and default[MM] == save_attn[MM]
+    # Naming the fused op itself works the same as naming the SDPA kernel.
+    save_fused = _backward_op_counts(dict(mode="selective", selective_save_ops=[MM, ATTENTION]))
+    assert save_fused[ATTENTION] == 0 and save_fused[MM] == save_attn[MM]
 
 
 def test_activation_checkpointing_rejects_unknown_ops() -> None:
-    with pytest.raises(ConfigError, match='"aten.not_an_op.default" is not an aten operator'):
+    with pytest.raises(ConfigError, match='"aten.not_an_op.default" is not an operator overload'):
         resolve_ops(["aten.mm.default", "aten.not_an_op.default"])
 
 

@@ -28,6 +28,8 @@ from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selectiv
 
 from titan_core import ActivationCheckpointSection, ConfigError
 
+from . import cpu_attention  # noqa: F401  (registers torch.ops.titan_llama.causal_attention)
+
 
 def resolve_ops(names: list[str]) -> list[Any]:
     """Turn names like ``aten.mm.default`` into op overloads; unknown names are ConfigErrors."""
@@ -35,16 +37,35 @@ def resolve_ops(names: list[str]) -> list[Any]:
     for name in names:
         parts = name.split(".")
         op: Any = None
-        if len(parts) == 3 and parts[0] == "aten":
-            packet = getattr(torch.ops.aten, parts[1], None)
-            op = getattr(packet, parts[2], None) if packet is not None else None
+        if len(parts) == 3:
+            try:
+                op = getattr(getattr(getattr(torch.ops, parts[0]), parts[1]), parts[2])
+            except (AttributeError, RuntimeError):
+                op = None
         if op is None:
             raise ConfigError(
-                f'activation_checkpoint.selective_save_ops: "{name}" is not an aten operator overload '
-                f'of this torch build. Write names as "aten.<op>.<overload>", e.g. "aten.mm.default".'
+                f'activation_checkpoint.selective_save_ops: "{name}" is not an operator overload '
+                f'of this torch build. Write names as "<namespace>.<op>.<overload>", e.g. "aten.mm.default".'
             )
         ops.append(op)
     return ops
+
+
+def _with_fused_attention(save_ops: list[Any]) -> list[Any]:
+    """Save the fused CPU attention op wherever an SDPA kernel is saved.
+
+    It is this model's attention where SDPA is not used, so the default list (which names
+    the SDPA kernels) keeps attention outputs on every path.
+    """
+    sdpa = {
+        torch.ops.aten._scaled_dot_product_flash_attention.default,
+        torch.ops.aten._scaled_dot_product_efficient_attention.default,
+        torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default,
+    }
+    fused = torch.ops.titan_llama.causal_attention.default
+    if sdpa & set(save_ops) and fused not in save_ops:
+        return [*save_ops, fused]
+    return save_ops
 
 
 def _selective_context_fn(save_ops: list[Any]) -> Callable[[], Any]:
@@ -97,7 +118,7 @@ def apply_activation_checkpointing(layers: nn.ModuleDict, ac: ActivationCheckpoi
         if ac.selective_every > 0:
             every = ac.selective_every
         else:
-            context_fn = _selective_context_fn(resolve_ops(ac.selective_save_ops))
+            context_fn = _selective_context_fn(_with_fused_attention(resolve_ops(ac.selective_save_ops)))
     done = []
     for name, block in layers.items():
         # Global layer ids: the same blocks are checkpointed whatever the pipeline split.

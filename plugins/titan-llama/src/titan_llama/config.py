@@ -5,6 +5,8 @@ A field left ``None`` keeps the flavor's value.
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field
 
 
@@ -16,3 +18,6 @@ class LlamaSection(BaseModel):
     rope_theta: float | None = Field(None, gt=0, description="RoPE base frequency (default: the flavor's).")
     n_layers: int | None = Field(None, gt=0, description="Number of transformer blocks (default: the flavor's).")
     vocab_size: int | None = Field(None, gt=0, description="Vocabulary size (default: the flavor's, or the tokenizer's).")
+    attention_kernel: Literal["auto", "sdpa"] | None = Field(
+        None, description="auto: the fused CPU attention kernel for float32 CPU runs with 16/32/64-channel heads, "
+        "SDPA elsewhere; sdpa: always torch's scaled_dot_product_attention (default: auto).")

@@ -1,0 +1,196 @@
+"""The fused CPU causal-attention kernel (``cpu_attention.cpp``), as a torch custom op.
+
+The kernel is compiled for this machine on first use (``c++ -O3 -march=native
+-fopenmp``, about 2 s) and cached under ``$TITAN_CACHE_DIR`` (default
+``$XDG_CACHE_HOME/titan`` or ``~/.cache/titan``), keyed by the source, the compiler,
+its flags and the CPU. Where it cannot be built (no C++ compiler, say) the op runs
+ATen's CPU flash kernel instead and says why once in the log: a run never fails
+because of it.
+
+It is a ``torch.library.custom_op`` with a fake implementation and a registered
+backward, so ``torch.compile(fullgraph=True)``, activation checkpointing and
+autograd treat it like any ATen op.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import logging
+import math
+import os
+import platform
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+logger = logging.getLogger(__name__)
+
+# Head sizes it is compiled for: where it measured at least as fast as ATen's flash
+# kernel (1.4x at 16, about even at 32 and 64; docs/benchmarks.md). Above 64 ATen's
+# GEMM-based kernel wins.
+SUPPORTED_HEAD_DIMS = (16, 32, 64)
+
+_SOURCE = Path(__file__).with_name("cpu_attention.cpp")
+_FLAGS = ("-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-shared", "-fPIC")
+
+
+class _Strides(ctypes.Structure):
+    _fields_ = [("b", ctypes.c_int64), ("s", ctypes.c_int64), ("h", ctypes.c_int64)]
+
+
+def _strides(t: Tensor) -> _Strides:
+    return _Strides(t.stride(0), t.stride(1), t.stride(2))
+
+
+def cache_dir() -> Path:
+    """Where compiled kernels are kept."""
+    if os.environ.get("TITAN_CACHE_DIR"):
+        return Path(os.environ["TITAN_CACHE_DIR"]) / "kernels"
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "titan" / "kernels"
+
+
+def _cpu_signature() -> str:
+    """The CPU features -march=native compiles for: a cached kernel is only reused on the same kind."""
+    flags = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                flags = line
+                break
+    except OSError:
+        pass
+    return f"{platform.machine()} {flags}"
+
+
+def _build(head_dim: int) -> Path:
+    compiler = os.environ.get("CXX", "c++")
+    flags = (*_FLAGS, f"-DHEAD_DIM={head_dim}")
+    try:
+        version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise RuntimeError(f"no C++ compiler ({compiler!r}: {exc}); set CXX to one") from None
+    key = hashlib.sha256("\0".join([_SOURCE.read_text(), compiler, version, *flags, _cpu_signature()]).encode())
+    target = cache_dir() / f"cpu_attention_d{head_dim}_{key.hexdigest()[:16]}.so"
+    if target.exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    # Build beside the target and rename: concurrent processes never load a half-written file.
+    partial = target.with_name(f"{target.name}.{os.getpid()}.tmp")
+    result = subprocess.run([compiler, *flags, "-o", str(partial), str(_SOURCE)],
+                            capture_output=True, text=True, timeout=600)
+    if result.returncode != 0:
+        partial.unlink(missing_ok=True)
+        raise RuntimeError(f"{compiler} failed: {result.stderr.strip()[-500:]}")
+    os.replace(partial, target)
+    return target
+
+
+@functools.cache
+def load_kernel(head_dim: int) -> ctypes.CDLL | None:
+    """The compiled kernel for ``head_dim``, or None (logged once) where it cannot be built."""
+    if head_dim not in SUPPORTED_HEAD_DIMS:
+        return None
+    try:
+        lib = ctypes.CDLL(str(_build(head_dim)))
+    except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
+        logger.warning("fused CPU attention unavailable (%s); using ATen's flash kernel", exc)
+        return None
+    p, i64, s = ctypes.c_void_p, ctypes.c_int64, _Strides
+    lib.titan_attention_forward.argtypes = [p, s, p, s, p, s, p, s, p, i64, i64, i64, i64, ctypes.c_float, ctypes.c_int]
+    lib.titan_attention_backward.argtypes = [p, s, p, s, p, s, p, s, p, s, p, p, s, p, s, p, s,
+                                             i64, i64, i64, i64, ctypes.c_float, ctypes.c_int]
+    assert lib.titan_attention_head_dim() == head_dim
+    return lib
+
+
+def supports(q: Tensor, k: Tensor, v: Tensor) -> bool:
+    """Whether the op takes these inputs: plain float32 CPU tensors of a supported head size."""
+    return all(type(t) is torch.Tensor and t.device.type == "cpu" and t.dtype == torch.float32 for t in (q, k, v)) \
+        and q.shape[-1] in SUPPORTED_HEAD_DIMS and q.shape[2] % k.shape[2] == 0
+
+
+def _aten_flash_forward(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+    """The fallback: ATen's flash kernel on [b, h, s, d] views, kv heads repeated for GQA."""
+    group = q.shape[2] // k.shape[2]
+    qt, kt, vt = (t.transpose(1, 2) for t in (q, k.repeat_interleave(group, 2), v.repeat_interleave(group, 2)))
+    out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(qt, kt, vt, 0.0, True)
+    return out.transpose(1, 2).contiguous(), lse.contiguous()
+
+
+@torch.library.custom_op("titan_llama::causal_attention", mutates_args=())
+def causal_attention(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+    """Causal attention over [b, s, heads, d] inputs: (out [b, s, h, d], logsumexp [b, h, s])."""
+    q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
+    lib = load_kernel(q.shape[-1])
+    if lib is None:
+        return _aten_flash_forward(q, k, v)
+    b, s, h, d = q.shape
+    out = torch.empty((b, s, h, d), dtype=q.dtype)
+    lse = torch.empty((b, h, s), dtype=torch.float32)
+    failed = lib.titan_attention_forward(
+        q.data_ptr(), _strides(q), k.data_ptr(), _strides(k), v.data_ptr(), _strides(v),
+        out.data_ptr(), _strides(out), lse.data_ptr(), b, h, k.shape[2], s, 1.0 / math.sqrt(d),
+        torch.get_num_threads(),
+    )
+    if failed:
+        raise MemoryError("fused CPU attention: could not allocate its scratch buffers")
+    return out, lse
+
+
+@causal_attention.register_fake
+def _(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+    b, s, h, _ = q.shape
+    return q.new_empty(q.shape), q.new_empty((b, h, s))
+
+
+@torch.library.custom_op("titan_llama::causal_attention_backward", mutates_args=())
+def causal_attention_backward(grad: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor,
+                              lse: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """(dq, dk, dv) of ``causal_attention``, from its inputs, output and logsumexp."""
+    grad, q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (grad, q, k, v))
+    b, s, h, d = q.shape
+    hkv = k.shape[2]
+    lib = load_kernel(d)
+    if lib is None:
+        group = h // hkv
+        kr, vr = k.repeat_interleave(group, 2), v.repeat_interleave(group, 2)
+        dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+            grad.transpose(1, 2), q.transpose(1, 2), kr.transpose(1, 2), vr.transpose(1, 2),
+            out.transpose(1, 2), lse, 0.0, True)
+        dq, dk, dv = (t.transpose(1, 2) for t in (dq, dk, dv))
+        return dq.contiguous(), dk.unflatten(2, (hkv, group)).sum(3), dv.unflatten(2, (hkv, group)).sum(3)
+    dq, dk, dv = torch.empty_like(q, memory_format=torch.contiguous_format), \
+        torch.empty_like(k, memory_format=torch.contiguous_format), \
+        torch.empty_like(v, memory_format=torch.contiguous_format)
+    failed = lib.titan_attention_backward(
+        q.data_ptr(), _strides(q), k.data_ptr(), _strides(k), v.data_ptr(), _strides(v),
+        out.data_ptr(), _strides(out), grad.data_ptr(), _strides(grad), lse.data_ptr(),
+        dq.data_ptr(), _strides(dq), dk.data_ptr(), _strides(dk), dv.data_ptr(), _strides(dv),
+        b, h, hkv, s, 1.0 / math.sqrt(d), torch.get_num_threads(),
+    )
+    if failed:
+        raise MemoryError("fused CPU attention backward: could not allocate its scratch buffers")
+    return dq, dk, dv
+
+
+@causal_attention_backward.register_fake
+def _(grad: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+def _setup_context(ctx: Any, inputs: tuple[Tensor, ...], output: tuple[Tensor, Tensor]) -> None:
+    ctx.save_for_backward(*inputs, *output)
+
+
+def _backward(ctx: Any, grad_out: Tensor, grad_lse: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
+    q, k, v, out, lse = ctx.saved_tensors
+    return causal_attention_backward(grad_out, q, k, v, out, lse)
+
+
+causal_attention.register_autograd(_backward, setup_context=_setup_context)
