@@ -14,6 +14,7 @@ autograd treat it like any ATen op.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import hashlib
@@ -58,13 +59,9 @@ def cache_dir() -> Path:
 def _cpu_signature() -> str:
     """The CPU features -march=native compiles for: a cached kernel is only reused on the same kind."""
     flags = ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith(("flags", "Features")):
-                flags = line
-                break
-    except OSError:
-        pass
+    with contextlib.suppress(OSError):  # no /proc/cpuinfo: key by the architecture alone
+        flags = next((line for line in Path("/proc/cpuinfo").read_text().splitlines()
+                      if line.startswith(("flags", "Features"))), "")
     return f"{platform.machine()} {flags}"
 
 
