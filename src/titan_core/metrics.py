@@ -12,17 +12,22 @@ import torch
 
 from .config.sections import MetricsSection
 
-# Dense bf16 peak TFLOP/s by GPU name fragment (no sparsity), for MFU.
+# Dense bf16 peak TFLOP/s (no sparsity) by a fragment of torch.cuda.get_device_name(), for MFU.
+# The longest matching fragment wins, so "H100 PCIe" is not read as an SXM H100, nor "L40S" as "L4".
 PEAK_BF16_TFLOPS: dict[str, float] = {
+    "GB200": 2500.0,
+    "B200": 2250.0,
     "H200": 989.0,
     "H100": 989.0,
+    "H100 PCIe": 756.0,
+    "H100 NVL": 835.0,
     "H800": 989.0,
-    "B200": 2250.0,
     "A100": 312.0,
     "A800": 312.0,
     "L40S": 362.0,
+    "L40": 181.0,
     "L4": 121.0,
-    "A10G": 125.0,
+    "MI300X": 1307.0,
 }
 
 
@@ -33,10 +38,10 @@ def peak_flops(device: torch.device, configured_tflops: float | None) -> float |
     if device.type != "cuda":
         return None
     name = torch.cuda.get_device_name(device)
-    for fragment, tflops in PEAK_BF16_TFLOPS.items():
-        if fragment in name:
-            return tflops * 1e12
-    return None
+    matches = [fragment for fragment in PEAK_BF16_TFLOPS if fragment in name]
+    if not matches:
+        return None
+    return PEAK_BF16_TFLOPS[max(matches, key=len)] * 1e12
 
 
 def memory_stats(device: torch.device) -> dict[str, float]:

@@ -28,6 +28,7 @@ from .loss import cross_entropy_loss
 from .metrics import MetricsLogger, progress
 from .optim import LRSchedulersContainer, OptimizersContainer
 from .parallel_dims import ParallelDims
+from .precision import autocast_for, resolve_compute_dtype
 from .protocols import ModelConverter, RunContext, TensorParallelStyles
 
 
@@ -88,8 +89,7 @@ class Trainer:
         torch.manual_seed(t.seed)
         if t.deterministic:
             torch.use_deterministic_algorithms(True)
-        self.compute_dtype = torch.bfloat16 if t.dtype == "bfloat16" or (
-            t.dtype == "auto" and self.device.type == "cuda") else torch.float32
+        self.compute_dtype = resolve_compute_dtype(t.dtype, self.device)
         if self.proc.is_rank0:
             self.run_dir.mkdir(parents=True, exist_ok=True)
         self.is_rank0 = self.proc.is_rank0
@@ -219,9 +219,7 @@ class Trainer:
 
     # ---- one step ------------------------------------------------------------------------------
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
-        if self.compute_dtype == torch.float32:
-            return contextlib.nullcontext()
-        return torch.autocast(self.device.type, dtype=self.compute_dtype)
+        return autocast_for(self.device, self.compute_dtype)
 
     def loss_context(self) -> contextlib.AbstractContextManager[Any]:
         """Loss on vocab-sharded logits needs torch's loss_parallel context (TP only)."""
