@@ -6,29 +6,22 @@ import sys
 
 import pytest
 import torch
-import torch.nn.functional as F
 from pydantic import ValidationError
 from torch import nn
 
 import torchao.float8 as ao_float8
 from torchao.float8.float8_linear import Float8Linear
-from titan_core.config.sections import CompileSection, ParallelismSection, TrainingSection
 from titan_core.converters import apply_converters, register_converter_hooks
 from titan_core.errors import ConfigError, TitanError
 from titan_core.parallel_dims import ParallelDims
-from titan_core.protocols import RunContext
 from titan_float8 import Float8Config, Float8Converter, fqn_matches
 from titan_float8 import hardware
 from titan_float8.settings import GLOO_REASON
-from titan_llama.model import LlamaArgs, Transformer
+
+from converter_helpers import LLAMA, assert_same_as_reference, job, llama_on_meta, materialize, train_losses
 
 torch.set_num_threads(1)
 RECIPES = ["tensorwise", "rowwise", "rowwise_with_gw_hp"]
-LLAMA = LlamaArgs(dim=64, n_layers=2, n_heads=4, vocab_size=256, multiple_of=32, max_seq_len=64)
-
-
-def job(device: str = "cpu", backend: str = "gloo") -> RunContext:
-    return RunContext(torch.device(device), backend, TrainingSection(), ParallelismSection(), CompileSection())
 
 
 def dims(dp_shard: int = 1, tp: int = 1) -> ParallelDims:
@@ -55,23 +48,6 @@ class Toy(nn.Module):
         for block in self.layers.values():
             x = x + block["w2"](torch.relu(block["w1"](x)))
         return self.output(x) + self.odd(x).sum(-1, keepdim=True)
-
-
-def llama_on_meta() -> Transformer:
-    with torch.device("meta"):
-        return Transformer(LLAMA)
-
-
-def materialize(model: nn.Module, seed: int = 0) -> nn.Module:
-    model.to_empty(device="cpu")
-    if isinstance(model, Transformer):
-        model.init_weights(seed)
-    else:
-        gen = torch.Generator().manual_seed(seed)
-        with torch.no_grad():
-            for p in model.parameters():
-                p.copy_(torch.randn(p.shape, generator=gen) * 0.1)
-    return model
 
 
 # --- settings resolution (no GPU needed) -------------------------------------------------
@@ -331,16 +307,7 @@ def test_equivalent_to_torchao(recipe: str, kind: str) -> None:
     materialize(ours), materialize(theirs)
 
     x = torch.randint(0, LLAMA.vocab_size, (2, 16)) if kind == "llama" else torch.randn(2, 8, 32)
-    y_ours, y_theirs = ours(x), theirs(x)
-    assert torch.equal(y_ours, y_theirs)
-    y_ours.square().mean().backward()
-    y_theirs.square().mean().backward()
-    for (name, a), b in zip(ours.named_parameters(), theirs.parameters()):
-        assert torch.equal(a.grad, b.grad), name
-    # float8 rounding changes the output, but only a little
-    y_plain = plain(x)
-    rel = ((y_ours - y_plain).norm() / y_plain.norm()).item()
-    assert 0 < rel < 0.1, rel
+    assert_same_as_reference(ours, theirs, plain, x)
 
 
 def test_training_tracks_float32() -> None:
@@ -348,16 +315,7 @@ def test_training_tracks_float32() -> None:
     data = torch.randint(0, LLAMA.vocab_size, (4, 33))
 
     def losses(model: nn.Module) -> list[float]:
-        opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
-        out = []
-        for _ in range(6):
-            logits = model(data[:, :-1])
-            loss = F.cross_entropy(logits.flatten(0, 1), data[:, 1:].flatten())
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            out.append(loss.item())
-        return out
+        return train_losses(model, data, steps=6)
 
     converted = llama_on_meta()
     apply_converters(converted, [("float8", make())], spec=None)

@@ -8,17 +8,13 @@ import sys
 
 import pytest
 import torch
-import torch.nn.functional as F
 from pydantic import ValidationError
 from torch import nn
 
-from titan_core.config.sections import CompileSection, ParallelismSection, TrainingSection
 from titan_core.converters import apply_converters, register_converter_hooks
 from titan_core.errors import ConfigError, TitanError
 from titan_core.parallel_dims import ParallelDims
-from titan_core.protocols import RunContext
 from titan_float8 import Float8Config, Float8Converter
-from titan_llama.model import LlamaArgs, Transformer
 from titan_mx_prototype import MXConfig, MXConverter
 from titan_mx_prototype import hardware
 from torchao import quantize_
@@ -26,14 +22,11 @@ from torchao.prototype.moe_training.config import MXFP8TrainingOpConfig, MXFP8Tr
 from torchao.prototype.moe_training.tensor import MXFP8TrainingWeightWrapperTensor
 from torchao.quantization.quantize_.common import KernelPreference
 
+from converter_helpers import LLAMA, assert_same_as_reference, job, llama_on_meta, materialize, train_losses
+
 torch.set_num_threads(1)
-LLAMA = LlamaArgs(dim=64, n_layers=2, n_heads=4, vocab_size=256, multiple_of=32, max_seq_len=64)
 FFN = [f"layers.{i}.feed_forward.w{j}" for i in range(2) for j in (1, 2, 3)]
 ATTENTION = [f"layers.{i}.attention.w{j}" for i in range(2) for j in "qkvo"]
-
-
-def job(device: str = "cpu", backend: str = "gloo") -> RunContext:
-    return RunContext(torch.device(device), backend, TrainingSection(), ParallelismSection(), CompileSection())
 
 
 DIMS = ParallelDims(1, 1, 1, 1, 1)
@@ -41,11 +34,6 @@ DIMS = ParallelDims(1, 1, 1, 1, 1)
 
 def make(device: str = "cpu", **config) -> MXConverter:
     return MXConverter(MXConfig(**config), parallel_dims=DIMS, job=job(device, "nccl" if device == "cuda" else "gloo"))
-
-
-def llama_on_meta() -> Transformer:
-    with torch.device("meta"):
-        return Transformer(LLAMA)
 
 
 class Toy(nn.Module):
@@ -59,18 +47,6 @@ class Toy(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = x + self.down(torch.relu(self.up(x)))
         return self.biased(h) + self.narrow(h).mean(-1, keepdim=True)
-
-
-def materialize(model: nn.Module, seed: int = 0) -> nn.Module:
-    model.to_empty(device="cpu")
-    if isinstance(model, Transformer):
-        model.init_weights(seed)
-    else:
-        gen = torch.Generator().manual_seed(seed)
-        with torch.no_grad():
-            for p in model.parameters():
-                p.copy_(torch.randn(p.shape, generator=gen) * 0.1)
-    return model
 
 
 def test_is_a_prototype_without_optimizer_hooks() -> None:
@@ -182,15 +158,7 @@ def test_equivalent_to_torchao(recipe: str, kind: str) -> None:
     assert all(isinstance(ours.get_submodule(f).weight.data, MXFP8TrainingWeightWrapperTensor) for f in fqns)
 
     x = torch.randint(0, LLAMA.vocab_size, (2, 32)) if kind == "llama" else torch.randn(2, 32, 64)
-    y_ours, y_theirs = ours(x), theirs(x)
-    assert torch.equal(y_ours, y_theirs)
-    y_ours.square().mean().backward()
-    y_theirs.square().mean().backward()
-    for (name, a), b in zip(ours.named_parameters(), theirs.parameters()):
-        assert torch.equal(a.grad, b.grad), name
-    y_plain = plain(x)
-    rel = ((y_ours - y_plain).norm() / y_plain.norm()).item()
-    assert 0 < rel < 0.1, rel
+    assert_same_as_reference(ours, theirs, plain, x)
 
 
 def test_llama_trains_with_float8_and_mx() -> None:
@@ -198,16 +166,7 @@ def test_llama_trains_with_float8_and_mx() -> None:
     data = torch.randint(0, LLAMA.vocab_size, (4, 33))
 
     def losses(model: nn.Module) -> list[float]:
-        opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
-        out = []
-        for _ in range(8):
-            logits = model(data[:, :-1])
-            loss = F.cross_entropy(logits.flatten(0, 1), data[:, 1:].flatten())
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            out.append(loss.item())
-        return out
+        return train_losses(model, data, steps=8)
 
     converted = llama_on_meta()
     float8 = Float8Converter(Float8Config(), parallel_dims=DIMS, job=job())

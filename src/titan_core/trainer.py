@@ -93,6 +93,9 @@ class Trainer:
         if self.proc.is_rank0:
             self.run_dir.mkdir(parents=True, exist_ok=True)
         self.is_rank0 = self.proc.is_rank0
+        n = self.proc.world_size
+        precision = "float32" if self.compute_dtype == torch.float32 else "bfloat16 autocast over float32 weights"
+        progress(f"device {self.device}, {n} process{'es' if n > 1 else ''}, {precision}", is_rank0=self.is_rank0)
 
     def build_tokenizer_and_data(self) -> None:
         from .data import build_dataloader
