@@ -89,7 +89,9 @@ def run(variant: str, a: argparse.Namespace) -> dict[str, float]:
                           "warmup": a.warmup, "steps": a.steps, "compile": a.compile,
                           "attention": a.attention,
                           "run_dir": f"/tmp/titan-overhead-{variant}"})
-    out = subprocess.run([sys.executable, "-c", WORKER, payload], capture_output=True, text=True, check=True)
+    out = subprocess.run([sys.executable, "-c", WORKER, payload], capture_output=True, text=True)
+    if out.returncode != 0:  # show the worker's own error, not just its exit status
+        sys.exit(f"the {variant} worker failed (exit {out.returncode}):\n{out.stderr[-3000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 

@@ -22,6 +22,7 @@ from torchao.prototype.moe_training.config import MXFP8TrainingOpConfig, MXFP8Tr
 from torchao.prototype.moe_training.tensor import MXFP8TrainingWeightWrapperTensor
 from torchao.quantization.quantize_.common import KernelPreference
 
+from conftest import REPO
 from converter_helpers import LLAMA, assert_same_as_reference, job, llama_on_meta, materialize, train_losses
 
 torch.set_num_threads(1)
@@ -47,6 +48,15 @@ class Toy(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = x + self.down(torch.relu(self.up(x)))
         return self.biased(h) + self.narrow(h).mean(-1, keepdim=True)
+
+
+def test_marked_as_a_prototype_in_list_output_and_readme(cli) -> None:
+    result = cli("--list")
+    assert result.code == 0, result.text
+    lines = {line.split()[0]: line.rstrip() for line in result.out.splitlines() if line.startswith("  ")}
+    assert lines["mx"].endswith("[prototype]") and "[prototype]" not in lines["float8"]
+    readme = (REPO / "plugins" / "titan-mx-prototype" / "README.md").read_text()
+    assert readme.startswith("# titan-mx-prototype\n\n> **Prototype.**")
 
 
 def test_is_a_prototype_without_optimizer_hooks() -> None:

@@ -32,6 +32,24 @@ def test_ci_runs_the_readme_test_command() -> None:
     assert "scripts/test.sh" in ci
 
 
+@pytest.mark.parametrize(("pytest_rc", "expected_rc"), [(0, 0), (1, 1), (2, 2), (5, 1)])
+def test_ci_fails_when_pytest_collects_nothing(tmp_path: Path, pytest_rc: int, expected_rc: int) -> None:
+    """.ci/run -> scripts/test.sh with a stand-in pytest: exit code 5 (no tests) must fail CI."""
+    for script in (".ci/run", "scripts/test.sh"):
+        (tmp_path / script).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / script).write_text((REPO / script).read_text())
+    (tmp_path / "scripts/setup.sh").write_text("exit 0\n")  # the venv is a stand-in too
+    fake_python = tmp_path / ".venv/bin/python"
+    fake_python.parent.mkdir(parents=True)
+    fake_python.write_text(f"#!/bin/sh\necho \"ran: $*\"\nexit {pytest_rc}\n")
+    fake_python.chmod(0o755)
+    result = subprocess.run(["bash", str(tmp_path / ".ci/run")], capture_output=True, text=True, timeout=60)
+    assert result.returncode == expected_rc, result.stdout + result.stderr
+    assert "ran: -m pytest -q" in result.stdout
+    if pytest_rc == 5:
+        assert "pytest collected no tests: failing" in result.stderr
+
+
 @pytest.mark.slow
 def test_quickstart_script_trains(tmp_path: Path) -> None:
     """Runs the README's first command (its script), shortened by a later override flag."""

@@ -2,7 +2,7 @@
 # Fill .whl/ with what scripts/gpu/checks.sh installs on a GPU machine that cannot reach a
 # package index: the four titan wheels built from this checkout, plus the packages the GPU image
 # (Python 3.12, its own CUDA torch) lacks. Run here, where pip can reach PyPI; needs .venv
-# (bash scripts/setup.sh). About 15 MiB.
+# (bash scripts/setup.sh). About 6 MiB.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 rm -rf .whl && mkdir .whl

@@ -24,6 +24,7 @@ from .config.toml_out import dumps
 from .errors import NonFiniteError
 from .grad_norm import clip_grad_norm
 from .init import init_model_weights
+from .layout import describe_parameter_layout
 from .loss import cross_entropy_loss
 from .metrics import MetricsLogger, progress
 from .optim import LRSchedulersContainer, OptimizersContainer
@@ -176,6 +177,11 @@ class Trainer:
             self.model_parts = self.pipeline.model_parts
         else:
             self.model_parts = [self.parallelize(model)]
+        if self.dims.distributed:
+            styles = self.tp_styles()
+            tp = f"; tensor-parallel styles {styles.colwise.__name__} / {styles.rowwise.__name__}" \
+                if self.dims.tp_enabled else ""
+            progress(f"parameters: {describe_parameter_layout(self.model_parts)}{tp}", is_rank0=self.is_rank0)
 
     def scaled_loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """The pipeline's per-microbatch loss. The schedule itself divides gradients by the

@@ -288,6 +288,26 @@ def test_8b_flavor_parameter_count_on_meta() -> None:
     assert args.vocab_size == 128256 and args.ffn_hidden_dim == 14336 and args.head_dim == 128
 
 
+@pytest.mark.parametrize(
+    ("name", "total", "shape"),
+    [
+        # the published Llama 3.1 counts (untied output head, vocab 128256)
+        ("70B", 70_553_706_496, (8192, 80, 64, 8, 28672, 128)),
+        ("405B", 405_853_388_800, (16384, 126, 128, 8, 53248, 128)),
+        # the CPU debug shape of the issue, here with the built-in tokenizer's 2048 tokens
+        ("debugmodel", 6_163_712, (256, 6, 16, 16, 768, 16)),
+    ],
+)
+def test_flavor_shapes_and_parameter_counts(name: str, total: int, shape: tuple[int, ...]) -> None:
+    args = llama3_flavors[name]
+    if args.vocab_size is None:
+        args = dataclasses.replace(args, vocab_size=2048)
+    with torch.device("meta"):
+        model = Transformer(args)
+    assert (args.dim, args.n_layers, args.n_heads, args.kv_heads, args.ffn_hidden_dim, args.head_dim) == shape
+    assert sum(p.numel() for p in model.parameters()) == total
+
+
 @pytest.mark.parametrize("name", sorted(llama3_flavors))
 def test_every_flavor_builds_on_meta(name: str) -> None:
     args = llama3_flavors[name]

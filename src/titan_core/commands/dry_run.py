@@ -1,6 +1,13 @@
-"""``--dry-run``: validate, build on the meta device, convert, report, train nothing."""
+"""``--dry-run``: validate, build on the meta device, convert, report, train nothing.
+
+The conversion table goes to ``<run_dir>/dry-run/conversion_table.json``, a folder of
+its own, so a dry run against the folder of an earlier run never overwrites that run's
+``conversion_table.json``, config or checkpoints.
+"""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import torch
 
@@ -31,6 +38,9 @@ def dry_run(resolved: ResolvedConfig) -> int:
     print(f"spec {spec.name}, flavor {c.model.flavor}: {n_params:,} parameters ({n_params / 1e9:.3f} B)")
     if converters:
         print(table.format())
+        path = Path(c.job.run_dir) / "dry-run" / "conversion_table.json"
+        table.write(path)
+        print(f"conversion table written to {path}")
     else:
         print("no converters requested")
     print("dry run: configuration valid; nothing trained")

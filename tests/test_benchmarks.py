@@ -1,0 +1,41 @@
+"""The benchmark scripts run and print their tables (at tiny sizes: the figures themselves come
+from full runs, recorded in docs/benchmarks.md; nothing here is timed)."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+from conftest import REPO
+
+
+def bench(script: str, *args: str) -> str:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    result = subprocess.run([sys.executable, str(REPO / "benchmarks" / script), *args], capture_output=True,
+                            text=True, cwd=REPO, env=env, timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result.stdout
+
+
+def test_overhead_prints_both_loops_their_ratio_and_cpu_mfu() -> None:
+    out = bench("overhead.py", "--seq-len", "64", "--batch", "2", "--warmup", "1", "--steps", "2",
+                "--rounds", "1")
+    rows = {m.group(1): [float(x) for x in m.group(2, 3, 4, 5)]
+            for m in re.finditer(r"^(trainer|hand loop)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)$", out, re.M)}
+    assert set(rows) == {"trainer", "hand loop"}, out
+    for step_s, tokens_per_s, rss_gib, mfu in rows.values():
+        assert step_s > 0 and rss_gib > 0 and 0 < mfu < 2
+        assert abs(tokens_per_s - 2 * 64 / step_s) <= 0.01 * tokens_per_s + 1  # tokens/s is batch x seq / step
+    ratio = float(re.search(r"step-time ratio trainer / hand loop: ([\d.]+)", out).group(1))
+    assert abs(ratio - rows["trainer"][0] / rows["hand loop"][0]) < 0.002, out
+    assert re.search(r"fp32 matmul FLOP/s \(4096\^3, best of 5\): [\d.]+ GFLOP/s", out), out
+
+
+def test_attention_prints_fused_against_sdpa_for_each_head_shape() -> None:
+    out = bench("attention.py", "--batch", "1", "--seq-len", "64", "--repeats", "1")
+    assert "fused fwd ms" in out and "sdpa fwd ms" in out, out
+    rows = re.findall(r"^(\d+) x (\d+)((?:\s+[\d.]+){7})$", out, re.M)
+    assert [(int(h), int(d)) for h, d, _ in rows] == [(16, 16), (8, 32), (4, 64)], out
+    assert all(float(x) > 0 for *_, numbers in rows for x in numbers.split()), out
