@@ -67,12 +67,23 @@ def test_gradient_accumulation_matches_one_big_batch(tmp_path: Path, optimizer: 
         assert all(r["grad_norm"] > 0 and r["lr"] > 0 for r in m_big)  # the weights did move
 
 
-def test_validation_loop_records_val_loss(tmp_path: Path) -> None:
-    train_in_process(tmp_path, "training.steps=4", "validation.enable=true", "validation.freq=2", "validation.steps=2")
-    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    val = [r for r in records if "val_loss" in r]
+def test_validation_loss_is_the_mean_loss_on_the_same_held_out_batches(tmp_path: Path) -> None:
+    overrides = [tuple(p.split("=", 1)) for p in (*SMALL, f"job.run_dir={tmp_path}", "training.steps=4",
+                                                  "validation.enable=true", "validation.freq=2", "validation.steps=2")]
+    trainer = Trainer(resolve_config(config_source=None, override_pairs=overrides))  # type: ignore[arg-type]
+    trainer.setup()
+    trainer.train()
+    val = [r for r in metrics_of(tmp_path) if "val_loss" in r]
     assert [r["step"] for r in val] == [2, 4]
-    assert all(0 < r["val_loss"] < 10 for r in val)
+    assert val[0]["val_loss"] != val[1]["val_loss"]  # the model changed in between
+    # recompute step 4's figure by hand: the first 2 held-out batches, the final weights, eval mode
+    trainer.val_dataloader.reset()
+    batches = iter(trainer.val_dataloader)
+    model = trainer.model_parts[0].eval()
+    with torch.no_grad():
+        losses = [torch.nn.functional.cross_entropy(model(x).flatten(0, 1), y.flatten()).item()
+                  for x, y in (next(batches) for _ in range(2))]
+    assert val[1]["val_loss"] == pytest.approx(sum(losses) / 2, rel=1e-6)
 
 
 @pytest.mark.slow
