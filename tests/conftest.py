@@ -7,6 +7,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -54,3 +55,17 @@ def assert_user_error(result: CliResult, *fragments: str, code: int = 2) -> None
     for fragment in fragments:
         assert fragment in result.text, f"{fragment!r} not in:\n{result.text}"
     assert "Traceback (most recent call last)" not in result.text, result.text
+
+
+SMALL_RUN = ["training.seq_len=64", "training.local_batch_size=4", "metrics.log_freq=1", "lr_scheduler.warmup_steps=2"]
+
+
+def trained(run_dir: Path, *pairs: str) -> tuple[Any, list[float]]:
+    """(Trainer, losses) of a small in-process run; ``pairs`` are ``section.key=value`` overrides."""
+    from titan_core import Trainer
+    from titan_core.config.resolve import resolve_config
+
+    overrides = [tuple(p.split("=", 1)) for p in (*SMALL_RUN, f"job.run_dir={run_dir}", *pairs)]
+    trainer = Trainer(resolve_config(config_source=None, override_pairs=overrides))  # type: ignore[arg-type]
+    trainer.setup()
+    return trainer, trainer.train()

@@ -9,21 +9,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from titan_core import Trainer
-from titan_core.config.resolve import resolve_config
 from titan_core.metrics import peak_flops
 from titan_core.precision import autocast_for, resolve_compute_dtype
 
-SMALL = ["training.seq_len=64", "training.local_batch_size=4", "metrics.log_freq=1", "lr_scheduler.warmup_steps=2"]
+from conftest import trained
+
 CUDA = torch.device("cuda", 0)  # a device object only: nothing here touches a GPU
 CPU = torch.device("cpu")
-
-
-def trained(tmp_path: Path, *pairs: str) -> tuple[Trainer, list[float]]:
-    overrides = [tuple(p.split("=", 1)) for p in (*SMALL, f"job.run_dir={tmp_path}", *pairs)]
-    trainer = Trainer(resolve_config(config_source=None, override_pairs=overrides))  # type: ignore[arg-type]
-    trainer.setup()
-    return trainer, trainer.train()
 
 
 def test_auto_dtype_is_bfloat16_on_cuda_and_float32_on_cpu() -> None:

@@ -8,20 +8,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from titan_core import Trainer
-from titan_core.config.resolve import resolve_config
 
-from conftest import run_cli
-
-SMALL = ["training.seq_len=64", "training.local_batch_size=4", "metrics.log_freq=1", "lr_scheduler.warmup_steps=2"]
+from conftest import run_cli, trained
 
 
 def train_in_process(tmp_path: Path, *pairs: str) -> list[float]:
-    overrides = [tuple(p.split("=", 1)) for p in (*SMALL, f"job.run_dir={tmp_path}", *pairs)]
-    resolved = resolve_config(config_source=None, override_pairs=overrides)  # type: ignore[arg-type]
-    trainer = Trainer(resolved)
-    trainer.setup()
-    return trainer.train()
+    return trained(tmp_path, *pairs)[1]
 
 
 def test_same_seed_gives_bit_identical_losses(tmp_path: Path) -> None:
@@ -37,10 +29,7 @@ def metrics_of(run_dir: Path) -> list[dict[str, float]]:
 
 
 def trained_params(tmp_path: Path, *pairs: str) -> dict[str, torch.Tensor]:
-    overrides = [tuple(p.split("=", 1)) for p in (*SMALL, f"job.run_dir={tmp_path}", *pairs)]
-    trainer = Trainer(resolve_config(config_source=None, override_pairs=overrides))  # type: ignore[arg-type]
-    trainer.setup()
-    trainer.train()
+    trainer, _ = trained(tmp_path, *pairs)
     return {k: v.detach().clone() for k, v in trainer.model_parts[0].state_dict().items()}
 
 
@@ -68,11 +57,8 @@ def test_gradient_accumulation_matches_one_big_batch(tmp_path: Path, optimizer: 
 
 
 def test_validation_loss_is_the_mean_loss_on_the_same_held_out_batches(tmp_path: Path) -> None:
-    overrides = [tuple(p.split("=", 1)) for p in (*SMALL, f"job.run_dir={tmp_path}", "training.steps=4",
-                                                  "validation.enable=true", "validation.freq=2", "validation.steps=2")]
-    trainer = Trainer(resolve_config(config_source=None, override_pairs=overrides))  # type: ignore[arg-type]
-    trainer.setup()
-    trainer.train()
+    trainer, _ = trained(tmp_path, "training.steps=4", "validation.enable=true", "validation.freq=2",
+                         "validation.steps=2")
     val = [r for r in metrics_of(tmp_path) if "val_loss" in r]
     assert [r["step"] for r in val] == [2, 4]
     assert val[0]["val_loss"] != val[1]["val_loss"]  # the model changed in between

@@ -7,15 +7,13 @@ from typing import Any
 
 import torch
 
-_NAMED = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-
 
 def resolve_compute_dtype(setting: str, device: torch.device) -> torch.dtype:
     """``training.dtype`` as a torch dtype. ``auto`` is bfloat16 on CUDA and float32 elsewhere,
     because CPUs without AVX-512 BF16 / AMX run bfloat16 matmuls several times slower than fp32."""
     if setting == "auto":
         return torch.bfloat16 if device.type == "cuda" else torch.float32
-    return _NAMED[setting]
+    return getattr(torch, setting)  # "float32" / "bfloat16", checked by the config's Literal
 
 
 def autocast_for(device: torch.device, dtype: torch.dtype) -> contextlib.AbstractContextManager[Any]:

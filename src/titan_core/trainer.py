@@ -95,7 +95,8 @@ class Trainer:
             self.run_dir.mkdir(parents=True, exist_ok=True)
         self.is_rank0 = self.proc.is_rank0
         n = self.proc.world_size
-        precision = "float32" if self.compute_dtype == torch.float32 else "bfloat16 autocast over float32 weights"
+        dtype = str(self.compute_dtype).removeprefix("torch.")
+        precision = dtype if self.compute_dtype == torch.float32 else f"{dtype} autocast over float32 weights"
         progress(f"device {self.device}, {n} process{'es' if n > 1 else ''}, {precision}", is_rank0=self.is_rank0)
 
     def build_tokenizer_and_data(self) -> None:
@@ -178,10 +179,15 @@ class Trainer:
         else:
             self.model_parts = [self.parallelize(model)]
         if self.dims.distributed:
+            self.report_layout()
+
+    def report_layout(self) -> None:
+        """Log where the parameters really ended up (read from the model, not the config)."""
+        tp = ""
+        if self.dims.tp_enabled:
             styles = self.tp_styles()
-            tp = f"; tensor-parallel styles {styles.colwise.__name__} / {styles.rowwise.__name__}" \
-                if self.dims.tp_enabled else ""
-            progress(f"parameters: {describe_parameter_layout(self.model_parts)}{tp}", is_rank0=self.is_rank0)
+            tp = f"; tensor-parallel styles {styles.colwise.__name__} / {styles.rowwise.__name__}"
+        progress(f"parameters: {describe_parameter_layout(self.model_parts)}{tp}", is_rank0=self.is_rank0)
 
     def scaled_loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """The pipeline's per-microbatch loss. The schedule itself divides gradients by the

@@ -112,6 +112,11 @@ def supports(q: Tensor, k: Tensor, v: Tensor) -> bool:
         and q.shape[-1] in SUPPORTED_HEAD_DIMS and q.shape[2] % k.shape[2] == 0
 
 
+def _unit_last_stride(*tensors: Tensor) -> tuple[Tensor, ...]:
+    """The kernel takes any batch/sequence/head strides but needs each head's channels adjacent."""
+    return tuple(t if t.stride(-1) == 1 else t.contiguous() for t in tensors)
+
+
 def _aten_flash_forward(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
     """The fallback: ATen's flash kernel on [b, h, s, d] views, kv heads repeated for GQA."""
     group = q.shape[2] // k.shape[2]
@@ -120,10 +125,23 @@ def _aten_flash_forward(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor
     return out.transpose(1, 2).contiguous(), lse.contiguous()
 
 
+def _aten_flash_backward(grad: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor,
+                         lse: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """The fallback's backward; the repeated kv heads' gradients are summed back per kv head."""
+    hkv = k.shape[2]
+    group = q.shape[2] // hkv
+    kr, vr = k.repeat_interleave(group, 2), v.repeat_interleave(group, 2)
+    dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+        grad.transpose(1, 2), q.transpose(1, 2), kr.transpose(1, 2), vr.transpose(1, 2),
+        out.transpose(1, 2), lse, 0.0, True)
+    dq, dk, dv = (t.transpose(1, 2) for t in (dq, dk, dv))
+    return dq.contiguous(), dk.unflatten(2, (hkv, group)).sum(3), dv.unflatten(2, (hkv, group)).sum(3)
+
+
 @torch.library.custom_op("titan_llama::causal_attention", mutates_args=())
 def causal_attention(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
     """Causal attention over [b, s, heads, d] inputs: (out [b, s, h, d], logsumexp [b, h, s])."""
-    q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
+    q, k, v = _unit_last_stride(q, k, v)
     lib = load_kernel(q.shape[-1])
     if lib is None:
         return _aten_flash_forward(q, k, v)
@@ -150,26 +168,17 @@ def _(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
 def causal_attention_backward(grad: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor,
                               lse: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """(dq, dk, dv) of ``causal_attention``, from its inputs, output and logsumexp."""
-    grad, q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (grad, q, k, v))
+    grad, q, k, v = _unit_last_stride(grad, q, k, v)
     b, s, h, d = q.shape
-    hkv = k.shape[2]
     lib = load_kernel(d)
     if lib is None:
-        group = h // hkv
-        kr, vr = k.repeat_interleave(group, 2), v.repeat_interleave(group, 2)
-        dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
-            grad.transpose(1, 2), q.transpose(1, 2), kr.transpose(1, 2), vr.transpose(1, 2),
-            out.transpose(1, 2), lse, 0.0, True)
-        dq, dk, dv = (t.transpose(1, 2) for t in (dq, dk, dv))
-        return dq.contiguous(), dk.unflatten(2, (hkv, group)).sum(3), dv.unflatten(2, (hkv, group)).sum(3)
-    dq, dk, dv = torch.empty_like(q, memory_format=torch.contiguous_format), \
-        torch.empty_like(k, memory_format=torch.contiguous_format), \
-        torch.empty_like(v, memory_format=torch.contiguous_format)
+        return _aten_flash_backward(grad, q, k, v, out, lse)
+    dq, dk, dv = (torch.empty_like(t, memory_format=torch.contiguous_format) for t in (q, k, v))
     failed = lib.titan_attention_backward(
         q.data_ptr(), _strides(q), k.data_ptr(), _strides(k), v.data_ptr(), _strides(v),
         out.data_ptr(), _strides(out), grad.data_ptr(), _strides(grad), lse.data_ptr(),
         dq.data_ptr(), _strides(dq), dk.data_ptr(), _strides(dk), dv.data_ptr(), _strides(dv),
-        b, h, hkv, s, 1.0 / math.sqrt(d), torch.get_num_threads(),
+        b, h, k.shape[2], s, 1.0 / math.sqrt(d), torch.get_num_threads(),
     )
     if failed:
         raise MemoryError("fused CPU attention backward: could not allocate its scratch buffers")
