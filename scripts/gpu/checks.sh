@@ -28,8 +28,8 @@ else
     || { echo "installing .whl/ failed: run scripts/gpu/fetch_wheels.sh here and carry .whl"; exit 1; }
   export PYTHONPATH=/tmp/site
   nvidia-smi --query-gpu=name,compute_cap,memory.total,driver_version --format=csv
-  # 1B: dim 2048, 16 layers; big enough for MFU and float8 speed to mean something.
-  BIG=(--flavor 1B --training.seq_len=2048 --training.local_batch_size=4)
+  # 1B_untied: dim 2048, 16 layers; big enough for MFU and float8 speed to mean something.
+  BIG=(--flavor 1B_untied --training.seq_len=2048 --training.local_batch_size=4)
   SMALL=(--flavor debugmodel --training.seq_len=2048 --training.local_batch_size=8)
   STEPS=12
 fi

@@ -46,6 +46,9 @@ _LAZY: dict[str, str] = {
     "build_tokenizer": "tokenizer",
     "build_dataloader": "data",
     "init_model_weights": "init",
+    "retie_weights": "ties",
+    "declared_ties": "ties",
+    "check_ties": "ties",
     "parameter_generator": "init",
     "MetricsLogger": "metrics",
     "CheckpointManager": "checkpoint",
@@ -95,6 +98,7 @@ if TYPE_CHECKING:
     from .discovery import register_model_converter, register_train_spec
     from .errors import CheckpointError, ConfigError, NonFiniteError, PluginError, TitanError
     from .init import init_model_weights, parameter_generator
+    from .ties import check_ties, declared_ties, retie_weights
     from .loss import cross_entropy_loss
     from .metrics import MetricsLogger
     from .optim import LRSchedulersContainer, OptimizersContainer

@@ -105,6 +105,9 @@ class TrainSpec:
         seeded from (seed, fqn), so weights are identical whatever the layout;
       * ``init_buffers()`` (optional) recomputes non-persistent buffers after
         ``to_empty``;
+      * ``tied_weights()`` (optional) names ``(source, alias)`` parameters that are one
+        tensor; the core re-ties them after ``to_empty`` and checks them after every
+        set-up step, and a parallelize_fn calls ``retie_weights`` after tensor parallelism;
       * ``forward(tokens) -> logits``; with pipelining, a stage's forward takes the
         previous stage's output.
     Factories, when given, are called as the defaults are:

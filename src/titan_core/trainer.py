@@ -31,6 +31,7 @@ from .optim import LRSchedulersContainer, OptimizersContainer
 from .parallel_dims import ParallelDims
 from .precision import autocast_for, resolve_compute_dtype
 from .protocols import ModelConverter, RunContext, TensorParallelStyles
+from .ties import check_ties, declared_ties, retie_weights
 
 
 @dataclass
@@ -127,6 +128,8 @@ class Trainer:
         # Built on the meta device: no memory is used until the model is sharded.
         with torch.device("meta"):
             model = self.spec.model_cls(self.model_args)
+        self.ties = declared_ties(model)  # tied weights are checked after every set-up step
+        check_ties([model], self.ties, after="the meta build")
         n_params = sum(p.numel() for p in model.parameters())
         progress(f"model {self.spec.name}/{m.flavor}: {n_params:,} parameters", is_rank0=self.is_rank0)
         self.n_params = n_params
@@ -178,6 +181,7 @@ class Trainer:
             self.model_parts = self.pipeline.model_parts
         else:
             self.model_parts = [self.parallelize(model)]
+        check_ties(self.model_parts, self.ties, after="parallelize_fn")
         if self.dims.distributed:
             self.report_layout()
 
@@ -197,8 +201,10 @@ class Trainer:
     def materialize_and_init(self) -> None:
         for part in self.model_parts:
             part.to_empty(device=self.device)
+            retie_weights(part, self.ties)  # to_empty makes a new parameter per module
             init_model_weights(part, seed=self.config.training.seed)
             part.train()
+        check_ties(self.model_parts, self.ties, after="to_empty and init")
 
     def build_optimizers(self) -> None:
         from .converters import register_converter_hooks

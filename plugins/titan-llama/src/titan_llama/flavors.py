@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from .model import LlamaArgs, RopeScaling
 
-# Llama 3.1's published scaling (8B / 70B / 405B); Llama 3.2 1B uses factor 32.
+# Llama 3.1's published scaling (8B / 70B / 405B); Llama 3.2 1B / 3B use factor 32.
 _LLAMA31_SCALING = RopeScaling(
     factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=8192
 )
@@ -27,7 +27,25 @@ llama3_flavors: dict[str, LlamaArgs] = {
         dim=256, n_layers=6, n_heads=16, n_kv_heads=4, vocab_size=None,
         multiple_of=256, rope_theta=500000.0, max_seq_len=2048,
     ),
+    # Same, with the output head tied to the embedding (tests of the tie contract).
+    "debugmodel_tied": LlamaArgs(
+        dim=256, n_layers=6, n_heads=16, n_kv_heads=4, vocab_size=None,
+        multiple_of=256, rope_theta=500000.0, max_seq_len=2048, tie_embeddings=True,
+    ),
+    # Llama 3.2 1B and 3B as published: tied embeddings, 128256-token vocabulary,
+    # 8192-wide MLP; 1,235,814,400 and 3,212,749,824 parameters.
     "1B": LlamaArgs(
+        dim=2048, n_layers=16, n_heads=32, n_kv_heads=8, vocab_size=128256,
+        intermediate_size=8192, rope_theta=500000.0,
+        rope_scaling=_LLAMA32_SCALING, max_seq_len=131072, tie_embeddings=True,
+    ),
+    "3B": LlamaArgs(
+        dim=3072, n_layers=28, n_heads=24, n_kv_heads=8, vocab_size=128256,
+        intermediate_size=8192, rope_theta=500000.0,
+        rope_scaling=_LLAMA32_SCALING, max_seq_len=131072, tie_embeddings=True,
+    ),
+    # The 1B shape with its own output head and the tokenizer's vocabulary (formerly "1B").
+    "1B_untied": LlamaArgs(
         dim=2048, n_layers=16, n_heads=32, n_kv_heads=8, vocab_size=None,
         multiple_of=256, ffn_dim_multiplier=1.5, rope_theta=500000.0,
         rope_scaling=_LLAMA32_SCALING, max_seq_len=131072,

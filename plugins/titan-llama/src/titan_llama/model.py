@@ -9,7 +9,9 @@ Features:
     fused kernel (``cpu_attention``), elsewhere through
     ``F.scaled_dot_product_attention(is_causal=True)`` (flash kernels);
   * SwiGLU feed-forward with Llama's hidden-size rule;
-  * an untied output head, no biases anywhere;
+  * an output head that is its own matrix, or tied to the embedding (``tie_embeddings``,
+    as in Llama 3.2 1B/3B; declared through ``tied_weights()`` so the core keeps the tie
+    through ``to_empty`` and parallelism); no biases anywhere;
   * a forward that tolerates the pipeline splitter removing ``tok_embeddings``,
     ``norm``, ``output`` or some ``layers`` (a stage then passes hidden states on);
   * buildable on the meta device; weights are filled per parameter name from a seeded
@@ -57,6 +59,8 @@ class LlamaArgs:
     vocab_size: int | None = None  # None: filled from the tokenizer by the core
     multiple_of: int = 256  # the feed-forward hidden size is rounded up to this
     ffn_dim_multiplier: float | None = None
+    # Given directly (as Hugging Face's intermediate_size), it replaces the rule above.
+    intermediate_size: int | None = None
     norm_eps: float = 1e-5
     rope_theta: float = 500000.0
     rope_scaling: RopeScaling | None = None  # None: plain RoPE
@@ -64,6 +68,7 @@ class LlamaArgs:
     # "auto": the fused CPU kernel where it applies (cpu_attention.supports), SDPA elsewhere;
     # "sdpa": always F.scaled_dot_product_attention.
     attention_kernel: str = "auto"
+    tie_embeddings: bool = False  # True: the output head is the embedding table (one tensor)
 
     def __post_init__(self) -> None:
         if self.attention_kernel not in ATTENTION_KERNELS:
@@ -85,7 +90,10 @@ class LlamaArgs:
 
     @property
     def ffn_hidden_dim(self) -> int:
-        """Llama's rule: 2/3 of 4*dim, times the multiplier, rounded up to ``multiple_of``."""
+        """``intermediate_size`` if given, else Llama's rule: 2/3 of 4*dim, times the multiplier,
+        rounded up to ``multiple_of``."""
+        if self.intermediate_size is not None:
+            return self.intermediate_size
         hidden = int(2 * (4 * self.dim) / 3)
         if self.ffn_dim_multiplier is not None:
             hidden = int(self.ffn_dim_multiplier * hidden)
@@ -261,6 +269,8 @@ class Transformer(nn.Module):
         self.layers = nn.ModuleDict({str(i): TransformerBlock(args) for i in range(args.n_layers)})
         self.norm: RMSNorm | None = RMSNorm(args.dim, args.norm_eps)
         self.output: nn.Linear | None = nn.Linear(args.dim, args.vocab_size, bias=False)
+        if args.tie_embeddings:
+            self.output.weight = self.tok_embeddings.weight
         # Non-persistent: derived from args, so not saved; recomputed by init_buffers().
         self.register_buffer("freqs_cis", rope_table(args), persistent=False)
 
@@ -273,6 +283,10 @@ class Transformer(nn.Module):
             h = self.norm(h)
         return self.output(h) if self.output is not None else h
 
+    def tied_weights(self) -> list[tuple[str, str]]:
+        """(source, alias) parameter names that are one tensor; the core keeps them tied."""
+        return [("tok_embeddings.weight", "output.weight")] if self.args.tie_embeddings else []
+
     def init_parameter(self, fqn: str, tensor: torch.Tensor, generator: torch.Generator) -> None:
         """Fill ``tensor`` (full-shaped, plain) with the initial value of parameter ``fqn``.
 
@@ -281,7 +295,9 @@ class Transformer(nn.Module):
         parts = [p for p in fqn.split(".") if p not in _WRAPPER_SEGMENTS]
         module = parts[-2] if len(parts) >= 2 else ""
         if module == "tok_embeddings":
-            nn.init.normal_(tensor, mean=0.0, std=1.0, generator=generator)
+            # Tied, the table is also the head: small, as Hugging Face initialises Llama (0.02).
+            std = 0.02 if self.args.tie_embeddings else 1.0
+            nn.init.normal_(tensor, mean=0.0, std=std, generator=generator)
         elif module.endswith("norm"):
             nn.init.ones_(tensor)
         elif module in ("wq", "wk", "wv", "w1", "w3"):
@@ -313,6 +329,7 @@ class Transformer(nn.Module):
 
 
 
+
 def flops_per_token(args: LlamaArgs, seq_len: int) -> float:
     """Training FLOPs per token: 6 x non-embedding parameters + 12 x layers x heads x head_dim x seq_len.
 
@@ -324,5 +341,5 @@ def flops_per_token(args: LlamaArgs, seq_len: int) -> float:
     d, hd, kv = args.dim, args.head_dim, args.kv_heads
     attention = d * (args.n_heads * hd) * 2 + d * (kv * hd) * 2
     per_layer = attention + 3 * d * args.ffn_hidden_dim + 2 * d
-    non_embedding = args.n_layers * per_layer + d + d * args.vocab_size
+    non_embedding = args.n_layers * per_layer + d + d * args.vocab_size  # the head's matmul, tied or not
     return 6.0 * non_embedding + 12.0 * args.n_layers * args.n_heads * hd * seq_len

@@ -143,5 +143,11 @@ def validate_llama_layout(
                     f"parallelism.tp={tp} does not divide {what}={value}: tensor parallelism splits it evenly "
                     f"over the tp ranks. Choose a tp degree that divides it (or change the model)."
                 )
+    if parallelism.pp > 1 and getattr(args, "tie_embeddings", False):
+        raise ConfigError(
+            f"parallelism.pp={parallelism.pp}: this model ties its output head to its embedding "
+            f"(tie_embeddings), and pipeline stages cannot share one tensor (the embedding is in the first "
+            f"stage, the head in the last). Use FSDP2/TP for this model, or an untied flavor."
+        )
     if parallelism.pp > 1:
         validate_pipeline(parallelism, training, n_layers=args.n_layers)

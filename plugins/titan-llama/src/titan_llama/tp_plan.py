@@ -22,7 +22,7 @@ from torch import nn
 from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, SequenceParallel, parallelize_module
 
-from titan_core import TensorParallelStyles
+from titan_core import TensorParallelStyles, retie_weights
 
 
 def _positional_arity(module: nn.Module) -> int:
@@ -89,5 +89,8 @@ def apply_tensor_parallel(
     outer = outer_plan(model, loss_parallel=loss_parallel)
     if outer:
         parallelize_module(model, tp_mesh, outer)
+        # Each style gave its module a new DTensor parameter; a tied embedding and head
+        # (both sharded on the vocabulary, Shard(0)) become one tensor again before FSDP2.
+        retie_weights(model)
     for block in model.layers.values():
         parallelize_module(block, tp_mesh, block_plan(block, styles))
