@@ -15,6 +15,7 @@ from titan_core import TrainSpec
 
 from .config import LlamaSection
 from .flavors import llama3_flavors
+from .hf_adapter import LlamaStateDictAdapter
 from .model import Transformer, flops_per_token
 
 
@@ -48,5 +49,6 @@ llama3_spec = TrainSpec(
     config_model=LlamaSection,
     validate_fn=validate_llama_layout,
     flops_per_token_fn=flops_per_token,
+    state_dict_adapter=LlamaStateDictAdapter(),
     plugin_api_version="1.0",  # the titan-core plugin API this spec was written for
 )

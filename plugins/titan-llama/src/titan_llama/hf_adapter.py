@@ -1,0 +1,198 @@
+"""The llama3 spec's Hugging Face adapter: ``LlamaForCausalLM`` names, RoPE row order, config.json.
+
+Names: ``tok_embeddings`` <-> ``model.embed_tokens``, ``layers.N.attention.wq/wk/wv/wo``
+<-> ``model.layers.N.self_attn.q_proj/k_proj/v_proj/o_proj``, ``feed_forward.w1/w3/w2`` <->
+``mlp.gate_proj/up_proj/down_proj``, ``attention_norm``/``ffn_norm`` <->
+``input_layernorm``/``post_attention_layernorm``, ``norm`` <-> ``model.norm``, ``output`` <->
+``lm_head``.
+
+RoPE row order: this model rotates consecutive channel pairs (2i, 2i+1) of each head,
+transformers rotates channel i with channel i + head_dim/2 ("rotate half"). The two give
+the same attention scores when the rows of each head of ``wq``/``wk`` are permuted:
+HF row i is our row 2i, HF row i + head_dim/2 is our row 2i+1.
+
+Every map is key-wise (one tensor in, one out), as the core's protocol requires, and a
+tied head is left out of the Hugging Face side (transformers ties ``lm_head`` itself).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Mapping
+
+import torch
+
+from titan_core import ConfigError
+
+from .model import LlamaArgs, RopeScaling
+
+_LAYER = {
+    "attention.wq": "self_attn.q_proj",
+    "attention.wk": "self_attn.k_proj",
+    "attention.wv": "self_attn.v_proj",
+    "attention.wo": "self_attn.o_proj",
+    "feed_forward.w1": "mlp.gate_proj",
+    "feed_forward.w3": "mlp.up_proj",
+    "feed_forward.w2": "mlp.down_proj",
+    "attention_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+}
+_TOP = {"tok_embeddings": "model.embed_tokens", "norm": "model.norm", "output": "lm_head"}
+_NATIVE_LAYER = re.compile(r"^layers\.(\d+)\.(.+)\.weight$")
+_HF_LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)\.weight$")
+_LAYER_BACK = {v: k for k, v in _LAYER.items()}
+_TOP_BACK = {v: k for k, v in _TOP.items()}
+
+
+def _heads_to_rotate_half(w: torch.Tensor, n_heads: int) -> torch.Tensor:
+    """Our interleaved rows -> transformers' rotate-half rows, per head."""
+    rows, cols = w.shape
+    head_dim = rows // n_heads
+    return w.reshape(n_heads, head_dim // 2, 2, cols).transpose(1, 2).reshape(rows, cols)
+
+
+def _heads_to_interleaved(w: torch.Tensor, n_heads: int) -> torch.Tensor:
+    rows, cols = w.shape
+    head_dim = rows // n_heads
+    return w.reshape(n_heads, 2, head_dim // 2, cols).transpose(1, 2).reshape(rows, cols)
+
+
+class LlamaStateDictAdapter:
+    """``TrainSpec.state_dict_adapter`` of the llama3 spec (the protocol in titan_core.hf)."""
+
+    runtime_fields: tuple[str, ...] = ("max_seq_len", "attention_kernel")
+
+    # ---- tensors -------------------------------------------------------------------------------
+    def to_hf(self, state_dict: Mapping[str, torch.Tensor], model_args: LlamaArgs) -> dict[str, torch.Tensor]:
+        out: dict[str, torch.Tensor] = {}
+        for key, tensor in state_dict.items():
+            if key == "output.weight" and model_args.tie_embeddings:
+                continue  # transformers ties lm_head to embed_tokens from config.json
+            match = _NATIVE_LAYER.match(key)
+            if match:
+                layer, module = match.groups()
+                if module not in _LAYER:
+                    raise KeyError(f"no Hugging Face name for parameter {key!r}")
+                if module == "attention.wq":
+                    tensor = _heads_to_rotate_half(tensor, model_args.n_heads)
+                elif module == "attention.wk":
+                    tensor = _heads_to_rotate_half(tensor, model_args.kv_heads)
+                out[f"model.layers.{layer}.{_LAYER[module]}.weight"] = tensor
+                continue
+            module = key.removesuffix(".weight")
+            if module not in _TOP:
+                raise KeyError(f"no Hugging Face name for parameter {key!r}")
+            out[f"{_TOP[module]}.weight"] = tensor
+        return out
+
+    def from_hf(self, state_dict: Mapping[str, torch.Tensor], model_args: LlamaArgs) -> dict[str, torch.Tensor]:
+        out: dict[str, torch.Tensor] = {}
+        for key, tensor in state_dict.items():
+            if key.endswith("rotary_emb.inv_freq"):
+                continue  # a buffer some old exports carry; recomputed from config
+            match = _HF_LAYER.match(key)
+            if match:
+                layer, module = match.groups()
+                if module not in _LAYER_BACK:
+                    raise KeyError(f"{key!r} is not a Llama parameter")
+                if module == "self_attn.q_proj":
+                    tensor = _heads_to_interleaved(tensor, model_args.n_heads)
+                elif module == "self_attn.k_proj":
+                    tensor = _heads_to_interleaved(tensor, model_args.kv_heads)
+                out[f"layers.{layer}.{_LAYER_BACK[module]}.weight"] = tensor
+                continue
+            module = key.removesuffix(".weight")
+            if module not in _TOP_BACK:
+                raise KeyError(f"{key!r} is not a Llama parameter")
+            if module == "lm_head" and model_args.tie_embeddings:
+                continue  # some tied exports still carry lm_head: the embedding is the source
+            out[f"{_TOP_BACK[module]}.weight"] = tensor
+        return out
+
+    # ---- config.json -----------------------------------------------------------------------------
+    def hf_config(self, model_args: LlamaArgs) -> dict[str, Any]:
+        a = model_args
+        rope: dict[str, Any] = {"rope_type": "default", "rope_theta": a.rope_theta}
+        if a.rope_scaling is not None:
+            s = a.rope_scaling
+            rope = {"rope_type": "llama3", "rope_theta": a.rope_theta, "factor": s.factor,
+                    "low_freq_factor": s.low_freq_factor, "high_freq_factor": s.high_freq_factor,
+                    "original_max_position_embeddings": s.original_max_position_embeddings}
+        legacy_scaling = None if a.rope_scaling is None else {k: v for k, v in rope.items() if k != "rope_theta"}
+        return {
+            "architectures": ["LlamaForCausalLM"],
+            "model_type": "llama",
+            "hidden_size": a.dim,
+            "num_hidden_layers": a.n_layers,
+            "num_attention_heads": a.n_heads,
+            "num_key_value_heads": a.kv_heads,
+            "head_dim": a.head_dim,
+            "intermediate_size": a.ffn_hidden_dim,
+            "vocab_size": a.vocab_size,
+            "rms_norm_eps": a.norm_eps,
+            "max_position_embeddings": a.max_seq_len,
+            "tie_word_embeddings": a.tie_embeddings,
+            "hidden_act": "silu",
+            "attention_bias": False,
+            "mlp_bias": False,
+            "attention_dropout": 0.0,
+            "initializer_range": 0.02,
+            # Both spellings: transformers 5 reads rope_parameters, 4.x reads rope_theta/rope_scaling.
+            "rope_parameters": rope,
+            "rope_theta": a.rope_theta,
+            "rope_scaling": legacy_scaling,
+            "use_cache": True,
+        }
+
+    def model_args_from_hf(self, config: Mapping[str, Any]) -> LlamaArgs:
+        model_type = config.get("model_type")
+        if model_type != "llama":
+            arch = ", ".join(config.get("architectures") or []) or "unknown architecture"
+            raise ConfigError(
+                f'config.json describes a "{model_type}" model ({arch}), not a Llama: the llama3 spec reads '
+                f'model_type "llama" (LlamaForCausalLM) only. Pick the spec that matches the checkpoint.'
+            )
+        problems: list[str] = []
+        missing = [k for k in ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+                               "vocab_size") if not isinstance(config.get(k), int)]
+        if missing:
+            raise ConfigError(f"config.json lacks the integer field(s) {', '.join(missing)} that give the model's shape.")
+        if config.get("hidden_act", "silu") != "silu":
+            problems.append(f'hidden_act={config["hidden_act"]!r} (only "silu")')
+        for flag in ("attention_bias", "mlp_bias"):
+            if config.get(flag):
+                problems.append(f"{flag}=true (this model has no biases)")
+        dim, heads = config["hidden_size"], config["num_attention_heads"]
+        head_dim = config.get("head_dim")
+        if head_dim is not None and head_dim * heads != dim:
+            problems.append(f"head_dim={head_dim} with hidden_size={dim}, num_attention_heads={heads} "
+                            f"(head_dim must be hidden_size / num_attention_heads)")
+        rope = dict(config.get("rope_parameters") or config.get("rope_scaling") or {})
+        theta = rope.get("rope_theta", config.get("rope_theta", 10000.0))
+        rope_type = rope.get("rope_type", rope.get("type", "default"))
+        scaling: RopeScaling | None = None
+        if rope_type == "llama3":
+            try:
+                scaling = RopeScaling(
+                    factor=float(rope["factor"]), low_freq_factor=float(rope["low_freq_factor"]),
+                    high_freq_factor=float(rope["high_freq_factor"]),
+                    original_max_position_embeddings=int(rope["original_max_position_embeddings"]),
+                )
+            except KeyError as exc:
+                problems.append(f"rope scaling of type llama3 lacks {exc.args[0]}")
+        elif rope_type != "default":
+            problems.append(f'rope_type={rope_type!r} (supported: "llama3", or none)')
+        if problems:
+            raise ConfigError("config.json sets what the llama3 spec cannot express: " + "; ".join(problems) + ".")
+        try:
+            return LlamaArgs(
+                dim=dim, n_layers=config["num_hidden_layers"], n_heads=heads,
+                n_kv_heads=config.get("num_key_value_heads") or heads, vocab_size=config["vocab_size"],
+                intermediate_size=config["intermediate_size"], norm_eps=float(config.get("rms_norm_eps", 1e-6)),
+                rope_theta=float(theta), rope_scaling=scaling,
+                max_seq_len=int(config.get("max_position_embeddings", 2048)),
+                tie_embeddings=bool(config.get("tie_word_embeddings", False)),
+            )
+        except ValueError as exc:
+            raise ConfigError(f"config.json describes a shape the llama3 model cannot take: {exc}") from None
+

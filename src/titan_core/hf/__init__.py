@@ -1,0 +1,11 @@
+"""Hugging Face interop: the state-dict adapter protocol, HF folders, initial_load and the hf export.
+
+The core never names a model: every name and shape mapping goes through the spec's
+``state_dict_adapter`` (:class:`StateDictAdapter`).
+"""
+
+from __future__ import annotations
+
+from .adapter import StateDictAdapter, adapter_of
+
+__all__ = ["StateDictAdapter", "adapter_of"]
