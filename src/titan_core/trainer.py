@@ -123,8 +123,10 @@ class Trainer:
 
     def build_model(self) -> nn.Module:
         m = self.config.model
-        self.model_args = self.spec.model_args(m.flavor, getattr(self.config, self.spec.name, None),
-                                               vocab_size=self.tokenizer.vocab_size)
+        from .hf.initial_load import initial_model_args  # the flavor's, or config.json's with initial_load
+
+        self.model_args = initial_model_args(self.spec, self.config, vocab_size=self.tokenizer.vocab_size,
+                                             world_size=self.proc.world_size, is_rank0=self.is_rank0)
         # Built on the meta device: no memory is used until the model is sharded.
         with torch.device("meta"):
             model = self.spec.model_cls(self.model_args)
@@ -313,6 +315,11 @@ class Trainer:
         if resumed is not None:
             self.step, self.tokens_seen = resumed.step, resumed.tokens_seen
             progress(f"resuming from {resumed.path} at step {resumed.step}", is_rank0=self.is_rank0)
+        else:  # the run's own checkpoints take precedence over checkpoint.initial_load
+            from .hf.initial_load import load_initial_weights
+
+            load_initial_weights(self.config.checkpoint.initial_load, spec=self.spec, model_parts=self.model_parts,
+                                 model_args=self.model_args, ties=self.ties, is_rank0=self.is_rank0)
         if self.is_rank0:  # written once resume is accepted: a refused run leaves the run folder as it was
             (self.run_dir / "config.toml").write_text(dumps(self.config.model_dump(mode="json")))
             if self.converters:

@@ -109,6 +109,9 @@ class CheckpointSection(Section):
     allow_converter_change: bool = Field(False, description="Allow resuming with a different converter list (e.g. fine-tune a baseline with float8).")
     export_at_end: bool = Field(False, description="Write the full model weights as safetensors at the end.")
     export_dtype: Literal["float32", "bfloat16"] = Field("float32", description="dtype of the exported weights.")
+    export_format: Literal["native", "hf"] = Field("native", description="native: the model's own names in export/model.safetensors; hf: a Hugging Face folder in export/hf/ (config.json, safetensors, tokenizer) through the spec's state_dict_adapter.")
+    export_shard_gb: float = Field(5.0, gt=0, description="hf export: start a new safetensors shard (with an index) above this many GB.")
+    initial_load: str = Field("", description="Starting weights for step 0 (no optimizer state): a Hugging Face folder (config.json + safetensors; the model shape then comes from config.json) or a titan checkpoint folder. A resume from this run's own checkpoints takes precedence.")
 
 
 class MetricsSection(Section):

@@ -1,0 +1,60 @@
+"""Read only the model weights of a titan checkpoint (for initial_load and titan-convert).
+
+The same checks as a resume (complete folder, identity file, every file's checksum,
+shapes) but nothing else is loaded: no optimizer, schedule, data position or RNG.
+DCP reshards, so the checkpoint may come from any layout and land in any other.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch import nn
+from torch.distributed.checkpoint.api import CheckpointException
+
+from ..errors import CheckpointError
+from . import integrity, layout, states
+from .identity import read_record
+from .storage import SafeFileSystemReader, SafeLoadPlanner
+
+
+def is_titan_checkpoint(path: Path) -> bool:
+    return (Path(path) / layout.IDENTITY_FILE).is_file()
+
+
+def saved_param_shapes(path: Path) -> dict[str, tuple[int, ...]]:
+    """The full shapes a checkpoint's identity file records (no tensor data read)."""
+    layout.require_complete(Path(path))
+    return read_record(Path(path)).identity.param_shapes
+
+
+def load_model_weights(path: Path, model_parts: list[nn.Module]) -> int:
+    """Load the checkpoint's model tensors into ``model_parts`` (a collective); returns the step it holds."""
+    path = Path(path)
+    layout.require_complete(path)
+    record = read_record(path)
+    distributed = dist.is_available() and dist.is_initialized()
+    rank, world = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
+    error = integrity.verify_share(path, record.files, rank=rank, world=world)
+    current = states.collect_param_shapes(model_parts)
+    wrong = [f"{k}: checkpoint {list(record.identity.param_shapes.get(k, ()))}, model {list(v)}"
+             for k, v in sorted(current.items()) if record.identity.param_shapes.get(k) != v]
+    if wrong and error is None:
+        error = (f"checkpoint {path} does not fit this model ({len(wrong)} tensors differ, e.g. {wrong[0]}); "
+                 f"choose the flavor it was trained with")
+    if distributed:
+        errors: list[str | None] = [None] * world
+        dist.all_gather_object(errors, error)
+        error = next((e for e in errors if e), None)
+    if error:
+        raise CheckpointError(error)
+    view = states.merged_view(model_parts)
+    state = {"model": states.model_state(view)}
+    try:
+        dcp.load(state, storage_reader=SafeFileSystemReader(path), planner=SafeLoadPlanner())
+    except (Exception, CheckpointException) as exc:
+        raise CheckpointError(f"cannot read the model weights of {path}: {exc}") from None
+    states.load_model_state(view, state["model"])
+    return record.step

@@ -1,0 +1,144 @@
+"""A Hugging Face model folder on disk: ``config.json`` plus one safetensors file or shards with an index.
+
+Everything is read as untrusted input: the index may only name plain files inside the
+folder, every shard it names must exist, and tensor names and shapes are read from the
+safetensors headers (no tensor data) before anything is loaded.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..errors import ConfigError
+
+SINGLE = "model.safetensors"
+INDEX = "model.safetensors.index.json"
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    file: str
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+
+
+@dataclass(frozen=True)
+class HFFolder:
+    path: Path
+    config: dict[str, Any]
+    tensors: dict[str, TensorInfo]  # Hugging Face name -> where it is and its shape
+
+    def read(self, names: list[str]) -> "TensorReader":
+        return TensorReader(self, names)
+
+
+def is_hf_folder(path: Path) -> bool:
+    return (path / "config.json").is_file() and ((path / SINGLE).is_file() or (path / INDEX).is_file())
+
+
+def open_hf_folder(path: str | Path, *, what: str) -> HFFolder:
+    """Read config.json and the tensor headers of ``path``; ConfigError for anything amiss."""
+    from safetensors import safe_open
+
+    path = Path(path)
+    fix = "point it at a folder saved by transformers' save_pretrained (config.json + model.safetensors or shards)"
+    if not path.is_dir():
+        raise ConfigError(f"{what}: {path} is not a folder; {fix}.")
+    if not (path / "config.json").is_file():
+        raise ConfigError(f"{what}: {path} has no config.json, so it is not a Hugging Face model folder; {fix}.")
+    try:
+        config = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"{what}: cannot read {path / 'config.json'}: {exc}.") from None
+    if not isinstance(config, dict):
+        raise ConfigError(f"{what}: {path / 'config.json'} is not a JSON object.")
+    files = _weight_files(path, what=what, fix=fix)
+    tensors: dict[str, TensorInfo] = {}
+    for file, expected in files.items():
+        try:
+            with safe_open(str(path / file), framework="pt") as handle:
+                for name in handle.keys():
+                    if expected is not None and name not in expected:
+                        continue  # the index names another shard for it
+                    meta = handle.get_slice(name)
+                    tensors[name] = TensorInfo(file, tuple(meta.get_shape()), _dtype(meta.get_dtype()))
+        except Exception as exc:  # safetensors raises its own error types for damaged headers
+            raise ConfigError(f"{what}: {path / file} is not a readable safetensors file ({exc}); re-download it.") \
+                from None
+        absent = sorted((expected or set()) - set(tensors))
+        if absent:
+            raise ConfigError(f"{what}: {INDEX} places {absent[0]} (and {len(absent) - 1} more) in {file}, "
+                              f"which does not hold it; the folder is inconsistent, re-download it.")
+    return HFFolder(path, config, tensors)
+
+
+def _weight_files(path: Path, *, what: str, fix: str) -> dict[str, set[str] | None]:
+    """safetensors file -> the names the index assigns to it (None: a single file, all its names)."""
+    if (path / INDEX).is_file():
+        try:
+            weight_map = json.loads((path / INDEX).read_text(encoding="utf-8"))["weight_map"]
+            assert isinstance(weight_map, dict)
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, AssertionError):
+            raise ConfigError(f"{what}: {path / INDEX} is not a safetensors index (no weight_map object).") from None
+        by_file: dict[str, set[str] | None] = {}
+        for name, file in weight_map.items():
+            if not isinstance(file, str) or Path(file).name != file or file in ("", ".", ".."):
+                raise ConfigError(f"{what}: {INDEX} names {file!r} for {name}: shard names must be plain file "
+                                  f"names inside the folder.")
+            entry = by_file.setdefault(file, set())
+            assert entry is not None
+            entry.add(name)
+        missing = [f for f in sorted(by_file) if not (path / f).is_file()]
+        if missing:
+            count = len(by_file[missing[0]] or ())
+            raise ConfigError(f"{what}: shard {path / missing[0]} is missing ({INDEX} lists {count} tensors in it"
+                              f"{f', and {len(missing) - 1} more shards are missing' if len(missing) > 1 else ''}); "
+                              f"the download is incomplete, fetch the missing files again.")
+        return by_file
+    if (path / SINGLE).is_file():
+        return {SINGLE: None}
+    raise ConfigError(f"{what}: {path} has config.json but neither {SINGLE} nor {INDEX}; {fix}.")
+
+
+_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+           "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
+           "BOOL": torch.bool}
+
+
+def _dtype(name: str) -> torch.dtype:
+    if name not in _DTYPES:
+        raise ValueError(f"unsupported tensor dtype {name}")
+    return _DTYPES[name]
+
+
+class TensorReader:
+    """Reads the named tensors one at a time, opening each file once (a context manager)."""
+
+    def __init__(self, folder: HFFolder, names: list[str]) -> None:
+        self.folder = folder
+        self.names = sorted(names, key=lambda n: (folder.tensors[n].file, n))
+        self._handles: dict[str, Any] = {}
+
+    def __enter__(self) -> "TensorReader":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for handle in self._handles.values():
+            handle.__exit__(None, None, None)
+        self._handles.clear()
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        from safetensors import safe_open
+
+        for name in self.names:
+            file = self.folder.tensors[name].file
+            if file not in self._handles:
+                for old in self._handles.values():  # one file open at a time
+                    old.__exit__(None, None, None)
+                self._handles = {file: safe_open(str(self.folder.path / file), framework="pt").__enter__()}
+            yield name, self._handles[file].get_tensor(name)

@@ -1,0 +1,156 @@
+"""``checkpoint.initial_load``: the starting weights of step 0, from a Hugging Face folder or a titan checkpoint.
+
+Two calls from the Trainer:
+
+* :func:`initial_model_args` (building the model): with a Hugging Face folder the shape
+  comes from its ``config.json`` through the spec's adapter; a spec-section value that
+  contradicts the file is an error listing each field (the adapter's ``runtime_fields``,
+  such as the RoPE table length, may differ); the shape taken is printed.
+* :func:`load_initial_weights` (after resume found nothing of the run's own): every rank
+  reads, one tensor at a time, only the tensors its model parts hold, and copies its own
+  shard out of each, so a rank's peak is its shard plus one full tensor. No optimizer
+  state is loaded.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from torch.distributed.tensor import DTensor, distribute_tensor
+
+from ..errors import ConfigError
+from ..init import clean_fqn
+from ..metrics import progress
+from .adapter import adapter_of, hf_key_of
+from .folder import is_hf_folder, open_hf_folder
+
+WHAT = "checkpoint.initial_load"
+
+
+def _source_kind(path: Path) -> str:
+    from ..checkpoint.weights import is_titan_checkpoint
+
+    if is_hf_folder(path):
+        return "hf"
+    if is_titan_checkpoint(path):
+        return "titan"
+    if not path.exists():
+        raise ConfigError(f"{WHAT}: {path} does not exist; give a Hugging Face model folder or a titan checkpoint "
+                          f"folder (e.g. runs/x/checkpoints/step-000100).")
+    # open_hf_folder names what a would-be HF folder lacks (no config.json, no safetensors ...).
+    open_hf_folder(path, what=WHAT)
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def initial_model_args(spec: Any, config: Any, *, vocab_size: int, world_size: int, is_rank0: bool) -> Any:
+    """The model args of this run: from config.json for an HF ``initial_load``, else the flavor's."""
+    section = getattr(config, spec.name, None)
+    source = config.checkpoint.initial_load
+    if not source or _source_kind(Path(source)) != "hf":
+        return spec.model_args(config.model.flavor, section, vocab_size=vocab_size)
+    adapter = adapter_of(spec, purpose=f"{WHAT} of a Hugging Face folder")
+    folder = open_hf_folder(source, what=WHAT)
+    args = adapter.model_args_from_hf(folder.config)
+    chosen = {k: v for k, v in section.model_dump().items() if v is not None} if section is not None else {}
+    conflicts = [f"{spec.name}.{k}={v!r} (config.json: {getattr(args, k)!r})"
+                 for k, v in chosen.items() if k not in adapter.runtime_fields and getattr(args, k, v) != v]
+    if conflicts:
+        raise ConfigError(
+            f"{WHAT}={source}: the model shape comes from its config.json, and these settings contradict it: "
+            f"{'; '.join(conflicts)}. Remove them (or edit config.json)."
+        )
+    args = dataclasses.replace(args, **{k: v for k, v in chosen.items() if k in adapter.runtime_fields})
+    model_vocab = getattr(args, "vocab_size", None)
+    if isinstance(model_vocab, int) and vocab_size > model_vocab:
+        raise ConfigError(
+            f"{WHAT}={source}: the tokenizer has {vocab_size} tokens but the model's vocabulary (config.json "
+            f"vocab_size) has {model_vocab}; use the tokenizer the model was trained with (--data.tokenizer)."
+        )
+    if spec.validate_fn is not None:
+        spec.validate_fn(args, parallelism=config.parallelism, training=config.training, world_size=world_size)
+    shape = ", ".join(f"{f.name}={getattr(args, f.name)}" for f in dataclasses.fields(args))
+    progress(f"model shape from {Path(source) / 'config.json'} (model.flavor is ignored): {shape}", is_rank0=is_rank0)
+    return args
+
+
+def _local_params(model_parts: list[nn.Module]) -> dict[str, nn.Parameter]:
+    return {clean_fqn(name): p for part in model_parts for name, p in part.named_parameters(remove_duplicate=False)}
+
+
+@torch.no_grad()
+def load_initial_weights(source: str, *, spec: Any, model_parts: list[nn.Module], model_args: Any,
+                         ties: list[tuple[str, str]], is_rank0: bool) -> None:
+    """Overwrite the freshly initialised weights with ``source``'s (a collective when distributed)."""
+    if not source:
+        return
+    path = Path(source)
+    if _source_kind(path) == "titan":
+        from ..checkpoint.weights import load_model_weights
+
+        step = load_model_weights(path, model_parts)
+        progress(f"initial weights: the model of {path} (its step {step}); optimizer state not loaded, "
+                 f"training starts at step 0", is_rank0=is_rank0)
+        return
+    from ..checkpoint import collect_param_shapes
+
+    adapter = adapter_of(spec, purpose=f"{WHAT} of a Hugging Face folder")
+    folder = open_hf_folder(path, what=WHAT)
+    expected = collect_param_shapes(model_parts)  # the whole model, every stage
+    aliases = {alias for _, alias in ties}
+    plan: dict[str, str] = {}  # HF name -> native name
+    problems: list[str] = []
+    for name, info in sorted(folder.tensors.items()):
+        try:
+            mapped = hf_key_of(adapter, name, info.shape, info.dtype, model_args, to_hf=False)
+        except (KeyError, ValueError, RuntimeError) as exc:
+            problems.append(f"{name}: {exc}")
+            continue
+        if mapped is None:
+            continue
+        native, shape = mapped
+        if native not in expected:
+            problems.append(f"{name} has no place in the model")
+        elif tuple(expected[native]) != shape:
+            problems.append(f"{name} has shape {list(info.shape)} but config.json implies "
+                            f"{list(_hf_shape(adapter, native, expected[native], model_args) or expected[native])}")
+        else:
+            plan[name] = native
+    missing = sorted(set(expected) - set(plan.values()) - aliases)
+    if missing:
+        problems.append(f"{len(missing)} model tensor(s) are in no file, e.g. {missing[0]}")
+    if problems:
+        more = f" (and {len(problems) - 3} more problems)" if len(problems) > 3 else ""
+        raise ConfigError(f"{WHAT}={path} does not fit the model its config.json describes: "
+                          f"{'; '.join(problems[:3])}{more}. The folder is damaged or its config.json belongs to "
+                          f"another checkpoint.")
+    params = _local_params(model_parts)
+    mine = [name for name, native in plan.items() if native in params]
+    with folder.read(mine) as reader:
+        for name, tensor in reader:
+            (native, value), = adapter.from_hf({name: tensor}, model_args).items()
+            _copy_into(params[native], value)
+            del tensor, value
+    progress(f"initial weights: {len(plan)} tensors from {path} (step 0, no optimizer state)", is_rank0=is_rank0)
+
+
+def _hf_shape(adapter: Any, native: str, shape: tuple[int, ...], model_args: Any) -> tuple[int, ...] | None:
+    try:
+        mapped = hf_key_of(adapter, native, tuple(shape), torch.float32, model_args, to_hf=True)
+    except (KeyError, ValueError, RuntimeError):
+        return None
+    return mapped[1] if mapped else None
+
+
+def _copy_into(param: torch.Tensor, full: torch.Tensor) -> None:
+    """Copy this rank's part of the full tensor ``full`` into ``param`` (plain or DTensor)."""
+    if isinstance(param, DTensor):
+        full = full.to(device=param.device, dtype=param.dtype)
+        # Every rank holding the parameter read the same full tensor: no broadcast needed.
+        shard = distribute_tensor(full, param.device_mesh, param.placements, src_data_rank=None)
+        param.to_local().copy_(shard.to_local())
+    else:
+        param.copy_(full)
