@@ -163,6 +163,10 @@ class TiktokenTokenizer:
         self._enc = tiktoken.Encoding(name, pat_str=pattern, mergeable_ranks=mergeable_ranks, special_tokens=specials)
         self._specials = specials
         self._vocab_size = base + len(specials)
+        # Kept for exports (a Hugging Face tokenizer.json is derived from them).
+        self.mergeable_ranks = mergeable_ranks
+        self.special_tokens = list(special_tokens)
+        self.pattern = pattern
         digest = hashlib.sha256(pattern.encode())
         for tok, rank in sorted(mergeable_ranks.items(), key=lambda kv: kv[1]):
             digest.update(len(tok).to_bytes(2, "little") + tok)

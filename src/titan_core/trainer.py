@@ -125,7 +125,7 @@ class Trainer:
         m = self.config.model
         from .hf.initial_load import initial_model_args  # the flavor's, or config.json's with initial_load
 
-        self.model_args = initial_model_args(self.spec, self.config, vocab_size=self.tokenizer.vocab_size,
+        self.model_args = initial_model_args(self.spec, self.config, tokenizer=self.tokenizer,
                                              world_size=self.proc.world_size, is_rank0=self.is_rank0)
         # Built on the meta device: no memory is used until the model is sharded.
         with torch.device("meta"):
@@ -373,7 +373,13 @@ class Trainer:
 
     def finish(self) -> None:
         self.checkpointer.wait()
-        if self.config.checkpoint.export_at_end:
+        if self.config.checkpoint.export_at_end and self.config.checkpoint.export_format == "hf":
+            from .hf.export import export_hf
+
+            export_hf(self.model_parts, self.run_dir / "export" / "hf", spec=self.spec, model_args=self.model_args,
+                      tokenizer=self.tokenizer, dtype=getattr(torch, self.config.checkpoint.export_dtype),
+                      shard_gb=self.config.checkpoint.export_shard_gb, is_rank0=self.is_rank0)
+        elif self.config.checkpoint.export_at_end:
             from .checkpoint import export_safetensors
 
             dtype = getattr(torch, self.config.checkpoint.export_dtype)

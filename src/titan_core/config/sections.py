@@ -54,7 +54,7 @@ class TrainingSection(Section):
 
 class OptimizerSection(Section):
     name: Literal["AdamW", "Adam", "SGD"] = Field("AdamW", description="torch.optim optimizer class.")
-    lr: float = Field(3e-3, gt=0, description="Peak learning rate.")
+    lr: float = Field(3e-3, ge=0, description="Peak learning rate (0 keeps the weights as loaded, e.g. to check a round trip).")
     betas: tuple[float, float] = Field((0.9, 0.95), description="Adam betas.")
     eps: float = Field(1e-8, gt=0, description="Adam epsilon.")
     weight_decay: float = Field(0.1, ge=0, description="Decoupled weight decay.")

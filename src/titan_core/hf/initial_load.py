@@ -46,8 +46,16 @@ def _source_kind(path: Path) -> str:
     raise AssertionError("unreachable")  # pragma: no cover
 
 
-def initial_model_args(spec: Any, config: Any, *, vocab_size: int, world_size: int, is_rank0: bool) -> Any:
-    """The model args of this run: from config.json for an HF ``initial_load``, else the flavor's."""
+def initial_model_args(spec: Any, config: Any, *, tokenizer: Any, world_size: int, is_rank0: bool) -> Any:
+    """The model args of this run: from config.json for an HF ``initial_load``, else the flavor's.
+
+    Also checks, before anything is trained, that an ``hf`` export will be possible.
+    """
+    vocab_size = tokenizer.vocab_size
+    if config.checkpoint.export_at_end and config.checkpoint.export_format == "hf":
+        from .export import check_hf_export
+
+        check_hf_export(spec, tokenizer)  # now, not after training
     section = getattr(config, spec.name, None)
     source = config.checkpoint.initial_load
     if not source or _source_kind(Path(source)) != "hf":
