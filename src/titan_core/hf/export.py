@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
@@ -77,8 +77,12 @@ def shard_file_names(count: int) -> list[str]:
 
 
 def export_hf(model_parts: list[nn.Module], out_dir: Path, *, spec: Any, model_args: Any, tokenizer: Any,
-              dtype: torch.dtype, shard_gb: float, is_rank0: bool) -> None:
-    """Write ``out_dir`` as a Hugging Face folder (a collective when a process group exists)."""
+              dtype: torch.dtype, shard_gb: float, is_rank0: bool,
+              on_tensor: Callable[[int], None] | None = None) -> None:
+    """Write ``out_dir`` as a Hugging Face folder (a collective when a process group exists).
+
+    ``on_tensor`` is called with each tensor's byte size once it is gathered (a progress bar).
+    """
     out_dir = Path(out_dir)
     adapter = adapter_of(spec, purpose="checkpoint.export_format=hf")
     distributed = dist.is_available() and dist.is_initialized()
@@ -102,6 +106,8 @@ def export_hf(model_parts: list[nn.Module], out_dir: Path, *, spec: Any, model_a
         full = _full(sharded[key], dtype)
         if owner[key] == rank:
             mine.update((name, t.contiguous()) for name, t in adapter.to_hf({key: full}, model_args).items())
+        if on_tensor is not None:
+            on_tensor(full.numel() * full.element_size())
         del full
     sizes = sorted((r, name, size) for r, share in enumerate(gather({n: t.numel() * t.element_size()
                                                                      for n, t in mine.items()}))

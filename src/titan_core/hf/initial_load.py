@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch import nn
@@ -26,7 +26,8 @@ from ..errors import ConfigError
 from ..init import clean_fqn
 from ..metrics import progress
 from .adapter import adapter_of, hf_key_of
-from .folder import is_hf_folder, open_hf_folder
+from .model_args import HF_CONFIG_IN_CHECKPOINT
+from .folder import HFFolder, is_hf_folder, open_hf_folder
 
 WHAT = "checkpoint.initial_load"
 
@@ -58,11 +59,16 @@ def initial_model_args(spec: Any, config: Any, *, tokenizer: Any, world_size: in
         check_hf_export(spec, tokenizer)  # now, not after training
     section = getattr(config, spec.name, None)
     source = config.checkpoint.initial_load
-    if not source or _source_kind(Path(source)) != "hf":
+    kind = _source_kind(Path(source)) if source else None
+    hf_config = Path(source) / HF_CONFIG_IN_CHECKPOINT if source else None
+    if kind == "titan" and hf_config is not None and hf_config.is_file():
+        hf_dict = _read_json(hf_config)  # a checkpoint made by titan-convert from-hf carries its shape
+    elif kind == "hf":
+        hf_dict = open_hf_folder(source, what=WHAT).config
+    else:
         return spec.model_args(config.model.flavor, section, vocab_size=vocab_size)
     adapter = adapter_of(spec, purpose=f"{WHAT} of a Hugging Face folder")
-    folder = open_hf_folder(source, what=WHAT)
-    args = adapter.model_args_from_hf(folder.config)
+    args = adapter.model_args_from_hf(hf_dict)
     chosen = {k: v for k, v in section.model_dump().items() if v is not None} if section is not None else {}
     conflicts = [f"{spec.name}.{k}={v!r} (config.json: {getattr(args, k)!r})"
                  for k, v in chosen.items() if k not in adapter.runtime_fields and getattr(args, k, v) != v]
@@ -81,8 +87,21 @@ def initial_model_args(spec: Any, config: Any, *, tokenizer: Any, world_size: in
     if spec.validate_fn is not None:
         spec.validate_fn(args, parallelism=config.parallelism, training=config.training, world_size=world_size)
     shape = ", ".join(f"{f.name}={getattr(args, f.name)}" for f in dataclasses.fields(args))
-    progress(f"model shape from {Path(source) / 'config.json'} (model.flavor is ignored): {shape}", is_rank0=is_rank0)
+    shape_file = hf_config if kind == "titan" else Path(source) / "config.json"
+    progress(f"model shape from {shape_file} (model.flavor is ignored): {shape}", is_rank0=is_rank0)
     return args
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    import json
+
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"{WHAT}: cannot read {path}: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{WHAT}: {path} is not a JSON object")
+    return data
 
 
 def _local_params(model_parts: list[nn.Module]) -> dict[str, nn.Parameter]:
@@ -103,10 +122,24 @@ def load_initial_weights(source: str, *, spec: Any, model_parts: list[nn.Module]
         progress(f"initial weights: the model of {path} (its step {step}); optimizer state not loaded, "
                  f"training starts at step 0", is_rank0=is_rank0)
         return
+    folder = open_hf_folder(path, what=WHAT)
+    count = load_hf_weights(folder, spec=spec, model_parts=model_parts, model_args=model_args, ties=ties)
+    progress(f"initial weights: {count} tensors from {path} (step 0, no optimizer state)", is_rank0=is_rank0)
+
+
+@torch.no_grad()
+def load_hf_weights(folder: HFFolder, *, spec: Any, model_parts: list[nn.Module], model_args: Any,
+                    ties: list[tuple[str, str]], on_tensor: Callable[[int], None] | None = None,
+                    what: str = WHAT) -> int:
+    """Check every name and shape (no data read), then copy each rank's shards in; returns the tensor count.
+
+    A collective when distributed (the shapes of every stage are gathered). ``on_tensor``
+    is called with each tensor's byte size after it is copied (a progress bar).
+    """
     from ..checkpoint import collect_param_shapes
 
-    adapter = adapter_of(spec, purpose=f"{WHAT} of a Hugging Face folder")
-    folder = open_hf_folder(path, what=WHAT)
+    path = folder.path
+    adapter = adapter_of(spec, purpose=f"{what} of a Hugging Face folder")
     expected = collect_param_shapes(model_parts)  # the whole model, every stage
     aliases = {alias for _, alias in ties}
     plan: dict[str, str] = {}  # HF name -> native name
@@ -132,7 +165,7 @@ def load_initial_weights(source: str, *, spec: Any, model_parts: list[nn.Module]
         problems.append(f"{len(missing)} model tensor(s) are in no file, e.g. {missing[0]}")
     if problems:
         more = f" (and {len(problems) - 3} more problems)" if len(problems) > 3 else ""
-        raise ConfigError(f"{WHAT}={path} does not fit the model its config.json describes: "
+        raise ConfigError(f"{what}: {path} does not fit the model its config.json describes: "
                           f"{'; '.join(problems[:3])}{more}. The folder is damaged or its config.json belongs to "
                           f"another checkpoint.")
     params = _local_params(model_parts)
@@ -141,8 +174,10 @@ def load_initial_weights(source: str, *, spec: Any, model_parts: list[nn.Module]
         for name, tensor in reader:
             (native, value), = adapter.from_hf({name: tensor}, model_args).items()
             _copy_into(params[native], value)
+            if on_tensor is not None:
+                on_tensor(value.numel() * value.element_size())
             del tensor, value
-    progress(f"initial weights: {len(plan)} tensors from {path} (step 0, no optimizer state)", is_rank0=is_rank0)
+    return len(plan)
 
 
 def _hf_shape(adapter: Any, native: str, shape: tuple[int, ...], model_args: Any) -> tuple[int, ...] | None:

@@ -1,0 +1,206 @@
+"""``titan-convert``: checkpoint formats, either way, on one process.
+
+    titan-convert to-hf CHECKPOINT OUT     a titan checkpoint (any layout it was saved from) -> a Hugging Face folder
+    titan-convert from-hf HF_DIR OUT       a Hugging Face folder -> a titan checkpoint (OUT/step-000000)
+
+Both go through the spec's ``state_dict_adapter``; a folder of the wrong kind, an OUT
+that already holds files, or a model that does not fit is one message and exit 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import traceback
+from pathlib import Path
+from typing import Any, Sequence
+
+from ..errors import ConfigError, TitanError
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="titan-convert", description="Convert checkpoints between titan and Hugging Face.")
+    sub = p.add_subparsers(dest="command", required=True)
+    to_hf = sub.add_parser("to-hf", help="a titan checkpoint folder (step-N) -> a Hugging Face folder")
+    to_hf.add_argument("checkpoint", type=Path)
+    to_hf.add_argument("out", type=Path)
+    to_hf.add_argument("--config", type=Path, default=None,
+                       help="the run's config.toml (default: <checkpoint>/../../config.toml when present)")
+    to_hf.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+    to_hf.add_argument("--shard-gb", type=float, default=5.0, help="start a new safetensors file above this size")
+    from_hf = sub.add_parser("from-hf", help="a Hugging Face folder -> a titan checkpoint (OUT/step-000000)")
+    from_hf.add_argument("hf_dir", type=Path)
+    from_hf.add_argument("out", type=Path)
+    from_hf.add_argument("--spec", default="llama3", help="the TrainSpec whose adapter reads the folder")
+    for sp in (to_hf, from_hf):
+        sp.add_argument("--progress", choices=("auto", "always", "never"), default="auto",
+                        help="progress bar on stderr: auto = for models of 64 MB or more")
+        sp.add_argument("--traceback", action="store_true", help="show Python tracebacks for errors")
+    return p
+
+
+class ProgressBar:
+    """``[titan-convert] reading: 12 tensors, 540.2 of 1,200.0 MB (45%)``, redrawn on one stderr line."""
+
+    def __init__(self, label: str, total_bytes: int, *, mode: str) -> None:
+        self.label, self.total, self.done, self.count = label, max(total_bytes, 1), 0, 0
+        self.enabled = mode == "always" or (mode == "auto" and total_bytes >= 64 * 2**20)
+
+    def advance(self, nbytes: int) -> None:
+        self.done += nbytes
+        self.count += 1
+        if self.enabled:
+            pct = 100 * self.done / self.total
+            print(f"\r[titan-convert] {self.label}: {self.count} tensors, {self.done / 1e6:,.1f} of "
+                  f"{self.total / 1e6:,.1f} MB ({pct:3.0f}%)", end="", file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        if self.enabled:
+            print(file=sys.stderr, flush=True)
+
+
+def _require_new_folder(out: Path) -> None:
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise ConfigError(f"{out} already exists and is not an empty folder; choose a new OUT folder "
+                          f"(titan-convert never overwrites files).")
+
+
+def _read_toml(path: Path | None) -> dict[str, Any]:
+    if path is None:
+        return {}
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10
+        import tomli as tomllib  # type: ignore[no-redef]
+    try:
+        return tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError(f"cannot read the run config {path}: {exc}") from None
+
+
+def to_hf(args: argparse.Namespace) -> int:
+    import torch
+
+    from .. import discovery
+    from ..checkpoint.weights import is_titan_checkpoint, load_model_weights
+    from ..hf.export import export_hf
+    from ..hf.folder import is_hf_folder
+    from ..hf.model_args import checkpoint_model_args, run_config_of
+    from ..checkpoint.identity import read_record
+    from ..ties import declared_ties, retie_weights
+    from ..tokenizer import build_tokenizer
+
+    ckpt: Path = args.checkpoint
+    if is_hf_folder(ckpt):
+        raise ConfigError(f"{ckpt} is already a Hugging Face folder; to-hf reads a titan checkpoint "
+                          f"(a step-N folder with titan_checkpoint.json). Did you mean from-hf?")
+    if not is_titan_checkpoint(ckpt):
+        hint = " It holds step-N folders: name one of them." if any(ckpt.glob("step-*")) else ""
+        raise ConfigError(f"{ckpt} is not a titan checkpoint (no titan_checkpoint.json); to-hf reads a step-N "
+                          f"folder such as runs/x/checkpoints/step-000100.{hint}")
+    _require_new_folder(args.out)
+    identity = read_record(ckpt).identity
+    run_config = _read_toml(args.config or run_config_of(ckpt))
+    spec = discovery.load_train_spec(identity.spec)
+    tokenizer = build_tokenizer(str(run_config.get("data", {}).get("tokenizer", "builtin")))
+    model_args = checkpoint_model_args(ckpt, spec=spec, flavor=identity.flavor, run_config=run_config,
+                                       vocab_size=tokenizer.vocab_size)
+    with torch.device("meta"):
+        model = spec.model_cls(model_args)
+    model.to_empty(device="cpu")
+    retie_weights(model, declared_ties(model))
+    load_model_weights(ckpt, [model])
+    total = sum(p.numel() * p.element_size() for p in model.parameters())
+    bar = ProgressBar("writing", total, mode=args.progress)
+    export_hf([model], args.out, spec=spec, model_args=model_args, tokenizer=tokenizer,
+              dtype=getattr(torch, args.dtype), shard_gb=args.shard_gb, is_rank0=True, on_tensor=bar.advance)
+    bar.close()
+    return 0
+
+
+def from_hf(args: argparse.Namespace) -> int:
+    import torch
+
+    from .. import discovery
+    from ..checkpoint import CheckpointManager, RunIdentity, collect_param_shapes
+    from ..checkpoint.weights import is_titan_checkpoint
+    from ..config.sections import CheckpointSection, LRSchedulerSection, OptimizerSection
+    from ..hf.adapter import adapter_of
+    from ..hf.folder import open_hf_folder
+    from ..hf.initial_load import load_hf_weights
+    from ..hf.model_args import HF_CONFIG_IN_CHECKPOINT
+    from ..optim import LRSchedulersContainer, OptimizersContainer
+    from ..ties import declared_ties, retie_weights
+
+    if is_titan_checkpoint(args.hf_dir):
+        raise ConfigError(f"{args.hf_dir} is a titan checkpoint; from-hf reads a Hugging Face folder "
+                          f"(config.json + safetensors). Did you mean to-hf?")
+    _require_new_folder(args.out)
+    spec = discovery.load_train_spec(args.spec)
+    folder = open_hf_folder(args.hf_dir, what="from-hf")
+    model_args = adapter_of(spec, purpose="from-hf").model_args_from_hf(folder.config)
+    with torch.device("meta"):
+        model = spec.model_cls(model_args)
+    model.to_empty(device="cpu")
+    ties = declared_ties(model)
+    retie_weights(model, ties)
+    total = sum(_numel(info.shape) * info.dtype.itemsize for info in folder.tensors.values())
+    bar = ProgressBar("reading", total, mode=args.progress)
+    load_hf_weights(folder, spec=spec, model_parts=[model], model_args=model_args, ties=ties, on_tensor=bar.advance,
+                    what="from-hf")
+    bar.close()
+    optimizer = OptimizersContainer([model], OptimizerSection(lr=0.0, weight_decay=0.0), device_type="cpu")
+    schedulers = LRSchedulersContainer(optimizer, LRSchedulerSection(warmup_steps=0), total_steps=1)
+    identity = RunIdentity(spec=spec.name, flavor="from-hf", converters=(),
+                           param_shapes=collect_param_shapes([model]))
+    manager = CheckpointManager(
+        config=CheckpointSection(enable=True, folder=".", keep_latest_k=0), run_dir=args.out, model_parts=[model],
+        optimizer=optimizer, lr_schedulers=schedulers, dataloader=_NoData(), identity=identity, is_rank0=True,
+    )
+    manager.maybe_save(0, tokens_seen=0, last=True)
+    manager.wait()
+    step_dir = next(args.out.glob("step-*"))
+    # The shape travels with the weights, so initial_load and to-hf need no flags.
+    (step_dir / HF_CONFIG_IN_CHECKPOINT).write_text(json.dumps(folder.config, indent=2), encoding="utf-8")
+    print(f"[titan-convert] wrote the titan checkpoint {step_dir}; start a run from it with "
+          f"--checkpoint.initial_load={step_dir}", flush=True)
+    return 0
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+class _NoData:
+    """The data position of a converted checkpoint: none (it was never trained here)."""
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        del state
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
+    try:
+        return to_hf(args) if args.command == "to-hf" else from_hf(args)
+    except TitanError as exc:
+        if args.traceback:
+            traceback.print_exc()
+        print(f"titan-convert: error: {exc}", file=sys.stderr)
+        if not args.traceback:
+            print("(run with --traceback to see where it happened)", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("titan-convert: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

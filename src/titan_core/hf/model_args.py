@@ -1,0 +1,67 @@
+"""The model args of a titan checkpoint, for tools that have no run config at hand (titan-convert).
+
+In order: ``hf_config.json`` inside the checkpoint (written by ``titan-convert from-hf``),
+the run's ``config.toml`` two levels up (``<run_dir>/checkpoints/step-N``, written by
+titan-train, with its spec section and an HF ``initial_load``), or an explicit config.
+The result is checked against the shapes the checkpoint's identity file records.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..errors import ConfigError
+
+HF_CONFIG_IN_CHECKPOINT = "hf_config.json"
+
+
+def run_config_of(checkpoint: Path) -> Path | None:
+    candidate = Path(checkpoint).resolve().parent.parent / "config.toml"
+    return candidate if candidate.is_file() else None
+
+
+def checkpoint_model_args(checkpoint: Path, *, spec: Any, flavor: str, run_config: dict[str, Any],
+                          vocab_size: int) -> Any:
+    """Model args for ``checkpoint`` (see the module docstring); ConfigError when none fits its shapes."""
+    import json
+
+    from ..checkpoint.weights import saved_param_shapes
+    from .adapter import adapter_of
+    from .folder import is_hf_folder, open_hf_folder
+
+    section_model = spec.config_model
+    raw_section = run_config.get(spec.name, {}) if isinstance(run_config.get(spec.name, {}), dict) else {}
+    section = section_model.model_validate(raw_section) if section_model is not None else None
+    hf_file = Path(checkpoint) / HF_CONFIG_IN_CHECKPOINT
+    initial = str(run_config.get("checkpoint", {}).get("initial_load", "") or "")
+    if hf_file.is_file():
+        args = adapter_of(spec, purpose="this checkpoint").model_args_from_hf(json.loads(hf_file.read_text()))
+        source = str(hf_file)
+    elif initial and is_hf_folder(Path(initial)):
+        args = adapter_of(spec, purpose="this checkpoint").model_args_from_hf(
+            open_hf_folder(initial, what="the run's checkpoint.initial_load").config)
+        source = f"{initial}/config.json (the run's checkpoint.initial_load)"
+    else:
+        args = spec.model_args(flavor, section, vocab_size=vocab_size)
+        source = f'flavor "{flavor}"' + (" with the run's config.toml" if run_config else "")
+    if section is not None and (hf_file.is_file() or initial):
+        runtime = getattr(spec.state_dict_adapter, "runtime_fields", ())
+        chosen = {k: v for k, v in section.model_dump().items() if v is not None and k in runtime}
+        args = dataclasses.replace(args, **chosen)
+    with torch.device("meta"):
+        model = spec.model_cls(args)
+    ours = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    saved = saved_param_shapes(Path(checkpoint))
+    wrong = sorted(k for k in set(ours) | set(saved) if ours.get(k) != saved.get(k))
+    if wrong:
+        k = wrong[0]
+        raise ConfigError(
+            f"{checkpoint}: the model shape from {source} does not match the checkpoint ({len(wrong)} tensors "
+            f"differ, e.g. {k}: checkpoint {list(saved.get(k, ()))}, model {list(ours.get(k, ()))}). Pass the "
+            f"run's config with --config RUN_DIR/config.toml."
+        )
+    return args
