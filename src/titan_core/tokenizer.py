@@ -234,7 +234,12 @@ def _builtin() -> TiktokenTokenizer:
 
 
 def build_tokenizer(source: str) -> TiktokenTokenizer:
-    """``"builtin"`` (cached per process) or a path to a Llama-3-format ``tokenizer.model``."""
+    """``"builtin"`` (cached per process), a Llama-3-format ``tokenizer.model``, or a Hugging Face folder."""
     if source == "builtin":
         return _builtin()
-    return TiktokenTokenizer.from_file(Path(source).expanduser())
+    path = Path(source).expanduser()
+    if path.is_dir():  # a Hugging Face model folder
+        from .hf.tokenizer_folder import load_tokenizer_folder
+
+        return load_tokenizer_folder(path)  # type: ignore[no-any-return]
+    return TiktokenTokenizer.from_file(path)

@@ -73,7 +73,7 @@ class DataSection(Section):
     text_field: str = Field("text", description="Field holding the text in .jsonl/.json/.parquet rows.")
     hf_split: str = Field("train", description='Split for an "hf:" dataset.')
     allow_download: bool = Field(False, description='Permit "hf:" sources to download (off by default: nothing is fetched at run time).')
-    tokenizer: str = Field("builtin", description='"builtin" or a path to a Llama-3-format tokenizer.model (tiktoken BPE ranks).')
+    tokenizer: str = Field("builtin", description='"builtin", a path to a Llama-3-format tokenizer.model (tiktoken BPE ranks), or a Hugging Face model folder (original/tokenizer.model, or tokenizer.json with the hf extra).')
     val_fraction: float = Field(0.05, ge=0, lt=1, description="Fraction of documents held out for validation.")
 
 
