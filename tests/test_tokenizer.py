@@ -174,8 +174,9 @@ def test_wrong_format_errors(tmp_path: Path, content: bytes | str | None, messag
     assert "data.tokenizer" in str(info.value)
 
 
-def test_folder_is_not_a_tokenizer_file(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="is not a file"):
+def test_folder_without_a_tokenizer_is_refused(tmp_path: Path) -> None:
+    # A folder is read as a Hugging Face model folder (tests/hf/test_tokenizer_folder.py).
+    with pytest.raises(ConfigError, match="has neither original/tokenizer.model nor tokenizer.json"):
         build_tokenizer(str(tmp_path))
 
 
