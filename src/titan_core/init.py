@@ -27,10 +27,15 @@ def clean_fqn(fqn: str) -> str:
 
 
 @torch.no_grad()
-def init_model_weights(model: nn.Module, *, seed: int) -> None:
-    """Fill every parameter via ``model.init_parameter`` and recompute buffers (after to_empty)."""
+def init_model_weights(model: nn.Module, *, seed: int, buffers_only: bool = False) -> None:
+    """Fill every parameter via ``model.init_parameter`` and recompute buffers (after to_empty).
+
+    ``buffers_only``: leave the parameters as they are (their values are about to be
+    loaded, e.g. by ``checkpoint.initial_load``), saving the time and the one full
+    tensor at a time that filling them costs.
+    """
     init_parameter = getattr(model, "init_parameter")
-    for raw_fqn, param in model.named_parameters():
+    for raw_fqn, param in ([] if buffers_only else model.named_parameters()):
         fqn = clean_fqn(raw_fqn)
         full = torch.empty(param.shape, dtype=torch.float32)
         init_parameter(fqn, full, parameter_generator(seed, fqn))

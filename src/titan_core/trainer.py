@@ -204,7 +204,8 @@ class Trainer:
         for part in self.model_parts:
             part.to_empty(device=self.device)
             retie_weights(part, self.ties)  # to_empty makes a new parameter per module
-            init_model_weights(part, seed=self.config.training.seed)
+            # With checkpoint.initial_load every parameter is loaded next: only buffers are computed.
+            init_model_weights(part, seed=self.config.training.seed, buffers_only=bool(self.config.checkpoint.initial_load))
             part.train()
         check_ties(self.model_parts, self.ties, after="to_empty and init")
 
