@@ -49,6 +49,7 @@ _LAZY: dict[str, str] = {
     "retie_weights": "ties",
     "declared_ties": "ties",
     "check_ties": "ties",
+    "StateDictAdapter": "hf.adapter",
     "parameter_generator": "init",
     "MetricsLogger": "metrics",
     "CheckpointManager": "checkpoint",
@@ -98,6 +99,7 @@ if TYPE_CHECKING:
     from .discovery import register_model_converter, register_train_spec
     from .errors import CheckpointError, ConfigError, NonFiniteError, PluginError, TitanError
     from .init import init_model_weights, parameter_generator
+    from .hf.adapter import StateDictAdapter
     from .ties import check_ties, declared_ties, retie_weights
     from .loss import cross_entropy_loss
     from .metrics import MetricsLogger

@@ -116,8 +116,9 @@ class TrainSpec:
       (``LRSchedulersContainer``), ``build_metrics_processor_fn(metrics_section, *, run_dir, is_rank0,
       device, flops_per_token, world_size, run_config)`` (``MetricsLogger``), ``build_loss_fn()``
       returning ``loss(logits, labels)``, ``build_tokenizer_fn(data_section)``, and
-      ``build_dataloader_fn(**kwargs of titan_core.build_dataloader)``. ``state_dict_adapter`` is
-      carried for HF <-> native key conversion but not used by the core in this version.
+      ``build_dataloader_fn(**kwargs of titan_core.build_dataloader)``. ``state_dict_adapter`` (optional,
+      a ``titan_core.StateDictAdapter``) maps the model to the Hugging Face format; the core uses it for
+      ``checkpoint.initial_load`` of HF folders, the ``hf`` export format and ``titan-convert``.
     Flavor args are dataclasses. A field ``vocab_size`` left ``None`` is filled from
     the tokenizer; fields of the spec's ``config_model`` section that are not
     ``None`` replace the flavor's values.
