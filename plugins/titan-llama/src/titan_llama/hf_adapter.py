@@ -57,6 +57,21 @@ def _heads_to_interleaved(w: torch.Tensor, n_heads: int) -> torch.Tensor:
     return w.reshape(n_heads, 2, head_dim // 2, cols).transpose(1, 2).reshape(rows, cols)
 
 
+def _rename(key: str, layer_pattern: re.Pattern[str], layer_prefix: str, layer_names: Mapping[str, str],
+            top_names: Mapping[str, str]) -> tuple[str, str]:
+    """(the other side's name, the module path it was found under) for one ``*.weight`` key."""
+    match = layer_pattern.match(key)
+    if match:
+        layer, module = match.groups()
+        if module in layer_names:
+            return f"{layer_prefix}.{layer}.{layer_names[module]}.weight", module
+    else:
+        module = key.removesuffix(".weight")
+        if key.endswith(".weight") and module in top_names:
+            return f"{top_names[module]}.weight", module
+    raise KeyError(f"{key!r} is not a Llama parameter this adapter knows")
+
+
 class LlamaStateDictAdapter:
     """``TrainSpec.state_dict_adapter`` of the llama3 spec (the protocol in titan_core.hf)."""
 
@@ -68,21 +83,11 @@ class LlamaStateDictAdapter:
         for key, tensor in state_dict.items():
             if key == "output.weight" and model_args.tie_embeddings:
                 continue  # transformers ties lm_head to embed_tokens from config.json
-            match = _NATIVE_LAYER.match(key)
-            if match:
-                layer, module = match.groups()
-                if module not in _LAYER:
-                    raise KeyError(f"no Hugging Face name for parameter {key!r}")
-                if module == "attention.wq":
-                    tensor = _heads_to_rotate_half(tensor, model_args.n_heads)
-                elif module == "attention.wk":
-                    tensor = _heads_to_rotate_half(tensor, model_args.kv_heads)
-                out[f"model.layers.{layer}.{_LAYER[module]}.weight"] = tensor
-                continue
-            module = key.removesuffix(".weight")
-            if module not in _TOP:
-                raise KeyError(f"no Hugging Face name for parameter {key!r}")
-            out[f"{_TOP[module]}.weight"] = tensor
+            name, module = _rename(key, _NATIVE_LAYER, "model.layers", _LAYER, _TOP)
+            if module in ("attention.wq", "attention.wk"):
+                heads = model_args.n_heads if module == "attention.wq" else model_args.kv_heads
+                tensor = _heads_to_rotate_half(tensor, heads)
+            out[name] = tensor
         return out
 
     def from_hf(self, state_dict: Mapping[str, torch.Tensor], model_args: LlamaArgs) -> dict[str, torch.Tensor]:
@@ -90,23 +95,13 @@ class LlamaStateDictAdapter:
         for key, tensor in state_dict.items():
             if key.endswith("rotary_emb.inv_freq"):
                 continue  # a buffer some old exports carry; recomputed from config
-            match = _HF_LAYER.match(key)
-            if match:
-                layer, module = match.groups()
-                if module not in _LAYER_BACK:
-                    raise KeyError(f"{key!r} is not a Llama parameter")
-                if module == "self_attn.q_proj":
-                    tensor = _heads_to_interleaved(tensor, model_args.n_heads)
-                elif module == "self_attn.k_proj":
-                    tensor = _heads_to_interleaved(tensor, model_args.kv_heads)
-                out[f"layers.{layer}.{_LAYER_BACK[module]}.weight"] = tensor
-                continue
-            module = key.removesuffix(".weight")
-            if module not in _TOP_BACK:
-                raise KeyError(f"{key!r} is not a Llama parameter")
-            if module == "lm_head" and model_args.tie_embeddings:
+            if key == "lm_head.weight" and model_args.tie_embeddings:
                 continue  # some tied exports still carry lm_head: the embedding is the source
-            out[f"{_TOP_BACK[module]}.weight"] = tensor
+            name, module = _rename(key, _HF_LAYER, "layers", _LAYER_BACK, _TOP_BACK)
+            if module in ("self_attn.q_proj", "self_attn.k_proj"):
+                heads = model_args.n_heads if module == "self_attn.q_proj" else model_args.kv_heads
+                tensor = _heads_to_interleaved(tensor, heads)
+            out[name] = tensor
         return out
 
     # ---- config.json -----------------------------------------------------------------------------
