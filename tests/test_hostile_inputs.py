@@ -48,12 +48,12 @@ def corrupt_identity(run: Path) -> None:
     (run / LAST / "titan_checkpoint.json").write_text('{"format": 1, "step": ', encoding="utf-8")
 
 
-def garbage_metadata(run: Path) -> None:
-    (run / LAST / ".metadata").write_bytes(b"\x80\x04garbage, not a pickle" * 8)
+def garbage_index(run: Path) -> None:
+    (run / LAST / "tensor_index.json").write_bytes(b"\x80\x04garbage, not JSON" * 8)
 
 
-def drop_metadata(run: Path) -> None:
-    (run / LAST / ".metadata").unlink()
+def drop_index(run: Path) -> None:
+    (run / LAST / "tensor_index.json").unlink()
 
 
 def flip_shard_byte(run: Path) -> None:
@@ -100,15 +100,16 @@ CASES = [
     Case("tokenizer in the wrong format", ("--data.tokenizer={inputs}/words.model",), "words.model: line 1 is not '<base64 token> <rank>'"),
     Case("nonexistent tokenizer", ("--data.tokenizer={inputs}/nope.model",), "nope.model does not exist"),
     # ---- checkpoints (a run starts; the resume is refused) -----------------------------------
-    Case("resume path missing .metadata", ("--training.steps=6", "--checkpoint.resume=step-000004"),
-         "is not a complete checkpoint: missing .metadata", damage=drop_metadata),
+    Case("resume path missing tensor_index.json", ("--training.steps=6", "--checkpoint.resume=step-000004"),
+         "is not a complete checkpoint: missing tensor_index.json", damage=drop_index),
     Case("resume path that does not exist", ("--training.steps=6", "--checkpoint.resume={run}/checkpoints/step-000099"),
          "is not a complete checkpoint: missing the folder"),
     Case("truncated shard", ("--training.steps=6",), "(truncated or overwritten)", damage=truncate_shard),
     Case("flipped byte in a shard", ("--training.steps=6",), "does not match its recorded CRC-32", damage=flip_shard_byte),
     Case("corrupt titan_checkpoint.json", ("--training.steps=6",), "titan_checkpoint.json is unreadable or corrupt",
          damage=corrupt_identity),
-    Case("garbage .metadata", ("--training.steps=6",), ".metadata is unreadable or corrupt", damage=garbage_metadata),
+    Case("garbage tensor_index.json", ("--training.steps=6",), "tensor_index.json is 152 bytes but was written with",
+         damage=garbage_index),
     Case("checkpoint of another model", ("--training.steps=6", "--llama3.n_layers=3"),
          "does not fit this model: parameter 'layers.2.attention.wk.weight' (shape [256, 256]) exists in this model"),
     Case("unwritable checkpoint folder", ("--training.steps=6", "--checkpoint.folder=blocker/ckpt"),
@@ -125,7 +126,7 @@ def good_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     run = tmp_path_factory.mktemp("good") / "run"
     result = run_cli(*SMALL, "--training.steps=4", f"--job.run_dir={run}")
     assert result.code == 0, result.text
-    assert (run / LAST / ".metadata").is_file() and (run / "checkpoints" / "step-000002").is_dir()
+    assert (run / LAST / "tensor_index.json").is_file() and (run / "checkpoints" / "step-000002").is_dir()
     return run
 
 

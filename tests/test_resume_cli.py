@@ -203,7 +203,7 @@ def test_keep_latest_k_2_keeps_exactly_two_complete_checkpoints(reference_single
     for name in ("step-000015", "step-000020"):
         folder = run_dir / "checkpoints" / name
         record = json.loads((folder / "titan_checkpoint.json").read_text())
-        assert sorted(p.name for p in folder.iterdir()) == [".metadata", "__0_0.distcp", "titan_checkpoint.json"]
+        assert sorted(p.name for p in folder.iterdir()) == ["__0_0.distcp", "tensor_index.json", "titan_checkpoint.json"]
         for file, digest in record["files"].items():
             assert (folder / file).stat().st_size == digest["size"], (name, file)
 
