@@ -22,6 +22,7 @@ from .config.job import JobConfig, accumulation_steps
 from .config.resolve import ResolvedConfig
 from .config.toml_out import dumps
 from .errors import NonFiniteError
+from .run_files import atomic_write_text, supersede_metrics
 from .grad_norm import clip_grad_norm
 from .init import init_model_weights
 from .layout import describe_parameter_layout
@@ -308,7 +309,8 @@ class Trainer:
             self.step, self.tokens_seen = resumed.step, resumed.tokens_seen
             progress(f"resuming from {resumed.path} at step {resumed.step}", is_rank0=self.is_rank0)
         if self.is_rank0:  # written once resume is accepted: a refused run leaves the run folder as it was
-            (self.run_dir / "config.toml").write_text(dumps(self.config.model_dump(mode="json")))
+            atomic_write_text(self.run_dir / "config.toml", dumps(self.config.model_dump(mode="json")))
+            supersede_metrics(self.metrics.path, start_step=self.step)  # one record per step after a resume
             if self.converters:
                 self.conversion_table.write(self.run_dir / "conversion_table.json")
         t = self.config.training

@@ -51,7 +51,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.tensor import DTensor
 
 from ..config.sections import CheckpointSection
-from ..errors import CheckpointError, NonFiniteError
+from ..errors import CheckpointError, NonFiniteError, TitanError
 from . import integrity, layout, states, storage
 from .identity import CheckpointRecord, ResumeInfo, RunIdentity, check_identity, read_record, write_record
 from .tensor_index import TensorIndex, read_index
@@ -382,7 +382,21 @@ class CheckpointManager:
                 f"model/optimizer/scheduler/data-loader state; resume from another checkpoint or start fresh "
                 f"with --checkpoint.resume=never."
             ) from exc
-        storage.restore_values(state, values, mappings, index, path=path)
+        error: str | None = None
+        try:  # bytes that passed every check can still be nonsense (a re-digested forgery): no traceback
+            storage.restore_values(state, values, mappings, index, path=path)
+            self._apply(path, state, weights_only=weights_only, has_rng=bool(rng_template))
+        except TitanError as exc:
+            error = str(exc)
+        except Exception as exc:
+            error = (f"checkpoint {path} holds a state this run cannot apply ({type(exc).__name__}: {exc}); it is "
+                     f"damaged or was written by a different setup. Resume from another checkpoint or start fresh "
+                     f"with --checkpoint.resume=never.")
+        self._agree(error)
+        step, tokens = int(state["progress"]["step"]), int(state["progress"]["tokens_seen"])
+        return ResumeInfo(step=step, tokens_seen=tokens, path=path, optimizer_loaded=not weights_only)
+
+    def _apply(self, path: Path, state: dict[str, Any], *, weights_only: bool, has_rng: bool) -> None:
         states.load_model_state(self._view, state["model"])
         if weights_only:
             self._log(f"converters changed ({list(self.identity.converters)}): loaded the model weights from {path}, "
@@ -391,12 +405,10 @@ class CheckpointManager:
             states.load_optimizer_state(self._view, self._optimizer, state["optimizer"])
         self._lr_schedulers.load_state_dict(state["lr_scheduler"])
         self._dataloader.load_state_dict(state["dataloader"])
-        if rng_template:
-            states.set_rng_state(state["rng"][rng_key])
+        if has_rng:
+            states.set_rng_state(state["rng"][f"rank{self._rank}"])
         else:
             self._log(f"{path} has no RNG state for rank {self._rank} (saved with fewer ranks); keeping the seeded one")
-        step, tokens = int(state["progress"]["step"]), int(state["progress"]["tokens_seen"])
-        return ResumeInfo(step=step, tokens_seen=tokens, path=path, optimizer_loaded=not weights_only)
 
     # ---- collectives on the checkpoint group ---------------------------------------
 

@@ -11,6 +11,7 @@ from .. import discovery
 from ..errors import ConfigError, did_you_mean
 from ..protocols import ModelConverter, TrainSpec
 from .errors import describe
+from .finite import refuse_nonfinite
 from .job import JobConfig, build_job_model
 from .overrides import overrides_layer, typed_value
 from .sections import ModelSection
@@ -84,6 +85,7 @@ def resolve_config(
     spec_layer: Layer = {k: dict(v) for k, v in spec.defaults.items()}
     _check_sections([file_layer, override_layer], job_model)
     merged = merge(spec_layer, file_layer, override_layer)
+    refuse_nonfinite(merged)
     try:
         config = job_model.model_validate(merged, context={"world_size": world_size})
     except ValidationError as exc:

@@ -9,18 +9,25 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 
 class Section(BaseModel):
     """Base for every config section: unknown keys are errors, assignment is validated."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
 class JobSection(Section):
     run_dir: str = Field("runs/default", description="Folder for metrics, conversion table and checkpoints.")
     description: str = Field("", description="Free text recorded with the run.")
+
+    @field_validator("run_dir")
+    @classmethod
+    def _run_dir_not_empty(cls, value: str) -> str:
+        if not value.strip():  # "" would put checkpoints and metrics in the current folder, unasked
+            raise ValueError("empty; give the folder for this run's files, e.g. --job.run_dir=runs/exp1")
+        return value
 
 
 class ModelSection(Section):
