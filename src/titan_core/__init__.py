@@ -53,6 +53,7 @@ _LAZY: dict[str, str] = {
     "ResumeInfo": "checkpoint",
     "collect_param_shapes": "checkpoint",
     "export_safetensors": "checkpoint",
+    "read_checkpoint_tensors": "checkpoint",
     "fqn_matches": "selection",
     "select_linears": "selection",
     "ConversionTable": "converters",
@@ -76,7 +77,14 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:
-    from .checkpoint import CheckpointManager, ResumeInfo, RunIdentity, collect_param_shapes, export_safetensors
+    from .checkpoint import (
+        CheckpointManager,
+        ResumeInfo,
+        RunIdentity,
+        collect_param_shapes,
+        export_safetensors,
+        read_checkpoint_tensors,
+    )
     from .config.job import JobConfig
     from .converters import ConversionTable, apply_converters
     from .config.sections import (

@@ -93,7 +93,7 @@ class IndexedWriter(FileSystemWriter):
                     raise CheckpointError(f"state entry {item.index.fqn!r} is not a tensor; it cannot be saved raw")
                 tensor = planner.resolve_data(item)
                 assert isinstance(tensor, torch.Tensor)
-                data = tensor.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8)
+                data = _plain_bytes(tensor)
                 offset = stream.tell()
                 stream.write(memoryview(data.numpy()))
                 results.append(WriteResult(index=item.index, size_in_bytes=data.numel(),
@@ -117,6 +117,16 @@ class IndexedWriter(FileSystemWriter):
                                "file": info.relative_path, "offset": info.offset, "length": info.length})
             tensors[fqn] = {"dtype": _DTYPE_NAMES[md.properties.dtype], "size": list(md.size), "chunks": chunks}
         write_index(Path(self.path), tensors, self.values)
+
+
+def _plain_bytes(tensor: torch.Tensor) -> torch.Tensor:
+    """The tensor's values as a flat uint8 CPU tensor; a subclass (a low-precision training weight) by value."""
+    tensor = tensor.detach()
+    if type(tensor) is not torch.Tensor:
+        plain = torch.empty(tuple(tensor.shape), dtype=tensor.dtype, device="cpu")
+        plain.copy_(tensor)
+        tensor = plain
+    return tensor.to("cpu").contiguous().reshape(-1).view(torch.uint8)
 
 
 # ---- reading --------------------------------------------------------------------------------------
