@@ -60,7 +60,7 @@ def supersede_metrics(path: Path, *, start_step: int) -> int:
         raise TitanError(f"cannot write {path.with_name(SUPERSEDED_FILE)}: {exc}. Point --job.run_dir at a "
                          f"writable folder with free space.") from exc
     atomic_write_text(path, "".join(f"{line}\n" for line in kept))
-    progress(f"moved {len(moved)} records of steps after {start_step} from {path.name} to {SUPERSEDED_FILE} "
+    progress(f"moved {len(moved)} record{'s' if len(moved) != 1 else ''} of steps after {start_step} from {path.name} to {SUPERSEDED_FILE} "
              f"(this run redoes those steps)", is_rank0=True)
     return len(moved)
 
