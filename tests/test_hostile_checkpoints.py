@@ -476,3 +476,20 @@ def test_metrics_hold_one_record_per_step_after_a_resume(good_run: Path, tmp_pat
     assert [r["step"] for r in moved] == [3, 4] and all(r["superseded_by_run_from_step"] == 2 for r in moved)
     assert [r["loss"] for r in moved] == [r["loss"] for r in old[2:4]]
     assert not list(run.glob(".*.tmp"))  # config.toml and metrics.jsonl were replaced atomically
+
+
+# ---- the value encoding: round trip, and nothing but plain data ---------------------------------
+
+
+def test_values_round_trip_through_json_and_anything_else_is_refused() -> None:
+    from titan_core.checkpoint.tensor_index import decode_value, encode_value
+    from titan_core.errors import CheckpointError
+
+    value = {"betas": (0.9, 0.95), 3: [None, True, -2, float("inf")], "name": "x", "nested": {"t": (1, (2,))}}
+    decoded = decode_value(json.loads(json.dumps(encode_value(value, key="k"))), key="k")
+    assert decoded == value and isinstance(decoded["betas"], tuple) and isinstance(decoded["nested"]["t"][1], tuple)
+    with pytest.raises(CheckpointError, match=r"cannot save the state entry 'opt.dtype': a dtype is neither"):
+        encode_value(torch.float32, key="opt.dtype")
+    for forged in ({"py/object": "os.system"}, {"tuple": "abc"}, {"float": "1e999"}, {"dict": [[True, 1]]}):
+        with pytest.raises(ValueError, match="not in titan-core's value encoding"):
+            decode_value(forged, key="k")
