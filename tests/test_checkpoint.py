@@ -517,3 +517,43 @@ def test_export_safetensors_matches_the_model_weights(tmp_path: Path, dtype: tor
     assert sorted(exported) == sorted(weights)
     for key, value in weights.items():
         assert exported[key].dtype == dtype and torch.equal(exported[key], value.to(dtype))
+
+
+# ---- the old, pickled format ---------------------------------------------------------------------
+
+
+def test_old_format_is_refused_and_converts_only_on_explicit_trust(tmp_path: Path) -> None:
+    """A checkpoint as titan-core wrote it before (DCP's FileSystemWriter: pickled .metadata, torch.save'd
+    entries) is refused by resume, then converted by the explicit command and resumed exactly."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import FileSystemWriter
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    from titan_core.checkpoint import legacy, states
+
+    run = Run(tmp_path / "new")
+    run.train(1)
+    run.ckpt.maybe_save(1, tokens_seen=10)
+    old = tmp_path / "old" / "checkpoints" / "step-000001"
+    state = {
+        "model": get_model_state_dict(run.model), "optimizer": flat_optimizer(run.model, run.optimizer),
+        "lr_scheduler": run.scheduler.state_dict(), "dataloader": run.position.state_dict(),
+        "progress": {"step": torch.tensor(1), "tokens_seen": torch.tensor(10)}, "rng": {"rank0": states.rng_state()},
+    }
+    dcp.save(state, storage_writer=FileSystemWriter(old), no_dist=True)
+    record = json.loads((tmp_path / "new" / "checkpoints" / "step-000001" / "titan_checkpoint.json").read_text())
+    (old / "titan_checkpoint.json").write_text(json.dumps({**record, "format": 1}))
+
+    refused = Run(tmp_path / "old")
+    with pytest.raises(CheckpointError, match=r"tensor index is DCP's pickled \.metadata.*--i-trust-this-checkpoint"):
+        refused.ckpt.resume()
+    assert legacy.main([str(old), str(tmp_path / "converted" / "step-000001")]) == 2  # no flag, no unpickling
+    assert not (tmp_path / "converted").exists()
+    assert legacy.main([legacy.TRUST_FLAG, str(old), str(tmp_path / "converted" / "step-000001")]) == 0
+
+    fresh = Run(tmp_path / "converted", folder=".")
+    info = fresh.ckpt.resume()
+    assert info is not None and (info.step, info.tokens_seen) == (1, 10)
+    assert_same(model_tensors(fresh.model), model_tensors(run.model))
+    assert_same(flat_optimizer(fresh.model, fresh.optimizer), flat_optimizer(run.model, run.optimizer))
+    assert fresh.scheduler.state_dict() == run.scheduler.state_dict() and fresh.position.sample == run.position.sample

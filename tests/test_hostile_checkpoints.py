@@ -408,7 +408,7 @@ def test_legacy_checkpoint_in_auto_mode_is_refused_with_how_to_proceed(
     legacy(gadgets(run / MARK)["__reduce__ os.system"])(run)
     before = snapshot(run)
     result = train(capsys, run, "--training.steps=6")
-    assert_one_clean_error(result, "Resume it with the titan-core version that wrote it")
+    assert_one_clean_error(result, "convert it once: python -m titan_core.checkpoint.legacy --i-trust-this-checkpoint")
     assert "--checkpoint.resume=never" in result.text
     assert_unchanged(before, run)
     assert not (run / MARK).exists()

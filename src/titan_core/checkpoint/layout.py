@@ -65,9 +65,10 @@ def is_legacy(path: Path) -> bool:
 def legacy_error(path: Path) -> CheckpointError:
     return CheckpointError(
         f"checkpoint {path} was written by an older titan-core: its tensor index is DCP's pickled .metadata, "
-        f"and loading a pickle from disk can run arbitrary code, so this titan-core does not read it. Resume it "
-        f"with the titan-core version that wrote it (only if you trust where the folder came from), or start "
-        f"fresh: --checkpoint.resume=never, or another --job.run_dir."
+        f"and loading a pickle from disk can run arbitrary code, so resume does not read it. If you trust where "
+        f"the folder came from, convert it once: python -m titan_core.checkpoint.legacy --i-trust-this-checkpoint "
+        f"{path} <new folder>/{path.name}, and resume from the new folder (or resume it with the titan-core "
+        f"version that wrote it); otherwise start fresh: --checkpoint.resume=never, or another --job.run_dir."
     )
 
 
