@@ -196,6 +196,27 @@ def manifest_size_lies(run: Path) -> None:
     redigest(folder, files=files)
 
 
+def forged_value(run: Path) -> None:
+    edit_index(run / LAST, lambda ix: ix["values"].update({"lr_scheduler.last_epoch": {"py/reduce": "os.system"}}))
+
+
+def object_dtype(run: Path) -> None:
+    edit_index(run / LAST, lambda ix: ix["tensors"]["model.norm.weight"].update(dtype="object"))
+
+
+def nan_in_index(run: Path) -> None:
+    path = run / LAST / "tensor_index.json"
+    path.write_text(path.read_text().replace('"format":1', '"format":NaN', 1))
+    redigest(run / LAST)
+
+
+def negative_manifest_size(run: Path) -> None:
+    folder = run / LAST
+    files = {n: (v["size"], v["crc32"]) for n, v in json.loads((folder / "titan_checkpoint.json").read_text())["files"].items()}
+    files["__0_0.distcp"] = (-1, files["__0_0.distcp"][1])
+    redigest(folder, files=files)
+
+
 def renamed(run: Path) -> None:
     (run / LAST).rename(run / "checkpoints" / "step-000009")
 
@@ -246,6 +267,11 @@ CASES = [
     Case("chunk past the end of its file", "lie beyond the end of __0_0.distcp", damage=past_the_end),
     Case("chunks smaller than the tensor", "its chunks hold 128 elements but its size [256] has 256", damage=short_chunks),
     Case("manifest size larger than the file", "bytes but was written with", damage=manifest_size_lies),
+    Case("forged value tag in the index", "value of 'lr_scheduler.last_epoch' is not in titan-core's value encoding",
+         damage=forged_value),
+    Case("object dtype in the index", "dtype 'object' is not one of float64", damage=object_dtype),
+    Case("NaN constant in the index", "NaN is not valid JSON", damage=nan_in_index),
+    Case("negative size in the manifest", "-1 is not a non-negative integer", damage=negative_manifest_size),
     Case("renamed step folder", "is named for step 9 but its identity file records step 4", damage=renamed,
          args=("--checkpoint.resume=step-000009",)),
     Case("copied step folder", "is named for step 8 but its identity file records step 2", damage=copied,
@@ -493,3 +519,21 @@ def test_values_round_trip_through_json_and_anything_else_is_refused() -> None:
     for forged in ({"py/object": "os.system"}, {"tuple": "abc"}, {"float": "1e999"}, {"dict": [[True, 1]]}):
         with pytest.raises(ValueError, match="not in titan-core's value encoding"):
             decode_value(forged, key="k")
+
+
+def test_two_ranks_refuse_a_forged_checkpoint_together_without_hanging(tmp_path: Path) -> None:
+    """FSDP2 on 2 processes: the dtype check fails inside DCP's planning on both ranks; both exit 2."""
+    run = tmp_path / "run"
+    fsdp = ("--nproc-per-node", "2", "--parallelism.dp_shard=2")
+    first = run_cli(*SMALL, *fsdp, "--training.steps=2", f"--job.run_dir={run}", timeout=300)
+    assert first.code == 0, first.text
+    edit_index(run / "checkpoints" / "step-000002",
+               lambda ix: ix["tensors"]["model.norm.weight"].update(dtype="float16") or
+               [c.update(length=c["length"] // 2) for c in ix["tensors"]["model.norm.weight"]["chunks"]])
+    before = snapshot(run)
+    result = run_cli(*SMALL, *fsdp, "--training.steps=4", f"--job.run_dir={run}", timeout=300)
+    assert result.code == 2, result.text
+    assert "tensor 'model.norm.weight' has dtype float16[256] in the checkpoint but float32[256]" in result.text
+    assert "Traceback" not in result.text, result.text
+    assert {line.split("]")[0] for line in result.err.splitlines() if "error:" in line} == {"[rank0", "[rank1"}
+    assert_unchanged(before, run)
