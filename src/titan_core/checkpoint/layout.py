@@ -148,7 +148,9 @@ def publish(tmp: Path, final: Path) -> None:
         os.rename(final, old)
     os.rename(tmp, final)
     fsync_dir(final.parent)
-    if old is not None:
+    if old is not None and old.is_symlink():
+        old.unlink()  # a link in the way is removed, never followed: what it points to stays
+    elif old is not None:
         shutil.rmtree(old, ignore_errors=True)
 
 

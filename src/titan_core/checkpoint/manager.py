@@ -37,7 +37,6 @@ instead of leaving the others waiting in a collective.
 
 from __future__ import annotations
 
-import copy
 import shutil
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -158,9 +157,9 @@ class CheckpointManager:
         state = {
             "model": states.model_state(self._view),
             "optimizer": states.optimizer_state(self._view, self._optimizer),
-            # Copied: an async write serialises these later, after training moved on.
-            "lr_scheduler": copy.deepcopy(self._lr_schedulers.state_dict()),
-            "dataloader": copy.deepcopy(self._dataloader.state_dict()),
+            # Their plain values become JSON below, before training moves on (no copy needed for async).
+            "lr_scheduler": self._lr_schedulers.state_dict(),
+            "dataloader": self._dataloader.state_dict(),
             "progress": {
                 "step": torch.tensor(step, dtype=torch.int64),
                 "tokens_seen": torch.tensor(tokens_seen, dtype=torch.int64),
@@ -170,6 +169,20 @@ class CheckpointManager:
         }
         self._last_saved_step = step
         tensors, values, _ = storage.split_values(state)
+        writer = storage.IndexedWriter(tmp, values=self._merged_values(step, tmp, values))
+        if self.config.async_mode == "async":
+            try:  # staging (the copy to CPU) happens here; the writes in DCP's thread
+                writing = dcp.async_save(tensors, storage_writer=writer, process_group=self._pg)
+            except (Exception, CheckpointException) as exc:
+                self._fail(step, tmp, _describe(exc))
+            if self._executor is None:
+                self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="titan-checkpoint")
+            self._pending = self._executor.submit(self._write_and_publish, step, tokens_seen, tmp, None, writing)
+        else:
+            self._write_and_publish(step, tokens_seen, tmp, (tensors, writer), None)
+
+    def _merged_values(self, step: int, tmp: Path, values: dict[str, Any]) -> dict[str, Any]:
+        """Every rank's non-tensor values, JSON-encoded, for the coordinator's index (a collective)."""
         error: str | None = None
         encoded: dict[str, Any] = {}
         try:
@@ -184,17 +197,7 @@ class CheckpointManager:
         for _, share in shares:  # replicated values are equal on every rank; per-rank keys differ
             for key, value in share.items():
                 merged.setdefault(key, value)
-        writer = storage.IndexedWriter(tmp, values=merged)
-        if self.config.async_mode == "async":
-            try:  # staging (the copy to CPU) happens here; the writes in DCP's thread
-                writing = dcp.async_save(tensors, storage_writer=writer, process_group=self._pg)
-            except (Exception, CheckpointException) as exc:
-                self._fail(step, tmp, _describe(exc))
-            if self._executor is None:
-                self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="titan-checkpoint")
-            self._pending = self._executor.submit(self._write_and_publish, step, tokens_seen, tmp, None, writing)
-        else:
-            self._write_and_publish(step, tokens_seen, tmp, (tensors, writer), None)
+        return merged
 
     def _require_finite(self, step: int) -> None:
         """Refuse to save a state holding NaN or inf (every rank checks its own shards)."""
@@ -210,7 +213,7 @@ class CheckpointManager:
             raise NonFiniteError(
                 f"step {step}: parameter {names[0]!r} holds non-finite values (NaN or inf), so the checkpoint of "
                 f"step {step} was not saved and the last checkpoint holds the last good state. Lower "
-                f"optimizer.lr (or raise optimizer.warmup_steps) and resume from that checkpoint."
+                f"optimizer.lr (or raise lr_scheduler.warmup_steps) and resume from that checkpoint."
             )
 
     def _make_tmp(self, step: int) -> Path:
