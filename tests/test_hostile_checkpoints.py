@@ -537,3 +537,20 @@ def test_two_ranks_refuse_a_forged_checkpoint_together_without_hanging(tmp_path:
     assert "Traceback" not in result.text, result.text
     assert {line.split("]")[0] for line in result.err.splitlines() if "error:" in line} == {"[rank0", "[rank1"}
     assert_unchanged(before, run)
+
+
+def test_a_save_replaces_a_symlink_in_its_way_without_following_it(good_run: Path, tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    run, outside = tmp_path / "run", tmp_path / "outside"
+    shutil.copytree(good_run, run)
+    shutil.copytree(good_run / "checkpoints" / "step-000002", outside)
+    link = run / "checkpoints" / "step-000006"
+    link.symlink_to(outside)
+    before = snapshot(outside)
+    result = train(capsys, run, "--training.steps=6")
+    assert result.code == 0, result.text
+    assert f"ignoring {link}: a symbolic link is never resumed from" in result.text
+    assert f"resuming from {run / LAST} at step 4" in result.text
+    assert link.is_dir() and not link.is_symlink()  # the new save of step 6
+    assert snapshot(outside) == before
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step-000002", "step-000004", "step-000006"]
