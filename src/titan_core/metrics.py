@@ -141,4 +141,6 @@ def rank_prefix() -> str:
     """``[rank3] `` in a multi-process run, so interleaved output says who wrote it."""
     import os
 
-    return f"[rank{os.environ['RANK']}] " if int(os.environ.get("WORLD_SIZE", "1")) > 1 else ""
+    world, rank = os.environ.get("WORLD_SIZE", "1").strip(), os.environ.get("RANK", "?").strip()
+    # Used while reporting errors, including a garbage WORLD_SIZE: never raise here.
+    return f"[rank{rank[:8]}] " if world.isdigit() and int(world) > 1 else ""

@@ -31,6 +31,7 @@ from .optim import LRSchedulersContainer, OptimizersContainer
 from .parallel_dims import ParallelDims
 from .precision import autocast_for, resolve_compute_dtype
 from .protocols import ModelConverter, RunContext, TensorParallelStyles
+from .signals import no_interrupt, requested_signal, stop_after_signal
 
 
 @dataclass
@@ -76,7 +77,9 @@ class Trainer:
 
     def init_distributed(self) -> None:
         t, p = self.config.training, self.config.parallelism
-        self.proc = distributed.init_process_group(backend=p.backend, device_preference=t.device)
+        self.proc = distributed.init_process_group(backend=p.backend, device_preference=t.device,
+                                                   init_timeout_s=p.init_timeout_s,
+                                                   collective_timeout_s=p.collective_timeout_s)
         self.device = self.proc.device
         self.dims = ParallelDims.resolve(
             dp_replicate=p.dp_replicate, dp_shard=p.dp_shard, tp=p.tp, pp=p.pp, world_size=self.proc.world_size
@@ -336,10 +339,20 @@ class Trainer:
                     tokens=tokens_per_device, step_time=time.perf_counter() - start,
                     extra={"skipped_steps": self.skipped_steps, "tokens_seen": self.tokens_seen},
                 )
-            self.checkpointer.maybe_save(self.step, tokens_seen=self.tokens_seen, last=last)
+            with no_interrupt():  # Ctrl+C waits for the save to be published: never half a checkpoint
+                self.checkpointer.maybe_save(self.step, tokens_seen=self.tokens_seen, last=last)
             self.maybe_validate(last=last)
+            self.stop_if_signalled()
         self.finish()
         return losses
+
+    def stop_if_signalled(self) -> None:
+        """After a SIGTERM, every rank stops after this same step (they agree in one all_reduce)."""
+        signum = requested_signal()
+        if self.dims.distributed:
+            signum = distributed.all_reduce_max(signum, self.device)
+        if signum:
+            stop_after_signal(self, signum)
 
     @torch.no_grad()
     def maybe_validate(self, *, last: bool) -> None:

@@ -97,6 +97,8 @@ class ParallelismSection(Section):
     param_dtype: Literal["float32", "bfloat16"] = Field("float32", description="FSDP2 parameter dtype during compute.")
     reduce_dtype: Literal["float32", "bfloat16"] = Field("float32", description="FSDP2 gradient reduce dtype.")
     backend: Literal["auto", "gloo", "nccl"] = Field("auto", description="Process-group backend; auto = nccl on CUDA, gloo on CPU.")
+    init_timeout_s: float = Field(300.0, gt=0, le=86400, description="Seconds the rendezvous waits for every process to join before giving up.")
+    collective_timeout_s: float = Field(600.0, gt=0, le=86400, description="Seconds a collective waits for a rank that stopped answering before the run stops (covers the slowest step, save or compile).")
 
 
 class CheckpointSection(Section):
@@ -109,6 +111,7 @@ class CheckpointSection(Section):
     allow_converter_change: bool = Field(False, description="Allow resuming with a different converter list (e.g. fine-tune a baseline with float8).")
     export_at_end: bool = Field(False, description="Write the full model weights as safetensors at the end.")
     export_dtype: Literal["float32", "bfloat16"] = Field("float32", description="dtype of the exported weights.")
+    save_on_sigterm: bool = Field(True, description="On SIGTERM (preemption), save a checkpoint at the next step boundary before exiting 143.")
 
 
 class MetricsSection(Section):
