@@ -111,6 +111,7 @@ def test_sigterm_to_the_launcher_saves_at_the_step_boundary_and_exits_143(tmp_pa
     before = snapshot(run_dir)
     os.kill(proc.pid, signal.SIGTERM)
     code, text, seconds = finish(proc, log)
+    print(f"\nSIGTERM to the launcher: exited after {seconds:.1f} s\n{text[-400:]}")
     assert code == 143, text
     assert_no_traceback(text)
     lines = [line for line in text.splitlines() if "stopped by SIGTERM" in line]
@@ -163,6 +164,7 @@ def test_a_rank_killed_by_sigkill_stops_the_run_within_10_s_naming_the_rank(tmp_
     victim = next(pid for pid in workers(proc.pid) if rank_of(pid) == 1)
     os.kill(victim, signal.SIGKILL)
     code, text, seconds = finish(proc, log)
+    print(f"\nSIGKILL to rank 1: launcher exited after {seconds:.1f} s\n{text[-600:]}")
     assert code == 128 + signal.SIGKILL, text
     assert_no_traceback(text)
     errors = [line for line in text.splitlines() if "error:" in line]
@@ -182,6 +184,7 @@ def test_a_frozen_rank_stops_the_run_after_the_collective_timeout_naming_the_ran
     t0 = time.monotonic()
     code, text, _ = finish(proc, log)
     seconds = time.monotonic() - t0
+    print(f"\nSIGSTOP to rank 1 (collective_timeout_s=3): launcher exited after {seconds:.1f} s\n{text[-600:]}")
     assert code == 4, text
     assert_no_traceback(text)
     errors = [line for line in text.splitlines() if "error:" in line]

@@ -165,13 +165,14 @@ def _stop_after_failure(workers: list[Worker], failed: list[Worker]) -> int:
 
 
 def _stop(running: list[Worker]) -> None:
-    """SIGTERM (after SIGCONT, so a stopped rank can act on it), then SIGKILL after a short grace."""
+    """SIGKILL a stopped (frozen) rank at once: nothing it holds can be trusted; SIGTERM the others,
+    which stop at their next step boundary or when their collective with the lost rank fails,
+    and SIGKILL whoever is left after a short grace."""
     for w in running:
-        for s in (signal.SIGCONT, signal.SIGTERM):
-            try:
-                w.proc.send_signal(s)
-            except ProcessLookupError:
-                pass
+        try:
+            w.proc.send_signal(signal.SIGKILL if w.state() == "T" else signal.SIGTERM)
+        except ProcessLookupError:
+            pass
     deadline = time.monotonic() + STOP_GRACE_S
     while any(w.code() is None for w in running) and time.monotonic() < deadline:
         time.sleep(POLL_S)
