@@ -86,6 +86,9 @@ def run(args: argparse.Namespace, rest: list[str], argv: list[str]) -> int:
 
         print(json.dumps(resolved.job_model.model_json_schema(), indent=2))
         return 0
+    from .config.environment import check_environment
+
+    check_environment(resolved.config)
     if args.dry_run:
         from .commands.dry_run import dry_run
 

@@ -120,8 +120,11 @@ class MetricsLogger:
         if not self.is_rank0:
             return
         print(line, flush=True)
-        with self.path.open("a", encoding="utf-8") as f:
-            f.write(json.dumps(record) + "\n")
+        try:
+            with self.path.open("a", encoding="utf-8") as f:
+                f.write(json.dumps(record) + "\n")
+        except OSError as exc:  # a failed write() names no file; the message must (e.g. disk full)
+            raise OSError(exc.errno, exc.strerror, str(self.path)) from exc
         if self._wandb is not None:
             self._wandb.log(record, step=int(record["step"]))
 

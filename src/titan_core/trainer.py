@@ -31,6 +31,8 @@ from .optim import LRSchedulersContainer, OptimizersContainer
 from .parallel_dims import ParallelDims
 from .precision import autocast_for, resolve_compute_dtype
 from .protocols import ModelConverter, RunContext, TensorParallelStyles
+from .discovery import CONVERTERS, SPECS
+from .plugin_calls import check_logits, plugin_call
 from .signals import no_interrupt, requested_signal, stop_after_signal
 
 
@@ -133,6 +135,11 @@ class Trainer:
         n_params = sum(p.numel() for p in model.parameters())
         progress(f"model {self.spec.name}/{m.flavor}: {n_params:,} parameters", is_rank0=self.is_rank0)
         self.n_params = n_params
+        from .memory_estimate import check_model_fits
+
+        p = self.config.parallelism
+        check_model_fits(n_params, optimizer=self.config.optimizer.name, dp_shard=self.dims.dp_shard, tp=p.tp,
+                         pp=p.pp, device=self.device)
         return model
 
     def run_context(self) -> RunContext:
@@ -143,9 +150,10 @@ class Trainer:
         from .converters import apply_converters
 
         ctx = self.run_context()
-        self.converters: list[ModelConverter] = [
-            cls(getattr(self.config, name), parallel_dims=self.dims, job=ctx) for name, cls in self.converter_classes
-        ]
+        self.converters: list[ModelConverter] = []
+        for name, cls in self.converter_classes:
+            with plugin_call(CONVERTERS, name, "__init__"):
+                self.converters.append(cls(getattr(self.config, name), parallel_dims=self.dims, job=ctx))
         named = [(name, conv) for (name, _), conv in zip(self.converter_classes, self.converters)]
         self.conversion_table = apply_converters(model, named, self.spec)
         if self.is_rank0 and named:
@@ -160,10 +168,11 @@ class Trainer:
 
     def parallelize(self, part: nn.Module) -> nn.Module:
         c = self.config
-        return self.spec.parallelize_fn(
-            part, parallel_dims=self.dims, mesh=self.mesh, training=c.training, parallelism=c.parallelism,
-            compile=c.compile, activation_checkpoint=c.activation_checkpoint, tp_styles=self.tp_styles(),
-        )
+        with plugin_call(SPECS, self.spec.name, "parallelize_fn"):
+            return self.spec.parallelize_fn(
+                part, parallel_dims=self.dims, mesh=self.mesh, training=c.training, parallelism=c.parallelism,
+                compile=c.compile, activation_checkpoint=c.activation_checkpoint, tp_styles=self.tp_styles(),
+            )
 
     def build_model_parts(self, model: nn.Module) -> None:
         self.loss_fn = self.spec.build_loss_fn() if self.spec.build_loss_fn else cross_entropy_loss
@@ -200,7 +209,8 @@ class Trainer:
     def materialize_and_init(self) -> None:
         for part in self.model_parts:
             part.to_empty(device=self.device)
-            init_model_weights(part, seed=self.config.training.seed)
+            with plugin_call(SPECS, self.spec.name, "the model's init_parameter/init_buffers"):
+                init_model_weights(part, seed=self.config.training.seed)
             part.train()
 
     def build_optimizers(self) -> None:
@@ -253,7 +263,10 @@ class Trainer:
         if self.pipeline is not None:
             return self.pipeline_forward_backward(inputs, labels)
         with self.autocast(), self.loss_context():
-            loss = self.loss_fn(self.model_parts[0](inputs), labels) / self.accum
+            with plugin_call(SPECS, self.spec.name, "the model's forward"):
+                logits = self.model_parts[0](inputs)
+            check_logits(logits, inputs, spec=self.spec.name)
+            loss = self.loss_fn(logits, labels) / self.accum
             loss.backward()
         return _plain(loss)
 

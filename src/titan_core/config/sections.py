@@ -7,9 +7,13 @@ here: the core keeps them as raw data until the plugin's own model validates the
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+# torch.optim.Adam rejects a beta outside [0, 1) only when the optimizer is built; check it up front.
+Beta = Annotated[float, Field(ge=0, lt=1)]
 
 
 class Section(BaseModel):
@@ -55,7 +59,7 @@ class TrainingSection(Section):
 class OptimizerSection(Section):
     name: Literal["AdamW", "Adam", "SGD"] = Field("AdamW", description="torch.optim optimizer class.")
     lr: float = Field(3e-3, gt=0, description="Peak learning rate.")
-    betas: tuple[float, float] = Field((0.9, 0.95), description="Adam betas.")
+    betas: tuple[Beta, Beta] = Field((0.9, 0.95), description="Adam betas, each in [0, 1).")
     eps: float = Field(1e-8, gt=0, description="Adam epsilon.")
     weight_decay: float = Field(0.1, ge=0, description="Decoupled weight decay.")
     implementation: Literal["auto", "foreach", "for-loop", "fused"] = Field("auto", description="Kernel: auto = fused on CUDA, foreach elsewhere.")
