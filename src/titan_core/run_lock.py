@@ -2,23 +2,26 @@
 
 Two runs writing one folder would interleave metrics, overwrite ``config.toml`` and
 race each other's checkpoint saves and retention. The first run takes the lock; a
-second run reads who holds it (pid, host, start time, written into the lock file by
-the holder) and stops with exit code 2 before it writes anything.
+second run finds the holder in ``/proc/locks`` (pid, this host, its start time from
+``/proc/<pid>``) and stops with exit code 2 before it writes anything.
 
 Why ``flock`` and not "a lock file exists": the kernel releases a ``flock`` when its
 holder dies (even by SIGKILL or a lost machine's process exit), so a crashed run
 never leaves a lock behind that someone has to delete by hand; the next run simply
-takes it over. The file itself stays (with the dead holder's details) and is reused.
+takes it over. The (empty) file itself stays and is reused.
 
 Network filesystems: on NFSv4 and on Lustre/GPFS mounted with ``flock`` support,
 ``flock`` is enforced across machines. Some mounts (NFSv3 without lockd, Lustre
 without ``-o flock``/``localflock``) either refuse it (``ENOLCK``/``EOPNOTSUPP``:
 the run then warns and continues unlocked) or enforce it only per machine, so two
-runs on two machines would not see each other there. docs/running.md says this.
+runs on two machines would not see each other there. Where the holder is on another
+machine, its pid cannot be named (``/proc/locks`` shows local holders only); the message
+says so. docs/running.md repeats this for operators.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import errno
 import fcntl
@@ -54,23 +57,47 @@ class RunLock:
             self.fd = None
 
 
-def _holder_text(path: Path) -> str:
+def _holder_pid(path: Path) -> int | None:
+    """The pid holding a flock on ``path``, from /proc/locks (this machine only)."""
     try:
-        text = path.read_text(encoding="utf-8", errors="replace").strip()
+        inode = path.stat().st_ino
+        lines = Path("/proc/locks").read_text().splitlines()
     except OSError:
-        text = ""
-    fields = dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
-    if not fields:
-        return "another process (its details are not recorded yet)"
-    return (f"pid {fields.get('pid', '?')} on host {fields.get('host', '?')}, "
-            f"started {fields.get('started', '?')}")
+        return None
+    for line in lines:
+        fields = line.split()
+        # "1: FLOCK  ADVISORY  WRITE 12345 08:01:1234567 0 EOF"; "->" marks a waiter
+        if len(fields) >= 6 and fields[1] == "FLOCK" and fields[5].rsplit(":", 1)[-1] == str(inode):
+            with contextlib.suppress(ValueError):
+                return int(fields[4])
+    return None
 
 
-def acquire_run_lock(run_dir: Path, *, command: str = "titan-train") -> RunLock:
+def _started(pid: int) -> str:
+    """The process's start time (UTC) from /proc, or '?'."""
+    try:
+        ticks = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+        boot = next(int(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines()
+                    if line.startswith("btime "))
+        when = boot + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return "?"
+    return datetime.datetime.fromtimestamp(when, datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _holder_text(path: Path) -> str:
+    pid = _holder_pid(path)
+    if pid is None or pid <= 0:
+        return ("a process on another machine (the folder is on a shared filesystem; this machine cannot see "
+                "which one)")
+    return f"pid {pid} on host {socket.gethostname()}, started {_started(pid)}"
+
+
+def acquire_run_lock(run_dir: Path) -> RunLock:
     """Take ``<run_dir>/.lock`` (creating the folder if needed) or raise RunFolderBusy.
 
-    A refused run touches nothing: the lock file is opened without truncation and
-    only the holder ever writes into it.
+    Nothing is ever written into the lock file (it is created empty once), so neither a
+    refused run nor a run that stops later changes any file by taking the lock.
     """
     run_dir.mkdir(parents=True, exist_ok=True)
     path = run_dir / LOCK_NAME
@@ -94,10 +121,6 @@ def acquire_run_lock(run_dir: Path, *, command: str = "titan-train") -> RunLock:
         progress(f"warning: the filesystem of {run_dir} does not support file locks ({exc.strerror}); "
                  f"running without the one-run-per-folder lock", is_rank0=True)
         return RunLock(path, None)
-    started = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
-    record = f"pid={os.getpid()}\nhost={socket.gethostname()}\nstarted={started}\ncommand={command}\n"
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, record.encode(), 0)
     return RunLock(path, fd)
 
 
