@@ -67,9 +67,17 @@ def join_process_group(backend: str, *, init_timeout_s: float, collective_timeou
             f"{world_size} processes (titan-train --nproc-per-node N starts them for you), check MASTER_ADDR/"
             f"MASTER_PORT, or unset WORLD_SIZE to run a single process."
         ) from None
-    _wait_for_everyone(store, rank=rank, world_size=world_size, timeout_s=init_timeout_s, where=where)
     try:
-        dist.init_process_group(backend=backend, store=store, rank=rank, world_size=world_size,
+        _wait_for_everyone(store, rank=rank, world_size=world_size, timeout_s=init_timeout_s, where=where)
+    except dist.DistError as exc:  # the store's host went away while we waited
+        raise RendezvousError(
+            f"rendezvous failed: the store at {where} stopped answering ({str(exc).splitlines()[0][:200]}). "
+            f"The process hosting it (rank 0 or the launcher) has probably died; look for its error."
+        ) from None
+    try:
+        # A prefix per restart: an elastic restart reusing the launcher's store must not read the last attempt's keys.
+        attempt = dist.PrefixStore(f"titan/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/", store)
+        dist.init_process_group(backend=backend, store=attempt, rank=rank, world_size=world_size,
                                 timeout=datetime.timedelta(seconds=collective_timeout_s))
     except (dist.DistError, RuntimeError) as exc:
         raise RendezvousError(
