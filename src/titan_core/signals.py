@@ -19,7 +19,7 @@ from typing import Any, Iterator, NoReturn
 
 from .errors import TitanError
 
-__all__ = ["StopRequested", "install_handlers", "no_interrupt", "requested_signal", "stop_after_signal"]
+__all__ = ["StopRequested", "handlers_installed", "no_interrupt", "requested_signal", "stop_after_signal"]
 
 _state = {"installed": False, "term": 0, "int_pending": False, "int_deferred": 0}
 
@@ -47,13 +47,23 @@ def _on_int(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt
 
 
-def install_handlers() -> None:
-    """Install the handlers (main thread only; a no-op elsewhere, e.g. in a notebook's worker thread)."""
+@contextlib.contextmanager
+def handlers_installed() -> Iterator[None]:
+    """The handlers for the duration (main thread only; elsewhere, e.g. a notebook's worker thread,
+    nothing is installed); the previous handlers come back afterwards."""
     if threading.current_thread() is not threading.main_thread():
+        yield
         return
+    previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
     signal.signal(signal.SIGTERM, _on_term)
     signal.signal(signal.SIGINT, _on_int)
     _state.update(installed=True, term=0, int_pending=False, int_deferred=0)
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        _state.update(installed=False, term=0)
 
 
 def requested_signal() -> int:

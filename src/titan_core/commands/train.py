@@ -23,12 +23,11 @@ def train(resolved: ResolvedConfig) -> int:
     from ..trainer import Trainer
 
     distributed.die_with_launcher()
-    signals.install_handlers()
     lock = _take_run_folder(Path(resolved.config.job.run_dir))
     trainer = Trainer(resolved)
     clean = False
     try:
-        with lost_peer(resolved.config.parallelism):
+        with signals.handlers_installed(), lost_peer(resolved.config.parallelism):
             trainer.setup()
             losses = trainer.train()
         if trainer.is_rank0 and losses:
