@@ -5,6 +5,14 @@ a run folder that already holds a good run (config, metrics, two checkpoints),
 and asserts: the exit code, a message fragment naming the culprit, no Python
 traceback, and that no file that existed in the run folder changed (path, size,
 mtime and SHA-1). ``pytest -s`` prints the table of (case, exit code, message).
+
+The second survey (``IN_PROCESS``) covers run-time classes: settings torch or the machine
+would reject later, launcher environment variables, config functions and plugins that
+exit, raise or return the wrong shape, the run folder and its files (in use, full disk,
+folders where files belong), and data entries that cannot be read. It calls the CLI's
+``main`` in this process (same code path, no interpreter start-up per case), with the same
+assertions. Signals, dead and frozen ranks and a racing second run need real processes:
+tests/test_signals_and_hangs.py.
 """
 
 from __future__ import annotations

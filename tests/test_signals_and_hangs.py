@@ -240,3 +240,25 @@ def test_a_second_run_in_the_same_folder_is_refused_and_touches_nothing(tmp_path
     assert third.returncode == 0, third.stdout + third.stderr
     assert "resuming from" in third.stdout + third.stderr
     assert (run_dir / ".lock").read_bytes() == b""  # nothing is ever written into the lock file
+
+
+def test_sigint_during_a_checkpoint_save_waits_for_it_to_be_published(tmp_path: Path) -> None:
+    """The save of step 4 is held between writing its shards and publishing them (a test hook);
+    Ctrl+C arrives right then. The run must publish step 4 whole, then exit 130."""
+    run_dir, log, paused = tmp_path / "run", tmp_path / "log", tmp_path / "paused"
+    proc = start(run_dir, log, "--checkpoint.enable=true", "--checkpoint.interval=2", "--checkpoint.keep_latest_k=0",
+                 TITAN_CHECKPOINT_PAUSE_AT_STEP="4", TITAN_CHECKPOINT_PAUSE_FILE=str(paused),
+                 TITAN_CHECKPOINT_PAUSE_SECONDS="2")
+    deadline = time.monotonic() + 120
+    while not paused.exists():
+        assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
+        time.sleep(0.02)
+    os.kill(proc.pid, signal.SIGINT)
+    code, text, seconds = finish(proc, log)
+    assert code == 130, text
+    assert_no_traceback(text)
+    assert text.count("interrupted (SIGINT)") == 1, text
+    assert checkpoint_steps(run_dir) == ["step-000002", "step-000004"]  # published whole, no .tmp-step-*
+    assert (run_dir / "checkpoints" / "step-000004" / ".metadata").is_file()
+    assert logged_step(run_dir) == 4  # stopped right after the save: step 5 never ran
+    assert seconds < 10, seconds
