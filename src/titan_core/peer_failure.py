@@ -16,7 +16,7 @@ from typing import Iterator
 
 from .errors import TitanError
 
-__all__ = ["PeerLost", "lost_peer"]
+__all__ = ["PeerLost", "is_collective_failure", "lost_peer"]
 
 _BACKEND_HINTS = re.compile(r"gloo|nccl|Connection closed|Connection reset|Timed out|timed out|timeout|"
                             r"Broken pipe|DistBackendError|ProcessGroup", re.IGNORECASE)
@@ -32,9 +32,14 @@ class PeerLost(TitanError):
         self.quiet = quiet
 
 
-def _is_collective_failure(exc: BaseException) -> bool:
+def is_collective_failure(exc: BaseException) -> bool:
+    """A failed collective of a multi-process run (a peer died or timed out)."""
     import torch.distributed as dist
 
+    from .distributed import world_size_from_env
+
+    if world_size_from_env() <= 1:
+        return False
     if isinstance(exc, dist.DistError):
         return True
     return type(exc) is RuntimeError and bool(_BACKEND_HINTS.search(str(exc)))
@@ -43,12 +48,12 @@ def _is_collective_failure(exc: BaseException) -> bool:
 @contextlib.contextmanager
 def lost_peer(parallelism: object) -> Iterator[None]:
     """Turn a failed collective (multi-process runs only) into PeerLost."""
-    from .distributed import LAUNCHER_ENV, world_size_from_env
+    from .distributed import LAUNCHER_ENV
 
     try:
         yield
     except (RuntimeError, OSError) as exc:
-        if world_size_from_env() <= 1 or not _is_collective_failure(exc):
+        if not is_collective_failure(exc):
             raise
         timeout = getattr(parallelism, "collective_timeout_s", None)
         detail = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__

@@ -40,6 +40,10 @@ def plugin_call(group: str, name: str, method: str) -> Iterator[None]:
     except TitanError:
         raise
     except Exception as exc:
+        from .peer_failure import is_collective_failure
+
+        if is_collective_failure(exc):  # a collective inside the plugin's code lost a peer: not the plugin's fault
+            raise
         first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ""
         raise PluginError(
             f"{plugin_label(group, name)} failed in {method}: {type(exc).__name__}: {first}. This is a problem "
