@@ -58,6 +58,10 @@ _LAZY: dict[str, str] = {
     "select_linears": "selection",
     "ConversionTable": "converters",
     "apply_converters": "converters",
+    "acquire_run_lock": "run_lock",
+    "RunFolderBusy": "run_lock",
+    "StopRequested": "signals",
+    "PeerLost": "peer_failure",
 }
 
 __all__ = ["PLUGIN_API_VERSION", "__version__", *_LAZY]

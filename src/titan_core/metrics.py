@@ -120,8 +120,11 @@ class MetricsLogger:
         if not self.is_rank0:
             return
         print(line, flush=True)
-        with self.path.open("a", encoding="utf-8") as f:
-            f.write(json.dumps(record) + "\n")
+        try:
+            with self.path.open("a", encoding="utf-8") as f:
+                f.write(json.dumps(record) + "\n")
+        except OSError as exc:  # a failed write() names no file; the message must (e.g. disk full)
+            raise OSError(exc.errno, exc.strerror, str(self.path)) from exc
         if self._wandb is not None:
             self._wandb.log(record, step=int(record["step"]))
 
@@ -141,4 +144,6 @@ def rank_prefix() -> str:
     """``[rank3] `` in a multi-process run, so interleaved output says who wrote it."""
     import os
 
-    return f"[rank{os.environ['RANK']}] " if int(os.environ.get("WORLD_SIZE", "1")) > 1 else ""
+    world, rank = os.environ.get("WORLD_SIZE", "1").strip(), os.environ.get("RANK", "?").strip()
+    # Used while reporting errors, including a garbage WORLD_SIZE: never raise here.
+    return f"[rank{rank[:8]}] " if world.isdigit() and int(world) > 1 else ""

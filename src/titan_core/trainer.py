@@ -32,6 +32,9 @@ from .optim import LRSchedulersContainer, OptimizersContainer
 from .parallel_dims import ParallelDims
 from .precision import autocast_for, resolve_compute_dtype
 from .protocols import ModelConverter, RunContext, TensorParallelStyles
+from .discovery import CONVERTERS, SPECS
+from .plugin_calls import check_logits, plugin_call
+from .signals import no_interrupt, requested_signal, stop_after_signal
 
 
 @dataclass
@@ -77,7 +80,9 @@ class Trainer:
 
     def init_distributed(self) -> None:
         t, p = self.config.training, self.config.parallelism
-        self.proc = distributed.init_process_group(backend=p.backend, device_preference=t.device)
+        self.proc = distributed.init_process_group(backend=p.backend, device_preference=t.device,
+                                                   init_timeout_s=p.init_timeout_s,
+                                                   collective_timeout_s=p.collective_timeout_s)
         self.device = self.proc.device
         self.dims = ParallelDims.resolve(
             dp_replicate=p.dp_replicate, dp_shard=p.dp_shard, tp=p.tp, pp=p.pp, world_size=self.proc.world_size
@@ -131,6 +136,11 @@ class Trainer:
         n_params = sum(p.numel() for p in model.parameters())
         progress(f"model {self.spec.name}/{m.flavor}: {n_params:,} parameters", is_rank0=self.is_rank0)
         self.n_params = n_params
+        from .memory_estimate import check_model_fits
+
+        p = self.config.parallelism
+        check_model_fits(n_params, optimizer=self.config.optimizer.name, dp_shard=self.dims.dp_shard, tp=p.tp,
+                         pp=p.pp, device=self.device)
         return model
 
     def run_context(self) -> RunContext:
@@ -141,9 +151,10 @@ class Trainer:
         from .converters import apply_converters
 
         ctx = self.run_context()
-        self.converters: list[ModelConverter] = [
-            cls(getattr(self.config, name), parallel_dims=self.dims, job=ctx) for name, cls in self.converter_classes
-        ]
+        self.converters: list[ModelConverter] = []
+        for name, cls in self.converter_classes:
+            with plugin_call(CONVERTERS, name, "__init__"):
+                self.converters.append(cls(getattr(self.config, name), parallel_dims=self.dims, job=ctx))
         named = [(name, conv) for (name, _), conv in zip(self.converter_classes, self.converters)]
         self.conversion_table = apply_converters(model, named, self.spec)
         if self.is_rank0 and named:
@@ -158,10 +169,11 @@ class Trainer:
 
     def parallelize(self, part: nn.Module) -> nn.Module:
         c = self.config
-        return self.spec.parallelize_fn(
-            part, parallel_dims=self.dims, mesh=self.mesh, training=c.training, parallelism=c.parallelism,
-            compile=c.compile, activation_checkpoint=c.activation_checkpoint, tp_styles=self.tp_styles(),
-        )
+        with plugin_call(SPECS, self.spec.name, "parallelize_fn"):
+            return self.spec.parallelize_fn(
+                part, parallel_dims=self.dims, mesh=self.mesh, training=c.training, parallelism=c.parallelism,
+                compile=c.compile, activation_checkpoint=c.activation_checkpoint, tp_styles=self.tp_styles(),
+            )
 
     def build_model_parts(self, model: nn.Module) -> None:
         self.loss_fn = self.spec.build_loss_fn() if self.spec.build_loss_fn else cross_entropy_loss
@@ -198,7 +210,8 @@ class Trainer:
     def materialize_and_init(self) -> None:
         for part in self.model_parts:
             part.to_empty(device=self.device)
-            init_model_weights(part, seed=self.config.training.seed)
+            with plugin_call(SPECS, self.spec.name, "the model's init_parameter/init_buffers"):
+                init_model_weights(part, seed=self.config.training.seed)
             part.train()
 
     def build_optimizers(self) -> None:
@@ -251,7 +264,10 @@ class Trainer:
         if self.pipeline is not None:
             return self.pipeline_forward_backward(inputs, labels)
         with self.autocast(), self.loss_context():
-            loss = self.loss_fn(self.model_parts[0](inputs), labels) / self.accum
+            with plugin_call(SPECS, self.spec.name, "the model's forward"):
+                logits = self.model_parts[0](inputs)
+            check_logits(logits, inputs, spec=self.spec.name)
+            loss = self.loss_fn(logits, labels) / self.accum
             loss.backward()
         return _plain(loss)
 
@@ -338,10 +354,20 @@ class Trainer:
                     tokens=tokens_per_device, step_time=time.perf_counter() - start,
                     extra={"skipped_steps": self.skipped_steps, "tokens_seen": self.tokens_seen},
                 )
-            self.checkpointer.maybe_save(self.step, tokens_seen=self.tokens_seen, last=last)
+            with no_interrupt():  # Ctrl+C waits for the save to be published: never half a checkpoint
+                self.checkpointer.maybe_save(self.step, tokens_seen=self.tokens_seen, last=last)
             self.maybe_validate(last=last)
+            self.stop_if_signalled()
         self.finish()
         return losses
+
+    def stop_if_signalled(self) -> None:
+        """After a SIGTERM, every rank stops after this same step (they agree in one all_reduce)."""
+        signum = requested_signal()
+        if self.dims.distributed:
+            signum = distributed.all_reduce_max(signum, self.device)
+        if signum:
+            stop_after_signal(self, signum)
 
     @torch.no_grad()
     def maybe_validate(self, *, last: bool) -> None:

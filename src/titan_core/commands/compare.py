@@ -146,6 +146,9 @@ def compare_baseline(resolved: ResolvedConfig) -> int:
             f"metrics.jsonl."
         )
     root = Path(resolved.config.job.run_dir)
+    from ..run_lock import acquire_run_lock
+
+    lock = acquire_run_lock(root)  # both runs write below root: one comparison per folder at a time
     runs = [("converted", with_run_dir(resolved, root / "converted")), ("baseline", baseline_of(resolved, root / "baseline"))]
     curves: list[LossCurve] = []
     try:
@@ -155,6 +158,7 @@ def compare_baseline(resolved: ResolvedConfig) -> int:
             curves.append(train_once(config, run))
     finally:
         distributed.destroy()
+        lock.release()
     converted, baseline = curves
     print(format_comparison(converted, baseline), flush=True)
     root.mkdir(parents=True, exist_ok=True)

@@ -7,9 +7,13 @@ here: the core keeps them as raw data until the plugin's own model validates the
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+
+# torch.optim.Adam rejects a beta outside [0, 1) only when the optimizer is built; check it up front.
+Beta = Annotated[float, Field(ge=0, lt=1)]
 
 
 class Section(BaseModel):
@@ -62,7 +66,7 @@ class TrainingSection(Section):
 class OptimizerSection(Section):
     name: Literal["AdamW", "Adam", "SGD"] = Field("AdamW", description="torch.optim optimizer class.")
     lr: float = Field(3e-3, gt=0, description="Peak learning rate.")
-    betas: tuple[float, float] = Field((0.9, 0.95), description="Adam betas.")
+    betas: tuple[Beta, Beta] = Field((0.9, 0.95), description="Adam betas, each in [0, 1).")
     eps: float = Field(1e-8, gt=0, description="Adam epsilon.")
     weight_decay: float = Field(0.1, ge=0, description="Decoupled weight decay.")
     implementation: Literal["auto", "foreach", "for-loop", "fused"] = Field("auto", description="Kernel: auto = fused on CUDA, foreach elsewhere.")
@@ -104,6 +108,8 @@ class ParallelismSection(Section):
     param_dtype: Literal["float32", "bfloat16"] = Field("float32", description="FSDP2 parameter dtype during compute.")
     reduce_dtype: Literal["float32", "bfloat16"] = Field("float32", description="FSDP2 gradient reduce dtype.")
     backend: Literal["auto", "gloo", "nccl"] = Field("auto", description="Process-group backend; auto = nccl on CUDA, gloo on CPU.")
+    init_timeout_s: float = Field(300.0, gt=0, le=86400, description="Seconds the rendezvous waits for every process to join before giving up.")
+    collective_timeout_s: float = Field(600.0, gt=0, le=86400, description="Seconds a collective waits for a rank that stopped answering before the run stops (covers the slowest step, save or compile).")
 
 
 class CheckpointSection(Section):
@@ -116,6 +122,7 @@ class CheckpointSection(Section):
     allow_converter_change: bool = Field(False, description="Allow resuming with a different converter list (e.g. fine-tune a baseline with float8).")
     export_at_end: bool = Field(False, description="Write the full model weights as safetensors at the end.")
     export_dtype: Literal["float32", "bfloat16"] = Field("float32", description="dtype of the exported weights.")
+    save_on_sigterm: bool = Field(True, description="On SIGTERM (preemption), save a checkpoint at the next step boundary before exiting 143.")
 
 
 class MetricsSection(Section):
