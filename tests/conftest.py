@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+import signal
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -33,6 +35,60 @@ def run_cli(*args: str, cwd: Path | None = None, env: dict[str, str] | None = No
         capture_output=True, text=True, timeout=timeout,
     )
     return CliResult(proc.returncode, proc.stdout, proc.stderr)
+
+
+@dataclass(frozen=True)
+class Run:
+    """A finished run of the CLI (possibly several processes) and the folder it wrote."""
+
+    code: int
+    out: str
+    err: str
+    run_dir: Path
+
+    @property
+    def text(self) -> str:
+        return self.out + self.err
+
+    def records(self) -> list[dict[str, float]]:
+        """The training-step records of ``metrics.jsonl`` (validation records left out)."""
+        return [r for r in self.all_records() if "loss" in r]
+
+    def all_records(self) -> list[dict[str, float]]:
+        lines = (self.run_dir / "metrics.jsonl").read_text().splitlines()
+        return [json.loads(line) for line in lines]
+
+
+def run_command(cmd: list[str], *, run_dir: Path, timeout: float = 300) -> Run:
+    """Run ``cmd`` in its own process group, killing the whole group (workers too) on timeout."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen(
+        cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        raise AssertionError(f"timed out after {timeout}s: {' '.join(cmd)}\n{out}\n{err}") from None
+    finally:
+        if proc.poll() is None:  # the test was interrupted: leave no worker behind
+            os.killpg(proc.pid, signal.SIGKILL)
+    return Run(proc.returncode, out, err, run_dir)
+
+
+def titan(run_dir: Path, *args: str, nproc: int | None = None, timeout: float = 300) -> Run:
+    """``python -m titan_core [--nproc-per-node N] --job.run_dir=RUN_DIR ARGS``."""
+    launch = ["--nproc-per-node", str(nproc)] if nproc else []
+    cmd = [sys.executable, "-m", "titan_core", *launch, f"--job.run_dir={run_dir}", *args]
+    return run_command(cmd, run_dir=run_dir, timeout=timeout)
+
+
+def torchrun(run_dir: Path, *args: str, nproc: int = 2, timeout: float = 300) -> Run:
+    """``python -m torch.distributed.run --standalone --nproc-per-node N -m titan_core ARGS``."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
+           "-m", "titan_core", f"--job.run_dir={run_dir}", *args]
+    return run_command(cmd, run_dir=run_dir, timeout=timeout)
 
 
 def run_main(capsys: pytest.CaptureFixture[str], *args: str) -> CliResult:

@@ -191,8 +191,10 @@ class Trainer:
 
     def scaled_loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """The pipeline's per-microbatch loss. The schedule itself divides gradients by the
-        number of microbatches, so only gradient accumulation is scaled here."""
-        return self.loss_fn(logits, labels) / self.accum
+        number of microbatches, so only gradient accumulation is scaled here. Validation runs
+        the schedule forward-only under no_grad, where the plain mean is wanted."""
+        loss = self.loss_fn(logits, labels)
+        return loss / self.accum if torch.is_grad_enabled() else loss
 
     def materialize_and_init(self) -> None:
         for part in self.model_parts:
@@ -346,17 +348,31 @@ class Trainer:
         v = self.config.validation
         if self.val_dataloader is None or not (self.step % v.freq == 0 or last):
             return
-        model = self.model_parts[0]
-        model.eval()
+        for part in self.model_parts:
+            part.eval()
         self.val_dataloader.reset()  # every validation scores the same held-out batches
         batches = iter(self.val_dataloader)
         total = torch.zeros((), device=self.device)
         for _ in range(v.steps):
             inputs, labels = (x.to(self.device) for x in next(batches))
-            with self.autocast(), self.loss_context():
-                total += self.loss_fn(model(inputs), labels).detach().float()
-        model.train()
+            total += self.validation_loss(inputs, labels)
+        for part in self.model_parts:
+            part.train()
         self.metrics.log_validation(step=self.step, loss=self.global_average_loss(total / v.steps))
+
+    def validation_loss(self, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """One held-out batch's mean loss (forward only); zero on ranks without the last PP stage."""
+        with self.autocast(), self.loss_context():
+            if self.pipeline is None:
+                return _plain(self.loss_fn(self.model_parts[0](inputs), labels)).float()
+            pipe = self.pipeline
+            losses: list[torch.Tensor] | None = [] if pipe.has_last_stage else None
+            target = labels if pipe.has_last_stage else None
+            args = (inputs,) if pipe.has_first_stage else ()
+            pipe.schedule.eval(*args, target=target, losses=losses)
+        if losses:  # equal microbatches: the mean of their means is the batch mean
+            return torch.stack([_plain(l) for l in losses]).float().mean()
+        return torch.zeros((), device=self.device)
 
     def finish(self) -> None:
         self.checkpointer.wait()
