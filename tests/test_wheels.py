@@ -117,8 +117,14 @@ def test_requested_plugins_from_wheels(fresh_venv: Path) -> None:
 
 
 @pytest.mark.slow
-def test_builtin_tokenizer_ships_in_the_wheel(fresh_venv: Path) -> None:
-    code = "from titan_core.tokenizer import build_tokenizer; print(build_tokenizer('builtin').vocab_size)"
+def test_builtin_tokenizer_and_corpus_ship_in_the_wheel(fresh_venv: Path) -> None:
+    code = ("from titan_core.tokenizer import build_tokenizer; print(build_tokenizer('builtin').vocab_size); "
+            "from titan_core.data.corpus import builtin_documents, SNAPSHOT_PATH; "
+            "print(len(builtin_documents()), SNAPSHOT_PATH)")
     out = subprocess.run([str(fresh_venv / "bin/python"), "-c", code], capture_output=True, text=True, cwd=fresh_venv.parent)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "2048"
+    vocab, corpus = out.stdout.split("\n")[:2]
+    assert vocab == "2048"
+    # the corpus snapshot is package data of the installed wheel, not read from this checkout
+    n_docs, path = corpus.split(" ", 1)
+    assert n_docs == "218" and path.startswith(str(fresh_venv)), out.stdout
