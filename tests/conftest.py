@@ -91,6 +91,46 @@ def torchrun(run_dir: Path, *args: str, nproc: int = 2, timeout: float = 300) ->
     return run_command(cmd, run_dir=run_dir, timeout=timeout)
 
 
+def run_ok(cmd: list[str], **kw: Any) -> subprocess.CompletedProcess[str]:
+    """``subprocess.run`` that captures text and fails the test (showing the output) on a non-zero exit."""
+    proc = subprocess.run(cmd, capture_output=True, text=True, **kw)
+    assert proc.returncode == 0, f"{cmd}\n{proc.stdout}\n{proc.stderr}"
+    return proc
+
+
+class Wheels:
+    """Wheels built from source folders, each built (and installed to a folder) once per test session."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self._wheels: dict[Path, Path] = {}
+        self._sites: dict[Path, Path] = {}
+
+    def wheel(self, source: Path) -> Path:
+        source = source.resolve()
+        if source not in self._wheels:
+            out = self.root / f"dist{len(self._wheels)}"
+            run_ok([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(out),
+                    str(source)])
+            (self._wheels[source],) = out.glob("*.whl")
+        return self._wheels[source]
+
+    def site(self, source: Path) -> Path:
+        """A folder holding only ``source``'s installed wheel (put it on PYTHONPATH to use it)."""
+        source = source.resolve()
+        if source not in self._sites:
+            target = self.root / f"site{len(self._sites)}"
+            run_ok([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--target", str(target),
+                    str(self.wheel(source))])
+            self._sites[source] = target
+        return self._sites[source]
+
+
+@pytest.fixture(scope="session")
+def wheels(tmp_path_factory: pytest.TempPathFactory) -> Wheels:
+    return Wheels(tmp_path_factory.mktemp("wheels"))
+
+
 def run_main(capsys: pytest.CaptureFixture[str], *args: str) -> CliResult:
     """The CLI's ``main`` in this process (fast; same code path after process start)."""
     from titan_core.cli import main
@@ -125,3 +165,61 @@ def trained(run_dir: Path, *pairs: str) -> tuple[Any, list[float]]:
     trainer = Trainer(resolve_config(config_source=None, override_pairs=overrides))  # type: ignore[arg-type]
     trainer.setup()
     return trainer, trainer.train()
+
+
+# ---- no test writes into the checkout ----------------------------------------------------------
+# Untracked or ignored paths that may appear while tests run: interpreter and pytest caches.
+_ALLOWED_NEW = ("__pycache__", ".pytest_cache")
+_checkout_before: set[str] | None = None
+
+
+def _checkout_paths() -> set[str] | None:
+    """``git status`` lines of the checkout (untracked and ignored folders collapsed), None outside git."""
+    try:
+        proc = subprocess.run(["git", "status", "--porcelain", "--ignored"], cwd=REPO, capture_output=True,
+                              text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if proc.returncode != 0:
+        return None
+    return {line for line in proc.stdout.splitlines() if not any(cache in line for cache in _ALLOWED_NEW)}
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    global _checkout_before
+    _checkout_before = _checkout_paths()
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    after = _checkout_paths()
+    if _checkout_before is None or after is None:
+        return
+    new = sorted(after - _checkout_before)
+    if new:
+        print(f"\nthe tests wrote into the checkout {REPO} (write under tmp_path instead):\n  " + "\n  ".join(new),
+              file=sys.stderr)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+# ---- the fast tier (bash scripts/test.sh --fast, i.e. pytest -m fast) ------------------------------
+# The edit-test loop: unit-level modules, one short end-to-end run (the golden single-process
+# curve) and one 2-process run (the golden FSDP2 curve); at most 5 minutes on 2 cores. CI runs all.
+FAST_MODULES = {
+    "test_config.py", "test_discovery.py", "test_optim.py", "test_tokenizer.py", "test_llama_model.py",
+    "test_data.py", "test_mx_converter.py", "test_converters_pipeline.py", "test_docs.py",
+    "test_float8_converter.py", "test_precision_and_mfu.py", "test_readme.py", "test_checkpoint.py",
+}
+FAST_TESTS = {
+    "test_golden_curves.py::test_every_case_has_a_golden_file_with_its_current_arguments",
+    "test_golden_curves.py::test_loss_curve_matches_golden[single]",
+    "test_golden_curves.py::test_loss_curve_matches_golden[fsdp2]",
+}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        module = item.path.name
+        if item.get_closest_marker("slow") is None and (
+            module in FAST_MODULES or f"{module}::{item.name}" in FAST_TESTS
+        ):
+            item.add_marker(pytest.mark.fast)

@@ -25,7 +25,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-REPO = Path(__file__).resolve().parents[1]
+from conftest import REPO, Wheels
+
 EXAMPLE = REPO / "examples" / "titan-tinygpt"
 TRAIN_ARGS = (
     "--spec", "tinygpt", "--flavor", "debugmodel", "--training.steps=12", "--training.seq_len=64",
@@ -40,20 +41,9 @@ class Installed:
     root: Path
 
 
-def _run(cmd: list[str], **kw: Any) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run(cmd, capture_output=True, text=True, **kw)
-    assert proc.returncode == 0, f"{cmd}\n{proc.stdout}\n{proc.stderr}"
-    return proc
-
-
 @pytest.fixture(scope="module")
-def installed(tmp_path_factory: pytest.TempPathFactory) -> Installed:
-    root = tmp_path_factory.mktemp("tinygpt")
-    dist = root / "dist"
-    _run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(dist), str(EXAMPLE)])
-    (wheel,) = dist.glob("titan_tinygpt-*.whl")
-    _run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(root / "site"), str(wheel)])
-    return Installed(wheel, root / "site", root)
+def installed(wheels: Wheels, tmp_path_factory: pytest.TempPathFactory) -> Installed:
+    return Installed(wheels.wheel(EXAMPLE), wheels.site(EXAMPLE), tmp_path_factory.mktemp("tinygpt"))
 
 
 def _titan(inst: Installed, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
