@@ -201,7 +201,8 @@ def test_flops_per_token_counts_every_linear_weight(tg: ModuleType) -> None:
     model = tg.TinyGPT(args)
     linear = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
     assert tg.model.matmul_params(args) == linear == 2 * (4 * 64 * 64 + 8 * 64 * 64) + 64 * 97
-    assert tg.flops_per_token(args, 32) == 6 * linear + 12 * 2 * 64 * 32
+    assert tg.flops_per_token(args, 32) == 6 * linear + 12 * 2 * 64 * (32 + 1) / 2  # causal: unmasked keys only
+    assert tg.flops_per_token(args, 32, full_attention=True) == 6 * linear + 12 * 2 * 64 * 32
 
 
 def test_activation_checkpointing_recomputes_and_keeps_names_and_gradients(tg: ModuleType) -> None:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +25,7 @@ from .grad_norm import clip_grad_norm
 from .init import init_model_weights
 from .layout import describe_parameter_layout
 from .loss import cross_entropy_loss
-from .metrics import MetricsLogger, progress
+from .metrics import MetricsLogger, model_flops_per_token, progress
 from .optim import LRSchedulersContainer, OptimizersContainer
 from .parallel_dims import ParallelDims
 from .precision import autocast_for, resolve_compute_dtype
@@ -59,8 +58,6 @@ class Trainer:
         self.tokens_seen = 0
         self.skipped_steps = 0
         self.run_dir = Path(self.config.job.run_dir)
-        # Fault injection for tests of the non-finite guard: the loss of this step reads as NaN.
-        self.inject_nonfinite_at = int(os.environ.get("TITAN_INJECT_NONFINITE_AT_STEP", "0"))
 
     # ---- set-up, in the architecture page's order -------------------------------------------
     def setup(self) -> None:
@@ -226,8 +223,7 @@ class Trainer:
         )
 
     def build_metrics(self) -> None:
-        fpt = self.spec.flops_per_token_fn(self.model_args, self.config.training.seq_len) \
-            if self.spec.flops_per_token_fn else None
+        fpt = model_flops_per_token(self.spec, self.model_args, self.config.training.seq_len)
         build_metrics = self.spec.build_metrics_processor_fn or MetricsLogger
         self.metrics = build_metrics(
             self.config.metrics, run_dir=self.run_dir, is_rank0=self.is_rank0, device=self.device,
@@ -275,8 +271,6 @@ class Trainer:
         pp_group = self.mesh["pp"].get_group() if self.dims.pp_enabled else None
         grad_norm = clip_grad_norm(self.model_parts, self.config.training.max_norm, pp_group=pp_group)
         global_loss = self.global_average_loss(loss)
-        if self.step + 1 == self.inject_nonfinite_at:
-            global_loss = float("nan")
         if not (math.isfinite(global_loss) and math.isfinite(grad_norm)):
             return self.handle_nonfinite(global_loss, grad_norm)
         self.optimizer.step()
