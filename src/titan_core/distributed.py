@@ -15,7 +15,6 @@ import torch.distributed as dist
 class ProcessInfo:
     rank: int
     world_size: int
-    local_rank: int
     backend: str
     device: torch.device
 
@@ -64,7 +63,7 @@ def init_process_group(*, backend: str, device_preference: str) -> ProcessInfo:
     if world_size > 1 and not dist.is_initialized():
         dist.init_process_group(backend=backend)
     rank = dist.get_rank() if dist.is_initialized() else 0
-    return ProcessInfo(rank, world_size, local_rank, backend, device)
+    return ProcessInfo(rank, world_size, backend, device)
 
 
 def all_reduce_sum(value: torch.Tensor) -> torch.Tensor:
@@ -73,11 +72,6 @@ def all_reduce_sum(value: torch.Tensor) -> torch.Tensor:
     if dist.is_initialized():
         dist.all_reduce(out, op=dist.ReduceOp.SUM)
     return out
-
-
-def barrier() -> None:
-    if dist.is_initialized():
-        dist.barrier()
 
 
 def destroy() -> None:
