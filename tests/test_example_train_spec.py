@@ -25,7 +25,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-REPO = Path(__file__).resolve().parents[1]
+from conftest import REPO, Wheels
+
 EXAMPLE = REPO / "examples" / "titan-tinygpt"
 TRAIN_ARGS = (
     "--spec", "tinygpt", "--flavor", "debugmodel", "--training.steps=12", "--training.seq_len=64",
@@ -40,20 +41,9 @@ class Installed:
     root: Path
 
 
-def _run(cmd: list[str], **kw: Any) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run(cmd, capture_output=True, text=True, **kw)
-    assert proc.returncode == 0, f"{cmd}\n{proc.stdout}\n{proc.stderr}"
-    return proc
-
-
 @pytest.fixture(scope="module")
-def installed(tmp_path_factory: pytest.TempPathFactory) -> Installed:
-    root = tmp_path_factory.mktemp("tinygpt")
-    dist = root / "dist"
-    _run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(dist), str(EXAMPLE)])
-    (wheel,) = dist.glob("titan_tinygpt-*.whl")
-    _run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(root / "site"), str(wheel)])
-    return Installed(wheel, root / "site", root)
+def installed(wheels: Wheels, tmp_path_factory: pytest.TempPathFactory) -> Installed:
+    return Installed(wheels.wheel(EXAMPLE), wheels.site(EXAMPLE), tmp_path_factory.mktemp("tinygpt"))
 
 
 def _titan(inst: Installed, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
@@ -211,7 +201,8 @@ def test_flops_per_token_counts_every_linear_weight(tg: ModuleType) -> None:
     model = tg.TinyGPT(args)
     linear = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
     assert tg.model.matmul_params(args) == linear == 2 * (4 * 64 * 64 + 8 * 64 * 64) + 64 * 97
-    assert tg.flops_per_token(args, 32) == 6 * linear + 12 * 2 * 64 * 32
+    assert tg.flops_per_token(args, 32) == 6 * linear + 12 * 2 * 64 * (32 + 1) / 2  # causal: unmasked keys only
+    assert tg.flops_per_token(args, 32, full_attention=True) == 6 * linear + 12 * 2 * 64 * 32
 
 
 def test_activation_checkpointing_recomputes_and_keeps_names_and_gradients(tg: ModuleType) -> None:

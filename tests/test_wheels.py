@@ -7,6 +7,7 @@ work from a source checkout.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -14,14 +15,9 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+from conftest import REPO, Wheels, run_ok
+
 DISTS = [REPO, REPO / "plugins/titan-llama", REPO / "plugins/titan-float8", REPO / "plugins/titan-mx-prototype"]
-
-
-def _run(cmd: list[str], **kw) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run(cmd, capture_output=True, text=True, **kw)
-    assert proc.returncode == 0, f"{cmd}\n{proc.stdout}\n{proc.stderr}"
-    return proc
 
 
 def _package(root: Path, dist: str, module: str, entry: str, body: str) -> Path:
@@ -57,9 +53,9 @@ GOOD_BODY = """
 
 
 @pytest.fixture(scope="module")
-def fresh_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def fresh_venv(tmp_path_factory: pytest.TempPathFactory, wheels: Wheels) -> Path:
     root = tmp_path_factory.mktemp("wheels")
-    wheels = root / "dist"
+    dist = root / "dist"
     extra = [
         _package(root, "titan-newconv", "titan_newconv", 'newconv = "titan_newconv:Renamer"', GOOD_BODY),
         _package(root, "titan-brokenconv", "titan_brokenconv", 'broken = "titan_brokenconv:Conv"',
@@ -67,13 +63,14 @@ def fresh_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
         _package(root, "titan-clash-a", "titan_clash_a", 'twin = "titan_clash_a:Renamer"', GOOD_BODY),
         _package(root, "titan-clash-b", "titan_clash_b", 'twin = "titan_clash_b:Renamer"', GOOD_BODY),
     ]
-    for src in DISTS + extra:
-        _run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(wheels), str(src)])
+    dist.mkdir()
+    for src in DISTS + extra:  # the session's wheels: each source is built once per test run
+        shutil.copy(wheels.wheel(src), dist)
     venv = root / "venv"
-    _run([sys.executable, "-m", "venv", str(venv)])
+    run_ok([sys.executable, "-m", "venv", str(venv)])
     pip = [str(venv / "bin/python"), "-m", "pip", "install", "-q"]
-    _run(pip + ["torch==2.13.0"], timeout=900)
-    _run(pip + sorted(str(w) for w in wheels.glob("*.whl")), timeout=900)
+    run_ok(pip + ["torch==2.13.0"], timeout=900)
+    run_ok(pip + sorted(str(w) for w in dist.glob("*.whl")), timeout=900)
     return venv
 
 
@@ -117,8 +114,14 @@ def test_requested_plugins_from_wheels(fresh_venv: Path) -> None:
 
 
 @pytest.mark.slow
-def test_builtin_tokenizer_ships_in_the_wheel(fresh_venv: Path) -> None:
-    code = "from titan_core.tokenizer import build_tokenizer; print(build_tokenizer('builtin').vocab_size)"
+def test_builtin_tokenizer_and_corpus_ship_in_the_wheel(fresh_venv: Path) -> None:
+    code = ("from titan_core.tokenizer import build_tokenizer; print(build_tokenizer('builtin').vocab_size); "
+            "from titan_core.data.corpus import builtin_documents, SNAPSHOT_PATH; "
+            "print(len(builtin_documents()), SNAPSHOT_PATH)")
     out = subprocess.run([str(fresh_venv / "bin/python"), "-c", code], capture_output=True, text=True, cwd=fresh_venv.parent)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "2048"
+    vocab, corpus = out.stdout.split("\n")[:2]
+    assert vocab == "2048"
+    # the corpus snapshot is package data of the installed wheel, not read from this checkout
+    n_docs, path = corpus.split(" ", 1)
+    assert n_docs == "218" and path.startswith(str(fresh_venv)), out.stdout

@@ -20,7 +20,6 @@ LAUNCHER_ENV = "TITAN_LAUNCHER_PID"
 class ProcessInfo:
     rank: int
     world_size: int
-    local_rank: int
     backend: str
     device: torch.device
 
@@ -101,7 +100,7 @@ def init_process_group(*, backend: str, device_preference: str, init_timeout_s: 
 
         join_process_group(backend, init_timeout_s=init_timeout_s, collective_timeout_s=collective_timeout_s)
     rank = dist.get_rank() if dist.is_initialized() else 0
-    return ProcessInfo(rank, world_size, local_rank, backend, device)
+    return ProcessInfo(rank, world_size, backend, device)
 
 
 def all_reduce_max(value: int, device: torch.device | None = None) -> int:
@@ -119,11 +118,6 @@ def all_reduce_sum(value: torch.Tensor) -> torch.Tensor:
     if dist.is_initialized():
         dist.all_reduce(out, op=dist.ReduceOp.SUM)
     return out
-
-
-def barrier() -> None:
-    if dist.is_initialized():
-        dist.barrier()
 
 
 def destroy() -> None:

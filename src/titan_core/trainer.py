@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,7 +26,7 @@ from .grad_norm import clip_grad_norm
 from .init import init_model_weights
 from .layout import describe_parameter_layout
 from .loss import cross_entropy_loss
-from .metrics import MetricsLogger, progress
+from .metrics import MetricsLogger, model_flops_per_token, progress
 from .optim import LRSchedulersContainer, OptimizersContainer
 from .parallel_dims import ParallelDims
 from .precision import autocast_for, resolve_compute_dtype
@@ -63,8 +62,6 @@ class Trainer:
         self.tokens_seen = 0
         self.skipped_steps = 0
         self.run_dir = Path(self.config.job.run_dir)
-        # Fault injection for tests of the non-finite guard: the loss of this step reads as NaN.
-        self.inject_nonfinite_at = int(os.environ.get("TITAN_INJECT_NONFINITE_AT_STEP", "0"))
 
     # ---- set-up, in the architecture page's order -------------------------------------------
     def setup(self) -> None:
@@ -204,8 +201,10 @@ class Trainer:
 
     def scaled_loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """The pipeline's per-microbatch loss. The schedule itself divides gradients by the
-        number of microbatches, so only gradient accumulation is scaled here."""
-        return self.loss_fn(logits, labels) / self.accum
+        number of microbatches, so only gradient accumulation is scaled here. Validation runs
+        the schedule forward-only under no_grad, where the plain mean is wanted."""
+        loss = self.loss_fn(logits, labels)
+        return loss / self.accum if torch.is_grad_enabled() else loss
 
     def materialize_and_init(self) -> None:
         for part in self.model_parts:
@@ -238,8 +237,7 @@ class Trainer:
         )
 
     def build_metrics(self) -> None:
-        fpt = self.spec.flops_per_token_fn(self.model_args, self.config.training.seq_len) \
-            if self.spec.flops_per_token_fn else None
+        fpt = model_flops_per_token(self.spec, self.model_args, self.config.training.seq_len)
         build_metrics = self.spec.build_metrics_processor_fn or MetricsLogger
         self.metrics = build_metrics(
             self.config.metrics, run_dir=self.run_dir, is_rank0=self.is_rank0, device=self.device,
@@ -290,8 +288,6 @@ class Trainer:
         pp_group = self.mesh["pp"].get_group() if self.dims.pp_enabled else None
         grad_norm = clip_grad_norm(self.model_parts, self.config.training.max_norm, pp_group=pp_group)
         global_loss = self.global_average_loss(loss)
-        if self.step + 1 == self.inject_nonfinite_at:
-            global_loss = float("nan")
         if not (math.isfinite(global_loss) and math.isfinite(grad_norm)):
             return self.handle_nonfinite(global_loss, grad_norm)
         self.optimizer.step()
@@ -374,17 +370,31 @@ class Trainer:
         v = self.config.validation
         if self.val_dataloader is None or not (self.step % v.freq == 0 or last):
             return
-        model = self.model_parts[0]
-        model.eval()
+        for part in self.model_parts:
+            part.eval()
         self.val_dataloader.reset()  # every validation scores the same held-out batches
         batches = iter(self.val_dataloader)
         total = torch.zeros((), device=self.device)
         for _ in range(v.steps):
             inputs, labels = (x.to(self.device) for x in next(batches))
-            with self.autocast(), self.loss_context():
-                total += self.loss_fn(model(inputs), labels).detach().float()
-        model.train()
+            total += self.validation_loss(inputs, labels)
+        for part in self.model_parts:
+            part.train()
         self.metrics.log_validation(step=self.step, loss=self.global_average_loss(total / v.steps))
+
+    def validation_loss(self, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """One held-out batch's mean loss (forward only); zero on ranks without the last PP stage."""
+        with self.autocast(), self.loss_context():
+            if self.pipeline is None:
+                return _plain(self.loss_fn(self.model_parts[0](inputs), labels)).float()
+            pipe = self.pipeline
+            losses: list[torch.Tensor] | None = [] if pipe.has_last_stage else None
+            target = labels if pipe.has_last_stage else None
+            args = (inputs,) if pipe.has_first_stage else ()
+            pipe.schedule.eval(*args, target=target, losses=losses)
+        if losses:  # equal microbatches: the mean of their means is the batch mean
+            return torch.stack([_plain(l) for l in losses]).float().mean()
+        return torch.zeros((), device=self.device)
 
     def finish(self) -> None:
         self.checkpointer.wait()
