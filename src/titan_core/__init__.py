@@ -57,6 +57,7 @@ _LAZY: dict[str, str] = {
     "select_linears": "selection",
     "ConversionTable": "converters",
     "apply_converters": "converters",
+    "default_parallelize_fn": "parallel",
 }
 
 __all__ = ["PLUGIN_API_VERSION", "__version__", *_LAZY]
@@ -79,6 +80,7 @@ if TYPE_CHECKING:
     from .checkpoint import CheckpointManager, ResumeInfo, RunIdentity, collect_param_shapes, export_safetensors
     from .config.job import JobConfig
     from .converters import ConversionTable, apply_converters
+    from .parallel import default_parallelize_fn
     from .config.sections import (
         ActivationCheckpointSection,
         CheckpointSection,
