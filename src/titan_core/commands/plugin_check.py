@@ -6,7 +6,8 @@ import sys
 from typing import Sequence
 
 from ..errors import ConfigError, did_you_mean
-from ..testing import CheckResult, Target, run_checks
+from ..testing import CheckResult, Target
+from ..testing.checks import checks_for, run_check
 
 
 def kind_of(name: str) -> str:
@@ -47,11 +48,15 @@ def check(names: Sequence[str], *, fast: bool, spec: str, compile: bool, kind: s
     """Check every name; print one table each; 1 if any check failed, else 0."""
     from ..testing import tiny_spec  # noqa: F401  (the core's tiny model: the default spec for converters)
 
+    kinds = {name: kind or kind_of(name) for name in names}  # every name known before anything runs
     failed = False
     for name in names:
-        k = kind or kind_of(name)
+        k = kinds[name]
         target = Target(k, name, spec=spec, compile=compile, extra_flags=tuple(extra_flags))
-        results = run_checks(target, fast=fast)
+        results = []
+        for one in checks_for(target, fast=fast):
+            print(f"[titan-plugin] {name}: {one.name} ...", file=sys.stderr, flush=True)
+            results.append(run_check(target, one))
         print(format_table(name, k, results) + "\n", flush=True)
         failed |= any(not r.ok for r in results)
     print("titan-plugin check: " + ("FAILED" if failed else "all checks passed"), file=sys.stderr)

@@ -10,7 +10,9 @@ reference share it.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import io
 import math
 import shutil
 import tempfile
@@ -27,6 +29,8 @@ from . import runs
 SEQ_LEN = 64
 BATCH = 4  # the global batch of every run: layouts with 2 data-parallel ranks take 2 each
 MATCH_REL = 1e-4  # multi-process losses against one process (reduction order differs)
+# Low-precision rounding amplifies that noise (float8 tensorwise, TP 2: 8e-5 over 5 steps, measured).
+CONVERTER_MATCH_REL = 5e-4
 
 
 @dataclass(frozen=True)
@@ -99,11 +103,16 @@ def _matches_reference(t: Target, key: str, nproc: int, *flags: str, steps: int 
     _require_run(ref, "the one-process reference")
     run = t.run(key, steps, *flags, nproc=nproc)
     _require_run(run, f"the {key} run")
+    return _compare(run, ref, key, t)
+
+
+def _compare(run: runs.Run, ref: runs.Run, key: str, t: Target) -> str:
     diff = runs.max_rel_diff(run.curve(), ref.curve())
     figure = f"max rel diff {diff:.1e}"
-    if diff > MATCH_REL:
+    bound = CONVERTER_MATCH_REL if t.kind == "converter" else MATCH_REL
+    if diff > bound:
         raise Failed(f"{key} losses {run.curve()} differ from one process's {ref.curve()} by {diff:.2e} "
-                     f"(> {MATCH_REL:.0e})", figure)
+                     f"(> {bound:.0e})", figure)
     return figure
 
 
@@ -206,8 +215,10 @@ def check_hooks(t: Target) -> str:
             super().post_optimizer_hook(model_parts)
 
     trainer = Trainer(dataclasses.replace(resolved, converters=[(name, Counting)]))
-    trainer.setup()
-    trainer.train()
+    # The run's own progress lines are not part of the check's report.
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        trainer.setup()
+        trainer.train()
     if counts != {"pre": steps, "post": steps}:
         raise Failed(f"over {steps} steps the hooks ran pre x{counts['pre']}, post x{counts['post']}",
                      f"pre {counts['pre']}, post {counts['post']}")
@@ -215,8 +226,18 @@ def check_hooks(t: Target) -> str:
 
 
 def check_fsdp(t: Target) -> str:
-    """FSDP2 on 2 processes matches one process."""
-    return _matches_reference(t, "fsdp2", 2, "--parallelism.dp_shard=2", f"--training.local_batch_size={BATCH // 2}")
+    """FSDP2 on 2 processes matches one process taking the same micro-batches (gradient accumulation).
+
+    The reference accumulates two micro-batches of the ranks' size: a converter that scales
+    each micro-batch by its own statistics (float8 tensorwise) legitimately differs from one
+    batch of the global size.
+    """
+    half = f"--training.local_batch_size={BATCH // 2}"
+    ref = t.run("single_accum", 5, half, f"--training.global_batch_size={BATCH}")
+    _require_run(ref, "the one-process reference (2 micro-batches)")
+    run = t.run("fsdp2", 5, "--parallelism.dp_shard=2", half, nproc=2)
+    _require_run(run, "the fsdp2 run")
+    return _compare(run, ref, "fsdp2", t)
 
 
 def check_tp(t: Target) -> str:
@@ -234,19 +255,20 @@ def check_pp(t: Target) -> str:
 
 
 def check_resume(t: Target) -> str:
-    """Stop after 2 of 4 steps with a checkpoint, resume: steps 3-4 are bit-exact with an unbroken run."""
-    flags = ("--checkpoint.enable=true", "--checkpoint.interval=2", f"--training.local_batch_size={BATCH}")
+    """Resume from the step-2 checkpoint of a 4-step run: steps 3-4 are bit-exact with the unbroken run."""
+    flags = ("--checkpoint.enable=true", "--checkpoint.interval=2", "--checkpoint.keep_latest_k=0",
+             f"--training.local_batch_size={BATCH}")
     whole = t.run("resume_whole", 4, *flags)
     _require_run(whole, "the unbroken run")
-    run_dir = t.workdir / "resume_split"
-    shutil.rmtree(run_dir, ignore_errors=True)
-    first = runs.train(run_dir, t.base_flags(2), *flags)
-    _require_run(first, "the first half")
-    second = runs.train(run_dir, t.base_flags(4), *flags)
-    _require_run(second, "the resumed half")
-    if "resum" not in second.output.lower():
-        raise Failed(f"the second run did not report resuming:\n{runs.tail(second.output)}")
-    a, b = [whole.losses.get(s) for s in (3, 4)], [second.losses.get(s) for s in (3, 4)]
+    step2 = t.workdir / "resume_whole" / "checkpoints" / "step-000002"
+    if not step2.is_dir():
+        raise Failed(f"the unbroken run saved no checkpoint at {step2}")
+    # Same command (same 4-step LR schedule), started from that checkpoint in a folder of its own.
+    resumed = t.run("resume_from_2", 4, *flags, f"--checkpoint.resume={step2}")
+    _require_run(resumed, "the resumed run")
+    if sorted(resumed.losses) != [3, 4]:
+        raise Failed(f"the resumed run trained steps {sorted(resumed.losses)}, not 3-4:\n{runs.tail(resumed.output)}")
+    a, b = [whole.losses[s] for s in (3, 4)], [resumed.losses[s] for s in (3, 4)]
     if a != b:
         raise Failed(f"resumed losses {b} differ from the unbroken run's {a}", "not bit-exact")
     return "steps 3-4 bit-exact"
@@ -301,7 +323,7 @@ def check_init_layouts(t: Target) -> str:
     ref = t.reference(5)
     _require_run(ref, "the one-process reference")
     diffs = []
-    for key in ("fsdp2", "tp2"):
+    for key in ("fsdp2", "tp2", "pp2"):
         run = t._runs.get(key)
         if run is not None and run.returncode == 0 and 1 in run.losses:
             diffs.append(abs(run.losses[1] - ref.losses[1]) / abs(ref.losses[1]))
