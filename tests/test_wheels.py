@@ -7,6 +7,7 @@ work from a source checkout.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -122,3 +123,56 @@ def test_builtin_tokenizer_ships_in_the_wheel(fresh_venv: Path) -> None:
     out = subprocess.run([str(fresh_venv / "bin/python"), "-c", code], capture_output=True, text=True, cwd=fresh_venv.parent)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "2048"
+
+
+# ---- the plugin guides, command by command, in the fresh venv ----------------------------------------
+GUIDES = [REPO / "docs/writing-a-converter.md", REPO / "docs/writing-a-train-spec.md"]
+#: Guide commands that show an error: the exit code and a piece of the message they print.
+EXPECTED_ERRORS = {
+    "PYTHONPATH=tmp/site titan-train --converters int8fake --int8fake.bitz=4 --dry-run": "did you mean",
+    "PYTHONPATH=tmp/site titan-train --converters int8fake,float8 --dry-run": 'converter "int8fake" was requested but has no module left',
+    "titan-train --spec tinygpt --nproc-per-node 3 --parallelism.tp=3": "parallelism.tp=3 does not divide tinygpt n_heads=4",
+}
+
+
+def guide_commands(guide: Path) -> list[str]:
+    """Every command of a guide: the lines of its bash blocks, and the "$ " lines of its console blocks."""
+    commands = []
+    for lang, body in re.findall(r"```(bash|console)\n(.*?)```", guide.read_text(), flags=re.S):
+        for line in body.splitlines():
+            if lang == "bash" and line.strip() and not line.startswith("#"):
+                commands.append(line.strip())
+            elif lang == "console" and line.startswith("$ "):
+                commands.append(line[2:].strip())
+    return commands
+
+
+def _in_venv(venv: Path, cwd: Path, command: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    env.update(PATH=f"{venv / 'bin'}{os.pathsep}{env['PATH']}", VIRTUAL_ENV=str(venv), OMP_NUM_THREADS="1")
+    return subprocess.run(["bash", "-c", command], capture_output=True, text=True, env=env, cwd=cwd, timeout=900)
+
+
+@pytest.mark.slow
+def test_every_command_of_the_plugin_guides_runs_in_a_fresh_venv(fresh_venv: Path, tmp_path: Path) -> None:
+    """Includes `titan-plugin new` + `pip install` + `titan-plugin check --fast` for both kinds."""
+    (tmp_path / "examples").symlink_to(REPO / "examples")
+    assert _in_venv(fresh_venv, tmp_path, "python -m pip install -q pytest hatchling").returncode == 0
+    # The converter guide's unit-test file, which its pytest command runs.
+    body = re.search(r'```python\n("""The converter\'s selection and numbers.*?)```',
+                     GUIDES[0].read_text(), flags=re.S)
+    assert body is not None
+    (tmp_path / "tmp/mytests").mkdir(parents=True)
+    (tmp_path / "tmp/mytests/test_my_converter.py").write_text(body.group(1))
+    ran = []
+    for guide in GUIDES:
+        for command in guide_commands(guide):
+            proc = _in_venv(fresh_venv, tmp_path, command)
+            expected = EXPECTED_ERRORS.get(command)
+            if expected is None:
+                assert proc.returncode == 0, f"{guide.name}: {command}\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}"
+            else:
+                assert proc.returncode == 2 and expected in proc.stderr, f"{command}\n{proc.stderr[-2000:]}"
+            ran.append(command)
+    assert "titan-plugin check myconv --fast" in ran and "titan-plugin check mymodel --fast" in ran
+    assert set(EXPECTED_ERRORS) <= set(ran)
