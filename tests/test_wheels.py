@@ -176,3 +176,13 @@ def test_every_command_of_the_plugin_guides_runs_in_a_fresh_venv(fresh_venv: Pat
             ran.append(command)
     assert "titan-plugin check myconv --fast" in ran and "titan-plugin check mymodel --fast" in ran
     assert set(EXPECTED_ERRORS) <= set(ran)
+
+    # The five plugins of this repository through the quick checks (the guides installed the examples:
+    # int8fake into tmp/site, tinygpt into the venv), and every check on the scaffolded spec.
+    five = _in_venv(fresh_venv, tmp_path, "PYTHONPATH=tmp/site titan-plugin check llama3 float8 mx int8fake tinygpt --fast")
+    assert five.returncode == 0, five.stdout + five.stderr[-3000:]
+    assert five.stdout.count("\ncheck ") == 5 and "FAIL" not in five.stdout, five.stdout
+    full = _in_venv(fresh_venv, tmp_path, "titan-plugin check mymodel")
+    assert full.returncode == 0, full.stdout + full.stderr[-3000:]
+    for check in ("FSDP2 x2 = 1 process", "TP 2 = 1 process", "resume bit-exact", "init identical across layouts"):
+        assert re.search(rf"^{re.escape(check)}\s+pass\s", full.stdout, flags=re.M), full.stdout

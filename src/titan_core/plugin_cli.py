@@ -20,6 +20,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--spec", default="tiny", help="spec converters are trained on (default: the core's tiny model)")
     c.add_argument("--compile", action="store_true", help="also train with --compile.enable=true")
     c.add_argument("--kind", choices=["spec", "converter"], help="what NAME is, when both kinds have it")
+    c.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
+                   help="import MODULE first, here and in every training run (plugins registered in-process)")
     c.add_argument("--flag", dest="flags", action="append", default=[], metavar="--SECTION.KEY=VALUE",
                    help="extra titan-train flag for every training run (repeatable)")
     n = sub.add_parser("new", help="write a new plugin package")
@@ -35,9 +37,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "check":
             from .commands.plugin_check import check
+            from .discovery import import_modules
 
+            import_modules(args.imports)
+            imports = [flag for module in args.imports for flag in ("--import", module)]
             return check(args.names, fast=args.fast, spec=args.spec, compile=args.compile, kind=args.kind,
-                         extra_flags=args.flags)
+                         extra_flags=[*imports, *args.flags])
         from .scaffold import write_package
 
         path = write_package(args.kind, args.name, args.dir)

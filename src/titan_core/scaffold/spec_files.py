@@ -32,7 +32,7 @@ from .spec import ${Cls}Section, flavors, ${name}_spec
 __all__ = ["${Cls}Args", "${Cls}Model", "${Cls}Section", "flavors", "flops_per_token", "${name}_spec"]
 '''
 
-MODEL = '''"""The $name model: a pre-norm causal decoder (RMSNorm, multi-head attention, SiLU MLP).
+MODEL = '''"""The $name model: a pre-norm causal decoder (RMSNorm, multi-head attention, SwiGLU MLP).
 
 No parallelism and no config plumbing here: the model is built on the meta device,
 then titan-core applies TP (from tp_plan.py), activation checkpointing, compile and
@@ -75,18 +75,30 @@ class Attention(nn.Module):
         return self.wo(out.transpose(1, 2).reshape(b, s, -1))
 
 
+class FeedForward(nn.Module):
+    """SwiGLU: w2(silu(w1(x)) * w3(x))."""
+
+    def __init__(self, a: ${Cls}Args) -> None:
+        super().__init__()
+        self.w1 = nn.Linear(a.dim, a.hidden, bias=False)
+        self.w2 = nn.Linear(a.hidden, a.dim, bias=False)
+        self.w3 = nn.Linear(a.dim, a.hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
 class Block(nn.Module):
     def __init__(self, a: ${Cls}Args) -> None:
         super().__init__()
         self.attention_norm = nn.RMSNorm(a.dim)
         self.attention = Attention(a)
         self.ffn_norm = nn.RMSNorm(a.dim)
-        self.w1 = nn.Linear(a.dim, a.hidden, bias=False)
-        self.w2 = nn.Linear(a.hidden, a.dim, bias=False)
+        self.feed_forward = FeedForward(a)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = x + self.attention(self.attention_norm(x))
-        return h + self.w2(F.silu(self.w1(self.ffn_norm(h))))
+        return h + self.feed_forward(self.ffn_norm(h))
 
 
 class ${Cls}Model(nn.Module):
@@ -124,13 +136,13 @@ class ${Cls}Model(nn.Module):
 def flops_per_token(a: ${Cls}Args, seq_len: int) -> float:
     """Training FLOPs per token: 6 x matmul weights + 12 x layers x dim x seq_len (attention)."""
     assert a.vocab_size is not None
-    per_block = 4 * a.dim * a.dim + 2 * a.dim * a.hidden
+    per_block = 4 * a.dim * a.dim + 3 * a.dim * a.hidden
     return 6.0 * (a.n_layers * per_block + a.dim * a.vocab_size) + 12.0 * a.n_layers * a.dim * seq_len
 '''
 
 TP_PLAN = '''"""The tensor-parallel plan: ``{module name: ParallelStyle}`` for titan-core's default parallelize_fn.
 
-Column-wise q/k/v and w1 (each rank computes its own heads and its slice of the MLP),
+Column-wise q/k/v, w1 and w3 (each rank computes its own heads and its slice of the MLP),
 row-wise wo and w2 (all-reduced back to the replicated residual stream); the
 embedding and the norms stay whole on every rank. The head is column-wise over the
 vocabulary: with ``loss_parallel`` its logits stay a DTensor sharded on the last
@@ -156,7 +168,8 @@ def ${name}_tp_plan(model: nn.Module, *, styles: TensorParallelStyles, loss_para
         plan.update({
             f"{p}.attention.wq": styles.colwise(), f"{p}.attention.wk": styles.colwise(),
             f"{p}.attention.wv": styles.colwise(), f"{p}.attention.wo": styles.rowwise(),
-            f"{p}.w1": styles.colwise(), f"{p}.w2": styles.rowwise(),
+            f"{p}.feed_forward.w1": styles.colwise(), f"{p}.feed_forward.w2": styles.rowwise(),
+            f"{p}.feed_forward.w3": styles.colwise(),
         })
     plan["output"] = ColwiseParallel(output_layouts=Shard(-1) if loss_parallel else Replicate(),
                                      use_local_output=not loss_parallel)

@@ -139,6 +139,13 @@ def check_config(t: Target) -> str:
     raise Failed(f"--{t.name}.{typo}=1 (a misspelled key) was accepted")
 
 
+def _signature(module: torch.nn.Module) -> tuple[Any, ...]:
+    """What a conversion can change about one module: its class, its own parameters' classes
+    (a converter may wrap weights in a tensor subclass instead), and an instance-level forward."""
+    params = tuple((n, type(p), type(getattr(p, "data", p))) for n, p in module.named_parameters(recurse=False))
+    return type(module), params, "forward" in vars(module)
+
+
 def check_select_convert(t: Target) -> str:
     """``select`` names existing modules only; ``convert`` changes exactly those (on meta)."""
     from ..config.resolve import resolve_config
@@ -160,7 +167,7 @@ def check_select_convert(t: Target) -> str:
     dims = ParallelDims.resolve(dp_replicate=1, dp_shard=1, tp=1, pp=1, world_size=1)
     ((_, conv),) = build_converters(resolved, dims)
     conv.compatible_with(spec)
-    before = {name: type(m) for name, m in model.named_modules()}
+    before = {name: _signature(m) for name, m in model.named_modules()}
     selected = conv.select(model)
     unknown = sorted(set(selected) - set(before))
     if unknown:
@@ -168,8 +175,8 @@ def check_select_convert(t: Target) -> str:
     if not selected:
         raise Failed("select() chose no module of the model")
     conv.convert(model, list(selected))
-    after = {name: type(m) for name, m in model.named_modules()}
-    changed = {name for name in before if name in after and after[name] is not before[name]}
+    after = {name: _signature(m) for name, m in model.named_modules()}
+    changed = {name for name in before if name in after and after[name] != before[name]}
     top_changed = {n for n in changed if not any(n.startswith(p + ".") for p in changed)}
     if top_changed != set(selected):
         raise Failed(f"convert() changed {sorted(top_changed)[:5]}... but select() chose {sorted(selected)[:5]}...")
@@ -242,10 +249,16 @@ def check_fsdp(t: Target) -> str:
 
 def check_tp(t: Target) -> str:
     """TP 2 matches one process, or is refused with a clear message (exit 2, no traceback)."""
+    ref = t.reference(5)
+    _require_run(ref, "the one-process reference")  # else a refusal below could be any error
     run = t.run("tp2", 5, "--parallelism.tp=2", f"--training.local_batch_size={BATCH}", nproc=2)
     if run.returncode == 2 and "Traceback" not in run.output and "error:" in run.output:
-        message = next(line for line in run.output.splitlines() if "error:" in line)
-        return f"refused: {message.split('error:', 1)[1].strip()[:60]}"
+        message = next(line for line in run.output.splitlines() if "error:" in line).split("error:", 1)[1].strip()
+        if not any(word in message.lower() for word in ("tp", "tensor")):
+            raise Failed(f"TP 2 was refused with a message that does not name tensor parallelism: {message}")
+        if run.output.count(message) > 1:
+            raise Failed(f"TP 2 was refused once per process instead of once, before the workers: {message}")
+        return f"refused: {message[:60]}"
     return _matches_reference(t, "tp2", 2, "--parallelism.tp=2", f"--training.local_batch_size={BATCH}")
 
 

@@ -40,18 +40,30 @@ class Attention(nn.Module):
         return self.wo(F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, s, -1))
 
 
+class FeedForward(nn.Module):
+    """SwiGLU: w2(silu(w1(x)) * w3(x))."""
+
+    def __init__(self, a: TinyArgs) -> None:
+        super().__init__()
+        self.w1 = nn.Linear(a.dim, a.hidden, bias=False)
+        self.w2 = nn.Linear(a.hidden, a.dim, bias=False)
+        self.w3 = nn.Linear(a.dim, a.hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
 class Block(nn.Module):
     def __init__(self, a: TinyArgs) -> None:
         super().__init__()
         self.attention_norm = nn.RMSNorm(a.dim)
         self.attention = Attention(a)
         self.ffn_norm = nn.RMSNorm(a.dim)
-        self.w1 = nn.Linear(a.dim, a.hidden, bias=False)
-        self.w2 = nn.Linear(a.hidden, a.dim, bias=False)
+        self.feed_forward = FeedForward(a)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = x + self.attention(self.attention_norm(x))
-        return h + self.w2(F.silu(self.w1(self.ffn_norm(h))))
+        return h + self.feed_forward(self.ffn_norm(h))
 
 
 class TinyTransformer(nn.Module):
@@ -82,7 +94,7 @@ class TinyTransformer(nn.Module):
 
 
 def tiny_tp_plan(model: nn.Module, *, styles: TensorParallelStyles, loss_parallel: bool) -> dict[str, Any]:
-    """Column-wise q/k/v/w1, row-wise wo/w2; norms and embedding whole on every rank; vocab-sharded head."""
+    """Column-wise q/k/v/w1/w3, row-wise wo/w2; norms and embedding whole on every rank; vocab-sharded head."""
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import ColwiseParallel
 
@@ -91,7 +103,8 @@ def tiny_tp_plan(model: nn.Module, *, styles: TensorParallelStyles, loss_paralle
         p = f"layers.{name}"
         plan.update({f"{p}.attention.wq": styles.colwise(), f"{p}.attention.wk": styles.colwise(),
                      f"{p}.attention.wv": styles.colwise(), f"{p}.attention.wo": styles.rowwise(),
-                     f"{p}.w1": styles.colwise(), f"{p}.w2": styles.rowwise()})
+                     f"{p}.feed_forward.w1": styles.colwise(), f"{p}.feed_forward.w2": styles.rowwise(),
+                     f"{p}.feed_forward.w3": styles.colwise()})
     plan["output"] = ColwiseParallel(output_layouts=Shard(-1) if loss_parallel else Replicate(),
                                      use_local_output=not loss_parallel)
     return plan
@@ -100,7 +113,7 @@ def tiny_tp_plan(model: nn.Module, *, styles: TensorParallelStyles, loss_paralle
 def matmul_flops_per_token(args: TinyArgs, seq_len: int) -> float:
     """6 x matmul weights + 12 x layers x dim x seq_len (attention scores and values, full square)."""
     assert args.vocab_size is not None
-    per_block = 4 * args.dim * args.dim + 2 * args.dim * args.hidden
+    per_block = 4 * args.dim * args.dim + 3 * args.dim * args.hidden
     return 6.0 * (args.n_layers * per_block + args.dim * args.vocab_size) + 12.0 * args.n_layers * args.dim * seq_len
 
 
