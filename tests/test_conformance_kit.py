@@ -72,10 +72,13 @@ def test_cli_prints_the_table_and_exits_1_on_a_failed_check(liars: Path) -> None
 
 def test_the_pytest_class_runs_the_checks_on_an_installed_converter(tmp_path: Path) -> None:
     site = tmp_path / "site"
-    for cmd in (["wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(tmp_path), str(REPO / "examples/titan-int8-fake")],
-                ["install", "-q", "--no-deps", "--target", str(site), *map(str, tmp_path.glob("*.whl"))]):
-        done = subprocess.run([sys.executable, "-m", "pip", *cmd], capture_output=True, text=True)
-        assert done.returncode == 0, done.stderr
+    pip = [sys.executable, "-m", "pip", "-q"]
+    built = subprocess.run([*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", str(tmp_path),
+                            str(REPO / "examples/titan-int8-fake")], capture_output=True, text=True)
+    assert built.returncode == 0, built.stderr
+    (wheel,) = tmp_path.glob("titan_int8_fake-*.whl")
+    installed = subprocess.run([*pip, "install", "--no-deps", "--target", str(site), str(wheel)], capture_output=True, text=True)
+    assert installed.returncode == 0, installed.stderr
     test_file = REPO / "examples/titan-int8-fake/tests/test_conformance.py"
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs", str(test_file)],
                           capture_output=True, text=True, cwd=tmp_path, timeout=600,
