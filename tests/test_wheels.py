@@ -164,6 +164,12 @@ def test_every_command_of_the_plugin_guides_runs_in_a_fresh_venv(fresh_venv: Pat
     assert body is not None
     (tmp_path / "tmp/mytests").mkdir(parents=True)
     (tmp_path / "tmp/mytests/test_my_converter.py").write_text(body.group(1))
+    # The guides use their example from section 5 on and install it in section 8: install both first.
+    for setup in ("pip install -q examples/titan-tinygpt",
+                  "python -m pip wheel -q --no-deps --no-build-isolation -w tmp examples/titan-int8-fake",
+                  "python -m pip install -q --no-deps --target tmp/site tmp/titan_int8_fake-0.1.0-py3-none-any.whl"):
+        done = _in_venv(fresh_venv, tmp_path, setup)
+        assert done.returncode == 0, done.stderr
     ran = []
     for guide in GUIDES:
         for command in guide_commands(guide):
