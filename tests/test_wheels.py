@@ -129,7 +129,7 @@ def test_builtin_tokenizer_ships_in_the_wheel(fresh_venv: Path) -> None:
 GUIDES = [REPO / "docs/writing-a-converter.md", REPO / "docs/writing-a-train-spec.md"]
 #: Guide commands that show an error: the exit code and a piece of the message they print.
 EXPECTED_ERRORS = {
-    "PYTHONPATH=tmp/site titan-train --converters int8fake --int8fake.bitz=4 --dry-run": "did you mean",
+    "PYTHONPATH=tmp/site titan-train --converters int8fake --int8fake.bitz=4 --dry-run": 'Did you mean "bits"',
     "PYTHONPATH=tmp/site titan-train --converters int8fake,float8 --dry-run": 'converter "int8fake" was requested but has no module left',
     "titan-train --spec tinygpt --nproc-per-node 3 --parallelism.tp=3": "parallelism.tp=3 does not divide tinygpt n_heads=4",
 }
