@@ -62,6 +62,7 @@ _LAZY: dict[str, str] = {
     "RunFolderBusy": "run_lock",
     "StopRequested": "signals",
     "PeerLost": "peer_failure",
+    "default_parallelize_fn": "parallel",
 }
 
 __all__ = ["PLUGIN_API_VERSION", "__version__", *_LAZY]
@@ -91,6 +92,7 @@ if TYPE_CHECKING:
     )
     from .config.job import JobConfig
     from .converters import ConversionTable, apply_converters
+    from .parallel import default_parallelize_fn
     from .config.sections import (
         ActivationCheckpointSection,
         CheckpointSection,

@@ -99,6 +99,9 @@ def run(args: argparse.Namespace, rest: list[str], argv: list[str]) -> int:
         return compare_baseline(resolved)
     if args.nproc_per_node and world_size_from_env() == 1:
         from .commands.launch import relaunch
+        from .preflight import preflight
+
+        preflight(resolved)  # one message here rather than one per worker, after each built the model
 
         from pathlib import Path
 

@@ -158,16 +158,14 @@ class Trainer:
             print(self.conversion_table.format(), flush=True)
 
     def tp_styles(self) -> TensorParallelStyles:
-        for conv in self.converters:
-            styles = conv.tensor_parallel_styles()
-            if styles is not None:
-                return styles
-        return TensorParallelStyles.default()
+        from .tp_styles import resolve_tp_styles
+
+        return resolve_tp_styles([(name, conv) for (name, _), conv in zip(self.converter_classes, self.converters)])
 
     def parallelize(self, part: nn.Module) -> nn.Module:
         c = self.config
         with plugin_call(SPECS, self.spec.name, "parallelize_fn"):
-            return self.spec.parallelize_fn(
+            return self.spec.resolved_parallelize_fn()(
                 part, parallel_dims=self.dims, mesh=self.mesh, training=c.training, parallelism=c.parallelism,
                 compile=c.compile, activation_checkpoint=c.activation_checkpoint, tp_styles=self.tp_styles(),
             )

@@ -139,9 +139,7 @@ class CompileSection(Section):
 class ActivationCheckpointSection(Section):
     mode: Literal["none", "full", "selective"] = Field("none", description="Activation checkpointing: none, full (every block) or selective.")
     selective_every: int = Field(0, ge=0, description="selective: checkpoint every Nth block (0 = use per-op selective instead).")
-    selective_save_ops: list[str] = Field(
-        default_factory=lambda: ["aten.mm.default", "aten._scaled_dot_product_flash_attention.default",
-                                 "aten._scaled_dot_product_efficient_attention.default",
-                                 "aten._scaled_dot_product_flash_attention_for_cpu.default"],
-        description="selective per-op: ops whose outputs are saved (every other matmul is recomputed).",
+    selective_save_ops: list[str] | None = Field(
+        None,
+        description="selective per-op: ops whose outputs are saved (every other matmul is recomputed); unset = the spec's list.",
     )
