@@ -247,8 +247,8 @@ def test_sigint_during_a_checkpoint_save_waits_for_it_to_be_published(tmp_path: 
     Ctrl+C arrives right then. The run must publish step 4 whole, then exit 130."""
     run_dir, log, paused = tmp_path / "run", tmp_path / "log", tmp_path / "paused"
     proc = start(run_dir, log, "--checkpoint.enable=true", "--checkpoint.interval=2", "--checkpoint.keep_latest_k=0",
-                 TITAN_CHECKPOINT_PAUSE_AT_STEP="4", TITAN_CHECKPOINT_PAUSE_FILE=str(paused),
-                 TITAN_CHECKPOINT_PAUSE_SECONDS="2")
+                 "--import", "tests.checkpoint_pause",
+                 TEST_PAUSE_SAVE_AT_STEP="4", TEST_PAUSE_FILE=str(paused), TEST_PAUSE_SECONDS="2")
     deadline = time.monotonic() + 120
     while not paused.exists():
         assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
@@ -259,6 +259,6 @@ def test_sigint_during_a_checkpoint_save_waits_for_it_to_be_published(tmp_path: 
     assert_no_traceback(text)
     assert text.count("interrupted (SIGINT)") == 1, text
     assert checkpoint_steps(run_dir) == ["step-000002", "step-000004"]  # published whole, no .tmp-step-*
-    assert (run_dir / "checkpoints" / "step-000004" / ".metadata").is_file()
+    assert (run_dir / "checkpoints" / "step-000004" / "tensor_index.json").is_file()
     assert logged_step(run_dir) == 4  # stopped right after the save: step 5 never ran
     assert seconds < 10, seconds
