@@ -2,7 +2,7 @@
 
     python tests/_checkpoint_worker.py fsdp <run_dir>    # under 2 ranks (RANK/WORLD_SIZE/MASTER_* set)
     python tests/_checkpoint_worker.py pp <run_dir>      # under 2 ranks: one pipeline stage each
-    python tests/_checkpoint_worker.py pause <run_dir>   # single process, saves steps 1 and 2
+    python tests/_checkpoint_worker.py pause <run_dir>   # single process, saves steps 1 and 2 (2 pauses)
 
 ``fsdp``: load the single-process checkpoint ``single/step-000002`` (written by the
 test) under FSDP2 and record the full weights it sees, train one step, save
@@ -22,10 +22,10 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.checkpoint import FileSystemWriter
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
 
 from titan_core.checkpoint import CheckpointManager, RunIdentity, collect_param_shapes, export_safetensors
+from titan_core.checkpoint.storage import IndexedWriter
 from titan_core.config.sections import CheckpointSection
 from titan_core.errors import CheckpointError
 
@@ -121,10 +121,10 @@ def fsdp(run_dir: Path) -> None:
 
     # Only rank 1's disk is full: both ranks must fail with the same error, neither may hang.
     if rank == 1:
-        def full_disk(self: FileSystemWriter, *args: object, **kwargs: object) -> None:
+        def full_disk(self: IndexedWriter, *args: object, **kwargs: object) -> None:
             raise OSError(errno.ENOSPC, "No space left on device", str(self.path))
 
-        FileSystemWriter.write_data = full_disk  # type: ignore[method-assign]
+        IndexedWriter.write_data = full_disk  # type: ignore[method-assign]
     for name, ckpt in (("sync", sync), ("async", background)):
         try:
             ckpt.maybe_save(6, tokens_seen=600)
@@ -164,6 +164,9 @@ def pp(run_dir: Path) -> None:
 
 
 def pause(run_dir: Path) -> None:
+    from checkpoint_pause import install
+
+    install(at_step=2, pause_file=run_dir / "paused", seconds=120)
     model, optimizer, scheduler, position = build()
     identity = RunIdentity("tiny", "debug", (), collect_param_shapes([model]))
     config = CheckpointSection(enable=True, interval=1, keep_latest_k=0)

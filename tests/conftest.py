@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+import signal
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -33,6 +35,100 @@ def run_cli(*args: str, cwd: Path | None = None, env: dict[str, str] | None = No
         capture_output=True, text=True, timeout=timeout,
     )
     return CliResult(proc.returncode, proc.stdout, proc.stderr)
+
+
+@dataclass(frozen=True)
+class Run:
+    """A finished run of the CLI (possibly several processes) and the folder it wrote."""
+
+    code: int
+    out: str
+    err: str
+    run_dir: Path
+
+    @property
+    def text(self) -> str:
+        return self.out + self.err
+
+    def records(self) -> list[dict[str, float]]:
+        """The training-step records of ``metrics.jsonl`` (validation records left out)."""
+        return [r for r in self.all_records() if "loss" in r]
+
+    def all_records(self) -> list[dict[str, float]]:
+        lines = (self.run_dir / "metrics.jsonl").read_text().splitlines()
+        return [json.loads(line) for line in lines]
+
+
+def run_command(cmd: list[str], *, run_dir: Path, timeout: float = 300) -> Run:
+    """Run ``cmd`` in its own process group, killing the whole group (workers too) on timeout."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen(
+        cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        raise AssertionError(f"timed out after {timeout}s: {' '.join(cmd)}\n{out}\n{err}") from None
+    finally:
+        if proc.poll() is None:  # the test was interrupted: leave no worker behind
+            os.killpg(proc.pid, signal.SIGKILL)
+    return Run(proc.returncode, out, err, run_dir)
+
+
+def titan(run_dir: Path, *args: str, nproc: int | None = None, timeout: float = 300) -> Run:
+    """``python -m titan_core [--nproc-per-node N] --job.run_dir=RUN_DIR ARGS``."""
+    launch = ["--nproc-per-node", str(nproc)] if nproc else []
+    cmd = [sys.executable, "-m", "titan_core", *launch, f"--job.run_dir={run_dir}", *args]
+    return run_command(cmd, run_dir=run_dir, timeout=timeout)
+
+
+def torchrun(run_dir: Path, *args: str, nproc: int = 2, timeout: float = 300) -> Run:
+    """``python -m torch.distributed.run --standalone --nproc-per-node N -m titan_core ARGS``."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
+           "-m", "titan_core", f"--job.run_dir={run_dir}", *args]
+    return run_command(cmd, run_dir=run_dir, timeout=timeout)
+
+
+def run_ok(cmd: list[str], **kw: Any) -> subprocess.CompletedProcess[str]:
+    """``subprocess.run`` that captures text and fails the test (showing the output) on a non-zero exit."""
+    proc = subprocess.run(cmd, capture_output=True, text=True, **kw)
+    assert proc.returncode == 0, f"{cmd}\n{proc.stdout}\n{proc.stderr}"
+    return proc
+
+
+class Wheels:
+    """Wheels built from source folders, each built (and installed to a folder) once per test session."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self._wheels: dict[Path, Path] = {}
+        self._sites: dict[Path, Path] = {}
+
+    def wheel(self, source: Path) -> Path:
+        source = source.resolve()
+        if source not in self._wheels:
+            out = self.root / f"dist{len(self._wheels)}"
+            run_ok([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(out),
+                    str(source)])
+            (self._wheels[source],) = out.glob("*.whl")
+        return self._wheels[source]
+
+    def site(self, source: Path) -> Path:
+        """A folder holding only ``source``'s installed wheel (put it on PYTHONPATH to use it)."""
+        source = source.resolve()
+        if source not in self._sites:
+            target = self.root / f"site{len(self._sites)}"
+            run_ok([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--target", str(target),
+                    str(self.wheel(source))])
+            self._sites[source] = target
+        return self._sites[source]
+
+
+@pytest.fixture(scope="session")
+def wheels(tmp_path_factory: pytest.TempPathFactory) -> Wheels:
+    return Wheels(tmp_path_factory.mktemp("wheels"))
 
 
 def run_main(capsys: pytest.CaptureFixture[str], *args: str) -> CliResult:
@@ -69,3 +165,61 @@ def trained(run_dir: Path, *pairs: str) -> tuple[Any, list[float]]:
     trainer = Trainer(resolve_config(config_source=None, override_pairs=overrides))  # type: ignore[arg-type]
     trainer.setup()
     return trainer, trainer.train()
+
+
+# ---- no test writes into the checkout ----------------------------------------------------------
+# Untracked or ignored paths that may appear while tests run: interpreter and pytest caches.
+_ALLOWED_NEW = ("__pycache__", ".pytest_cache")
+_checkout_before: set[str] | None = None
+
+
+def _checkout_paths() -> set[str] | None:
+    """``git status`` lines of the checkout (untracked and ignored folders collapsed), None outside git."""
+    try:
+        proc = subprocess.run(["git", "status", "--porcelain", "--ignored"], cwd=REPO, capture_output=True,
+                              text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if proc.returncode != 0:
+        return None
+    return {line for line in proc.stdout.splitlines() if not any(cache in line for cache in _ALLOWED_NEW)}
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    global _checkout_before
+    _checkout_before = _checkout_paths()
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    after = _checkout_paths()
+    if _checkout_before is None or after is None:
+        return
+    new = sorted(after - _checkout_before)
+    if new:
+        print(f"\nthe tests wrote into the checkout {REPO} (write under tmp_path instead):\n  " + "\n  ".join(new),
+              file=sys.stderr)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+# ---- the fast tier (bash scripts/test.sh --fast, i.e. pytest -m fast) ------------------------------
+# The edit-test loop: unit-level modules, one short end-to-end run (the golden single-process
+# curve) and one 2-process run (the golden FSDP2 curve); at most 5 minutes on 2 cores. CI runs all.
+FAST_MODULES = {
+    "test_config.py", "test_discovery.py", "test_optim.py", "test_tokenizer.py", "test_llama_model.py",
+    "test_data.py", "test_mx_converter.py", "test_converters_pipeline.py", "test_docs.py",
+    "test_float8_converter.py", "test_precision_and_mfu.py", "test_readme.py", "test_checkpoint.py",
+}
+FAST_TESTS = {
+    "test_golden_curves.py::test_every_case_has_a_golden_file_with_its_current_arguments",
+    "test_golden_curves.py::test_loss_curve_matches_golden[single]",
+    "test_golden_curves.py::test_loss_curve_matches_golden[fsdp2]",
+}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        module = item.path.name
+        if item.get_closest_marker("slow") is None and (
+            module in FAST_MODULES or f"{module}::{item.name}" in FAST_TESTS
+        ):
+            item.add_marker(pytest.mark.fast)

@@ -20,14 +20,15 @@ import pytest
 import torch
 from safetensors.torch import load_file
 from torch import nn
-from torch.distributed.checkpoint import FileSystemWriter
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
-from titan_core.checkpoint import CheckpointManager, RunIdentity, collect_param_shapes, export_safetensors
+from titan_core.checkpoint import CheckpointManager, RunIdentity, collect_param_shapes, export_safetensors, integrity
+from titan_core.checkpoint.storage import IndexedWriter
 from titan_core.config.sections import CheckpointSection
 from titan_core.errors import CheckpointError
 
 from _checkpoint_worker import Position, build, train_step
+from checkpoint_pause import install as install_pause
 
 WORKER = Path(__file__).with_name("_checkpoint_worker.py")
 torch.set_num_threads(1)
@@ -301,7 +302,7 @@ def test_auto_resume_ignores_temporary_and_incomplete_folders(tmp_path: Path) ->
         broken.mkdir()
         for f in good.iterdir():
             (broken / f.name).write_bytes(f.read_bytes())
-    (incomplete / ".metadata").unlink()
+    (incomplete / "tensor_index.json").unlink()
 
     fresh = Run(tmp_path)  # rank 0 removes interrupted saves at startup
     assert not stale.exists() and incomplete.exists()
@@ -317,19 +318,19 @@ def test_keep_latest_k_keeps_exactly_k_complete_checkpoints(tmp_path: Path) -> N
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step-000003", "step-000004"]
 
 
-def test_keep_latest_k_never_deletes_the_new_checkpoint(tmp_path: Path) -> None:
+def test_keep_latest_k_never_deletes_the_new_checkpoint_nor_an_earlier_runs_newer_one(tmp_path: Path) -> None:
     old = Run(tmp_path, keep_latest_k=1)
     old.ckpt.maybe_save(50, tokens_seen=1)
     again = Run(tmp_path, keep_latest_k=1, resume="never")
     assert again.ckpt.resume() is None
-    again.ckpt.maybe_save(10, tokens_seen=1)  # an earlier run's step-50 is "newer" but this one is kept
-    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step-000010"]
+    again.ckpt.maybe_save(10, tokens_seen=1)  # the earlier run's step-50 is not this run's to delete
+    again.ckpt.maybe_save(11, tokens_seen=1)  # this run's own step-10 is
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step-000011", "step-000050"]
 
 
 def test_sigkill_while_saving_leaves_the_previous_checkpoint(tmp_path: Path) -> None:
-    pause_file = tmp_path / "paused"
-    env = {**os.environ, "TITAN_CHECKPOINT_PAUSE_AT_STEP": "2", "TITAN_CHECKPOINT_PAUSE_FILE": str(pause_file),
-           "TITAN_CHECKPOINT_PAUSE_SECONDS": "120", "OMP_NUM_THREADS": "1"}
+    pause_file = tmp_path / "paused"  # the worker pauses step 2's save through tests/checkpoint_pause.py
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen([sys.executable, str(WORKER), "pause", str(tmp_path)], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.monotonic() + 120
@@ -338,7 +339,7 @@ def test_sigkill_while_saving_leaves_the_previous_checkpoint(tmp_path: Path) -> 
         assert time.monotonic() < deadline, "the worker never reached the pause"
         time.sleep(0.1)
     tmp = Path(pause_file.read_text())
-    assert tmp.name.startswith(".tmp-step-000002-") and (tmp / ".metadata").is_file()
+    assert tmp.name.startswith(".tmp-step-000002-") and (tmp / "tensor_index.json").is_file()
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=30)
     assert proc.returncode == -signal.SIGKILL
@@ -352,11 +353,10 @@ def test_sigkill_while_saving_leaves_the_previous_checkpoint(tmp_path: Path) -> 
     assert not tmp.exists()  # cleaned up by the new run
 
 
-def test_pause_hook_writes_the_pause_file_and_sleeps(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_injected_pause_writes_the_pause_file_and_sleeps(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     pause_file = tmp_path / "paused"
-    monkeypatch.setenv("TITAN_CHECKPOINT_PAUSE_AT_STEP", "2")
-    monkeypatch.setenv("TITAN_CHECKPOINT_PAUSE_FILE", str(pause_file))
-    monkeypatch.setenv("TITAN_CHECKPOINT_PAUSE_SECONDS", "0.6")
+    monkeypatch.setattr(integrity, "digest_share", integrity.digest_share)  # undone after the test
+    install_pause(at_step=2, pause_file=pause_file, seconds=0.6)
     run = Run(tmp_path)
     run.ckpt.maybe_save(1, tokens_seen=1)
     assert not pause_file.exists()  # only the named step pauses
@@ -387,10 +387,10 @@ def test_disk_full_during_save_keeps_the_previous_checkpoint(tmp_path: Path, mon
     run.ckpt.wait()
     weights = model_tensors(run.model)
 
-    def full_disk(self: FileSystemWriter, *args: object, **kwargs: object) -> None:
+    def full_disk(self: IndexedWriter, *args: object, **kwargs: object) -> None:
         raise OSError(errno.ENOSPC, "No space left on device", str(self.path))
 
-    monkeypatch.setattr(FileSystemWriter, "write_data", full_disk)
+    monkeypatch.setattr(IndexedWriter, "write_data", full_disk)
     run.train(2)
     with pytest.raises(CheckpointError) as caught:
         run.ckpt.maybe_save(2, tokens_seen=2)
@@ -461,9 +461,9 @@ def test_different_parameter_shape_names_the_parameter_and_both_shapes(saved: Pa
 
 def test_resume_from_an_explicit_incomplete_path_names_what_is_missing(saved: Path) -> None:
     target = saved / "checkpoints" / "step-000001"
-    (target / ".metadata").unlink()
+    (target / "tensor_index.json").unlink()
     run = Run(saved, resume=str(target), identity=identity_of(build()[0], converters=("float8",)))
-    with pytest.raises(CheckpointError, match=r"step-000001 is not a complete checkpoint: missing \.metadata"):
+    with pytest.raises(CheckpointError, match=r"step-000001 is not a complete checkpoint: missing tensor_index\.json"):
         run.ckpt.resume()
     missing = Run(saved, resume=str(saved / "nowhere"))
     with pytest.raises(CheckpointError, match=r"missing the folder .*nowhere itself"):
@@ -473,7 +473,7 @@ def test_resume_from_an_explicit_incomplete_path_names_what_is_missing(saved: Pa
 @pytest.mark.parametrize(
     ("victim", "damage", "message"),
     [
-        (".metadata", "truncate", r"metadata file .*step-000001/\.metadata is unreadable or corrupt"),
+        ("tensor_index.json", "truncate", r"checkpoint file .*step-000001/tensor_index\.json is \d+ bytes but was"),
         ("__0_0.distcp", "garbage", r"checkpoint file .*step-000001/__0_0\.distcp does not match its recorded CRC-32"),
         ("__0_0.distcp", "truncate", r"checkpoint file .*step-000001/__0_0\.distcp is \d+ bytes but was written with"),
         ("titan_checkpoint.json", "garbage", r"identity file .*step-000001/titan_checkpoint\.json is unreadable"),
@@ -492,15 +492,16 @@ def test_corrupt_files_are_named(saved: Path, victim: str, damage: str, message:
         run.ckpt.resume()
 
 
-def test_metadata_that_would_run_code_is_refused(saved: Path) -> None:
+def test_a_pickle_added_to_a_checkpoint_is_refused_unread(saved: Path) -> None:
     class Exploit:
         def __reduce__(self) -> tuple[object, tuple[str]]:
-            return (os.system, ("echo pwned",))
+            return (os.system, (f"touch {saved / 'pwned'}",))
 
     (saved / "checkpoints" / "step-000001" / ".metadata").write_bytes(pickle.dumps(Exploit()))
     run = Run(saved, identity=identity_of(build()[0], converters=("float8",)))
-    with pytest.raises(CheckpointError, match=r"refusing to unpickle (posix|os)\.system"):
+    with pytest.raises(CheckpointError, match=r"holds '\.metadata', which its manifest does not list"):
         run.ckpt.resume()
+    assert not (saved / "pwned").exists()
 
 
 # ---- export ------------------------------------------------------------------------------
@@ -516,3 +517,43 @@ def test_export_safetensors_matches_the_model_weights(tmp_path: Path, dtype: tor
     assert sorted(exported) == sorted(weights)
     for key, value in weights.items():
         assert exported[key].dtype == dtype and torch.equal(exported[key], value.to(dtype))
+
+
+# ---- the old, pickled format ---------------------------------------------------------------------
+
+
+def test_old_format_is_refused_and_converts_only_on_explicit_trust(tmp_path: Path) -> None:
+    """A checkpoint as titan-core wrote it before (DCP's FileSystemWriter: pickled .metadata, torch.save'd
+    entries) is refused by resume, then converted by the explicit command and resumed exactly."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import FileSystemWriter
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    from titan_core.checkpoint import legacy, states
+
+    run = Run(tmp_path / "new")
+    run.train(1)
+    run.ckpt.maybe_save(1, tokens_seen=10)
+    old = tmp_path / "old" / "checkpoints" / "step-000001"
+    state = {
+        "model": get_model_state_dict(run.model), "optimizer": flat_optimizer(run.model, run.optimizer),
+        "lr_scheduler": run.scheduler.state_dict(), "dataloader": run.position.state_dict(),
+        "progress": {"step": torch.tensor(1), "tokens_seen": torch.tensor(10)}, "rng": {"rank0": states.rng_state()},
+    }
+    dcp.save(state, storage_writer=FileSystemWriter(old), no_dist=True)
+    record = json.loads((tmp_path / "new" / "checkpoints" / "step-000001" / "titan_checkpoint.json").read_text())
+    (old / "titan_checkpoint.json").write_text(json.dumps({**record, "format": 1}))
+
+    refused = Run(tmp_path / "old")
+    with pytest.raises(CheckpointError, match=r"tensor index is DCP's pickled \.metadata.*--i-trust-this-checkpoint"):
+        refused.ckpt.resume()
+    assert legacy.main([str(old), str(tmp_path / "converted" / "step-000001")]) == 2  # no flag, no unpickling
+    assert not (tmp_path / "converted").exists()
+    assert legacy.main([legacy.TRUST_FLAG, str(old), str(tmp_path / "converted" / "step-000001")]) == 0
+
+    fresh = Run(tmp_path / "converted", folder=".")
+    info = fresh.ckpt.resume()
+    assert info is not None and (info.step, info.tokens_seen) == (1, 10)
+    assert_same(model_tensors(fresh.model), model_tensors(run.model))
+    assert_same(flat_optimizer(fresh.model, fresh.optimizer), flat_optimizer(run.model, run.optimizer))
+    assert fresh.scheduler.state_dict() == run.scheduler.state_dict() and fresh.position.sample == run.position.sample

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import REPO, CliResult, assert_user_error, run_cli
+from conftest import REPO, CliResult, Wheels, assert_user_error, run_cli
 
 SMALL = ["--llama3.n_layers=2", "--training.seq_len=64", "--metrics.log_freq=1"]
 #: The 14 block linears of 2-layer debugmodel; the output head is filtered by default.
@@ -274,15 +274,8 @@ def test_converter_without_torchao(cli, monkeypatch: pytest.MonkeyPatch, convert
 # --- a third-party converter from a wheel -------------------------------------------------------------
 
 
-def test_int8_example_from_its_wheel(tmp_path: Path) -> None:
-    pip = [sys.executable, "-m", "pip"]
-    subprocess.run([*pip, "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path),
-                    str(REPO / "examples" / "titan-int8-fake")], check=True, capture_output=True)
-    (wheel,) = tmp_path.glob("titan_int8_fake-*.whl")
-    site = tmp_path / "site"
-    subprocess.run([*pip, "install", "--no-deps", "--no-index", "-q", "--target", str(site), str(wheel)],
-                   check=True, capture_output=True)
-    env = {"PYTHONPATH": str(site)}
+def test_int8_example_from_its_wheel(tmp_path: Path, wheels: Wheels) -> None:
+    env = {"PYTHONPATH": str(wheels.site(REPO / "examples" / "titan-int8-fake"))}
 
     listed = run_cli("--list", env=env)
     assert listed.code == 0, listed.text

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
+import platform
 import socket
+import subprocess
+import sys
+import sysconfig
 import time
 from pathlib import Path
 
@@ -12,10 +17,12 @@ import torch
 
 import titan_core.data.sources as sources
 from titan_core.data import build_dataloader
-from titan_core.data.corpus import MAX_BYTES, builtin_documents
+from titan_core.data.corpus import MAX_BYTES, SNAPSHOT_PATH, builtin_documents
 from titan_core.data.packing import clear_cache, is_validation_doc, tokenized_source
 from titan_core.errors import ConfigError
 from titan_core.tokenizer import build_tokenizer
+
+from conftest import REPO
 
 TOK = build_tokenizer("builtin")
 
@@ -99,6 +106,38 @@ def test_rewritten_file_is_read_again(tmp_path: Path) -> None:
     assert stream_of(path) == expected_stream(["old text"])
     path.write_text("brand new text")
     assert stream_of(path) == expected_stream(["brand new text"])
+
+
+# sha256 of the snapshot's documents joined by NUL: changes only when the snapshot is rebuilt
+# on purpose (and then the golden loss curves in tests/golden must be regenerated too).
+SNAPSHOT_DOCS_SHA256 = "aff249e3b905da8d80c56a096b3c4aaf0baa45d205c92a862d3b7f648da66455"
+
+
+def _documents_digest(documents: tuple[str, ...]) -> str:
+    return hashlib.sha256("\0".join(documents).encode("utf-8")).hexdigest()
+
+
+def test_builtin_corpus_is_the_shipped_snapshot_not_this_python(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    assert SNAPSHOT_PATH.stat().st_size <= 5 * 1024 * 1024
+    # The running interpreter's standard library is not read: point it at an empty folder.
+    monkeypatch.setattr(sysconfig, "get_paths", lambda *a, **k: {"stdlib": str(tmp_path)})
+    builtin_documents.cache_clear()
+    try:
+        documents = builtin_documents()
+    finally:
+        builtin_documents.cache_clear()
+    assert len(documents) == 218 and _documents_digest(documents) == SNAPSHOT_DOCS_SHA256
+
+
+def test_builtin_corpus_script_rebuilds_the_snapshot_byte_for_byte(tmp_path: Path) -> None:
+    script = REPO / "scripts" / "make_builtin_corpus.py"
+    out = tmp_path / "corpus.json.xz"
+    proc = subprocess.run([sys.executable, str(script), "--out", str(out)], capture_output=True, text=True, timeout=120)
+    if platform.python_version() == "3.11.7":  # the version the snapshot is built from
+        assert proc.returncode == 0, proc.stderr
+        assert out.read_bytes() == SNAPSHOT_PATH.read_bytes()
+    else:  # any other Python is refused, so a rebuild can never silently change the tokens
+        assert proc.returncode == 2 and "built from Python 3.11.7" in proc.stderr and not out.exists()
 
 
 def test_builtin_corpus_is_deterministic_and_fast() -> None:

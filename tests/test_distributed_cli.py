@@ -13,18 +13,15 @@ Run with ``-s`` to see the measured differences per layout.
 
 from __future__ import annotations
 
-import json
-import os
-import signal
-import subprocess
-import sys
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from conftest import Run
+from conftest import titan as run_titan
+from conftest import torchrun as run_torchrun
 
-REPO = Path(__file__).resolve().parents[1]
 TOLERANCE = 1e-5
 STEPS = 5
 # Global batch: 4 sequences of 32 tokens. Data-parallel layouts read 2 per rank.
@@ -37,52 +34,12 @@ COMMON = (
 )
 
 
-@dataclass(frozen=True)
-class Run:
-    code: int
-    out: str
-    err: str
-    run_dir: Path
-
-    @property
-    def text(self) -> str:
-        return self.out + self.err
-
-    def records(self) -> list[dict[str, float]]:
-        lines = (self.run_dir / "metrics.jsonl").read_text().splitlines()
-        return [json.loads(line) for line in lines]
-
-
-def run_command(cmd: list[str], *, run_dir: Path, timeout: float = 300) -> Run:
-    """Run ``cmd`` in its own process group, killing the whole group (workers too) on timeout."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-    proc = subprocess.Popen(
-        cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
-    )
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        raise AssertionError(f"timed out after {timeout}s: {' '.join(cmd)}\n{out}\n{err}") from None
-    finally:
-        if proc.poll() is None:  # the test was interrupted: leave no worker behind
-            os.killpg(proc.pid, signal.SIGKILL)
-    return Run(proc.returncode, out, err, run_dir)
-
-
 def titan(run_dir: Path, *args: str, nproc: int | None = None) -> Run:
-    """``python -m titan_core [--nproc-per-node N] ARGS``."""
-    launch = ["--nproc-per-node", str(nproc)] if nproc else []
-    cmd = [sys.executable, "-m", "titan_core", *launch, *COMMON, f"--job.run_dir={run_dir}", *args]
-    return run_command(cmd, run_dir=run_dir)
+    return run_titan(run_dir, *COMMON, *args, nproc=nproc)
 
 
 def torchrun(run_dir: Path, *args: str, nproc: int = 2) -> Run:
-    """``python -m torch.distributed.run --standalone --nproc-per-node N -m titan_core ARGS``."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
-           "-m", "titan_core", *COMMON, f"--job.run_dir={run_dir}", *args]
-    return run_command(cmd, run_dir=run_dir)
+    return run_torchrun(run_dir, *COMMON, *args, nproc=nproc)
 
 
 def max_rel_diff(records: list[dict[str, float]], reference: list[dict[str, float]], key: str) -> float:

@@ -3,7 +3,8 @@
 The package is built into a real wheel and installed into a folder of its own;
 the real CLI then finds the ``tinygpt`` entry point from that installed wheel
 (not from this checkout), lists it, trains it, trains it again with FSDP2 on two
-processes, and refuses tensor parallelism. The model-level tests import the
+processes and under tensor parallelism on two processes (titan-core's default
+parallelize_fn with the example's TP plan). The model-level tests import the
 example's source directly and check its numbers against definitions.
 """
 
@@ -25,7 +26,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-REPO = Path(__file__).resolve().parents[1]
+from conftest import REPO, Wheels
+
 EXAMPLE = REPO / "examples" / "titan-tinygpt"
 TRAIN_ARGS = (
     "--spec", "tinygpt", "--flavor", "debugmodel", "--training.steps=12", "--training.seq_len=64",
@@ -40,20 +42,9 @@ class Installed:
     root: Path
 
 
-def _run(cmd: list[str], **kw: Any) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run(cmd, capture_output=True, text=True, **kw)
-    assert proc.returncode == 0, f"{cmd}\n{proc.stdout}\n{proc.stderr}"
-    return proc
-
-
 @pytest.fixture(scope="module")
-def installed(tmp_path_factory: pytest.TempPathFactory) -> Installed:
-    root = tmp_path_factory.mktemp("tinygpt")
-    dist = root / "dist"
-    _run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(dist), str(EXAMPLE)])
-    (wheel,) = dist.glob("titan_tinygpt-*.whl")
-    _run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(root / "site"), str(wheel)])
-    return Installed(wheel, root / "site", root)
+def installed(wheels: Wheels, tmp_path_factory: pytest.TempPathFactory) -> Installed:
+    return Installed(wheels.wheel(EXAMPLE), wheels.site(EXAMPLE), tmp_path_factory.mktemp("tinygpt"))
 
 
 def _titan(inst: Installed, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
@@ -84,10 +75,10 @@ def test_wheel_declares_the_entry_point_and_dependencies(installed: Installed) -
         entry_points = whl.read("titan_tinygpt-0.1.0.dist-info/entry_points.txt").decode()
         metadata = whl.read("titan_tinygpt-0.1.0.dist-info/METADATA").decode()
     assert "[titan.train_specs]\ntinygpt = titan_tinygpt.spec:tinygpt_spec" in entry_points
-    assert {"titan_tinygpt/__init__.py", "titan_tinygpt/model.py", "titan_tinygpt/parallelize.py",
-            "titan_tinygpt/spec.py"} <= set(names)
+    assert {"titan_tinygpt/__init__.py", "titan_tinygpt/model.py", "titan_tinygpt/tp_plan.py",
+            "titan_tinygpt/validate.py", "titan_tinygpt/spec.py"} <= set(names)
     requires = re.findall(r"^Requires-Dist: (.+)$", metadata, flags=re.M)
-    assert sorted(requires) == ["titan-core<0.2,>=0.1", "torch>=2.13"]
+    assert sorted(requires) == ["pytest>=8; extra == 'test'", "titan-core<0.2,>=0.1", "torch>=2.13"]
 
 
 def test_list_shows_tinygpt_from_the_installed_wheel(installed: Installed) -> None:
@@ -117,10 +108,20 @@ def test_fsdp2_on_two_processes_matches_one_process(installed: Installed, single
     assert sharded == pytest.approx(single, abs=2e-5)
 
 
-def test_tensor_parallelism_is_refused_before_any_process_starts(installed: Installed) -> None:
-    proc = _titan(installed, "--spec", "tinygpt", "--nproc-per-node", "2", "--parallelism.tp=2")
+def test_tensor_parallel_on_two_processes_matches_one_process(installed: Installed, single_run: Any) -> None:
+    """The worked TP plan (tp_plan.py) through the core's default parallelize_fn: same batch, same losses."""
+    run_dir = installed.root / "run_tp"
+    proc = _titan(installed, *TRAIN_ARGS, "--training.local_batch_size=4", f"--job.run_dir={run_dir}",
+                  "--nproc-per-node", "2", "--parallelism.tp=2")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    tp = [r["loss"] for r in _step_records(run_dir)]
+    assert tp == pytest.approx([r["loss"] for r in single_run[1]], abs=2e-5)
+
+
+def test_a_tp_degree_that_splits_no_head_is_refused_before_any_process_starts(installed: Installed) -> None:
+    proc = _titan(installed, "--spec", "tinygpt", "--nproc-per-node", "3", "--parallelism.tp=3")
     assert proc.returncode == 2, proc.stdout + proc.stderr
-    assert "spec tinygpt does not implement tensor parallelism, but parallelism.tp=2" in proc.stderr
+    assert "parallelism.tp=3 does not divide tinygpt n_heads=4" in proc.stderr
     assert "Traceback" not in proc.stderr
 
 
@@ -211,7 +212,8 @@ def test_flops_per_token_counts_every_linear_weight(tg: ModuleType) -> None:
     model = tg.TinyGPT(args)
     linear = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
     assert tg.model.matmul_params(args) == linear == 2 * (4 * 64 * 64 + 8 * 64 * 64) + 64 * 97
-    assert tg.flops_per_token(args, 32) == 6 * linear + 12 * 2 * 64 * 32
+    assert tg.flops_per_token(args, 32) == 6 * linear + 12 * 2 * 64 * (32 + 1) / 2  # causal: unmasked keys only
+    assert tg.flops_per_token(args, 32, full_attention=True) == 6 * linear + 12 * 2 * 64 * 32
 
 
 def test_activation_checkpointing_recomputes_and_keeps_names_and_gradients(tg: ModuleType) -> None:
@@ -225,7 +227,7 @@ def test_activation_checkpointing_recomputes_and_keeps_names_and_gradients(tg: M
         # A pre-hook: non-reentrant checkpointing stops recomputing once it has every saved
         # tensor, so a (post) forward hook on the block's last module may never fire again.
         model.layers["1"].mlp.register_forward_pre_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
-        tg.parallelize.parallelize_tinygpt(
+        tg.tinygpt_spec.resolved_parallelize_fn()(
             model, parallel_dims=ParallelDims.resolve(dp_replicate=1, dp_shard=1, tp=1, pp=1, world_size=1),
             mesh=None, training=TrainingSection(), parallelism=ParallelismSection(), compile=CompileSection(),
             activation_checkpoint=ActivationCheckpointSection(mode=mode), tp_styles=TensorParallelStyles.default(),
@@ -284,6 +286,6 @@ def test_the_guide_shows_the_training_command_and_the_real_tp_error(tg: ModuleTy
     text = GUIDE.read_text()
     assert "titan-train --spec tinygpt --flavor debugmodel --training.steps=20\n" in text
     with pytest.raises(ConfigError) as err:
-        tg.tinygpt_spec.validate_fn(tg.flavors["debugmodel"], parallelism=ParallelismSection(tp=2),
-                                    training=TrainingSection(), world_size=2)
+        tg.tinygpt_spec.validate_fn(tg.flavors["debugmodel"], parallelism=ParallelismSection(tp=3),
+                                    training=TrainingSection(), world_size=3)
     assert f"titan-train: error: {err.value}\n" in text

@@ -16,26 +16,15 @@ from torch import nn
 
 from titan_core.converters import apply_converters
 from titan_core.parallel_dims import ParallelDims
+from conftest import REPO, Wheels
 
-REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "examples" / "titan-int8-fake"
 
 
 @pytest.fixture(scope="module")
-def wheel_install(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+def wheel_install(wheels: Wheels) -> tuple[Path, Path]:
     """(the built wheel, a --target folder it is installed into)."""
-    out = tmp_path_factory.mktemp("int8fake")
-    subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out / "dist"), str(EXAMPLE)],
-        check=True, capture_output=True, text=True,
-    )
-    (wheel,) = (out / "dist").glob("titan_int8_fake-0.1.0-*.whl")
-    target = out / "site"
-    subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--no-deps", "--no-index", "-q", "--target", str(target), str(wheel)],
-        check=True, capture_output=True, text=True,
-    )
-    return wheel, target
+    return wheels.wheel(EXAMPLE), wheels.site(EXAMPLE)
 
 
 @pytest.fixture(scope="module")

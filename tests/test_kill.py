@@ -36,8 +36,10 @@ def env_with(**extra: str) -> dict[str, str]:
 
 
 def start(run_dir: Path, log: Path, **extra_env: str) -> subprocess.Popen[bytes]:
+    """Start the run with the test-only pause module imported (it pauses only when TEST_PAUSE_* says so)."""
     return subprocess.Popen(
-        [sys.executable, "-m", "titan_core", *COMMAND, f"--job.run_dir={run_dir}"], cwd=REPO,
+        [sys.executable, "-m", "titan_core", *COMMAND, "--import", "tests.checkpoint_pause", f"--job.run_dir={run_dir}"],
+        cwd=REPO,
         env=env_with(**extra_env), stdout=log.open("wb"), stderr=subprocess.STDOUT, start_new_session=True,
     )
 
@@ -132,7 +134,7 @@ def test_sigkill_mid_training_resumes_from_the_last_checkpoint_and_ends_exactly(
     run_dir, log = tmp_path / "run", tmp_path / "killed.log"
     # The pause at step 20's save is a guard only: even on a very slow machine the run
     # cannot publish step 20 before the kill, so the kill always lands between saves.
-    proc = start(run_dir, log, TITAN_CHECKPOINT_PAUSE_AT_STEP="20", TITAN_CHECKPOINT_PAUSE_SECONDS="600")
+    proc = start(run_dir, log, TEST_PAUSE_SAVE_AT_STEP="20", TEST_PAUSE_SECONDS="600")
     try:
         wait_for(lambda: max(logged_steps(run_dir), default=0) >= 12, proc, log, "step 12 in metrics.jsonl")
         assert checkpoints(run_dir) == ["step-000010"]
@@ -152,8 +154,7 @@ def test_sigkill_mid_training_resumes_from_the_last_checkpoint_and_ends_exactly(
 def test_sigkill_while_writing_a_checkpoint_resumes_from_the_previous_one_and_ends_exactly(
         reference: dict[int, float], tmp_path: Path) -> None:
     run_dir, log, pause_file = tmp_path / "run", tmp_path / "killed.log", tmp_path / "paused"
-    proc = start(run_dir, log, TITAN_CHECKPOINT_PAUSE_AT_STEP="20", TITAN_CHECKPOINT_PAUSE_FILE=str(pause_file),
-                 TITAN_CHECKPOINT_PAUSE_SECONDS="600")
+    proc = start(run_dir, log, TEST_PAUSE_SAVE_AT_STEP="20", TEST_PAUSE_FILE=str(pause_file), TEST_PAUSE_SECONDS="600")
     try:
         wait_for(pause_file.exists, proc, log, "the pause inside the save of step 20")
         time.sleep(0.5)  # both ranks reach the pause (each writes the file)
@@ -162,7 +163,7 @@ def test_sigkill_while_writing_a_checkpoint_resumes_from_the_previous_one_and_en
         if proc.poll() is None:
             kill_tree(proc)
     partial = Path(pause_file.read_text())
-    assert partial.name.startswith(".tmp-step-000020-") and (partial / ".metadata").is_file()
+    assert partial.name.startswith(".tmp-step-000020-") and (partial / "tensor_index.json").is_file()
     assert checkpoints(run_dir) == [partial.name, "step-000010"]  # the half-done save is not a step-N folder
 
     result = rerun(run_dir)

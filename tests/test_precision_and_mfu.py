@@ -66,16 +66,20 @@ def test_mfu_is_model_flops_per_second_over_the_peak(tmp_path: Path, capsys: pyt
     from titan_llama.model import flops_per_token
 
     trainer, _ = trained(tmp_path, "training.steps=2", "metrics.peak_tflops=0.5")
-    fpt = flops_per_token(trainer.model_args, 64)
+    fpt = flops_per_token(trainer.model_args, 64)  # causal attention counted as computed
+    full = flops_per_token(trainer.model_args, 64, full_attention=True)
+    assert fpt < full
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [1, 2]
     for r in records:
         assert r["tokens_per_s"] == pytest.approx(4 * 64 / r["step_time_s"], rel=1e-9)
         assert r["tflops"] == pytest.approx(fpt * r["tokens_per_s"] / 1e12, rel=1e-9)
         assert r["mfu"] == pytest.approx(fpt * r["tokens_per_s"] / 0.5e12, rel=1e-9)
-        assert 0 < r["mfu"]
+        assert r["mfu_full_attention"] == pytest.approx(full * r["tokens_per_s"] / 0.5e12, rel=1e-9)
+        assert 0 < r["mfu"] < r["mfu_full_attention"]
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("step ")]
-    assert f"mfu {100 * records[-1]['mfu']:.1f}%" in lines[-1]
+    last = records[-1]
+    assert f"mfu {100 * last['mfu']:.1f}% (full-square attention {100 * last['mfu_full_attention']:.1f}%)" in lines[-1]
 
 
 def test_no_mfu_on_cpu_without_a_configured_peak(tmp_path: Path) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+from conftest import REPO
 
 
 def readme_commands() -> list[str]:
@@ -53,13 +53,12 @@ def test_ci_fails_when_pytest_collects_nothing(tmp_path: Path, pytest_rc: int, e
 @pytest.mark.slow
 def test_quickstart_script_trains(tmp_path: Path) -> None:
     """Runs the README's first command (its script), shortened by a later override flag."""
-    run_dir = REPO / "runs" / "quickstart"
-    metrics = run_dir / "metrics.jsonl"
-    if metrics.exists():
-        metrics.unlink()
+    metrics = tmp_path / "quickstart" / "metrics.jsonl"
     env = {**os.environ, "OMP_NUM_THREADS": "2"}
     env.pop("PYTHONPATH", None)
-    proc = subprocess.run(["bash", "scripts/quickstart.sh", "--training.steps=30", "--training.seq_len=64"],
+    # Later flags win: the run goes to tmp_path, so the test writes nothing into the checkout.
+    proc = subprocess.run(["bash", "scripts/quickstart.sh", "--training.steps=30", "--training.seq_len=64",
+                           f"--job.run_dir={tmp_path / 'quickstart'}"],
                           cwd=REPO, capture_output=True, text=True, env=env, timeout=1200)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     records = [json.loads(l) for l in metrics.read_text().splitlines() if '"loss"' in l]

@@ -1,7 +1,8 @@
 """Checkpoint and resume through the real CLI (``python -m titan_core``), one process and FSDP2 x2.
 
 The interrupted runs are stopped the honest way: the same 20-step command, with
-``TITAN_INJECT_NONFINITE_AT_STEP=11`` so that step 11's loss reads as NaN and the
+``--import fault_nonfinite`` (a test-only module, tests/faults/fault_nonfinite.py) and
+``TITAN_TEST_NONFINITE_AT_STEP=11`` so that step 11's loss reads as NaN and the
 run exits with code 3 after the checkpoint of step 10 was published. Rerunning
 the command without the injection resumes at step 10 with the LR schedule,
 data position and RNG of the uninterrupted run, so the 20 losses are compared
@@ -14,15 +15,17 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import shutil
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
-from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
-from conftest import CliResult, assert_user_error, run_cli
+from conftest import REPO, CliResult, assert_user_error, run_cli
+
+from titan_core.checkpoint import read_checkpoint_tensors
 
 COMMON = (
     "--spec", "llama3", "--flavor", "debugmodel", "--llama3.n_layers=2", "--training.seq_len=32",
@@ -31,7 +34,16 @@ COMMON = (
 )
 SINGLE = ("--training.local_batch_size=4",)
 FSDP = ("--nproc-per-node", "2", "--parallelism.dp_shard=2", "--training.local_batch_size=2")
-STOP_AT_11 = {"TITAN_INJECT_NONFINITE_AT_STEP": "11"}
+FAULTS = str(Path(__file__).resolve().parent / "faults")
+
+
+def nan_at(step: int) -> dict[str, str]:
+    """Environment that makes ``--import fault_nonfinite`` turn step ``step``'s loss into NaN."""
+    return {"PYTHONPATH": os.pathsep.join([str(REPO), FAULTS]), "TITAN_TEST_NONFINITE_AT_STEP": str(step)}
+
+
+STOP_AT_11 = nan_at(11)
+NAN = ("--import", "fault_nonfinite")
 LAYOUT_TOLERANCE = 1e-5  # measured: at most 3e-6 between the layouts over 20 steps
 
 
@@ -90,13 +102,13 @@ def reference_fsdp(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def single_stopped(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, CliResult]:
     run_dir = tmp_path_factory.mktemp("single_stopped") / "run"
-    return run_dir, train(run_dir, SINGLE, env=STOP_AT_11)
+    return run_dir, train(run_dir, SINGLE, *NAN, env=STOP_AT_11)
 
 
 @pytest.fixture(scope="module")
 def fsdp_stopped(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, CliResult]:
     run_dir = tmp_path_factory.mktemp("fsdp_stopped") / "run"
-    return run_dir, train(run_dir, FSDP, env=STOP_AT_11)
+    return run_dir, train(run_dir, FSDP, *NAN, env=STOP_AT_11)
 
 
 # ---- the non-finite guard -------------------------------------------------------------------
@@ -116,8 +128,7 @@ def test_nonfinite_loss_stops_with_code_3_naming_the_step_and_keeps_the_checkpoi
 
 def test_skip_nonfinite_steps_completes_and_counts_the_skipped_step(tmp_path: Path) -> None:
     result = run_cli(*COMMON, *SINGLE, "--training.steps=6", "--checkpoint.enable=false",
-                     "--training.skip_nonfinite_steps=true", f"--job.run_dir={tmp_path}",
-                     env={"TITAN_INJECT_NONFINITE_AT_STEP": "3"})
+                     "--training.skip_nonfinite_steps=true", f"--job.run_dir={tmp_path}", *NAN, env=nan_at(3))
     assert_ok(result)
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [1, 2, 3, 4, 5, 6]
@@ -153,7 +164,7 @@ def test_resume_on_fsdp2_two_ranks_is_bit_identical(fsdp_stopped: tuple[Path, Cl
 def test_async_save_resumes_to_the_same_losses_as_sync(reference_fsdp: Path, tmp_path: Path) -> None:
     """FSDP2 x2 with background saves: the save of step 10 is published even though step 11 stops the run."""
     run_dir = tmp_path / "run"
-    stopped = train(run_dir, FSDP, "--checkpoint.async_mode=async", env=STOP_AT_11)
+    stopped = train(run_dir, FSDP, "--checkpoint.async_mode=async", *NAN, env=STOP_AT_11)
     assert stopped.code == 3, stopped.text
     assert checkpoint_names(run_dir) == ["step-000005", "step-000010"]
     result = train(run_dir, FSDP, "--checkpoint.async_mode=async")
@@ -203,7 +214,7 @@ def test_keep_latest_k_2_keeps_exactly_two_complete_checkpoints(reference_single
     for name in ("step-000015", "step-000020"):
         folder = run_dir / "checkpoints" / name
         record = json.loads((folder / "titan_checkpoint.json").read_text())
-        assert sorted(p.name for p in folder.iterdir()) == [".metadata", "__0_0.distcp", "titan_checkpoint.json"]
+        assert sorted(p.name for p in folder.iterdir()) == ["__0_0.distcp", "tensor_index.json", "titan_checkpoint.json"]
         for file, digest in record["files"].items():
             assert (folder / file).stat().st_size == digest["size"], (name, file)
 
@@ -258,8 +269,8 @@ def test_export_at_end_writes_bf16_safetensors_with_the_checkpoint_weights(tmp_p
     folder = run_dir / "checkpoints" / "step-000004"
     shapes = json.loads((folder / "titan_checkpoint.json").read_text())["identity"]["param_shapes"]
     assert sorted(exported) == sorted(shapes) and "tok_embeddings.weight" in exported
-    dcp_to_torch_save(folder, tmp_path / "ckpt.pt")
-    model = torch.load(tmp_path / "ckpt.pt", weights_only=True)["model"]
+    tensors = read_checkpoint_tensors(folder)  # the two FSDP shards assembled, after the manifest checks
+    model = {key.removeprefix("model."): value for key, value in tensors.items() if key.startswith("model.")}
     for key, value in exported.items():
         assert value.dtype == torch.bfloat16 and list(value.shape) == shapes[key], key
         assert torch.equal(value, model[key].to(torch.bfloat16)), key

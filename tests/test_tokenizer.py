@@ -22,7 +22,7 @@ from titan_core.tokenizer import (
     write_bpe_ranks,
 )
 
-REPO = Path(__file__).resolve().parents[1]
+from conftest import REPO
 
 # Llama 3's published split pattern, typed out here as the reference.
 REFERENCE_PATTERN = (

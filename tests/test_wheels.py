@@ -7,6 +7,8 @@ work from a source checkout.
 from __future__ import annotations
 
 import os
+import shutil
+import re
 import subprocess
 import sys
 import textwrap
@@ -14,14 +16,9 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+from conftest import REPO, Wheels, run_ok
+
 DISTS = [REPO, REPO / "plugins/titan-llama", REPO / "plugins/titan-float8", REPO / "plugins/titan-mx-prototype"]
-
-
-def _run(cmd: list[str], **kw) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run(cmd, capture_output=True, text=True, **kw)
-    assert proc.returncode == 0, f"{cmd}\n{proc.stdout}\n{proc.stderr}"
-    return proc
 
 
 def _package(root: Path, dist: str, module: str, entry: str, body: str) -> Path:
@@ -57,9 +54,9 @@ GOOD_BODY = """
 
 
 @pytest.fixture(scope="module")
-def fresh_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def fresh_venv(tmp_path_factory: pytest.TempPathFactory, wheels: Wheels) -> Path:
     root = tmp_path_factory.mktemp("wheels")
-    wheels = root / "dist"
+    dist = root / "dist"
     extra = [
         _package(root, "titan-newconv", "titan_newconv", 'newconv = "titan_newconv:Renamer"', GOOD_BODY),
         _package(root, "titan-brokenconv", "titan_brokenconv", 'broken = "titan_brokenconv:Conv"',
@@ -67,13 +64,14 @@ def fresh_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
         _package(root, "titan-clash-a", "titan_clash_a", 'twin = "titan_clash_a:Renamer"', GOOD_BODY),
         _package(root, "titan-clash-b", "titan_clash_b", 'twin = "titan_clash_b:Renamer"', GOOD_BODY),
     ]
-    for src in DISTS + extra:
-        _run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(wheels), str(src)])
+    dist.mkdir()
+    for src in DISTS + extra:  # the session's wheels: each source is built once per test run
+        shutil.copy(wheels.wheel(src), dist)
     venv = root / "venv"
-    _run([sys.executable, "-m", "venv", str(venv)])
+    run_ok([sys.executable, "-m", "venv", str(venv)])
     pip = [str(venv / "bin/python"), "-m", "pip", "install", "-q"]
-    _run(pip + ["torch==2.13.0"], timeout=900)
-    _run(pip + sorted(str(w) for w in wheels.glob("*.whl")), timeout=900)
+    run_ok(pip + ["torch==2.13.0"], timeout=900)
+    run_ok(pip + sorted(str(w) for w in dist.glob("*.whl")), timeout=900)
     return venv
 
 
@@ -117,8 +115,83 @@ def test_requested_plugins_from_wheels(fresh_venv: Path) -> None:
 
 
 @pytest.mark.slow
-def test_builtin_tokenizer_ships_in_the_wheel(fresh_venv: Path) -> None:
-    code = "from titan_core.tokenizer import build_tokenizer; print(build_tokenizer('builtin').vocab_size)"
+def test_builtin_tokenizer_and_corpus_ship_in_the_wheel(fresh_venv: Path) -> None:
+    code = ("from titan_core.tokenizer import build_tokenizer; print(build_tokenizer('builtin').vocab_size); "
+            "from titan_core.data.corpus import builtin_documents, SNAPSHOT_PATH; "
+            "print(len(builtin_documents()), SNAPSHOT_PATH)")
     out = subprocess.run([str(fresh_venv / "bin/python"), "-c", code], capture_output=True, text=True, cwd=fresh_venv.parent)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "2048"
+    vocab, corpus = out.stdout.split("\n")[:2]
+    assert vocab == "2048"
+    # the corpus snapshot is package data of the installed wheel, not read from this checkout
+    n_docs, path = corpus.split(" ", 1)
+    assert n_docs == "218" and path.startswith(str(fresh_venv)), out.stdout
+
+
+# ---- the plugin guides, command by command, in the fresh venv ----------------------------------------
+GUIDES = [REPO / "docs/writing-a-converter.md", REPO / "docs/writing-a-train-spec.md"]
+#: Guide commands that show an error: the exit code and a piece of the message they print.
+EXPECTED_ERRORS = {
+    "PYTHONPATH=tmp/site titan-train --converters int8fake --int8fake.bitz=4 --dry-run": 'Did you mean "bits"',
+    "PYTHONPATH=tmp/site titan-train --converters int8fake,float8 --dry-run": 'converter "int8fake" was requested but has no module left',
+    "titan-train --spec tinygpt --nproc-per-node 3 --parallelism.tp=3": "parallelism.tp=3 does not divide tinygpt n_heads=4",
+}
+
+
+def guide_commands(guide: Path) -> list[str]:
+    """Every command of a guide: the lines of its bash blocks, and the "$ " lines of its console blocks."""
+    commands = []
+    for lang, body in re.findall(r"```(bash|console)\n(.*?)```", guide.read_text(), flags=re.S):
+        for line in body.splitlines():
+            if lang == "bash" and line.strip() and not line.startswith("#"):
+                commands.append(line.strip())
+            elif lang == "console" and line.startswith("$ "):
+                commands.append(line[2:].strip())
+    return commands
+
+
+def _in_venv(venv: Path, cwd: Path, command: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    env.update(PATH=f"{venv / 'bin'}{os.pathsep}{env['PATH']}", VIRTUAL_ENV=str(venv), OMP_NUM_THREADS="1")
+    return subprocess.run(["bash", "-c", command], capture_output=True, text=True, env=env, cwd=cwd, timeout=900)
+
+
+@pytest.mark.slow
+def test_every_command_of_the_plugin_guides_runs_in_a_fresh_venv(fresh_venv: Path, tmp_path: Path) -> None:
+    """Includes `titan-plugin new` + `pip install` + `titan-plugin check --fast` for both kinds."""
+    (tmp_path / "examples").symlink_to(REPO / "examples")
+    assert _in_venv(fresh_venv, tmp_path, "python -m pip install -q pytest hatchling").returncode == 0
+    # The converter guide's unit-test file, which its pytest command runs.
+    body = re.search(r'```python\n("""The converter\'s selection and numbers.*?)```',
+                     GUIDES[0].read_text(), flags=re.S)
+    assert body is not None
+    (tmp_path / "tmp/mytests").mkdir(parents=True)
+    (tmp_path / "tmp/mytests/test_my_converter.py").write_text(body.group(1))
+    # The guides use their example from section 5 on and install it in section 8: install both first.
+    for setup in ("pip install -q examples/titan-tinygpt",
+                  "python -m pip wheel -q --no-deps --no-build-isolation -w tmp examples/titan-int8-fake",
+                  "python -m pip install -q --no-deps --target tmp/site tmp/titan_int8_fake-0.1.0-py3-none-any.whl"):
+        done = _in_venv(fresh_venv, tmp_path, setup)
+        assert done.returncode == 0, done.stderr
+    ran = []
+    for guide in GUIDES:
+        for command in guide_commands(guide):
+            proc = _in_venv(fresh_venv, tmp_path, command)
+            expected = EXPECTED_ERRORS.get(command)
+            if expected is None:
+                assert proc.returncode == 0, f"{guide.name}: {command}\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}"
+            else:
+                assert proc.returncode == 2 and expected in proc.stderr, f"{command}\n{proc.stderr[-2000:]}"
+            ran.append(command)
+    assert "titan-plugin check myconv --fast" in ran and "titan-plugin check mymodel --fast" in ran
+    assert set(EXPECTED_ERRORS) <= set(ran)
+
+    # The five plugins of this repository through the quick checks (the guides installed the examples:
+    # int8fake into tmp/site, tinygpt into the venv), and every check on the scaffolded spec.
+    five = _in_venv(fresh_venv, tmp_path, "PYTHONPATH=tmp/site titan-plugin check llama3 float8 mx int8fake tinygpt --fast")
+    assert five.returncode == 0, five.stdout + five.stderr[-3000:]
+    assert five.stdout.count("\ncheck ") == 5 and "FAIL" not in five.stdout, five.stdout
+    full = _in_venv(fresh_venv, tmp_path, "titan-plugin check mymodel")
+    assert full.returncode == 0, full.stdout + full.stderr[-3000:]
+    for check in ("FSDP2 x2 = 1 process", "TP 2 = 1 process", "resume bit-exact", "init identical across layouts"):
+        assert re.search(rf"^{re.escape(check)}\s+pass\s", full.stdout, flags=re.M), full.stdout

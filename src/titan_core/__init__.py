@@ -57,10 +57,16 @@ _LAZY: dict[str, str] = {
     "ResumeInfo": "checkpoint",
     "collect_param_shapes": "checkpoint",
     "export_safetensors": "checkpoint",
+    "read_checkpoint_tensors": "checkpoint",
     "fqn_matches": "selection",
     "select_linears": "selection",
     "ConversionTable": "converters",
     "apply_converters": "converters",
+    "acquire_run_lock": "run_lock",
+    "RunFolderBusy": "run_lock",
+    "StopRequested": "signals",
+    "PeerLost": "peer_failure",
+    "default_parallelize_fn": "parallel",
 }
 
 __all__ = ["PLUGIN_API_VERSION", "__version__", *_LAZY]
@@ -80,9 +86,17 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:
-    from .checkpoint import CheckpointManager, ResumeInfo, RunIdentity, collect_param_shapes, export_safetensors
+    from .checkpoint import (
+        CheckpointManager,
+        ResumeInfo,
+        RunIdentity,
+        collect_param_shapes,
+        export_safetensors,
+        read_checkpoint_tensors,
+    )
     from .config.job import JobConfig
     from .converters import ConversionTable, apply_converters
+    from .parallel import default_parallelize_fn
     from .config.sections import (
         ActivationCheckpointSection,
         CheckpointSection,

@@ -1,7 +1,6 @@
 """``python -m titan_core`` (what torchrun runs) is ``titan-train``."""
 
-import sys
-
 from .cli import main
+from .worker_exit import exit_process
 
-sys.exit(main())
+exit_process(main())

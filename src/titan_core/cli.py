@@ -86,6 +86,9 @@ def run(args: argparse.Namespace, rest: list[str], argv: list[str]) -> int:
 
         print(json.dumps(resolved.job_model.model_json_schema(), indent=2))
         return 0
+    from .config.environment import check_environment
+
+    check_environment(resolved.config)
     if args.dry_run:
         from .commands.dry_run import dry_run
 
@@ -96,8 +99,13 @@ def run(args: argparse.Namespace, rest: list[str], argv: list[str]) -> int:
         return compare_baseline(resolved)
     if args.nproc_per_node and world_size_from_env() == 1:
         from .commands.launch import relaunch
+        from .preflight import preflight
 
-        return relaunch(args.nproc_per_node, argv)
+        preflight(resolved)  # one message here rather than one per worker, after each built the model
+
+        from pathlib import Path
+
+        return relaunch(args.nproc_per_node, argv, run_dir=Path(resolved.config.job.run_dir))
     from .commands.train import train
 
     return train(resolved)
@@ -108,19 +116,45 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args, rest = parser.parse_known_args(argv)
     try:
+        if args.nproc_per_node is not None and args.nproc_per_node < 1:
+            raise TitanError(f"--nproc-per-node {args.nproc_per_node}: give the number of processes to start "
+                             f"on this machine, 1 or more (e.g. --nproc-per-node 2).")
         return run(args, rest, argv)
     except TitanError as exc:
-        if args.traceback:
-            traceback.print_exc()
-        from .metrics import rank_prefix
+        return _report(exc, with_traceback=args.traceback)
+    except OSError as exc:  # the run folder, config.toml, metrics.jsonl, exports: a message naming the file
+        from .os_errors import describe_os_error
 
-        print(f"{rank_prefix()}titan-train: error: {exc}", file=sys.stderr)
-        if not args.traceback:
-            print("(run with --traceback to see where it happened)", file=sys.stderr)
-        return exc.exit_code
+        return _report(describe_os_error(exc), with_traceback=args.traceback, cause=exc)
     except KeyboardInterrupt:
-        print("titan-train: interrupted", file=sys.stderr)
+        if _is_rank0():
+            print("titan-train: interrupted (SIGINT); checkpoints already published are intact", file=sys.stderr)
         return 130
+
+
+def _is_rank0() -> bool:
+    import os
+
+    return os.environ.get("RANK", "0").strip() in ("0", "")
+
+
+def _report(exc: TitanError, *, with_traceback: bool, cause: BaseException | None = None) -> int:
+    """One message (none from a rank that only followed another's stop), the documented exit code."""
+    if with_traceback:
+        traceback.print_exception(cause or exc)
+    if getattr(exc, "quiet", False):
+        return exc.exit_code
+    from .signals import StopRequested
+
+    if isinstance(exc, StopRequested):
+        print(str(exc), file=sys.stderr, flush=True)
+        return exc.exit_code
+    from .metrics import rank_prefix
+
+    print(f"{rank_prefix()}titan-train: error: {exc}", file=sys.stderr)
+    if not with_traceback:
+        print("(run with --traceback to see where it happened)", file=sys.stderr)
+    return exc.exit_code
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -19,6 +19,8 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
+from .discovery import CONVERTERS
+from .plugin_calls import plugin_call
 from .errors import ConfigError, did_you_mean
 from .protocols import ModelConverter, TrainSpec
 
@@ -114,7 +116,8 @@ def apply_converters(
     modules = dict(model.named_modules())
     selections: dict[str, list[str]] = {}
     for name, converter in converters:
-        selected = list(dict.fromkeys(converter.select(model)))  # keep order, drop repeats
+        with plugin_call(CONVERTERS, name, "select()"):
+            selected = list(dict.fromkeys(converter.select(model)))  # keep order, drop repeats
         _check_exist(name, selected, modules)
         selections[name] = selected
 
@@ -133,7 +136,8 @@ def apply_converters(
     for name, converter in converters:
         fqns = owned[name]
         before = {fqn: describe(model.get_submodule(fqn)) for fqn in fqns}
-        converter.convert(model, fqns)
+        with plugin_call(CONVERTERS, name, "convert()"):
+            converter.convert(model, fqns)
         for fqn in fqns:
             try:
                 after = describe(model.get_submodule(fqn))

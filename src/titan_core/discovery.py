@@ -101,7 +101,7 @@ def import_modules(names: list[str]) -> None:
     for module in names:
         try:
             importlib.import_module(module)
-        except Exception as exc:
+        except (Exception, SystemExit, KeyboardInterrupt) as exc:  # sys.exit() there is an error, not a quiet exit 0
             raise PluginError(
                 f'--import {module}: the module could not be imported ({type(exc).__name__}: {exc}). '
                 f"Check the module name and that its package is on sys.path (--traceback shows where it failed)."
@@ -148,7 +148,7 @@ def _import_target(info: PluginInfo) -> Any:
         for part in attr.strip().split(".") if attr else []:
             obj = getattr(obj, part)
         return obj
-    except Exception as exc:
+    except (Exception, SystemExit, KeyboardInterrupt) as exc:  # sys.exit() there is an error, not a quiet exit 0
         first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         raise PluginError(
             f'{_KIND[info.group]} "{info.name}" failed to import: entry point "{info.name} = {info.target}" '

@@ -10,12 +10,16 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from .errors import ConfigError
+
+# Set by titan-train --nproc-per-node in its workers (its own pid).
+LAUNCHER_ENV = "TITAN_LAUNCHER_PID"
+
 
 @dataclass(frozen=True)
 class ProcessInfo:
     rank: int
     world_size: int
-    local_rank: int
     backend: str
     device: torch.device
 
@@ -31,7 +35,8 @@ def die_with_launcher() -> None:
     scheduler's SIGKILL, a closed terminal) would otherwise leave workers training
     and writing checkpoints on their own.
     """
-    if "TORCHELASTIC_RUN_ID" not in os.environ or not sys.platform.startswith("linux"):
+    launched = "TORCHELASTIC_RUN_ID" in os.environ or LAUNCHER_ENV in os.environ
+    if not launched or not sys.platform.startswith("linux"):
         return
     import ctypes
     import signal
@@ -43,7 +48,36 @@ def die_with_launcher() -> None:
 
 def world_size_from_env() -> int:
     """The world size torchrun announced (1 outside torchrun): known before any process group."""
-    return int(os.environ.get("WORLD_SIZE", "1"))
+    return env_int("WORLD_SIZE", 1, minimum=1)
+
+
+def env_int(name: str, default: int, *, minimum: int = 0) -> int:
+    """An integer from the launcher's environment, checked: garbage there is a clear error, not a traceback."""
+    raw = os.environ.get(name)
+    if raw is None:
+        return default
+    try:
+        value = int(raw.strip())
+    except ValueError:
+        value = None
+    if value is None or value < minimum:
+        raise ConfigError(
+            f"environment variable {name}={raw!r} is not an integer >= {minimum}. It is set by the launcher "
+            f"(torchrun or titan-train --nproc-per-node); unset it to run a single process, or launch through "
+            f"one of those."
+        )
+    return value
+
+
+def rank_env() -> tuple[int, int, int]:
+    """(rank, local_rank, world_size) from the environment, each checked against the others."""
+    world_size = world_size_from_env()
+    rank = env_int("RANK", 0)
+    local_rank = env_int("LOCAL_RANK", 0)
+    if rank >= world_size:
+        raise ConfigError(f"environment variable RANK={rank} must be below WORLD_SIZE={world_size}; "
+                          f"launch through torchrun or titan-train --nproc-per-node, which set both.")
+    return rank, local_rank, world_size
 
 
 def pick_device(preference: str, local_rank: int) -> torch.device:
@@ -52,19 +86,30 @@ def pick_device(preference: str, local_rank: int) -> torch.device:
     return torch.device("cpu")
 
 
-def init_process_group(*, backend: str, device_preference: str) -> ProcessInfo:
+def init_process_group(*, backend: str, device_preference: str, init_timeout_s: float = 300.0,
+                       collective_timeout_s: float = 600.0) -> ProcessInfo:
     """Init the default group when launched by torchrun; a single process needs none."""
-    world_size = world_size_from_env()
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    _, local_rank, world_size = rank_env()
     device = pick_device(device_preference, local_rank)
     if backend == "auto":
         backend = "nccl" if device.type == "cuda" else "gloo"
     if device.type == "cuda":
         torch.cuda.set_device(device)
     if world_size > 1 and not dist.is_initialized():
-        dist.init_process_group(backend=backend)
+        from .rendezvous import join_process_group
+
+        join_process_group(backend, init_timeout_s=init_timeout_s, collective_timeout_s=collective_timeout_s)
     rank = dist.get_rank() if dist.is_initialized() else 0
-    return ProcessInfo(rank, world_size, local_rank, backend, device)
+    return ProcessInfo(rank, world_size, backend, device)
+
+
+def all_reduce_max(value: int, device: torch.device | None = None) -> int:
+    """The largest ``value`` over all ranks (itself in a single process)."""
+    if not dist.is_initialized():
+        return value
+    t = torch.tensor([value], dtype=torch.int64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return int(t.item())
 
 
 def all_reduce_sum(value: torch.Tensor) -> torch.Tensor:
@@ -73,11 +118,6 @@ def all_reduce_sum(value: torch.Tensor) -> torch.Tensor:
     if dist.is_initialized():
         dist.all_reduce(out, op=dist.ReduceOp.SUM)
     return out
-
-
-def barrier() -> None:
-    if dist.is_initialized():
-        dist.barrier()
 
 
 def destroy() -> None:

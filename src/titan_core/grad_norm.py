@@ -22,10 +22,14 @@ def total_grad_norm(model_parts: list[nn.Module], *, pp_group: "dist.ProcessGrou
         return torch.zeros(())
     # Each tensor's norm accumulates in float64: torch's float32 CPU norm sums sequentially
     # and loses ~1e-4 relative on a 0.5M-element gradient, more than the layouts differ by.
-    per_tensor = [torch.linalg.vector_norm(g, 2.0, dtype=torch.float64) for g in grads]
-    norm = torch.linalg.vector_norm(torch.stack(per_tensor), 2.0)
-    if isinstance(norm, DTensor):
-        norm = norm.full_tensor()
+    sharded = [g for g in grads if isinstance(g, DTensor)]
+    if sharded and len(sharded) < len(grads):
+        # A TP plan may leave some parameters plain (replicated on every tp rank, e.g. a
+        # norm without sequence parallelism): each kind is normed apart, then combined.
+        plain = [g for g in grads if not isinstance(g, DTensor)]
+        norm = torch.linalg.vector_norm(torch.stack([_norm_of(sharded), _norm_of(plain)]), 2.0)
+    else:
+        norm = _norm_of(grads)
     if pp_group is not None:
         squared = norm.pow(2)
         dist.all_reduce(squared, op=dist.ReduceOp.SUM, group=pp_group)
@@ -33,10 +37,20 @@ def total_grad_norm(model_parts: list[nn.Module], *, pp_group: "dist.ProcessGrou
     return norm.float()
 
 
+def _norm_of(grads: list[torch.Tensor]) -> torch.Tensor:
+    """The 2-norm of ``grads`` (all DTensors or all plain), as a plain float64 scalar."""
+    per_tensor = [torch.linalg.vector_norm(g, 2.0, dtype=torch.float64) for g in grads]
+    norm = torch.linalg.vector_norm(torch.stack(per_tensor), 2.0)
+    return norm.full_tensor() if isinstance(norm, DTensor) else norm
+
+
 def clip_grad_norm(model_parts: list[nn.Module], max_norm: float, *, pp_group: "dist.ProcessGroup | None") -> float:
     """Clip in place to ``max_norm`` (0 = only measure); returns the norm before clipping."""
     norm = total_grad_norm(model_parts, pp_group=pp_group)
     if max_norm > 0 and math.isfinite(float(norm)):
         params = [p for part in model_parts for p in part.parameters() if p.grad is not None]
-        torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm, foreach=True)
+        # foreach kernels take all DTensors or all plain tensors, not a mix.
+        for group in ([p for p in params if isinstance(p.grad, DTensor)], [p for p in params if not isinstance(p.grad, DTensor)]):
+            if group:
+                torch.nn.utils.clip_grads_with_norm_(group, max_norm, norm, foreach=True)
     return float(norm)

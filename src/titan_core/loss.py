@@ -14,7 +14,3 @@ def cross_entropy_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tens
     """
     return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(0, 1))
 
-
-def build_cross_entropy_loss() -> "type[torch.nn.Module] | object":
-    """The default ``TrainSpec.build_loss_fn``."""
-    return cross_entropy_loss

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import resource
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +45,24 @@ def peak_flops(device: torch.device, configured_tflops: float | None) -> float |
     return PEAK_BF16_TFLOPS[max(matches, key=len)] * 1e12
 
 
+@dataclass(frozen=True)
+class FlopsPerToken:
+    """Training FLOPs per token two ways: attention as the kernel computes it (causal: about half
+    the square; what MFU uses, so it cannot exceed 1 at the true peak) and over the full square
+    (the custom of published MFU figures, shown beside it for comparison)."""
+
+    computed: float
+    full_attention: float
+
+
+def model_flops_per_token(spec: Any, model_args: Any, seq_len: int) -> FlopsPerToken | None:
+    """Both counts from the spec's ``flops_per_token_fn``; None when the spec has none."""
+    fn = spec.flops_per_token_fn
+    if fn is None:
+        return None
+    return FlopsPerToken(computed=fn(model_args, seq_len), full_attention=fn(model_args, seq_len, full_attention=True))
+
+
 def memory_stats(device: torch.device) -> dict[str, float]:
     """GiB: max allocated/reserved on CUDA, peak resident set size on CPU."""
     if device.type == "cuda":
@@ -65,7 +84,7 @@ class MetricsLogger:
         run_dir: Path,
         is_rank0: bool,
         device: torch.device,
-        flops_per_token: float | None,
+        flops_per_token: FlopsPerToken | None,
         world_size: int,
         run_config: dict[str, Any] | None = None,
     ) -> None:
@@ -95,10 +114,12 @@ class MetricsLogger:
             "tokens_per_s": tps_rank, "tokens_per_s_total": tps_rank * self.world_size,
             "step_time_s": step_time, **memory_stats(self.device), **extra,
         }
-        if self.flops_per_token is not None:
-            record["tflops"] = self.flops_per_token * tps_rank / 1e12
+        fpt = self.flops_per_token
+        if fpt is not None:
+            record["tflops"] = fpt.computed * tps_rank / 1e12
             if self.peak is not None:
-                record["mfu"] = self.flops_per_token * tps_rank / self.peak
+                record["mfu"] = fpt.computed * tps_rank / self.peak
+                record["mfu_full_attention"] = fpt.full_attention * tps_rank / self.peak
         self._emit(record, self._line(record))
         return record
 
@@ -113,15 +134,18 @@ class MetricsLogger:
             f"mem {mem:.2f}GiB",
         ]
         if "mfu" in r:
-            parts.append(f"mfu {100 * r['mfu']:.1f}%")
+            parts.append(f"mfu {100 * r['mfu']:.1f}% (full-square attention {100 * r['mfu_full_attention']:.1f}%)")
         return " | ".join(parts)
 
     def _emit(self, record: dict[str, float], line: str) -> None:
         if not self.is_rank0:
             return
         print(line, flush=True)
-        with self.path.open("a", encoding="utf-8") as f:
-            f.write(json.dumps(record) + "\n")
+        try:
+            with self.path.open("a", encoding="utf-8") as f:
+                f.write(json.dumps(record) + "\n")
+        except OSError as exc:  # a failed write() names no file; the message must (e.g. disk full)
+            raise OSError(exc.errno, exc.strerror, str(self.path)) from exc
         if self._wandb is not None:
             self._wandb.log(record, step=int(record["step"]))
 
@@ -141,4 +165,6 @@ def rank_prefix() -> str:
     """``[rank3] `` in a multi-process run, so interleaved output says who wrote it."""
     import os
 
-    return f"[rank{os.environ['RANK']}] " if int(os.environ.get("WORLD_SIZE", "1")) > 1 else ""
+    world, rank = os.environ.get("WORLD_SIZE", "1").strip(), os.environ.get("RANK", "?").strip()
+    # Used while reporting errors, including a garbage WORLD_SIZE: never raise here.
+    return f"[rank{rank[:8]}] " if world.isdigit() and int(world) > 1 else ""

@@ -40,9 +40,11 @@ class OptimizersContainer(torch.optim.Optimizer):
                 impl = "fused" if device_type == "cuda" else "foreach"
             if impl == "fused":
                 kwargs["fused"] = True
-            elif impl == "foreach":
+            elif impl == "foreach" and not _mixes_dtensor_and_plain(model_parts):
                 kwargs["foreach"] = True
             else:
+                # foreach kernels refuse a list mixing DTensors with plain tensors, which a TP
+                # plan that leaves some parameters whole (norms, embeddings) produces.
                 kwargs["foreach"] = False
         self.model_parts = model_parts
         self.optimizers = [
@@ -122,3 +124,10 @@ class LRSchedulersContainer:
             for group, lr in zip(scheduler.optimizer.param_groups, lrs):
                 group["lr"] = lr
             scheduler._last_lr = lrs  # what get_last_lr() reports
+
+
+def _mixes_dtensor_and_plain(model_parts: list[nn.Module]) -> bool:
+    from torch.distributed.tensor import DTensor
+
+    kinds = {isinstance(p, DTensor) for part in model_parts for p in part.parameters() if p.requires_grad}
+    return len(kinds) > 1

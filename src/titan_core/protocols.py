@@ -95,8 +95,8 @@ class ParallelizeFn(Protocol):
 class TrainSpec:
     """Everything the core needs to train one model family.
 
-    A minimal spec names ``name``, ``model_cls``, ``flavors`` and ``parallelize_fn``;
-    every ``build_*`` factory left as ``None`` uses the core's default.
+    A minimal spec names ``name``, ``model_cls`` and ``flavors`` (plus ``tp_plan_fn`` for
+    tensor parallelism); every ``build_*`` factory left as ``None`` uses the core's default.
 
     Contract for the model (``model_cls(args)``):
       * it can be built under ``torch.device("meta")`` and holds no parallelism code;
@@ -127,7 +127,15 @@ class TrainSpec:
     name: str
     model_cls: type[nn.Module]
     flavors: Mapping[str, Any]
-    parallelize_fn: ParallelizeFn
+    # None: titan_core.parallel.default_parallelize_fn built from tp_plan_fn and
+    # selective_ac_save_ops (TP -> activation checkpointing -> compile -> FSDP2).
+    parallelize_fn: ParallelizeFn | None = None
+    # tp_plan_fn(model_part, *, styles, loss_parallel) -> {module name: ParallelStyle};
+    # None: the spec does not support tensor parallelism (tp > 1 is a ConfigError).
+    tp_plan_fn: Callable[..., Mapping[str, Any]] | None = None
+    # Per-op selective activation checkpointing: ops whose outputs are saved
+    # (activation_checkpoint.selective_save_ops replaces this list when set).
+    selective_ac_save_ops: Sequence[str] = ()
     pipelining_fn: Callable[..., Any] | None = None
     config_model: type[BaseModel] | None = None
     defaults: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
@@ -143,6 +151,15 @@ class TrainSpec:
     build_metrics_processor_fn: Callable[..., Any] | None = None
     state_dict_adapter: Any | None = None
     plugin_api_version: str = PLUGIN_API_VERSION
+
+    def resolved_parallelize_fn(self) -> ParallelizeFn:
+        """``parallelize_fn``, or the default one built from ``tp_plan_fn`` and ``selective_ac_save_ops``."""
+        if self.parallelize_fn is not None:
+            return self.parallelize_fn
+        from .parallel.default import default_parallelize_fn
+
+        return default_parallelize_fn(self.tp_plan_fn, selective_save_ops=self.selective_ac_save_ops,
+                                      spec_name=f"spec {self.name}")
 
     def model_args(self, flavor: str, section: BaseModel | None, vocab_size: int | None) -> Any:
         """The flavor's args with the spec section's non-None fields and the vocab applied."""

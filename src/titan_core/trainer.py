@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,16 +21,20 @@ from .config.job import JobConfig, accumulation_steps
 from .config.resolve import ResolvedConfig
 from .config.toml_out import dumps
 from .errors import NonFiniteError
+from .run_files import atomic_write_text, supersede_metrics
 from .grad_norm import clip_grad_norm
 from .init import init_model_weights
 from .layout import describe_parameter_layout
 from .loss import cross_entropy_loss
-from .metrics import MetricsLogger, progress
+from .metrics import MetricsLogger, model_flops_per_token, progress
 from .optim import LRSchedulersContainer, OptimizersContainer
 from .parallel_dims import ParallelDims
 from .precision import autocast_for, resolve_compute_dtype
 from .protocols import ModelConverter, RunContext, TensorParallelStyles
 from .ties import check_ties, declared_ties, retie_weights
+from .discovery import CONVERTERS, SPECS
+from .plugin_calls import check_logits, plugin_call
+from .signals import no_interrupt, requested_signal, stop_after_signal
 
 
 @dataclass
@@ -60,8 +63,6 @@ class Trainer:
         self.tokens_seen = 0
         self.skipped_steps = 0
         self.run_dir = Path(self.config.job.run_dir)
-        # Fault injection for tests of the non-finite guard: the loss of this step reads as NaN.
-        self.inject_nonfinite_at = int(os.environ.get("TITAN_INJECT_NONFINITE_AT_STEP", "0"))
 
     # ---- set-up, in the architecture page's order -------------------------------------------
     def setup(self) -> None:
@@ -77,7 +78,9 @@ class Trainer:
 
     def init_distributed(self) -> None:
         t, p = self.config.training, self.config.parallelism
-        self.proc = distributed.init_process_group(backend=p.backend, device_preference=t.device)
+        self.proc = distributed.init_process_group(backend=p.backend, device_preference=t.device,
+                                                   init_timeout_s=p.init_timeout_s,
+                                                   collective_timeout_s=p.collective_timeout_s)
         self.device = self.proc.device
         self.dims = ParallelDims.resolve(
             dp_replicate=p.dp_replicate, dp_shard=p.dp_shard, tp=p.tp, pp=p.pp, world_size=self.proc.world_size
@@ -135,6 +138,11 @@ class Trainer:
         n_params = sum(p.numel() for p in model.parameters())
         progress(f"model {self.spec.name}/{m.flavor}: {n_params:,} parameters", is_rank0=self.is_rank0)
         self.n_params = n_params
+        from .memory_estimate import check_model_fits
+
+        p = self.config.parallelism
+        check_model_fits(n_params, optimizer=self.config.optimizer.name, dp_shard=self.dims.dp_shard, tp=p.tp,
+                         pp=p.pp, device=self.device)
         return model
 
     def run_context(self) -> RunContext:
@@ -145,27 +153,27 @@ class Trainer:
         from .converters import apply_converters
 
         ctx = self.run_context()
-        self.converters: list[ModelConverter] = [
-            cls(getattr(self.config, name), parallel_dims=self.dims, job=ctx) for name, cls in self.converter_classes
-        ]
+        self.converters: list[ModelConverter] = []
+        for name, cls in self.converter_classes:
+            with plugin_call(CONVERTERS, name, "__init__"):
+                self.converters.append(cls(getattr(self.config, name), parallel_dims=self.dims, job=ctx))
         named = [(name, conv) for (name, _), conv in zip(self.converter_classes, self.converters)]
         self.conversion_table = apply_converters(model, named, self.spec)
         if self.is_rank0 and named:
             print(self.conversion_table.format(), flush=True)
 
     def tp_styles(self) -> TensorParallelStyles:
-        for conv in self.converters:
-            styles = conv.tensor_parallel_styles()
-            if styles is not None:
-                return styles
-        return TensorParallelStyles.default()
+        from .tp_styles import resolve_tp_styles
+
+        return resolve_tp_styles([(name, conv) for (name, _), conv in zip(self.converter_classes, self.converters)])
 
     def parallelize(self, part: nn.Module) -> nn.Module:
         c = self.config
-        return self.spec.parallelize_fn(
-            part, parallel_dims=self.dims, mesh=self.mesh, training=c.training, parallelism=c.parallelism,
-            compile=c.compile, activation_checkpoint=c.activation_checkpoint, tp_styles=self.tp_styles(),
-        )
+        with plugin_call(SPECS, self.spec.name, "parallelize_fn"):
+            return self.spec.resolved_parallelize_fn()(
+                part, parallel_dims=self.dims, mesh=self.mesh, training=c.training, parallelism=c.parallelism,
+                compile=c.compile, activation_checkpoint=c.activation_checkpoint, tp_styles=self.tp_styles(),
+            )
 
     def build_model_parts(self, model: nn.Module) -> None:
         self.loss_fn = self.spec.build_loss_fn() if self.spec.build_loss_fn else cross_entropy_loss
@@ -197,15 +205,19 @@ class Trainer:
 
     def scaled_loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """The pipeline's per-microbatch loss. The schedule itself divides gradients by the
-        number of microbatches, so only gradient accumulation is scaled here."""
-        return self.loss_fn(logits, labels) / self.accum
+        number of microbatches, so only gradient accumulation is scaled here. Validation runs
+        the schedule forward-only under no_grad, where the plain mean is wanted."""
+        loss = self.loss_fn(logits, labels)
+        return loss / self.accum if torch.is_grad_enabled() else loss
 
     def materialize_and_init(self) -> None:
         for part in self.model_parts:
             part.to_empty(device=self.device)
             retie_weights(part, self.ties)  # to_empty makes a new parameter per module
             # With checkpoint.initial_load every parameter is loaded next: only buffers are computed.
-            init_model_weights(part, seed=self.config.training.seed, buffers_only=bool(self.config.checkpoint.initial_load))
+            with plugin_call(SPECS, self.spec.name, "the model's init_parameter/init_buffers"):
+                init_model_weights(part, seed=self.config.training.seed,
+                                   buffers_only=bool(self.config.checkpoint.initial_load))
             part.train()
         check_ties(self.model_parts, self.ties, after="to_empty and init")
 
@@ -233,8 +245,7 @@ class Trainer:
         )
 
     def build_metrics(self) -> None:
-        fpt = self.spec.flops_per_token_fn(self.model_args, self.config.training.seq_len) \
-            if self.spec.flops_per_token_fn else None
+        fpt = model_flops_per_token(self.spec, self.model_args, self.config.training.seq_len)
         build_metrics = self.spec.build_metrics_processor_fn or MetricsLogger
         self.metrics = build_metrics(
             self.config.metrics, run_dir=self.run_dir, is_rank0=self.is_rank0, device=self.device,
@@ -259,7 +270,10 @@ class Trainer:
         if self.pipeline is not None:
             return self.pipeline_forward_backward(inputs, labels)
         with self.autocast(), self.loss_context():
-            loss = self.loss_fn(self.model_parts[0](inputs), labels) / self.accum
+            with plugin_call(SPECS, self.spec.name, "the model's forward"):
+                logits = self.model_parts[0](inputs)
+            check_logits(logits, inputs, spec=self.spec.name)
+            loss = self.loss_fn(logits, labels) / self.accum
             loss.backward()
         return _plain(loss)
 
@@ -282,8 +296,6 @@ class Trainer:
         pp_group = self.mesh["pp"].get_group() if self.dims.pp_enabled else None
         grad_norm = clip_grad_norm(self.model_parts, self.config.training.max_norm, pp_group=pp_group)
         global_loss = self.global_average_loss(loss)
-        if self.step + 1 == self.inject_nonfinite_at:
-            global_loss = float("nan")
         if not (math.isfinite(global_loss) and math.isfinite(grad_norm)):
             return self.handle_nonfinite(global_loss, grad_norm)
         self.optimizer.step()
@@ -322,7 +334,8 @@ class Trainer:
             load_initial_weights(self.config.checkpoint.initial_load, spec=self.spec, model_parts=self.model_parts,
                                  model_args=self.model_args, ties=self.ties, is_rank0=self.is_rank0)
         if self.is_rank0:  # written once resume is accepted: a refused run leaves the run folder as it was
-            (self.run_dir / "config.toml").write_text(dumps(self.config.model_dump(mode="json")))
+            atomic_write_text(self.run_dir / "config.toml", dumps(self.config.model_dump(mode="json")))
+            supersede_metrics(self.metrics.path, start_step=self.step)  # one record per step after a resume
             if self.converters:
                 self.conversion_table.write(self.run_dir / "conversion_table.json")
         t = self.config.training
@@ -350,27 +363,51 @@ class Trainer:
                     tokens=tokens_per_device, step_time=time.perf_counter() - start,
                     extra={"skipped_steps": self.skipped_steps, "tokens_seen": self.tokens_seen},
                 )
-            self.checkpointer.maybe_save(self.step, tokens_seen=self.tokens_seen, last=last)
+            with no_interrupt():  # Ctrl+C waits for the save to be published: never half a checkpoint
+                self.checkpointer.maybe_save(self.step, tokens_seen=self.tokens_seen, last=last)
             self.maybe_validate(last=last)
+            self.stop_if_signalled()
         self.finish()
         return losses
+
+    def stop_if_signalled(self) -> None:
+        """After a SIGTERM, every rank stops after this same step (they agree in one all_reduce)."""
+        signum = requested_signal()
+        if self.dims.distributed:
+            signum = distributed.all_reduce_max(signum, self.device)
+        if signum:
+            stop_after_signal(self, signum)
 
     @torch.no_grad()
     def maybe_validate(self, *, last: bool) -> None:
         v = self.config.validation
         if self.val_dataloader is None or not (self.step % v.freq == 0 or last):
             return
-        model = self.model_parts[0]
-        model.eval()
+        for part in self.model_parts:
+            part.eval()
         self.val_dataloader.reset()  # every validation scores the same held-out batches
         batches = iter(self.val_dataloader)
         total = torch.zeros((), device=self.device)
         for _ in range(v.steps):
             inputs, labels = (x.to(self.device) for x in next(batches))
-            with self.autocast(), self.loss_context():
-                total += self.loss_fn(model(inputs), labels).detach().float()
-        model.train()
+            total += self.validation_loss(inputs, labels)
+        for part in self.model_parts:
+            part.train()
         self.metrics.log_validation(step=self.step, loss=self.global_average_loss(total / v.steps))
+
+    def validation_loss(self, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """One held-out batch's mean loss (forward only); zero on ranks without the last PP stage."""
+        with self.autocast(), self.loss_context():
+            if self.pipeline is None:
+                return _plain(self.loss_fn(self.model_parts[0](inputs), labels)).float()
+            pipe = self.pipeline
+            losses: list[torch.Tensor] | None = [] if pipe.has_last_stage else None
+            target = labels if pipe.has_last_stage else None
+            args = (inputs,) if pipe.has_first_stage else ()
+            pipe.schedule.eval(*args, target=target, losses=losses)
+        if losses:  # equal microbatches: the mean of their means is the batch mean
+            return torch.stack([_plain(l) for l in losses]).float().mean()
+        return torch.zeros((), device=self.device)
 
     def finish(self) -> None:
         self.checkpointer.wait()

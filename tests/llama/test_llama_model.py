@@ -259,7 +259,11 @@ def test_flops_per_token_hand_count() -> None:
     model = Transformer(args)
     counted = sum(p.numel() for n, p in model.named_parameters() if not n.startswith("tok_embeddings"))
     assert counted == non_embedding
-    assert flops_per_token(args, 24) == 6 * non_embedding + 12 * 2 * 4 * 16 * 24
+    # causal attention: each query attends to the unmasked keys of the causal mask, on average
+    keys_per_query = torch.ones(24, 24).tril().sum().item() / 24
+    assert keys_per_query == 12.5
+    assert flops_per_token(args, 24) == 6 * non_embedding + 12 * 2 * 4 * 16 * keys_per_query
+    assert flops_per_token(args, 24, full_attention=True) == 6 * non_embedding + 12 * 2 * 4 * 16 * 24
 
 
 def test_pipeline_stages_reproduce_the_full_forward() -> None:

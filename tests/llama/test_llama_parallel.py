@@ -26,9 +26,9 @@ from titan_core import (
     TensorParallelStyles,
     TrainingSection,
 )
-from titan_llama.activation_checkpoint import resolve_ops
 from titan_llama.model import Transformer
-from titan_llama.parallelize import parallelize_llama, reshard_policy, validate_llama_layout
+from titan_core.parallel import reshard_policy, resolve_ops
+from titan_llama.parallelize import parallelize_llama, validate_llama_layout
 from titan_llama.pipeline import split_layers, stage_ids_of_rank, validate_pipeline
 
 L = w.Layout

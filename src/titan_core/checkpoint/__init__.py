@@ -17,6 +17,10 @@ from __future__ import annotations
 from .export import export_safetensors
 from .identity import ResumeInfo, RunIdentity
 from .manager import CheckpointManager
+from .reading import read_checkpoint_tensors
 from .states import collect_param_shapes
 
-__all__ = ["CheckpointManager", "ResumeInfo", "RunIdentity", "collect_param_shapes", "export_safetensors"]
+__all__ = [
+    "CheckpointManager", "ResumeInfo", "RunIdentity", "collect_param_shapes", "export_safetensors",
+    "read_checkpoint_tensors",
+]

@@ -17,7 +17,8 @@ from typing import Any
 from ..errors import CheckpointError
 from .layout import IDENTITY_FILE
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: tensors as raw bytes with tensor_index.json, no pickles (1 used DCP's .metadata)
+_MAX_RECORD_BYTES = 64 << 20
 
 
 @dataclass(frozen=True)
@@ -94,21 +95,41 @@ def read_record(folder: Path) -> CheckpointRecord:
     """Parse the identity file; any damage is a CheckpointError naming the file."""
     path = folder / IDENTITY_FILE
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)  # a symlinked identity file is refused, not followed
+        with os.fdopen(fd, "rb") as fh:
+            raw = fh.read(_MAX_RECORD_BYTES + 1)
+        if len(raw) > _MAX_RECORD_BYTES:
+            raise ValueError(f"it is larger than {_MAX_RECORD_BYTES} bytes")
+        data = json.loads(raw.decode("utf-8"), parse_constant=_refuse_constant)
+        if not isinstance(data, dict):
+            raise ValueError("it is not a JSON object")
         if data.get("format") != FORMAT_VERSION:
             raise ValueError(f"unknown format {data.get('format')!r} (this titan-core reads {FORMAT_VERSION})")
-        return CheckpointRecord(
+        record = CheckpointRecord(
             identity=RunIdentity.from_json(data["identity"]),
             step=int(data["step"]),
             tokens_seen=int(data["tokens_seen"]),
             world_size=int(data["world_size"]),
-            files={str(k): (int(v["size"]), int(v["crc32"])) for k, v in data["files"].items()},
+            files={str(k): (_count(v["size"]), _count(v["crc32"])) for k, v in data["files"].items()},
         )
-    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        if record.step < 0 or record.tokens_seen < 0 or record.world_size < 1:
+            raise ValueError("step and tokens_seen must be >= 0 and world_size >= 1")
+        return record
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
         raise CheckpointError(
             f"checkpoint identity file {path} is unreadable or corrupt ({type(exc).__name__}: {exc}). "
             f"The checkpoint cannot be trusted; resume from another step-N folder."
         ) from exc
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def _count(value: Any) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ValueError(f"{value!r} is not a non-negative integer")
+    return value
 
 
 def check_identity(saved: RunIdentity, current: RunIdentity, *, path: Path, allow_converter_change: bool) -> bool:

@@ -2,15 +2,16 @@
 
 A run's checkpoint folder holds:
 
-* ``step-000010/``: a published checkpoint (DCP shards, DCP's ``.metadata`` and
-  our ``titan_checkpoint.json``);
+* ``step-000010/``: a published checkpoint (raw tensor shards ``__<rank>_0.distcp``,
+  ``tensor_index.json`` and our ``titan_checkpoint.json``);
 * ``.tmp-step-000010-<nonce>/``: a save in progress (or one a crash interrupted);
 * ``.old-step-000010-<nonce>/``: a published folder being replaced by a newer
   save of the same step.
 
-Only ``step-N`` folders holding both ``.metadata`` and the identity file count as
-checkpoints. A save becomes visible in one ``os.rename`` of its temporary folder,
-so a crash at any moment leaves either the previous checkpoints or the new one.
+Only real ``step-N`` folders (not symlinks) holding both ``tensor_index.json`` and
+the identity file count as checkpoints. A save becomes visible in one ``os.rename``
+of its temporary folder, so a crash at any moment leaves either the previous
+checkpoints or the new one.
 """
 
 from __future__ import annotations
@@ -20,10 +21,13 @@ import re
 import secrets
 import shutil
 from pathlib import Path
+from typing import Callable
 
 from ..errors import CheckpointError
 
-METADATA_FILE = ".metadata"  # written by DCP's FileSystemWriter, last, by the coordinator
+from .tensor_index import INDEX_FILE
+
+LEGACY_METADATA_FILE = ".metadata"  # DCP's pickled index: written by titan-core before it stored JSON
 IDENTITY_FILE = "titan_checkpoint.json"  # written by us, last, by rank 0
 
 _STEP_RE = re.compile(r"^step-(\d+)$")
@@ -40,11 +44,32 @@ def tmp_dirname(step: int) -> str:
     return f".tmp-{step_dirname(step)}-{secrets.token_hex(4)}"
 
 
+def step_of(name: str) -> int | None:
+    """The step a ``step-N`` folder name claims, or None for any other name."""
+    match = _STEP_RE.match(name)
+    return int(match.group(1)) if match else None
+
+
 def missing_parts(path: Path) -> list[str]:
     """The files a complete checkpoint needs that ``path`` lacks (empty when complete)."""
     if not path.is_dir():
         return [f"the folder {path} itself"]
-    return [name for name in (METADATA_FILE, IDENTITY_FILE) if not (path / name).is_file()]
+    return [name for name in (INDEX_FILE, IDENTITY_FILE) if not (path / name).is_file()]
+
+
+def is_legacy(path: Path) -> bool:
+    """A checkpoint written by a titan-core that stored DCP's pickled ``.metadata`` (never read now)."""
+    return (path / LEGACY_METADATA_FILE).is_file() and not (path / INDEX_FILE).exists()
+
+
+def legacy_error(path: Path) -> CheckpointError:
+    return CheckpointError(
+        f"checkpoint {path} was written by an older titan-core: its tensor index is DCP's pickled .metadata, "
+        f"and loading a pickle from disk can run arbitrary code, so resume does not read it. If you trust where "
+        f"the folder came from, convert it once: python -m titan_core.checkpoint.legacy --i-trust-this-checkpoint "
+        f"{path} <new folder>/{path.name}, and resume from the new folder (or resume it with the titan-core "
+        f"version that wrote it); otherwise start fresh: --checkpoint.resume=never, or another --job.run_dir."
+    )
 
 
 def require_complete(path: Path) -> None:
@@ -59,15 +84,26 @@ def require_complete(path: Path) -> None:
 
 
 def complete_checkpoints(folder: Path) -> list[tuple[int, Path]]:
-    """Published, complete checkpoints in ``folder``, oldest first, as (step, path)."""
+    """Published, complete checkpoints in ``folder``, oldest first, as (step its name claims, path).
+
+    Symlinks are never checkpoints: a link could point at another run's folder,
+    and retention must never delete through one.
+    """
     if not folder.is_dir():
         return []
     found: list[tuple[int, Path]] = []
     for entry in folder.iterdir():
-        match = _STEP_RE.match(entry.name)
-        if match and not missing_parts(entry):
-            found.append((int(match.group(1)), entry))
+        step = step_of(entry.name)
+        if step is not None and not entry.is_symlink() and not missing_parts(entry):
+            found.append((step, entry))
     return sorted(found)
+
+
+def step_folders(folder: Path) -> list[tuple[int, Path]]:
+    """Every entry named ``step-N`` (complete or not, links included), oldest first."""
+    if not folder.is_dir():
+        return []
+    return sorted((step, entry) for entry in folder.iterdir() if (step := step_of(entry.name)) is not None)
 
 
 def latest_checkpoint(folder: Path) -> Path | None:
@@ -85,7 +121,7 @@ def remove_stale(folder: Path) -> list[Path]:
     if not folder.is_dir():
         return removed
     for entry in folder.iterdir():
-        if entry.is_dir() and entry.name.startswith(_STALE_PREFIXES):
+        if entry.name.startswith(_STALE_PREFIXES) and entry.is_dir() and not entry.is_symlink():
             shutil.rmtree(entry, ignore_errors=True)
             removed.append(entry)
     return removed
@@ -112,20 +148,24 @@ def publish(tmp: Path, final: Path) -> None:
         os.rename(final, old)
     os.rename(tmp, final)
     fsync_dir(final.parent)
-    if old is not None:
+    if old is not None and old.is_symlink():
+        old.unlink()  # a link in the way is removed, never followed: what it points to stays
+    elif old is not None:
         shutil.rmtree(old, ignore_errors=True)
 
 
-def apply_retention(folder: Path, keep_latest_k: int, *, protect: Path) -> list[Path]:
-    """Delete complete checkpoints beyond the newest ``keep_latest_k`` (0 keeps all).
+def apply_retention(folder: Path, keep_latest_k: int, *, protect: Path, deletable: Callable[[int, Path], bool]) -> list[Path]:
+    """Delete the checkpoints ``deletable`` allows beyond the newest ``keep_latest_k`` (0 keeps all).
 
-    ``protect`` (the checkpoint just written) is never deleted, even when an
-    earlier run left checkpoints with higher step numbers in the same folder.
+    ``protect`` (the checkpoint just written) is never deleted. The caller allows
+    only this run's own saves and checkpoints no newer than the one it resumed:
+    an earlier run's newer checkpoints in the same folder are never touched.
+    Symlinks are never candidates (``complete_checkpoints`` skips them).
     """
     if keep_latest_k <= 0:
         return []
-    others = [path for _, path in complete_checkpoints(folder) if path.resolve() != protect.resolve()]
-    doomed = others[: max(0, len(others) - (keep_latest_k - 1))]
+    candidates = [path for step, path in complete_checkpoints(folder) if path != protect and deletable(step, path)]
+    doomed = candidates[: max(0, len(candidates) - (keep_latest_k - 1))]
     for path in doomed:
         # Rename first so that a crash mid-delete never leaves a half folder named step-N.
         trash = path.with_name(f".old-{path.name}-{secrets.token_hex(4)}")

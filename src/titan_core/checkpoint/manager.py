@@ -3,17 +3,25 @@
 One save, on every rank:
 
 1. rank 0 creates ``<folder>/.tmp-step-N-<nonce>`` and tells the others its name;
-2. DCP writes every rank's shards and then ``.metadata`` into it (in async mode in
-   a background thread, after the state was copied to CPU);
+2. DCP writes every rank's tensors as raw bytes and the coordinator writes
+   ``tensor_index.json`` into it (in async mode in a background thread, after the
+   state was copied to CPU); non-tensor state travels as JSON in that index;
 3. the ranks digest the files (size + CRC-32), rank 0 writes
    ``titan_checkpoint.json`` and renames the folder to ``step-N`` (one atomic
    ``os.rename`` plus an fsync of the folder), then applies ``keep_latest_k``.
 
-Resume (``config.resume``): ``auto`` loads the newest complete ``step-N``,
-``never`` starts fresh, anything else is a checkpoint path (as given, or relative
-to the checkpoint folder, e.g. ``step-000010``). Rank 0 checks completeness and
-the identity (spec, flavor, converters, full shapes) and tells the other ranks;
-all ranks then verify their share of the file checksums before DCP loads. With
+Before a save every rank checks its parameters are finite: a non-finite state is
+never saved (``NonFiniteError``, as the trainer's own guard), so the newest
+checkpoint always holds the last good state.
+
+Resume (``config.resume``): ``auto`` loads the newest complete ``step-N`` whose
+identity record agrees with its name (symlinks and renamed or copied folders are
+ignored, with a message), ``never`` starts fresh, anything else is a checkpoint
+path (as given, or relative to the checkpoint folder, e.g. ``step-000010``). Rank 0
+checks completeness, that the folder holds exactly its manifest's files, and the
+identity (spec, flavor, converters, full shapes) and tells the other ranks; all
+ranks then verify their share of the file checksums, and only then parse the
+tensor index and load. Nothing read from a checkpoint is ever unpickled. With
 ``allow_converter_change`` and a different converter list, only the model weights
 (and schedule, data position, RNG, step) are loaded, never the optimizer state:
 float8/MX linears subclass ``nn.Linear`` and keep the ``weight``/``bias`` fqns, so
@@ -29,10 +37,7 @@ instead of leaving the others waiting in a collective.
 
 from __future__ import annotations
 
-import copy
-import os
 import shutil
-import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, NoReturn, Protocol
@@ -41,19 +46,14 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
-from torch.distributed.checkpoint import FileSystemWriter
 from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+from torch.distributed.tensor import DTensor
 
 from ..config.sections import CheckpointSection
-from ..errors import CheckpointError
-from . import integrity, layout, states
+from ..errors import CheckpointError, NonFiniteError, TitanError
+from . import integrity, layout, states, storage
 from .identity import CheckpointRecord, ResumeInfo, RunIdentity, check_identity, read_record, write_record
-from .storage import SafeFileSystemReader, SafeLoadPlanner, read_metadata
-
-PAUSE_AT_STEP_ENV = "TITAN_CHECKPOINT_PAUSE_AT_STEP"
-PAUSE_FILE_ENV = "TITAN_CHECKPOINT_PAUSE_FILE"
-PAUSE_SECONDS_ENV = "TITAN_CHECKPOINT_PAUSE_SECONDS"
+from .tensor_index import TensorIndex, read_index
 
 
 class Stateful(Protocol):
@@ -98,6 +98,8 @@ class CheckpointManager:
         self._pending: Future[None] | None = None
         self._executor: ThreadPoolExecutor | None = None
         self._last_saved_step: int | None = None
+        self._resumed_step: int | None = None
+        self._published: set[Path] = set()  # this run's own saves: retention may delete these
         if config.enable and self._rank == 0:
             for stale in layout.remove_stale(self.folder):
                 self._log(f"removed the interrupted save {stale}")
@@ -118,10 +120,18 @@ class CheckpointManager:
             return None
         path, record, weights_only = decision
         self._agree(integrity.verify_share(path, record.files, rank=self._rank, world=self._world))
-        info = self._load(path, weights_only=weights_only)
+        index: TensorIndex | None = None
+        error: str | None = None
+        try:  # parsed only now: every byte of it was verified against the manifest above
+            index = read_index(path, {name: size for name, (size, _) in record.files.items()})
+        except CheckpointError as exc:
+            error = str(exc)
+        self._agree(error)
+        assert index is not None
+        info = self._load(path, index, weights_only=weights_only)
         if info.step != record.step:
             raise CheckpointError(f"checkpoint {path} holds step {info.step} but its identity file says {record.step}")
-        self._last_saved_step = info.step
+        self._last_saved_step = self._resumed_step = info.step
         return info
 
     def maybe_save(self, step: int, *, tokens_seen: int, last: bool = False) -> None:
@@ -142,13 +152,14 @@ class CheckpointManager:
 
     def _save(self, step: int, tokens_seen: int) -> None:
         self.wait()  # the previous async save is published before the next begins
+        self._require_finite(step)
         tmp = self._agree_on_rank0(lambda: self._make_tmp(step))
         state = {
             "model": states.model_state(self._view),
             "optimizer": states.optimizer_state(self._view, self._optimizer),
-            # Copied: an async write serialises these later, after training moved on.
-            "lr_scheduler": copy.deepcopy(self._lr_schedulers.state_dict()),
-            "dataloader": copy.deepcopy(self._dataloader.state_dict()),
+            # Their plain values become JSON below, before training moves on (no copy needed for async).
+            "lr_scheduler": self._lr_schedulers.state_dict(),
+            "dataloader": self._dataloader.state_dict(),
             "progress": {
                 "step": torch.tensor(step, dtype=torch.int64),
                 "tokens_seen": torch.tensor(tokens_seen, dtype=torch.int64),
@@ -157,16 +168,53 @@ class CheckpointManager:
             "rng": {f"rank{self._rank}": states.rng_state()},
         }
         self._last_saved_step = step
+        tensors, values, _ = storage.split_values(state)
+        writer = storage.IndexedWriter(tmp, values=self._merged_values(step, tmp, values))
         if self.config.async_mode == "async":
             try:  # staging (the copy to CPU) happens here; the writes in DCP's thread
-                writing = dcp.async_save(state, storage_writer=FileSystemWriter(tmp), process_group=self._pg)
+                writing = dcp.async_save(tensors, storage_writer=writer, process_group=self._pg)
             except (Exception, CheckpointException) as exc:
                 self._fail(step, tmp, _describe(exc))
             if self._executor is None:
                 self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="titan-checkpoint")
             self._pending = self._executor.submit(self._write_and_publish, step, tokens_seen, tmp, None, writing)
         else:
-            self._write_and_publish(step, tokens_seen, tmp, state, None)
+            self._write_and_publish(step, tokens_seen, tmp, (tensors, writer), None)
+
+    def _merged_values(self, step: int, tmp: Path, values: dict[str, Any]) -> dict[str, Any]:
+        """Every rank's non-tensor values, JSON-encoded, for the coordinator's index (a collective)."""
+        error: str | None = None
+        encoded: dict[str, Any] = {}
+        try:
+            encoded = storage.encode_values(values)
+        except CheckpointError as exc:
+            error = str(exc)
+        shares = self._gather((error, encoded))
+        errors = [e for e, _ in shares if e]
+        if errors:
+            self._fail(step, tmp, errors[0])
+        merged: dict[str, Any] = {}
+        for _, share in shares:  # replicated values are equal on every rank; per-rank keys differ
+            for key, value in share.items():
+                merged.setdefault(key, value)
+        return merged
+
+    def _require_finite(self, step: int) -> None:
+        """Refuse to save a state holding NaN or inf (every rank checks its own shards)."""
+        bad: str | None = None
+        with torch.no_grad():
+            for name, param in self._view.named_parameters():
+                local = param.to_local() if isinstance(param, DTensor) else param
+                if local.is_floating_point() and not bool(torch.isfinite(local.detach()).all()):
+                    bad = name
+                    break
+        names = [b for b in self._gather(bad) if b]
+        if names:
+            raise NonFiniteError(
+                f"step {step}: parameter {names[0]!r} holds non-finite values (NaN or inf), so the checkpoint of "
+                f"step {step} was not saved and the last checkpoint holds the last good state. Lower "
+                f"optimizer.lr (or raise lr_scheduler.warmup_steps) and resume from that checkpoint."
+            )
 
     def _make_tmp(self, step: int) -> Path:
         layout.ensure_folder(self.folder)
@@ -178,7 +226,7 @@ class CheckpointManager:
         return tmp
 
     def _write_and_publish(
-        self, step: int, tokens_seen: int, tmp: Path, state: dict[str, Any] | None, writing: Any
+        self, step: int, tokens_seen: int, tmp: Path, sync: tuple[dict[str, Any], Any] | None, writing: Any
     ) -> None:
         """Runs on every rank (in the background thread in async mode)."""
         error: str | None = None
@@ -186,12 +234,13 @@ class CheckpointManager:
             if writing is not None:
                 writing.result()
             else:
-                dcp.save(state, storage_writer=FileSystemWriter(tmp), process_group=self._pg)
+                assert sync is not None
+                tensors, writer = sync
+                dcp.save(tensors, storage_writer=writer, process_group=self._pg)
         except (Exception, CheckpointException) as exc:  # DCP reports every rank's failure to all ranks
             error = _describe(exc)
         if error is not None:
             self._fail(step, tmp, error)
-        _maybe_pause(step, tmp)
         digests: dict[str, tuple[int, int]] = {}
         try:
             digests = integrity.digest_share(tmp, rank=self._rank, world=self._world)
@@ -213,9 +262,15 @@ class CheckpointManager:
         except OSError as exc:
             shutil.rmtree(tmp, ignore_errors=True)
             raise CheckpointError(self._failure_text(record.step, tmp, _describe(exc))) from exc
-        for old in layout.apply_retention(self.folder, self.config.keep_latest_k, protect=final):
+        self._published.add(final)
+        for old in layout.apply_retention(self.folder, self.config.keep_latest_k, protect=final,
+                                          deletable=self._may_delete):
             self._log(f"deleted {old} (keep_latest_k={self.config.keep_latest_k})")
         self._log(f"saved checkpoint {final}")
+
+    def _may_delete(self, step: int, path: Path) -> bool:
+        """Retention deletes this run's own saves and checkpoints no newer than the one resumed, nothing else."""
+        return path in self._published or (self._resumed_step is not None and step <= self._resumed_step)
 
     def _fail(self, step: int, tmp: Path, error: str) -> NoReturn:
         if self._rank == 0:
@@ -233,35 +288,79 @@ class CheckpointManager:
     # ---- resuming -----------------------------------------------------------------
 
     def _decide_resume(self) -> tuple[Path, CheckpointRecord, bool] | None:
-        """Rank 0: which checkpoint to load, checked for completeness and identity."""
+        """Rank 0: which checkpoint to load, checked for completeness, listing and identity."""
         mode = self.config.resume
         if mode == "never":
             if layout.latest_checkpoint(self.folder) is not None:
                 self._log(f"checkpoint.resume=never: ignoring the checkpoints in {self.folder}")
             return None
         if mode == "auto":
-            path = layout.latest_checkpoint(self.folder)
-            if path is None:
+            found = self._newest_trusted()
+            if found is None:
                 return None
+            path, record = found
         else:
             path = Path(mode)
             if not path.exists() and (self.folder / mode).exists():
                 path = self.folder / mode
-        layout.require_complete(path)
-        record = read_record(path)
+            if path.is_symlink():
+                raise CheckpointError(
+                    f"checkpoint {path} is a symbolic link; titan-core resumes only from a real folder, so that "
+                    f"what is verified is what is loaded. Pass the folder it points to, {path.resolve()}."
+                )
+            record = self._checked_record(path)
+        try:
+            integrity.check_listing(path, record.files)
+        except (OSError, ValueError) as exc:
+            raise CheckpointError(f"checkpoint {path} cannot be trusted: {exc}.") from exc
         weights_only = check_identity(
             record.identity, self.identity, path=path, allow_converter_change=self.config.allow_converter_change
         )
-        read_metadata(path)  # a damaged .metadata is named here rather than inside DCP
         return path, record, weights_only
 
-    def _load(self, path: Path, *, weights_only: bool) -> ResumeInfo:
-        metadata = read_metadata(path)
+    def _checked_record(self, path: Path) -> CheckpointRecord:
+        """The identity record of ``path``, whose step must be the one the folder's name claims."""
+        if layout.is_legacy(path):
+            raise layout.legacy_error(path)
+        layout.require_complete(path)
+        record = read_record(path)
+        claimed = layout.step_of(path.name)
+        if claimed is not None and claimed != record.step:
+            raise CheckpointError(
+                f"checkpoint folder {path} is named for step {claimed} but its identity file records step "
+                f"{record.step}: the folder was renamed or copied. Resume from a folder named "
+                f"{layout.step_dirname(record.step)}, or pass another checkpoint."
+            )
+        return record
+
+    def _newest_trusted(self) -> tuple[Path, CheckpointRecord] | None:
+        """``auto``: the newest step-N folder that is real, complete and agrees with its record."""
+        for step, path in reversed(layout.step_folders(self.folder)):
+            if path.is_symlink():
+                self._log(f"ignoring {path}: a symbolic link is never resumed from (nor deleted by retention)")
+                continue
+            if not path.is_dir() or (layout.missing_parts(path) and not layout.is_legacy(path)):
+                continue  # an incomplete save: never published, or damaged by hand
+            record = self._checked_record_or_none(path, step)
+            if record is not None:
+                return path, record
+        return None
+
+    def _checked_record_or_none(self, path: Path, step: int) -> CheckpointRecord | None:
+        if layout.is_legacy(path):
+            raise layout.legacy_error(path)
+        record = read_record(path)
+        if record.step != step:
+            self._log(f"ignoring {path}: its identity file records step {record.step} (a renamed or copied folder)")
+            return None
+        return record
+
+    def _load(self, path: Path, index: TensorIndex, *, weights_only: bool) -> ResumeInfo:
         rng_key = f"rank{self._rank}"
         rng_template = {
-            key.split(".", 2)[2]: torch.empty(tuple(md.size), dtype=md.properties.dtype)
-            for key, md in metadata.state_dict_metadata.items()
-            if key.startswith(f"rng.{rng_key}.") and isinstance(md, TensorStorageMetadata)
+            key.split(".", 2)[2]: torch.empty(entry.size, dtype=entry.dtype)  # sizes bounded by read_index
+            for key, entry in index.tensors.items()
+            if key.startswith(f"rng.{rng_key}.")
         }
         state: dict[str, Any] = {
             "model": states.model_state(self._view),
@@ -273,14 +372,34 @@ class CheckpointManager:
             state["optimizer"] = states.optimizer_state(self._view, self._optimizer)
         if rng_template:
             state["rng"] = {rng_key: rng_template}
+        tensors, values, mappings = storage.split_values(state)
         try:
-            dcp.load(state, storage_reader=SafeFileSystemReader(path), planner=SafeLoadPlanner(), process_group=self._pg)
+            dcp.load(tensors, storage_reader=storage.IndexedReader(path, index), planner=storage.CheckedLoadPlanner(),
+                     process_group=self._pg)
         except (Exception, CheckpointException) as exc:
+            cause = _root_cause(exc)
+            if isinstance(cause, CheckpointError):
+                raise cause from exc
             raise CheckpointError(
                 f"cannot load checkpoint {path}: {_describe(exc)}. The checkpoint does not match this run's "
                 f"model/optimizer/scheduler/data-loader state; resume from another checkpoint or start fresh "
                 f"with --checkpoint.resume=never."
             ) from exc
+        error: str | None = None
+        try:  # bytes that passed every check can still be nonsense (a re-digested forgery): no traceback
+            storage.restore_values(state, values, mappings, index, path=path)
+            self._apply(path, state, weights_only=weights_only, has_rng=bool(rng_template))
+        except TitanError as exc:
+            error = str(exc)
+        except Exception as exc:
+            error = (f"checkpoint {path} holds a state this run cannot apply ({type(exc).__name__}: {exc}); it is "
+                     f"damaged or was written by a different setup. Resume from another checkpoint or start fresh "
+                     f"with --checkpoint.resume=never.")
+        self._agree(error)
+        step, tokens = int(state["progress"]["step"]), int(state["progress"]["tokens_seen"])
+        return ResumeInfo(step=step, tokens_seen=tokens, path=path, optimizer_loaded=not weights_only)
+
+    def _apply(self, path: Path, state: dict[str, Any], *, weights_only: bool, has_rng: bool) -> None:
         states.load_model_state(self._view, state["model"])
         if weights_only:
             self._log(f"converters changed ({list(self.identity.converters)}): loaded the model weights from {path}, "
@@ -289,12 +408,10 @@ class CheckpointManager:
             states.load_optimizer_state(self._view, self._optimizer, state["optimizer"])
         self._lr_schedulers.load_state_dict(state["lr_scheduler"])
         self._dataloader.load_state_dict(state["dataloader"])
-        if rng_template:
-            states.set_rng_state(state["rng"][rng_key])
+        if has_rng:
+            states.set_rng_state(state["rng"][f"rank{self._rank}"])
         else:
             self._log(f"{path} has no RNG state for rank {self._rank} (saved with fewer ranks); keeping the seeded one")
-        step, tokens = int(state["progress"]["step"]), int(state["progress"]["tokens_seen"])
-        return ResumeInfo(step=step, tokens_seen=tokens, path=path, optimizer_loaded=not weights_only)
 
     # ---- collectives on the checkpoint group ---------------------------------------
 
@@ -335,6 +452,15 @@ class CheckpointManager:
             print(f"[checkpoint] {message}", flush=True)
 
 
+def _root_cause(exc: BaseException) -> BaseException:
+    """The first rank's original exception inside DCP's CheckpointException."""
+    if isinstance(exc, CheckpointException):
+        causes = [pair[0] for pair in exc.failures.values()]
+        if causes:
+            return _root_cause(causes[0])
+    return exc
+
+
 def _describe(exc: BaseException) -> str:
     """The root cause: DCP wraps each rank's exception in a CheckpointException."""
     if isinstance(exc, CheckpointException):
@@ -344,17 +470,8 @@ def _describe(exc: BaseException) -> str:
                 return _describe(cause)
         if causes:
             return _describe(causes[0])
+    if isinstance(exc, CheckpointError):
+        return str(exc)
     if isinstance(exc, OSError) and exc.filename:
         return f"{exc.strerror or exc} ({exc.filename})"
     return f"{type(exc).__name__}: {exc}"
-
-
-def _maybe_pause(step: int, tmp: Path) -> None:
-    """Test hook: stop between writing the shards and publishing, so a test can SIGKILL here."""
-    at = os.environ.get(PAUSE_AT_STEP_ENV)
-    if at is None or int(at) != step:
-        return
-    pause_file = os.environ.get(PAUSE_FILE_ENV)
-    if pause_file:
-        Path(pause_file).write_text(str(tmp), encoding="utf-8")
-    time.sleep(float(os.environ.get(PAUSE_SECONDS_ENV, "60")))

@@ -69,8 +69,36 @@ def optimizers_of(optimizer: torch.optim.Optimizer) -> tuple[torch.optim.Optimiz
     return (optimizer,)
 
 
+def plain_tensor(value: Any) -> Any:
+    """A converter's weight-wrapper tensor subclass (one inner tensor of the same shape and
+    dtype, e.g. MX training weights) as that inner tensor; anything else unchanged.
+
+    DCP pickles a subclass with its class, and loading refuses classes outside torch's
+    allow-list (``weights_only``), so a checkpoint must hold the plain data. The inner
+    tensor shares the wrapper's storage, so loading into it restores the wrapper too.
+    """
+    from torch.distributed.tensor import DTensor
+
+    if not isinstance(value, torch.Tensor) or isinstance(value, DTensor) or type(value) in (torch.Tensor, nn.Parameter):
+        return value
+    flatten = getattr(value, "__tensor_flatten__", None)
+    if flatten is None:
+        return value
+    names, _ = flatten()
+    if len(names) != 1:
+        return value
+    inner = getattr(value, names[0])
+    return inner if inner.shape == value.shape and inner.dtype == value.dtype else value
+
+
+def _plain(state: dict[str, Any]) -> dict[str, Any]:
+    from torch.utils._pytree import tree_map
+
+    return tree_map(plain_tensor, state)
+
+
 def model_state(view: nn.Module) -> dict[str, Any]:
-    return get_model_state_dict(view)
+    return _plain(get_model_state_dict(view))
 
 
 def load_model_state(view: nn.Module, state: dict[str, Any]) -> None:
@@ -80,7 +108,7 @@ def load_model_state(view: nn.Module, state: dict[str, Any]) -> None:
 def optimizer_state(view: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
     # Note: before the first step DCP initialises the optimizer state with one
     # zero-lr step so that there are tensors to load into.
-    return get_optimizer_state_dict(view, optimizers_of(optimizer), options=_OPTIM_OPTIONS)
+    return _plain(get_optimizer_state_dict(view, optimizers_of(optimizer), options=_OPTIM_OPTIONS))
 
 
 def load_optimizer_state(view: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:

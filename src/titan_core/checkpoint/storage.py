@@ -1,95 +1,219 @@
-"""DCP reading without unpickling arbitrary objects.
+"""DCP storage without pickles: raw tensor bytes on save, a JSON index, a reader that unpickles nothing.
 
-DCP's ``.metadata`` is a pickle and its non-tensor entries are read with
-``torch.load(weights_only=False)``; a checkpoint folder copied from elsewhere
-could therefore run code on load. The reader below unpickles only DCP's own
-metadata classes, and the planner reads non-tensor entries with
-``weights_only=True`` (plain containers and numbers only).
+DCP's ``FileSystemWriter`` stores each tensor with ``torch.save`` and its index
+``.metadata`` with ``pickle``; its reader unpickles both. Here
+
+* ``IndexedWriter`` writes each rank's tensors as raw bytes, one file per rank
+  (``__<rank>_0.distcp``), and the coordinator writes ``tensor_index.json``
+  instead of ``.metadata`` (DCP's planning, staging and async machinery are kept);
+* ``IndexedReader`` rebuilds DCP's ``Metadata`` from that JSON and turns bytes back
+  into tensors with ``torch.frombuffer``: no byte read from a checkpoint is ever
+  unpickled;
+* ``CheckedLoadPlanner`` refuses a tensor whose dtype or shape differs from the
+  one being loaded into, naming it, instead of letting ``copy_`` cast silently.
+
+Non-tensor state (LR schedule, data position, optimizer hyper-parameters) never
+reaches DCP: ``split_values`` takes it out and it is stored as JSON in the index.
 """
 
 from __future__ import annotations
 
-import collections
-import io
-import pathlib
-import pickle
+import os
 import warnings
+from torch.futures import Future
+from pathlib import Path
 from typing import Any
 
 import torch
-from torch.distributed.checkpoint import DefaultLoadPlanner, FileSystemReader
-from torch.distributed.checkpoint import metadata as dcp_metadata
-from torch.distributed.checkpoint.filesystem import _StorageInfo
-from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
+from torch.distributed._shard._utils import narrow_tensor_by_index
+from torch.distributed.checkpoint import DefaultLoadPlanner, FileSystemWriter
+from torch.distributed.checkpoint._nested_dict import flatten_state_dict, unflatten_state_dict
 from torch.distributed.checkpoint._traverse import set_element
-from torch.distributed.checkpoint.planner import ReadItem
+from torch.distributed.checkpoint.filesystem import _StorageInfo
+from torch.distributed.checkpoint.metadata import Metadata, StorageMeta, TensorStorageMetadata
+from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner, SavePlan, SavePlanner, WriteItemType
+from torch.distributed.checkpoint.storage import StorageReader, WriteResult
 
 from ..errors import CheckpointError
-from .layout import METADATA_FILE
+from .tensor_index import DTYPES, Chunk, TensorIndex, encode_value, write_index
 
 # DCP warns on every single-process save/load; a single process is a supported layout here.
 warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
 
-_ALLOWED: dict[tuple[str, str], Any] = {
-    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"): _StorageInfo,
-    ("torch", "Size"): torch.Size,
-    ("pathlib", "PosixPath"): pathlib.PosixPath,
-    ("pathlib", "PurePosixPath"): pathlib.PurePosixPath,
-    ("pathlib", "WindowsPath"): pathlib.WindowsPath,
-    ("pathlib", "PureWindowsPath"): pathlib.PureWindowsPath,
-    ("collections", "OrderedDict"): collections.OrderedDict,
-    ("torch.serialization", "_get_layout"): torch.serialization._get_layout,
-}
+_DTYPE_NAMES = {dtype: name for name, dtype in DTYPES.items()}
 
 
-class _MetadataUnpickler(pickle.Unpickler):
-    def find_class(self, module: str, name: str) -> Any:
-        if (module, name) in _ALLOWED:
-            return _ALLOWED[(module, name)]
-        if module == dcp_metadata.__name__ and hasattr(dcp_metadata, name):
-            return getattr(dcp_metadata, name)
-        if module == "torch":
-            value = getattr(torch, name, None)
-            if isinstance(value, (torch.dtype, torch.layout, torch.memory_format)):
-                return value
-        raise pickle.UnpicklingError(f"refusing to unpickle {module}.{name}: not part of DCP's metadata format")
+# ---- splitting a state dict into tensors (for DCP) and plain values (for JSON) ----------------
 
 
-def read_metadata(folder: pathlib.Path) -> Metadata:
-    """Read DCP's ``.metadata`` of ``folder``; damage is a CheckpointError naming the file."""
-    path = folder / METADATA_FILE
-    try:
-        with open(path, "rb") as fh:
-            metadata = _MetadataUnpickler(fh).load()
-        if not isinstance(metadata, Metadata):
-            raise pickle.UnpicklingError(f"holds a {type(metadata).__name__}, not DCP Metadata")
-    except Exception as exc:  # a truncated pickle raises EOFError, garbage raises anything
-        raise CheckpointError(
-            f"checkpoint metadata file {path} is unreadable or corrupt ({type(exc).__name__}: {exc}). "
-            f"Resume from another step-N folder."
-        ) from exc
-    return metadata
+def split_values(state: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """(nested tensor-only state for DCP, flattened non-tensor values, flatten mappings)."""
+    flat, mappings = flatten_state_dict(state)
+    tensors = {k: v for k, v in flat.items() if isinstance(v, torch.Tensor)}
+    values = {k: v for k, v in flat.items() if not isinstance(v, torch.Tensor)}
+    return unflatten_state_dict(tensors, mappings), values, mappings
 
 
-class SafeFileSystemReader(FileSystemReader):
-    """FileSystemReader whose metadata read accepts only DCP's own classes."""
+def encode_values(values: dict[str, Any]) -> dict[str, Any]:
+    return {key: encode_value(value, key=key) for key, value in sorted(values.items())}
+
+
+def restore_values(state: dict[str, Any], wanted: dict[str, Any], mappings: dict[str, Any], index: TensorIndex,
+                   *, path: Path) -> None:
+    """Put the checkpoint's plain values for every key in ``wanted`` into the nested ``state``."""
+    for key in sorted(wanted):
+        if key not in index.values:
+            raise CheckpointError(
+                f"checkpoint {path} has no value for {key!r}, which this run's state holds. The checkpoint was "
+                f"written by a different training setup; resume from another checkpoint or start fresh with "
+                f"--checkpoint.resume=never."
+            )
+        set_element(state, mappings[key], index.values[key])
+
+
+# ---- writing --------------------------------------------------------------------------------------
+
+
+class IndexedWriter(FileSystemWriter):
+    """FileSystemWriter writing raw tensor bytes and ``tensor_index.json`` instead of pickles.
+
+    ``values`` (already encoded, merged over ranks) is only used by the coordinator.
+    """
+
+    def __init__(self, path: Path, *, values: dict[str, Any]) -> None:
+        super().__init__(path, single_file_per_rank=True, sync_files=True, thread_count=1)
+        self.values = values
+
+    def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
+        name = f"{plan.storage_data.prefix}0.distcp"
+        results: list[WriteResult] = []
+        with open(Path(self.path) / name, "wb") as stream:
+            for item in plan.items:
+                if item.type == WriteItemType.BYTE_IO:  # split_values keeps these out; never pickle one
+                    raise CheckpointError(f"state entry {item.index.fqn!r} is not a tensor; it cannot be saved raw")
+                tensor = planner.resolve_data(item)
+                assert isinstance(tensor, torch.Tensor)
+                data = _plain_bytes(tensor)
+                offset = stream.tell()
+                stream.write(memoryview(data.numpy()))
+                results.append(WriteResult(index=item.index, size_in_bytes=data.numel(),
+                                           storage_data=_StorageInfo(name, offset, data.numel())))
+            stream.flush()
+            os.fsync(stream.fileno())
+        future: Future[list[WriteResult]] = Future()
+        future.set_result(results)
+        return future
+
+    def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
+        where = {r.index: r.storage_data for rank_results in results for r in rank_results}
+        tensors: dict[str, dict[str, Any]] = {}
+        for fqn, md in sorted(metadata.state_dict_metadata.items()):
+            if not isinstance(md, TensorStorageMetadata):
+                raise CheckpointError(f"state entry {fqn!r} is not a tensor; it cannot be saved raw")
+            chunks = []
+            for chunk in md.chunks:
+                info = next(v for k, v in where.items() if k.fqn == fqn and tuple(k.offset or ()) == tuple(chunk.offsets))
+                chunks.append({"offsets": list(chunk.offsets), "sizes": list(chunk.sizes),
+                               "file": info.relative_path, "offset": info.offset, "length": info.length})
+            tensors[fqn] = {"dtype": _DTYPE_NAMES[md.properties.dtype], "size": list(md.size), "chunks": chunks}
+        write_index(Path(self.path), tensors, self.values)
+
+
+def _plain_bytes(tensor: torch.Tensor) -> torch.Tensor:
+    """The tensor's values as a flat uint8 CPU tensor; a subclass (a low-precision training weight) by value."""
+    tensor = tensor.detach()
+    if type(tensor) is not torch.Tensor:
+        plain = torch.empty(tuple(tensor.shape), dtype=tensor.dtype, device="cpu")
+        plain.copy_(tensor)
+        tensor = plain
+    return tensor.to("cpu").contiguous().reshape(-1).view(torch.uint8)
+
+
+# ---- reading --------------------------------------------------------------------------------------
+
+
+class IndexedReader(StorageReader):
+    """Reads what ``IndexedWriter`` wrote, from an index already parsed and checked by the caller."""
+
+    def __init__(self, path: Path, index: TensorIndex) -> None:
+        super().__init__()
+        self.path = Path(path)
+        self.index = index
+        self.storage: dict[Any, Chunk] = {}
+
+    def reset(self, checkpoint_id: str | os.PathLike[str] | None = None) -> None:
+        self.storage = {}
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
         if kwargs.get("rank") is not None:  # per-rank metadata is a format we never write
             raise CheckpointError(f"checkpoint {self.path} uses per-rank metadata, which titan-core does not read")
-        metadata = read_metadata(pathlib.Path(self.path))
-        if getattr(metadata, "storage_meta", None) is None:
-            metadata.storage_meta = StorageMeta()
-        metadata.storage_meta.load_id = self.load_id
+        metadata = self.index.metadata()
+        metadata.storage_meta = StorageMeta()
         return metadata
 
+    def set_up_storage_reader(self, metadata: Metadata, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
+        self.storage = dict(metadata.storage_data)
 
-class SafeLoadPlanner(DefaultLoadPlanner):
-    """DefaultLoadPlanner reading non-tensor entries with ``torch.load(weights_only=True)``."""
+    def prepare_local_plan(self, plan: LoadPlan) -> LoadPlan:
+        return plan
 
-    def load_bytes(self, read_item: ReadItem, value: io.BytesIO) -> None:
-        obj = torch.load(value, weights_only=True)
-        if self.flatten_state_dict:
-            set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], obj)
-        else:
-            self.state_dict[read_item.dest_index.fqn] = obj
+    def prepare_global_plan(self, plans: list[LoadPlan]) -> list[LoadPlan]:
+        return plans
+
+    def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
+        by_file: dict[str, list[Any]] = {}
+        for item in plan.items:
+            by_file.setdefault(self.storage[item.storage_index].file, []).append(item)
+        for name, items in sorted(by_file.items()):
+            # O_NOFOLLOW: a file swapped for a symlink after verification is refused, not followed.
+            fd = os.open(self.path / name, os.O_RDONLY | os.O_NOFOLLOW)
+            with os.fdopen(fd, "rb") as stream:
+                for item in items:
+                    chunk = self.storage[item.storage_index]
+                    entry = self.index.tensors[item.storage_index.fqn]
+                    stream.seek(chunk.offset)
+                    raw = stream.read(chunk.length)
+                    if len(raw) != chunk.length:
+                        raise CheckpointError(f"checkpoint file {self.path / name} ends before the bytes of "
+                                              f"{item.storage_index.fqn!r} (truncated after verification)")
+                    if chunk.length:
+                        flat = torch.frombuffer(bytearray(raw), dtype=entry.dtype)
+                    else:
+                        flat = torch.empty(0, dtype=entry.dtype)
+                    source = narrow_tensor_by_index(flat.reshape(chunk.sizes), item.storage_offsets, item.lengths)
+                    target = planner.resolve_tensor(item).detach()
+                    target.copy_(source)
+                    planner.commit_tensor(item, target)
+        done: Future[None] = Future()
+        done.set_result(None)
+        return done
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike[str]) -> bool:
+        return True
+
+
+class CheckedLoadPlanner(DefaultLoadPlanner):
+    """DefaultLoadPlanner that refuses a dtype or shape change instead of casting."""
+
+    def set_up_planner(self, state_dict: Any, metadata: Metadata | None = None, is_coordinator: bool = False) -> None:
+        super().set_up_planner(state_dict, metadata, is_coordinator)
+        assert metadata is not None
+        for fqn, value in sorted(self.state_dict.items()):
+            md = metadata.state_dict_metadata.get(fqn)
+            if not isinstance(value, torch.Tensor) or not isinstance(md, TensorStorageMetadata):
+                continue
+            dtype = value.dtype
+            shape = tuple(value.shape)  # a DTensor's shape is its global shape
+            if md.properties.dtype != dtype or tuple(md.size) != shape:
+                kind = "dtype" if md.properties.dtype != dtype else "shape"
+                raise CheckpointError(
+                    f"tensor {fqn!r} has {kind} {_describe_tensor(md.properties.dtype, tuple(md.size))} in the "
+                    f"checkpoint but {_describe_tensor(dtype, shape)} in this run; titan-core never casts or "
+                    f"reshapes on load. Resume with the settings that wrote the checkpoint or start fresh with "
+                    f"--checkpoint.resume=never."
+                )
+
+
+def _describe_tensor(dtype: torch.dtype, shape: tuple[int, ...]) -> str:
+    return f"{str(dtype).removeprefix('torch.')}{list(shape)}"

@@ -17,7 +17,8 @@ from torch.distributed.checkpoint.api import CheckpointException
 from ..errors import CheckpointError
 from . import integrity, layout, states
 from .identity import read_record
-from .storage import SafeFileSystemReader, SafeLoadPlanner
+from .storage import CheckedLoadPlanner, IndexedReader
+from .tensor_index import read_index
 
 
 def is_titan_checkpoint(path: Path) -> bool:
@@ -33,8 +34,16 @@ def saved_param_shapes(path: Path) -> dict[str, tuple[int, ...]]:
 def load_model_weights(path: Path, model_parts: list[nn.Module]) -> int:
     """Load the checkpoint's model tensors into ``model_parts`` (a collective); returns the step it holds."""
     path = Path(path)
+    if path.is_symlink():
+        raise CheckpointError(f"checkpoint {path} is a symbolic link; pass the folder it points to")
+    if layout.is_legacy(path):
+        raise layout.legacy_error(path)
     layout.require_complete(path)
     record = read_record(path)
+    try:
+        integrity.check_listing(path, record.files)
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"checkpoint {path} cannot be trusted: {exc}.") from exc
     distributed = dist.is_available() and dist.is_initialized()
     rank, world = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
     error = integrity.verify_share(path, record.files, rank=rank, world=world)
@@ -50,10 +59,12 @@ def load_model_weights(path: Path, model_parts: list[nn.Module]) -> int:
         error = next((e for e in errors if e), None)
     if error:
         raise CheckpointError(error)
+    # Parsed only now: every byte of the index was verified against the manifest above.
+    index = read_index(path, {name: size for name, (size, _) in record.files.items()})
     view = states.merged_view(model_parts)
     state = {"model": states.model_state(view)}
     try:
-        dcp.load(state, storage_reader=SafeFileSystemReader(path), planner=SafeLoadPlanner())
+        dcp.load(state, storage_reader=IndexedReader(path, index), planner=CheckedLoadPlanner())
     except (Exception, CheckpointException) as exc:
         raise CheckpointError(f"cannot read the model weights of {path}: {exc}") from None
     states.load_model_state(view, state["model"])

@@ -117,6 +117,17 @@ def plot_curves(path: Path, curves: list[LossCurve], title: str, labels: dict[st
     fig.savefig(path, format="png")
 
 
+def require_matplotlib() -> None:
+    """ConfigError naming the extra to install when matplotlib (the ``plot`` extra) is missing."""
+    import importlib.util
+
+    if importlib.util.find_spec("matplotlib") is None:
+        raise ConfigError(
+            "--compare-baseline draws the two loss curves with matplotlib, which is not installed. Install the "
+            "plot extra first: pip install 'titan-core[plot]' (or pip install matplotlib); nothing was trained."
+        )
+
+
 def train_once(resolved: ResolvedConfig, run: str) -> LossCurve:
     """One full Trainer run; its losses by step."""
     from ..trainer import Trainer
@@ -145,7 +156,11 @@ def compare_baseline(resolved: ResolvedConfig) -> int:
             f"--nproc-per-node (and torchrun), or train each configuration separately and compare their "
             f"metrics.jsonl."
         )
+    require_matplotlib()  # before training: a missing extra must not cost the two finished runs
     root = Path(resolved.config.job.run_dir)
+    from ..run_lock import acquire_run_lock
+
+    lock = acquire_run_lock(root)  # both runs write below root: one comparison per folder at a time
     runs = [("converted", with_run_dir(resolved, root / "converted")), ("baseline", baseline_of(resolved, root / "baseline"))]
     curves: list[LossCurve] = []
     try:
@@ -155,6 +170,7 @@ def compare_baseline(resolved: ResolvedConfig) -> int:
             curves.append(train_once(config, run))
     finally:
         distributed.destroy()
+        lock.release()
     converted, baseline = curves
     print(format_comparison(converted, baseline), flush=True)
     root.mkdir(parents=True, exist_ok=True)

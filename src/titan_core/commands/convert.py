@@ -163,6 +163,15 @@ def from_hf(args: argparse.Namespace) -> int:
     step_dir = next(args.out.glob("step-*"))
     # The shape travels with the weights, so initial_load and to-hf need no flags.
     (step_dir / HF_CONFIG_IN_CHECKPOINT).write_text(json.dumps(folder.config, indent=2), encoding="utf-8")
+    # A checkpoint holds exactly the files its manifest lists: list the shape file with its digest.
+    import dataclasses
+
+    from ..checkpoint.identity import read_record, write_record
+    from ..checkpoint.integrity import file_digest
+
+    record = read_record(step_dir)
+    files = {**record.files, HF_CONFIG_IN_CHECKPOINT: file_digest(step_dir / HF_CONFIG_IN_CHECKPOINT)}
+    write_record(step_dir, dataclasses.replace(record, files=files))
     print(f"[titan-convert] wrote the titan checkpoint {step_dir}; start a run from it with "
           f"--checkpoint.initial_load={step_dir}", flush=True)
     return 0

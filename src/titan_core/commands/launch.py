@@ -1,6 +1,8 @@
-"""``titan-train --nproc-per-node N``: re-launch this command through torch.distributed.run."""
+"""``titan-train --nproc-per-node N``: re-launch this command as N local workers (see local_launcher)."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 
 def _strip_nproc(argv: list[str]) -> list[str]:
@@ -16,17 +18,17 @@ def _strip_nproc(argv: list[str]) -> list[str]:
     return out
 
 
-def relaunch(nproc: int, argv: list[str]) -> int:
-    """Run ``torchrun --standalone --nproc-per-node N -m titan_core <same args>``; its exit code."""
-    from torch.distributed import run as torchrun
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+def relaunch(nproc: int, argv: list[str], *, run_dir: Path | None = None) -> int:
+    """Run ``python -m titan_core <same args>`` as N workers; their exit code.
 
-    args = torchrun.get_args_parser().parse_args(
-        ["--nproc-per-node", str(nproc), "--standalone", "-m", "titan_core", *_strip_nproc(argv)]
-    )
+    The launcher holds the run folder's lock for its workers (taken before any starts).
+    """
+    from ..local_launcher import launch
+    from ..run_lock import acquire_run_lock
+
+    lock = acquire_run_lock(run_dir) if run_dir is not None else None
     try:
-        torchrun.run(args)
-    except ChildFailedError as exc:  # the workers already printed their own errors
-        codes = [f.exitcode for f in exc.failures.values() if f.exitcode > 0]
-        return max(codes) if codes else 1
-    return 0
+        return launch(nproc, _strip_nproc(argv), run_dir=run_dir)
+    finally:
+        if lock is not None:
+            lock.release()

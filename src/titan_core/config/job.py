@@ -7,9 +7,11 @@ the plugin's own pydantic model. Cross-field checks live here, in one validator.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, create_model, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, create_model, model_validator
+
+from ..errors import ConfigError
 
 from .sections import (
     ActivationCheckpointSection,
@@ -85,12 +87,29 @@ def accumulation_steps(config: JobConfig, dp: int) -> int:
     return t.global_batch_size // (t.local_batch_size * dp)
 
 
+def _defaults_of(name: str, model: type[BaseModel]) -> Callable[[], BaseModel]:
+    """The section's defaults; defaults that fail the plugin's own validation name the section."""
+
+    def make() -> BaseModel:
+        try:
+            return model()
+        except ValidationError as exc:
+            problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or name}: {e['msg']}" for e in exc.errors())
+            raise ConfigError(
+                f"the defaults of plugin section [{name}] ({model.__module__}.{model.__qualname__}) fail its own "
+                f"validation ({problems}). Set the values explicitly (--{name}.KEY=VALUE or a [{name}] table in "
+                f"--config), or fix the plugin's defaults."
+            ) from None
+
+    return make
+
+
 def build_job_model(plugin_sections: dict[str, type[BaseModel]]) -> type[JobConfig]:
     """A JobConfig subclass with one extra section per requested plugin (name -> its model)."""
     if not plugin_sections:
         return JobConfig
     fields: dict[str, Any] = {
-        name: (model, Field(default_factory=model, description=f"Section of plugin {name}."))
+        name: (model, Field(default_factory=_defaults_of(name, model), description=f"Section of plugin {name}."))
         for name, model in plugin_sections.items()
     }
     return create_model("JobConfig", __base__=JobConfig, **fields)  # type: ignore[call-overload]

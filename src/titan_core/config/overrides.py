@@ -53,13 +53,17 @@ def typed_value(annotation: Any, text: str) -> Any:
         candidates.append([_toml_scalar(part.strip()) for part in text.split(",")])
         candidates.append([part.strip() for part in text.split(",")])
     adapter = TypeAdapter(annotation)
+    well_typed = None  # the right shape but a value out of range (betas=0.9,1.5): report that, not "not a tuple"
     for candidate in candidates:
         try:
             adapter.validate_python(candidate)
             return candidate
-        except ValidationError:
-            continue
-    return candidates[0]  # let full validation report the error with its location
+        except ValidationError as exc:
+            kinds = [e["type"] for e in exc.errors()]
+            if well_typed is None and not any(k.endswith(("_type", "_parsing")) for k in kinds):
+                well_typed = candidate
+    # let full validation report the error with its location
+    return well_typed if well_typed is not None else candidates[0]
 
 
 def overrides_layer(pairs: list[tuple[str, str]], sections: dict[str, type[BaseModel]]) -> dict[str, dict[str, Any]]:

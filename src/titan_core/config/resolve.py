@@ -11,6 +11,7 @@ from .. import discovery
 from ..errors import ConfigError, did_you_mean
 from ..protocols import ModelConverter, TrainSpec
 from .errors import describe
+from .finite import refuse_nonfinite
 from .job import JobConfig, build_job_model
 from .overrides import overrides_layer, typed_value
 from .sections import ModelSection
@@ -62,6 +63,18 @@ def _check_sections(layers: list[Layer], job_model: type[JobConfig]) -> None:
             )
 
 
+def check_seq_len(config: JobConfig, args: Any, spec_name: str) -> None:
+    """training.seq_len within the model's ``max_seq_len`` (when its args declare one), so that
+    --dry-run refuses what the run would refuse at its first forward."""
+    limit = getattr(args, "max_seq_len", None)
+    if isinstance(limit, int) and config.training.seq_len > limit:
+        raise ConfigError(
+            f"training.seq_len={config.training.seq_len} is longer than the model's max_seq_len={limit} "
+            f"(spec {spec_name}, flavor {config.model.flavor}). Lower --training.seq_len, or raise the model's "
+            f"limit (e.g. --{spec_name}.max_seq_len={config.training.seq_len}) where the spec allows it."
+        )
+
+
 def resolve_config(
     *, config_source: str | None, override_pairs: list[tuple[str, str]], world_size: int = 1
 ) -> ResolvedConfig:
@@ -84,6 +97,7 @@ def resolve_config(
     spec_layer: Layer = {k: dict(v) for k, v in spec.defaults.items()}
     _check_sections([file_layer, override_layer], job_model)
     merged = merge(spec_layer, file_layer, override_layer)
+    refuse_nonfinite(merged)
     try:
         config = job_model.model_validate(merged, context={"world_size": world_size})
     except ValidationError as exc:
@@ -94,7 +108,8 @@ def resolve_config(
             f'spec "{spec.name}" has no flavor "{flavor}".{did_you_mean(flavor, list(spec.flavors))} '
             f"Flavors: {', '.join(spec.flavors)}."
         )
+    args = spec.model_args(flavor, getattr(config, spec.name, None), vocab_size=None)
+    check_seq_len(config, args, spec.name)
     if spec.validate_fn is not None:
-        args = spec.model_args(flavor, getattr(config, spec.name, None), vocab_size=None)
         spec.validate_fn(args, parallelism=config.parallelism, training=config.training, world_size=world_size)
     return ResolvedConfig(config, spec, converters, job_model, world_size)

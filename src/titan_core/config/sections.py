@@ -7,20 +7,31 @@ here: the core keeps them as raw data until the plugin's own model validates the
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+
+# torch.optim.Adam rejects a beta outside [0, 1) only when the optimizer is built; check it up front.
+Beta = Annotated[float, Field(ge=0, lt=1)]
 
 
 class Section(BaseModel):
     """Base for every config section: unknown keys are errors, assignment is validated."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
 class JobSection(Section):
     run_dir: str = Field("runs/default", description="Folder for metrics, conversion table and checkpoints.")
     description: str = Field("", description="Free text recorded with the run.")
+
+    @field_validator("run_dir")
+    @classmethod
+    def _run_dir_not_empty(cls, value: str) -> str:
+        if not value.strip():  # "" would put checkpoints and metrics in the current folder, unasked
+            raise ValueError("empty; give the folder for this run's files, e.g. --job.run_dir=runs/exp1")
+        return value
 
 
 class ModelSection(Section):
@@ -55,7 +66,7 @@ class TrainingSection(Section):
 class OptimizerSection(Section):
     name: Literal["AdamW", "Adam", "SGD"] = Field("AdamW", description="torch.optim optimizer class.")
     lr: float = Field(3e-3, ge=0, description="Peak learning rate (0 keeps the weights as loaded, e.g. to check a round trip).")
-    betas: tuple[float, float] = Field((0.9, 0.95), description="Adam betas.")
+    betas: tuple[Beta, Beta] = Field((0.9, 0.95), description="Adam betas, each in [0, 1).")
     eps: float = Field(1e-8, gt=0, description="Adam epsilon.")
     weight_decay: float = Field(0.1, ge=0, description="Decoupled weight decay.")
     implementation: Literal["auto", "foreach", "for-loop", "fused"] = Field("auto", description="Kernel: auto = fused on CUDA, foreach elsewhere.")
@@ -69,7 +80,7 @@ class LRSchedulerSection(Section):
 
 
 class DataSection(Section):
-    source: str = Field("builtin", description='"builtin" (Python\'s own docs and sources), a local .txt/.jsonl/.json/.parquet file or folder, or "hf:<name>" (opt-in hub download).')
+    source: str = Field("builtin", description='"builtin" (a fixed snapshot of CPython 3.11.7 docs and sources shipped in the wheel), a local .txt/.jsonl/.json/.parquet file or folder, or "hf:<name>" (opt-in hub download).')
     text_field: str = Field("text", description="Field holding the text in .jsonl/.json/.parquet rows.")
     hf_split: str = Field("train", description='Split for an "hf:" dataset.')
     allow_download: bool = Field(False, description='Permit "hf:" sources to download (off by default: nothing is fetched at run time).')
@@ -97,6 +108,8 @@ class ParallelismSection(Section):
     param_dtype: Literal["float32", "bfloat16"] = Field("float32", description="FSDP2 parameter dtype during compute.")
     reduce_dtype: Literal["float32", "bfloat16"] = Field("float32", description="FSDP2 gradient reduce dtype.")
     backend: Literal["auto", "gloo", "nccl"] = Field("auto", description="Process-group backend; auto = nccl on CUDA, gloo on CPU.")
+    init_timeout_s: float = Field(300.0, gt=0, le=86400, description="Seconds the rendezvous waits for every process to join before giving up.")
+    collective_timeout_s: float = Field(600.0, gt=0, le=86400, description="Seconds a collective waits for a rank that stopped answering before the run stops (covers the slowest step, save or compile).")
 
 
 class CheckpointSection(Section):
@@ -112,6 +125,7 @@ class CheckpointSection(Section):
     export_format: Literal["native", "hf"] = Field("native", description="native: the model's own names in export/model.safetensors; hf: a Hugging Face folder in export/hf/ (config.json, safetensors, tokenizer) through the spec's state_dict_adapter.")
     export_shard_gb: float = Field(5.0, gt=0, description="hf export: start a new safetensors shard (with an index) above this many GB.")
     initial_load: str = Field("", description="Starting weights for step 0 (no optimizer state): a Hugging Face folder (config.json + safetensors; the model shape then comes from config.json) or a titan checkpoint folder. A resume from this run's own checkpoints takes precedence.")
+    save_on_sigterm: bool = Field(True, description="On SIGTERM (preemption), save a checkpoint at the next step boundary before exiting 143.")
 
 
 class MetricsSection(Section):
@@ -128,9 +142,7 @@ class CompileSection(Section):
 class ActivationCheckpointSection(Section):
     mode: Literal["none", "full", "selective"] = Field("none", description="Activation checkpointing: none, full (every block) or selective.")
     selective_every: int = Field(0, ge=0, description="selective: checkpoint every Nth block (0 = use per-op selective instead).")
-    selective_save_ops: list[str] = Field(
-        default_factory=lambda: ["aten.mm.default", "aten._scaled_dot_product_flash_attention.default",
-                                 "aten._scaled_dot_product_efficient_attention.default",
-                                 "aten._scaled_dot_product_flash_attention_for_cpu.default"],
-        description="selective per-op: ops whose outputs are saved (every other matmul is recomputed).",
+    selective_save_ops: list[str] | None = Field(
+        None,
+        description="selective per-op: ops whose outputs are saved (every other matmul is recomputed); unset = the spec's list.",
     )

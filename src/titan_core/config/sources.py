@@ -70,7 +70,7 @@ def _call_config_function(ref: str) -> Layer:
     module_name, _, fn_name = ref.partition(":")
     try:
         module = importlib.import_module(module_name)
-    except Exception as exc:
+    except (Exception, SystemExit, KeyboardInterrupt) as exc:  # sys.exit() there is an error, not a quiet exit 0
         raise ConfigError(
             f"--config {ref}: module {module_name!r} could not be imported ({type(exc).__name__}: {exc}). "
             f"Check the module path and that it is importable (installed, or on PYTHONPATH)."
@@ -86,7 +86,7 @@ def _call_config_function(ref: str) -> Layer:
         )
     try:
         result = fn()
-    except Exception as exc:
+    except (Exception, SystemExit, KeyboardInterrupt) as exc:  # sys.exit() there is an error, not a quiet exit 0
         raise ConfigError(
             f"--config {ref}: the config function raised {type(exc).__name__}: {exc}. Fix the function "
             f"(--traceback shows where)."

@@ -1,49 +1,33 @@
-"""The built-in corpus: text every Python installation already has, so nothing is downloaded.
+"""The built-in corpus: a fixed text snapshot shipped in the wheel, so nothing is downloaded.
 
-Documents, in this fixed order:
-
-1. the help topics of ``pydoc_data.topics.topics`` (English prose about the
-   language), one document per topic, sorted by topic name;
-2. the top-level ``.py`` modules of the standard library
-   (``sysconfig.get_paths()["stdlib"]``), one document per file, sorted by file
-   name, stopping before the file that would take the total past
-   :data:`MAX_BYTES`. Packages, ``site-packages`` and the machine-specific
-   ``_sysconfigdata*`` modules are left out, so the same Python version gives the
-   same documents on every machine (distributions that strip standard modules
-   can differ).
+``assets/builtin_corpus.json.xz`` holds about 4 MiB of text (CPython 3.11.7's help
+topics and top-level standard-library modules), written once by
+``scripts/make_builtin_corpus.py``. Every machine reads the same documents, in the
+same order, whatever Python it runs, so runs and checkpoints carry across hosts
+and Python upgrades.
 """
 
 from __future__ import annotations
 
 import functools
-import sysconfig
+import json
+import lzma
 from pathlib import Path
 
-# About 4 MiB of text: enough for the debug models, quick to tokenize (a second or two).
+SNAPSHOT_PATH = Path(__file__).resolve().parents[1] / "assets" / "builtin_corpus.json.xz"
+# The snapshot's text size is at most this (the build script stops before it).
 MAX_BYTES = 4 * 1024 * 1024
-
-
-def _stdlib_modules() -> list[Path]:
-    stdlib = Path(sysconfig.get_paths()["stdlib"])
-    files = [p for p in stdlib.glob("*.py") if p.is_file() and not p.name.startswith("_sysconfigdata")]
-    return sorted(files, key=lambda p: p.name)
 
 
 @functools.lru_cache(maxsize=1)
 def builtin_documents() -> tuple[str, ...]:
     """The built-in corpus as a tuple of documents (cached per process)."""
-    from pydoc_data.topics import topics
-
-    docs = [topics[name] for name in sorted(topics)]
-    total = sum(len(d.encode("utf-8")) for d in docs)
-    for path in _stdlib_modules():
-        try:
-            text = path.read_text(encoding="utf-8")
-        except (UnicodeDecodeError, OSError):
-            continue  # the stdlib is UTF-8; anything else is skipped the same way everywhere
-        size = len(text.encode("utf-8"))
-        if total + size > MAX_BYTES:
-            break
-        docs.append(text)
-        total += size
+    try:
+        data = json.loads(lzma.decompress(SNAPSHOT_PATH.read_bytes()).decode("utf-8"))
+        docs = data["documents"]
+        ok = data.get("format") == 1 and isinstance(docs, list) and all(isinstance(d, str) for d in docs)
+    except (OSError, lzma.LZMAError, UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError) as e:
+        raise RuntimeError(f"the built-in corpus {SNAPSHOT_PATH} cannot be read ({e}); reinstall titan-core") from e
+    if not ok:
+        raise RuntimeError(f"the built-in corpus {SNAPSHOT_PATH} is not a format-1 snapshot; reinstall titan-core")
     return tuple(docs)

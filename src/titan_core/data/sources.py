@@ -31,6 +31,24 @@ HF_MAX_BYTES = 256 * 1024 * 1024
 _BUILDER = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
 
 
+def _kind(path: Path) -> str:
+    import stat
+
+    try:
+        mode = path.lstat().st_mode
+    except OSError:
+        return "unreadable"
+    if stat.S_ISLNK(mode):
+        return "a dangling symbolic link"
+    if stat.S_ISFIFO(mode):
+        return "a named pipe (FIFO)"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    return "not a regular file"
+
+
 def source_files(source: str) -> list[Path]:
     """The files a local source names, sorted; ConfigError when there are none or one is unsupported."""
     path = Path(source).expanduser()
@@ -39,6 +57,11 @@ def source_files(source: str) -> list[Path]:
             f'data.source "{source}" does not exist; give an existing .txt/.jsonl/.json/.parquet file or folder, '
             '"builtin", or "hf:<name>".'
         )
+    if not path.is_file() and not path.is_dir():
+        raise ConfigError(
+            f'data.source "{source}" is {_kind(path)}, not a regular file or folder; point data.source at '
+            f".txt/.jsonl/.json/.parquet files (a pipe or device cannot be re-read for validation and resume)."
+        )
     if path.is_file():
         if path.suffix.lower() not in SUPPORTED_SUFFIXES:
             raise ConfigError(
@@ -46,10 +69,16 @@ def source_files(source: str) -> list[Path]:
                 f"supported: {', '.join(SUPPORTED_SUFFIXES)} (or a folder of such files)."
             )
         return [path]
-    files = sorted(
-        (p for p in path.rglob("*") if p.is_file() and not any(part.startswith(".") for part in p.relative_to(path).parts)),
-        key=lambda p: p.relative_to(path).as_posix(),
-    )
+    visible = [p for p in path.rglob("*") if not any(part.startswith(".") for part in p.relative_to(path).parts)]
+    # Nothing is silently left out: a dangling link or a pipe in the folder is an error, not a skip.
+    odd = [p for p in visible if not p.is_file() and not p.is_dir()]
+    if odd:
+        names = ", ".join(f"{p.relative_to(path).as_posix()} ({_kind(p)})" for p in odd[:3])
+        raise ConfigError(
+            f'data.source folder "{source}" holds {len(odd)} entr{"y" if len(odd) == 1 else "ies"} that cannot be '
+            f"read as data: {names}. Remove them, fix the links, or point data.source at another folder."
+        )
+    files = sorted((p for p in visible if p.is_file()), key=lambda p: p.relative_to(path).as_posix())
     unsupported = [p for p in files if p.suffix.lower() not in SUPPORTED_SUFFIXES]
     if unsupported:
         names = ", ".join(p.relative_to(path).as_posix() for p in unsupported[:3])

@@ -1,7 +1,7 @@
 """titan-tinygpt: a worked example of a titan-core model plugin (entry point ``tinygpt``).
 
-``model.py`` is the model, ``parallelize.py`` applies the parallelisms and checks
-layouts, ``spec.py`` ties them into the TrainSpec the entry point names.
+``model.py`` is the model, ``tp_plan.py`` its tensor-parallel plan, ``validate.py``
+checks layouts, ``spec.py`` ties them into the TrainSpec the entry point names.
 """
 
 from .model import TinyGPT, TinyGPTArgs, flops_per_token

@@ -151,10 +151,12 @@ def matmul_params(args: TinyGPTArgs) -> int:
     return args.n_layers * per_block + d * args.vocab_size
 
 
-def flops_per_token(args: TinyGPTArgs, seq_len: int) -> float:
-    """Training FLOPs per token: 6 x matmul weights + 12 x layers x dim x seq_len.
+def flops_per_token(args: TinyGPTArgs, seq_len: int, *, full_attention: bool = False) -> float:
+    """Training FLOPs per token: 6 x matmul weights + 12 x layers x dim x keys per query.
 
     Forward plus backward is 3 passes of 2 FLOPs per weight per token; the second
-    term is attention's two score/value matmuls, counted over the full square.
+    term is attention's two score/value matmuls. Causal attention computes (seq_len + 1) / 2
+    keys per query on average; ``full_attention=True`` counts the full square instead.
     """
-    return 6.0 * matmul_params(args) + 12.0 * args.n_layers * args.dim * seq_len
+    keys_per_query = seq_len if full_attention else (seq_len + 1) / 2
+    return 6.0 * matmul_params(args) + 12.0 * args.n_layers * args.dim * keys_per_query

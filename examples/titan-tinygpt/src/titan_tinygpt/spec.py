@@ -1,7 +1,8 @@
 """The tinygpt TrainSpec: what the ``titan.train_specs`` entry point ``tinygpt`` names.
 
-A minimal spec names its model, flavors and parallelize_fn; everything else here
-is optional. The loss, tokenizer, data loader, optimizer, LR schedule and
+A minimal spec names its model and flavors; everything else here is optional.
+Parallelism is titan-core's default parallelize_fn (TP -> activation
+checkpointing -> compile -> FSDP2) driven by this model's TP plan. The loss, tokenizer, data loader, optimizer, LR schedule and
 metrics all come from titan-core's defaults, because no ``build_*`` field is set.
 """
 
@@ -12,7 +13,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from titan_core import TrainSpec
 
 from .model import TinyGPT, TinyGPTArgs, flops_per_token
-from .parallelize import parallelize_tinygpt, validate_tinygpt
+from .tp_plan import tinygpt_tp_plan
+from .validate import validate_tinygpt
 
 
 class TinyGPTSection(BaseModel):
@@ -35,7 +37,11 @@ tinygpt_spec = TrainSpec(
     name="tinygpt",
     model_cls=TinyGPT,
     flavors=flavors,
-    parallelize_fn=parallelize_tinygpt,
+    tp_plan_fn=tinygpt_tp_plan,
+    # Per-op selective checkpointing: keep every other matmul and the attention output.
+    selective_ac_save_ops=("aten.mm.default", "aten._scaled_dot_product_flash_attention_for_cpu.default",
+                           "aten._scaled_dot_product_flash_attention.default",
+                           "aten._scaled_dot_product_efficient_attention.default"),
     config_model=TinyGPTSection,
     validate_fn=validate_tinygpt,
     flops_per_token_fn=flops_per_token,

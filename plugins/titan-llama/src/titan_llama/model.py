@@ -329,12 +329,13 @@ class Transformer(nn.Module):
 
 
 
+def flops_per_token(args: LlamaArgs, seq_len: int, *, full_attention: bool = False) -> float:
+    """Training FLOPs per token: 6 x non-embedding parameters + attention's score and value matmuls.
 
-def flops_per_token(args: LlamaArgs, seq_len: int) -> float:
-    """Training FLOPs per token: 6 x non-embedding parameters + 12 x layers x heads x head_dim x seq_len.
-
-    The second term is attention's score and value matmuls (forward and backward),
-    counted over the full square as is customary, although causal kernels skip half.
+    The attention term is 12 x layers x heads x head_dim x the keys each query attends to
+    (forward and backward). The causal kernel computes only the unmasked pairs, on average
+    (seq_len + 1) / 2 keys per query; ``full_attention=True`` counts the full seq_len square
+    instead, the custom of published MFU figures, which overstates the work about twice.
     """
     if args.vocab_size is None:
         raise ValueError("flops_per_token: LlamaArgs.vocab_size is None; fill it from the tokenizer first")
@@ -342,4 +343,5 @@ def flops_per_token(args: LlamaArgs, seq_len: int) -> float:
     attention = d * (args.n_heads * hd) * 2 + d * (kv * hd) * 2
     per_layer = attention + 3 * d * args.ffn_hidden_dim + 2 * d
     non_embedding = args.n_layers * per_layer + d + d * args.vocab_size  # the head's matmul, tied or not
-    return 6.0 * non_embedding + 12.0 * args.n_layers * args.n_heads * hd * seq_len
+    keys_per_query = seq_len if full_attention else (seq_len + 1) / 2
+    return 6.0 * non_embedding + 12.0 * args.n_layers * args.n_heads * hd * keys_per_query

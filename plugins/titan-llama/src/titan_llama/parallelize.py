@@ -1,114 +1,40 @@
-"""Parallelize one Llama model part: TP -> activation checkpointing -> compile -> FSDP2.
+"""Parallelize one Llama model part: titan-core's default TP -> AC -> compile -> FSDP2 with Llama's TP plan.
 
-Everything here runs on the meta device, before ``to_empty`` and weight init, on
-either the whole ``Transformer`` or one pipeline stage of it (a Transformer whose
-missing pieces are ``None`` and whose ``layers`` hold only its own blocks). No
-step renames a parameter: fully qualified names stay those of the plain model,
-so checkpoints and the per-parameter init seeds do not depend on the layout.
-
-The order is fixed, and each step assumes the previous ones:
-  1. TP shards the linears (parameters become DTensors on the ``tp`` mesh);
-  2. activation checkpointing wraps each block's forward;
-  3. ``torch.compile`` compiles each block (including its checkpointing);
-  4. FSDP2 shards (or replicates) every block, then the part as a whole.
+Everything here runs on the meta device, on either the whole ``Transformer`` or
+one pipeline stage of it (a Transformer whose missing pieces are ``None`` and
+whose ``layers`` hold only its own blocks). The shared steps live in
+``titan_core.parallel``; this module supplies what is Llama's own: the TP plan
+(``tp_plan.llama_tp_plan``), the per-op selective checkpointing list, and the
+layout validation.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-import torch
 from torch import nn
 
-from titan_core import (
-    ActivationCheckpointSection,
-    CompileSection,
-    ConfigError,
-    ParallelDims,
-    ParallelismSection,
-    TensorParallelStyles,
-    TrainingSection,
-)
+from titan_core import ActivationCheckpointSection, ConfigError, ParallelDims, ParallelismSection, TrainingSection
+from titan_core.parallel import default_parallelize_fn
 
-from .activation_checkpoint import apply_activation_checkpointing
-from .tp_plan import apply_tensor_parallel
+from . import cpu_attention  # noqa: F401  (registers torch.ops.titan_llama.causal_attention)
+from .ac_ops import FUSED_ATTENTION, LLAMA_SELECTIVE_SAVE_OPS, SDPA_OPS
+from .tp_plan import llama_tp_plan
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+_default = default_parallelize_fn(llama_tp_plan, selective_save_ops=LLAMA_SELECTIVE_SAVE_OPS, spec_name="spec llama3")
 
 
-def parallelize_llama(
-    model: nn.Module,
-    *,
-    parallel_dims: ParallelDims,
-    mesh: Any,
-    training: TrainingSection,
-    parallelism: ParallelismSection,
-    compile: CompileSection,
-    activation_checkpoint: ActivationCheckpointSection,
-    tp_styles: TensorParallelStyles,
-) -> nn.Module:
-    """Apply the enabled parallelisms to ``model`` in place and return it (the ParallelizeFn)."""
-    del training  # part of the protocol; nothing here depends on it yet
-    if parallel_dims.tp_enabled:
-        apply_tensor_parallel(model, mesh["tp"], tp_styles, loss_parallel=parallelism.loss_parallel)
-    apply_activation_checkpointing(model.layers, activation_checkpoint)
-    if compile.enable:
-        apply_compile(model.layers)
-    if parallel_dims.dp > 1:
-        apply_data_parallel(model, parallel_dims.dp_mesh(mesh), parallel_dims=parallel_dims, parallelism=parallelism)
-    return model
+def _with_fused_attention(ac: ActivationCheckpointSection) -> ActivationCheckpointSection:
+    """A user's op list that saves an SDPA kernel also saves the fused kernel that replaces it on CPU."""
+    ops = ac.selective_save_ops
+    if ops is None or FUSED_ATTENTION in ops or not set(SDPA_OPS) & set(ops):
+        return ac
+    return ac.model_copy(update={"selective_save_ops": [*ops, FUSED_ATTENTION]})
 
 
-def apply_compile(layers: nn.ModuleDict) -> None:
-    """Compile each block in place.
-
-    ``nn.Module.compile`` keeps the module (no ``_orig_mod`` wrapper, so names are
-    unchanged). Compiling blocks rather than the whole model keeps graphs small
-    and lets the identical blocks reuse one compilation.
-    """
-    for block in layers.values():
-        block.compile(fullgraph=True)
-
-
-def reshard_policy(policy: str, *, is_last_block: bool, pp_enabled: bool) -> bool:
-    """FSDP2 ``reshard_after_forward`` for a block under ``parallelism.fsdp_reshard_after_forward``.
-
-    ``default`` frees each block's gathered weights after its forward, except the
-    last block's (backward starts there and would gather them straight back), and
-    keeps them with pipelining, whose microbatches rerun every forward.
-    """
-    if policy == "always":
-        return True
-    if policy == "never":
-        return False
-    return not pp_enabled and not is_last_block
-
-
-def apply_data_parallel(
-    model: nn.Module, dp_mesh: Any, *, parallel_dims: ParallelDims, parallelism: ParallelismSection
-) -> None:
-    """FSDP2 per block then on the root: HSDP on a 2-D mesh, DDP-style replication without dp_shard."""
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-
-    mp = MixedPrecisionPolicy(param_dtype=_DTYPES[parallelism.param_dtype], reduce_dtype=_DTYPES[parallelism.reduce_dtype])
-    blocks = list(model.layers.values())
-    if not parallel_dims.fsdp_enabled:
-        # Pure replication: FSDP2's replicate keeps whole parameters on every rank
-        # and all-reduces gradients; it shares FSDP2's machinery, so it composes
-        # with TP DTensors and pipeline schedules the same way fully_shard does.
-        from torch.distributed._composable.replicate_with_fsdp import replicate
-
-        for block in blocks:
-            replicate(block, mesh=dp_mesh, mp_policy=mp)
-        replicate(model, mesh=dp_mesh, mp_policy=mp)
-        return
-    for i, block in enumerate(blocks):
-        reshard = reshard_policy(
-            parallelism.fsdp_reshard_after_forward, is_last_block=i == len(blocks) - 1, pp_enabled=parallel_dims.pp_enabled
-        )
-        fully_shard(block, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=reshard)
-    root_reshard = parallelism.fsdp_reshard_after_forward == "always"
-    fully_shard(model, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=root_reshard)
+def parallelize_llama(model: nn.Module, *, activation_checkpoint: ActivationCheckpointSection, **kwargs: Any) -> nn.Module:
+    """Apply the enabled parallelisms to ``model`` in place and return it (the spec's ParallelizeFn)."""
+    return _default(model, activation_checkpoint=_with_fused_attention(activation_checkpoint), **kwargs)
 
 
 def validate_llama_layout(

@@ -13,6 +13,7 @@ from torch import nn
 
 from titan_core import TrainSpec
 
+from .ac_ops import LLAMA_SELECTIVE_SAVE_OPS
 from .config import LlamaSection
 from .flavors import llama3_flavors
 from .hf_adapter import LlamaStateDictAdapter
@@ -22,6 +23,13 @@ from .model import Transformer, flops_per_token
 def parallelize_llama(model: nn.Module, **kwargs: Any) -> nn.Module:
     """See titan_llama.parallelize.parallelize_llama."""
     from .parallelize import parallelize_llama as impl
+
+    return impl(model, **kwargs)
+
+
+def llama_tp_plan(model: nn.Module, **kwargs: Any) -> Any:
+    """See titan_llama.tp_plan.llama_tp_plan."""
+    from .tp_plan import llama_tp_plan as impl
 
     return impl(model, **kwargs)
 
@@ -44,7 +52,11 @@ llama3_spec = TrainSpec(
     name="llama3",
     model_cls=Transformer,
     flavors=llama3_flavors,
+    # titan-core's default TP -> AC -> compile -> FSDP2 with this TP plan, plus one Llama rule
+    # (a user's op list naming an SDPA kernel also saves the fused CPU kernel).
     parallelize_fn=parallelize_llama,
+    tp_plan_fn=llama_tp_plan,
+    selective_ac_save_ops=LLAMA_SELECTIVE_SAVE_OPS,
     pipelining_fn=pipeline_llama,
     config_model=LlamaSection,
     validate_fn=validate_llama_layout,

@@ -20,9 +20,9 @@ from typing import Any
 
 from torch import nn
 from torch.distributed.tensor import Replicate, Shard
-from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, SequenceParallel, parallelize_module
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, SequenceParallel
 
-from titan_core import TensorParallelStyles, retie_weights
+from titan_core import TensorParallelStyles
 
 
 def _positional_arity(module: nn.Module) -> int:
@@ -82,15 +82,9 @@ def outer_plan(model: nn.Module, *, loss_parallel: bool) -> dict[str, Any]:
     return plan
 
 
-def apply_tensor_parallel(
-    model: nn.Module, tp_mesh: Any, styles: TensorParallelStyles, *, loss_parallel: bool
-) -> None:
-    """Shard ``model`` (a whole Transformer or one pipeline stage of it) over ``tp_mesh`` in place."""
-    outer = outer_plan(model, loss_parallel=loss_parallel)
-    if outer:
-        parallelize_module(model, tp_mesh, outer)
-        # Each style gave its module a new DTensor parameter; a tied embedding and head
-        # (both sharded on the vocabulary, Shard(0)) become one tensor again before FSDP2.
-        retie_weights(model)
-    for block in model.layers.values():
-        parallelize_module(block, tp_mesh, block_plan(block, styles))
+def llama_tp_plan(model: nn.Module, *, styles: TensorParallelStyles, loss_parallel: bool) -> dict[str, Any]:
+    """The TP plan of ``model`` (a whole Transformer or one pipeline stage of it), keys relative to it."""
+    plan = outer_plan(model, loss_parallel=loss_parallel)
+    for name, block in model.layers.items():
+        plan.update({f"layers.{name}.{key}": style for key, style in block_plan(block, styles).items()})
+    return plan

@@ -1,0 +1,63 @@
+"""``titan-plugin check NAME...``: the conformance checks for installed converters and specs, as a table."""
+
+from __future__ import annotations
+
+import sys
+from typing import Sequence
+
+from ..errors import ConfigError, did_you_mean
+from ..testing import CheckResult, Target
+from ..testing.checks import checks_for, run_check
+
+
+def kind_of(name: str) -> str:
+    """``spec`` or ``converter``: which entry-point group (or in-process registry) has ``name``."""
+    from ..discovery import CONVERTERS, SPECS, discover
+
+    specs, converters = discover(SPECS), discover(CONVERTERS)
+    if name in specs and name in converters:
+        raise ConfigError(f'"{name}" is both a spec and a converter; check it with --kind spec or --kind converter.')
+    if name in specs:
+        return "spec"
+    if name in converters:
+        return "converter"
+    raise ConfigError(
+        f'no installed spec or converter is named "{name}"{did_you_mean(name, [*specs, *converters])}. '
+        f"`titan-train --list` shows what is installed; install the plugin (pip install ...) first."
+    )
+
+
+def format_table(name: str, kind: str, results: Sequence[CheckResult]) -> str:
+    rows = [("check", "result", "figure", "time")] + [
+        (r.name, r.status.upper() if r.status == "fail" else r.status, r.figure, f"{r.seconds:.1f} s") for r in results
+    ]
+    widths = [max(len(row[i]) for row in rows) for i in range(4)]
+    lines = [f"{kind} {name}"]
+    for i, row in enumerate(rows):
+        lines.append("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
+        if i == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    for r in results:
+        if r.status == "fail":
+            lines.append(f"\n{r.name} failed:\n  " + r.detail.replace("\n", "\n  "))
+    return "\n".join(lines)
+
+
+def check(names: Sequence[str], *, fast: bool, spec: str, compile: bool, kind: str | None,
+          extra_flags: Sequence[str]) -> int:
+    """Check every name; print one table each; 1 if any check failed, else 0."""
+    from ..testing import tiny_spec  # noqa: F401  (the core's tiny model: the default spec for converters)
+
+    kinds = {name: kind or kind_of(name) for name in names}  # every name known before anything runs
+    failed = False
+    for name in names:
+        k = kinds[name]
+        target = Target(k, name, spec=spec, compile=compile, extra_flags=tuple(extra_flags))
+        results = []
+        for one in checks_for(target, fast=fast):
+            print(f"[titan-plugin] {name}: {one.name} ...", file=sys.stderr, flush=True)
+            results.append(run_check(target, one))
+        print(format_table(name, k, results) + "\n", flush=True)
+        failed |= any(not r.ok for r in results)
+    print("titan-plugin check: " + ("FAILED" if failed else "all checks passed"), file=sys.stderr)
+    return 1 if failed else 0

@@ -1,0 +1,33 @@
+"""An ``OSError`` from the run's own files as one sentence: which file, what went wrong, what to do."""
+
+from __future__ import annotations
+
+import errno
+
+from .errors import TitanError
+
+__all__ = ["describe_os_error"]
+
+_ADVICE = {
+    errno.ENOSPC: ("disk full", "free space on that filesystem or point --job.run_dir at another one"),
+    errno.EDQUOT: ("disk quota exceeded", "free space within your quota or use another folder"),
+    errno.EACCES: ("permission denied", "make it writable for this user or choose another --job.run_dir"),
+    errno.EPERM: ("operation not permitted", "make it writable for this user or choose another --job.run_dir"),
+    errno.EROFS: ("read-only filesystem", "choose a --job.run_dir on a writable filesystem"),
+    errno.ENOTDIR: ("a path component is a file, not a folder", "remove or rename that file, or choose another path"),
+    errno.EISDIR: ("it is a folder, where a file was expected", "remove or rename that folder"),
+    errno.EEXIST: ("it already exists and is not a folder", "remove or rename it, or choose another --job.run_dir"),
+    errno.ELOOP: ("it is a symbolic link, which the run refuses to follow", "replace the link by a real file"),
+    errno.ENAMETOOLONG: ("the path is too long", "choose a shorter path"),
+}
+
+
+def describe_os_error(exc: OSError) -> TitanError:
+    """A TitanError (exit 2) naming the file and the fix."""
+    name = exc.filename if exc.filename is not None else "a file of the run"
+    what, fix = _ADVICE.get(exc.errno or -1, (exc.strerror or str(exc), "check the path and its filesystem"))
+    if exc.errno == errno.ENOSPC:
+        message = f"disk full while writing {name}: {fix}. Checkpoints published before this are intact."
+    else:
+        message = f"cannot use {name}: {what} ([Errno {exc.errno}] {exc.strerror}); {fix}."
+    return TitanError(message)

@@ -1,0 +1,127 @@
+"""Activation checkpointing of a model's blocks that keeps every parameter name unchanged.
+
+``checkpoint_wrapper`` nests each block under ``_checkpoint_wrapped_module``, which
+changes ``named_parameters()`` (and with it the per-parameter init seeds and the
+optimizer-state keys). Instead, the block's own ``forward`` is replaced by one that
+runs the original under non-reentrant ``torch.utils.checkpoint``: the module tree,
+and so every fully qualified name, stays as it was.
+
+Modes (``ActivationCheckpointSection``):
+  * ``full``: every block recomputes all of its activations in backward;
+  * ``selective`` with ``selective_every = N``: every Nth block (by its global layer
+    id, so the choice does not depend on the pipeline split) is fully checkpointed;
+  * ``selective`` with ``selective_every = 0``: per-op; the outputs of the listed
+    ops are kept and everything else is recomputed. The list is the config's
+    ``selective_save_ops`` when set, else the one the spec supplies (its ops depend
+    on the model's kernels). Matmuls (``aten.mm.default``) are special: only every
+    other one is kept, halving their memory at the cost of recomputing the others.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections import defaultdict
+from typing import Any, Callable, Mapping, Sequence
+
+import torch
+from torch import nn
+
+from ..config.sections import ActivationCheckpointSection
+from ..errors import ConfigError
+
+
+def resolve_ops(names: Sequence[str]) -> list[Any]:
+    """Turn names like ``aten.mm.default`` into op overloads; unknown names are ConfigErrors."""
+    ops = []
+    for name in names:
+        parts = name.split(".")
+        op: Any = None
+        if len(parts) == 3:
+            try:
+                op = getattr(getattr(getattr(torch.ops, parts[0]), parts[1]), parts[2])
+            except (AttributeError, RuntimeError):
+                op = None
+        if op is None:
+            raise ConfigError(
+                f'activation_checkpoint.selective_save_ops: "{name}" is not an operator overload '
+                f'of this torch build. Write names as "<namespace>.<op>.<overload>", e.g. "aten.mm.default".'
+            )
+        ops.append(op)
+    return ops
+
+
+def selective_context_fn(save_ops: Sequence[Any]) -> Callable[[], Any]:
+    """A ``context_fn`` for ``checkpoint()`` that saves the outputs of ``save_ops`` (every other mm)."""
+    from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+
+    save = set(save_ops)
+    mm = torch.ops.aten.mm.default
+
+    def make_contexts() -> Any:
+        # One counter per forward and per recompute: both must make the same choice
+        # for the n-th matmul, so they count separately.
+        counts: dict[str, int] = defaultdict(int)
+
+        def policy(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
+            if op is mm and mm in save:
+                key = "recompute" if ctx.is_recompute else "forward"
+                counts[key] += 1
+                keep = counts[key] % 2 == 1
+                return CheckpointPolicy.MUST_SAVE if keep else CheckpointPolicy.PREFER_RECOMPUTE
+            return CheckpointPolicy.MUST_SAVE if op in save else CheckpointPolicy.PREFER_RECOMPUTE
+
+        return create_selective_checkpoint_contexts(policy)
+
+    return make_contexts
+
+
+def checkpoint_module(module: nn.Module, context_fn: Callable[[], Any] | None = None) -> None:
+    """Make ``module``'s forward recompute in backward, without changing the module tree."""
+    from torch.utils.checkpoint import checkpoint
+
+    inner = module.forward
+    kwargs: dict[str, Any] = {"use_reentrant": False, "preserve_rng_state": True}
+    if context_fn is not None:
+        kwargs["context_fn"] = context_fn
+
+    @functools.wraps(inner)
+    def forward(*args: Any, **fw_kwargs: Any) -> Any:
+        return checkpoint(inner, *args, **kwargs, **fw_kwargs)
+
+    # An instance attribute shadows the class's forward; nn.Module.__call__ (and the
+    # hooks FSDP2 adds later) still run around it.
+    module.forward = forward  # type: ignore[method-assign]
+    module._titan_checkpointed = True  # type: ignore[assignment]  # read by layout reports and tests
+
+
+def apply_activation_checkpointing(
+    blocks: Mapping[str, nn.Module], ac: ActivationCheckpointSection, *, spec_save_ops: Sequence[str] = ()
+) -> list[str]:
+    """Checkpoint the blocks (keyed by global layer id, "0", "1", ...) per ``ac``; returns those checkpointed.
+
+    ``spec_save_ops`` is the spec's per-op list, used when ``ac.selective_save_ops`` is None.
+    """
+    if ac.mode == "none":
+        return []
+    context_fn: Callable[[], Any] | None = None
+    every = 1
+    if ac.mode == "selective":
+        if ac.selective_every > 0:
+            every = ac.selective_every
+        else:
+            names = ac.selective_save_ops if ac.selective_save_ops is not None else list(spec_save_ops)
+            if not names:
+                raise ConfigError(
+                    "activation_checkpoint.mode=selective with selective_every=0 (per-op) needs a list of ops to "
+                    "save, and this spec supplies none. Set activation_checkpoint.selective_save_ops "
+                    '(e.g. ["aten.mm.default"]), or checkpoint every Nth block with selective_every=N.'
+                )
+            context_fn = selective_context_fn(resolve_ops(names))
+    done = []
+    for position, (name, block) in enumerate(blocks.items()):
+        # Global layer ids: the same blocks are checkpointed whatever the pipeline split.
+        index = int(name) if name.isdigit() else position
+        if (index + 1) % every == 0:
+            checkpoint_module(block, context_fn)
+            done.append(name)
+    return done

@@ -1,0 +1,109 @@
+"""The default ``parallelize_fn``: a spec's TP plan, then AC, compile and FSDP2, in that fixed order.
+
+Everything runs on the meta device, before ``to_empty`` and weight init, on either
+the whole model or one pipeline stage of it. No step renames a parameter, so
+checkpoints and the per-parameter init seeds do not depend on the layout.
+
+The order is fixed, and each step assumes the previous ones:
+  1. TP shards the modules the plan names (parameters become DTensors on ``mesh["tp"]``);
+  2. activation checkpointing wraps each block's forward;
+  3. ``torch.compile`` compiles each block, checkpointing included;
+  4. FSDP2 shards (or replicates, or HSDP) every block, then the part as a whole.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Protocol, Sequence
+
+from torch import nn
+
+from ..config.sections import (
+    ActivationCheckpointSection,
+    CompileSection,
+    ParallelismSection,
+    TrainingSection,
+)
+from ..errors import ConfigError
+from ..parallel_dims import ParallelDims
+from ..protocols import ParallelizeFn, TensorParallelStyles
+from .checkpointing import apply_activation_checkpointing
+from .compile import apply_compile
+from .fsdp import apply_fsdp
+from .tensor_parallel import apply_tensor_parallel
+
+
+class TensorParallelPlanFn(Protocol):
+    """Returns the TP plan of one model part: ``{module name relative to it: ParallelStyle}``.
+
+    ``styles`` holds the ParallelStyle classes to use for linears (torch's, or a
+    converter's such as float8's); ``loss_parallel`` says whether the head must
+    leave its logits as a vocabulary-sharded DTensor (``Shard(-1)``).
+    """
+
+    def __call__(self, model: nn.Module, *, styles: TensorParallelStyles, loss_parallel: bool) -> Mapping[str, Any]: ...
+
+
+def _blocks(model: nn.Module, blocks_attr: str) -> Mapping[str, nn.Module]:
+    blocks = getattr(model, blocks_attr, None)
+    if not isinstance(blocks, (nn.ModuleDict, nn.ModuleList)):
+        raise TypeError(
+            f"the default parallelize_fn looks for the model's blocks in model.{blocks_attr} (an nn.ModuleDict "
+            f"keyed by layer id, or an nn.ModuleList); {type(model).__name__} has {type(blocks).__name__}. "
+            f"Pass blocks_attr= to default_parallelize_fn, or write your own parallelize_fn."
+        )
+    if isinstance(blocks, nn.ModuleList):
+        return {str(i): b for i, b in enumerate(blocks)}
+    return dict(blocks.items())
+
+
+def default_parallelize_fn(
+    tp_plan_fn: TensorParallelPlanFn | None = None,
+    *,
+    selective_save_ops: Sequence[str] = (),
+    blocks_attr: str = "layers",
+    fullgraph: bool = True,
+    spec_name: str = "this spec",
+) -> ParallelizeFn:
+    """Build a ParallelizeFn: TP (from ``tp_plan_fn``) -> AC -> compile -> FSDP2.
+
+    ``selective_save_ops`` is the spec's per-op selective checkpointing list (op
+    names such as ``"aten.mm.default"``); the config's
+    ``activation_checkpoint.selective_save_ops`` replaces it when set. The blocks
+    that AC, compile and FSDP2 treat one by one are ``model.<blocks_attr>``.
+    Without a TP plan, ``parallelism.tp > 1`` is a ConfigError.
+    """
+    save_ops = tuple(selective_save_ops)
+
+    def parallelize(
+        model: nn.Module,
+        *,
+        parallel_dims: ParallelDims,
+        mesh: Any,
+        training: TrainingSection,
+        parallelism: ParallelismSection,
+        compile: CompileSection,
+        activation_checkpoint: ActivationCheckpointSection,
+        tp_styles: TensorParallelStyles,
+    ) -> nn.Module:
+        del training  # part of the protocol; nothing here depends on it
+        if parallel_dims.tp_enabled:
+            if tp_plan_fn is None:
+                raise ConfigError(
+                    f"{spec_name} has no tensor-parallel plan, but parallelism.tp={parallel_dims.tp}. Set "
+                    f"parallelism.tp=1 and use data parallelism (parallelism.dp_shard / dp_replicate)."
+                )
+            plan = tp_plan_fn(model, styles=tp_styles, loss_parallel=parallelism.loss_parallel)
+            apply_tensor_parallel(model, mesh["tp"], plan)
+        blocks = _blocks(model, blocks_attr)
+        apply_activation_checkpointing(blocks, activation_checkpoint, spec_save_ops=save_ops)
+        if compile.enable:
+            apply_compile(blocks.values(), fullgraph=fullgraph)
+        apply_fsdp(model, blocks.values(), parallel_dims=parallel_dims, mesh=mesh, parallelism=parallelism)
+        return model
+
+    parallelize.tp_plan_fn = tp_plan_fn  # type: ignore[attr-defined]  # read by titan_core.testing
+    parallelize.selective_save_ops = save_ops  # type: ignore[attr-defined]
+    return parallelize
+
+
+__all__ = ["TensorParallelPlanFn", "default_parallelize_fn"]

@@ -1,0 +1,66 @@
+"""FSDP2 / HSDP / replication of a model's blocks, then of its root, with the reshard policy."""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+import torch
+from torch import nn
+
+from ..config.sections import ParallelismSection
+from ..parallel_dims import ParallelDims
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def reshard_policy(policy: str, *, is_last_block: bool, pp_enabled: bool) -> bool:
+    """FSDP2 ``reshard_after_forward`` for one block under ``parallelism.fsdp_reshard_after_forward``.
+
+    ``default`` frees each block's gathered weights after its forward, except the
+    last block's (backward starts there and would gather them straight back), and
+    keeps them with pipelining, whose microbatches rerun every forward.
+    """
+    if policy == "always":
+        return True
+    if policy == "never":
+        return False
+    return not pp_enabled and not is_last_block
+
+
+def apply_fsdp(
+    model: nn.Module,
+    blocks: Iterable[nn.Module],
+    *,
+    parallel_dims: ParallelDims,
+    mesh: Any,
+    parallelism: ParallelismSection,
+) -> None:
+    """Shard (or replicate) every block, then ``model`` itself, over the data-parallel ranks.
+
+    The mesh is ``parallel_dims.dp_mesh(mesh)``: 2-D (dp_replicate x dp_shard) gives
+    HSDP, 1-D dp_shard gives FSDP2. Without dp_shard the parameters are replicated
+    (FSDP2's ``replicate``: whole parameters everywhere, gradients all-reduced), which
+    composes with TP DTensors and pipeline schedules the way ``fully_shard`` does.
+    A no-op when there is only one data-parallel rank.
+    """
+    if parallel_dims.dp <= 1:
+        return
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    dp_mesh = parallel_dims.dp_mesh(mesh)
+    mp = MixedPrecisionPolicy(param_dtype=_DTYPES[parallelism.param_dtype], reduce_dtype=_DTYPES[parallelism.reduce_dtype])
+    blocks = list(blocks)
+    if not parallel_dims.fsdp_enabled:
+        from torch.distributed._composable.replicate_with_fsdp import replicate
+
+        for block in blocks:
+            replicate(block, mesh=dp_mesh, mp_policy=mp)
+        replicate(model, mesh=dp_mesh, mp_policy=mp)
+        return
+    policy = parallelism.fsdp_reshard_after_forward
+    for i, block in enumerate(blocks):
+        reshard = reshard_policy(policy, is_last_block=i == len(blocks) - 1, pp_enabled=parallel_dims.pp_enabled)
+        fully_shard(block, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=reshard)
+    # The root holds what no block holds (embeddings, final norm, head): gathered for
+    # the whole step unless the policy says always.
+    fully_shard(model, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=policy == "always")

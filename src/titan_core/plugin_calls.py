@@ -1,0 +1,67 @@
+"""A plugin's method that raises: name the plugin, its distribution and version, and the method.
+
+The core calls plugin code at a few fixed points (a converter's ``select``/``convert``,
+a spec's ``parallelize_fn``, the model's ``init_parameter`` and forward). A bare
+exception from there reads like a bug in titan-core; this wrapper says whose code
+failed and what to do, with the original traceback kept for ``--traceback``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Iterator
+
+from .errors import PluginError, TitanError
+
+__all__ = ["plugin_call", "plugin_label"]
+
+
+def plugin_label(group: str, name: str) -> str:
+    """``converter "mx" (titan-mx-prototype 0.1.0)``; in-process registrations say so."""
+    from . import discovery
+
+    kind = "spec" if group == discovery.SPECS else "converter"
+    try:
+        claims = discovery.discover(group).get(name, [])
+    except Exception:  # naming the culprit must never raise itself
+        claims = []
+    if len(claims) == 1:
+        info = claims[0]
+        version = f" {info.version}" if info.version and info.version != "-" else ""
+        return f'{kind} "{name}" ({info.distribution}{version})'
+    return f'{kind} "{name}"'
+
+
+@contextlib.contextmanager
+def plugin_call(group: str, name: str, method: str) -> Iterator[None]:
+    """Re-raise anything but a TitanError from the block as a PluginError naming the plugin and ``method``."""
+    try:
+        yield
+    except TitanError:
+        raise
+    except Exception as exc:
+        from .peer_failure import is_collective_failure
+
+        if is_collective_failure(exc):  # a collective inside the plugin's code lost a peer: not the plugin's fault
+            raise
+        first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ""
+        raise PluginError(
+            f"{plugin_label(group, name)} failed in {method}: {type(exc).__name__}: {first}. This is a problem "
+            f"in the plugin or in how it is configured, not in your data: check the plugin's settings, update "
+            f"it, or report it to its authors (--traceback shows where it failed)."
+        ) from exc
+
+
+def check_logits(logits: object, inputs: object, *, spec: str) -> None:
+    """The model must return [batch, seq_len, vocab] logits for [batch, seq_len] inputs."""
+    import torch
+
+    shape = tuple(getattr(logits, "shape", ()))
+    expected = tuple(inputs.shape) if isinstance(inputs, torch.Tensor) else ()
+    if not isinstance(logits, torch.Tensor) or len(shape) != 3 or shape[:2] != expected:
+        got = f"shape {list(shape)}" if isinstance(logits, torch.Tensor) else type(logits).__name__
+        raise PluginError(
+            f"{plugin_label('titan.train_specs', spec)} failed in the model's forward: it returned {got} for inputs "
+            f"of shape {list(expected)}; a model must return logits of shape [batch, seq_len, vocab] "
+            f"({list(expected) + ['vocab']}). Fix the model's forward."
+        )

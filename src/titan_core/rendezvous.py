@@ -1,0 +1,88 @@
+"""Joining the process group with two deadlines: one to meet, one per collective.
+
+``init_timeout_s`` bounds the rendezvous (a peer that never starts: ``WORLD_SIZE=2``
+with one process); ``collective_timeout_s`` bounds every later collective (a rank
+that froze or deadlocked). torch's single ``timeout`` would force one figure on both,
+so the store is built here with the first and the group with the second.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import time
+
+import torch.distributed as dist
+
+from .errors import TitanError
+
+__all__ = ["RendezvousError", "join_process_group"]
+
+
+class RendezvousError(TitanError):
+    """The processes of a run could not all meet."""
+
+
+def _uses_launcher_store() -> bool:
+    # torchrun and titan-train --nproc-per-node host the store in the launcher itself.
+    return os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "") == "True"
+
+
+def _wait_for_everyone(store: dist.Store, *, rank: int, world_size: int, timeout_s: float, where: str) -> None:
+    """A store-level head count within the init deadline: gloo's own mesh set-up would wait for a
+    missing peer as long as a collective may take (collective_timeout_s), which is far too long here."""
+    key = f"titan/joined/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+    joined = store.add(key, 1)
+    deadline = time.monotonic() + timeout_s
+    while joined < world_size:
+        if time.monotonic() > deadline:
+            raise RendezvousError(
+                f"rendezvous gave up after {timeout_s:g} s (parallelism.init_timeout_s): only {joined} of "
+                f"WORLD_SIZE={world_size} processes joined at {where} (this is rank {rank}). Start all "
+                f"{world_size} processes (titan-train --nproc-per-node N starts them for you), or unset "
+                f"WORLD_SIZE to run a single process."
+            )
+        time.sleep(0.05)
+        joined = store.add(key, 0)
+
+
+def join_process_group(backend: str, *, init_timeout_s: float, collective_timeout_s: float) -> None:
+    from .distributed import env_int, rank_env
+
+    rank, _, world_size = rank_env()
+    host = os.environ.get("MASTER_ADDR", "127.0.0.1")
+    port = env_int("MASTER_PORT", 29500, minimum=1)
+    is_master = rank == 0 and not _uses_launcher_store()
+    init = datetime.timedelta(seconds=init_timeout_s)
+    where = f"{host}:{port}"
+    try:
+        store = dist.TCPStore(host, port, world_size=world_size, is_master=is_master, timeout=init,
+                              wait_for_workers=is_master)
+    except (dist.DistError, RuntimeError, OSError) as exc:
+        who = ("the other processes did not all connect" if is_master
+               else f"could not reach the rendezvous at {where}")
+        raise RendezvousError(
+            f"rendezvous gave up after {init_timeout_s:g} s (parallelism.init_timeout_s): {who} "
+            f"(rank {rank} of WORLD_SIZE={world_size}; {str(exc).splitlines()[0][:200]}). Start all "
+            f"{world_size} processes (titan-train --nproc-per-node N starts them for you), check MASTER_ADDR/"
+            f"MASTER_PORT, or unset WORLD_SIZE to run a single process."
+        ) from None
+    try:
+        _wait_for_everyone(store, rank=rank, world_size=world_size, timeout_s=init_timeout_s, where=where)
+    except dist.DistError as exc:  # the store's host went away while we waited
+        raise RendezvousError(
+            f"rendezvous failed: the store at {where} stopped answering ({str(exc).splitlines()[0][:200]}). "
+            f"The process hosting it (rank 0 or the launcher) has probably died; look for its error."
+        ) from None
+    try:
+        # A prefix per restart: an elastic restart reusing the launcher's store must not read the last attempt's keys.
+        attempt = dist.PrefixStore(f"titan/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/", store)
+        dist.init_process_group(backend=backend, store=attempt, rank=rank, world_size=world_size,
+                                timeout=datetime.timedelta(seconds=collective_timeout_s))
+    except (dist.DistError, RuntimeError) as exc:
+        raise RendezvousError(
+            f"rendezvous gave up after {init_timeout_s:g} s (parallelism.init_timeout_s): not every one of the "
+            f"{world_size} processes joined the process group at {where} ({str(exc).splitlines()[0][:200]}). "
+            f"Start all {world_size} processes, or unset WORLD_SIZE to run a single process."
+        ) from None
+    store.set_timeout(datetime.timedelta(seconds=collective_timeout_s))

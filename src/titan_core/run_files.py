@@ -1,0 +1,74 @@
+"""The run folder's own files: ``config.toml`` written atomically, ``metrics.jsonl`` kept one record per step.
+
+A resumed run redoes the steps after its checkpoint, and a fresh run in an old
+folder starts again at step 1; appending alone would leave two records for those
+steps. ``supersede_metrics`` moves every record past the starting step out of
+``metrics.jsonl`` into ``metrics.superseded.jsonl`` (each marked with the step the
+new run started from), so nothing is lost and ``metrics.jsonl`` holds one
+timeline.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+from pathlib import Path
+
+from .errors import TitanError
+from .metrics import progress
+
+SUPERSEDED_FILE = "metrics.superseded.jsonl"
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write ``path`` so that a crash leaves either the old file or the new one, never half of it."""
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+    try:
+        with open(tmp, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise TitanError(f"cannot write {path}: {exc}. Point --job.run_dir at a writable folder with free space.") from exc
+
+
+def supersede_metrics(path: Path, *, start_step: int) -> int:
+    """Move the records of steps after ``start_step`` out of ``path``; returns how many moved."""
+    if not path.is_file():
+        return 0
+    kept: list[str] = []
+    moved: list[str] = []
+    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+        step = _step_of(line)
+        if step is not None and step > start_step:
+            record = json.loads(line)
+            record["superseded_by_run_from_step"] = start_step
+            moved.append(json.dumps(record))
+        elif line.strip():
+            kept.append(line)
+    if not moved:
+        return 0
+    try:
+        with open(path.with_name(SUPERSEDED_FILE), "a", encoding="utf-8") as fh:
+            fh.write("".join(f"{line}\n" for line in moved))
+            fh.flush()
+            os.fsync(fh.fileno())
+    except OSError as exc:
+        raise TitanError(f"cannot write {path.with_name(SUPERSEDED_FILE)}: {exc}. Point --job.run_dir at a "
+                         f"writable folder with free space.") from exc
+    atomic_write_text(path, "".join(f"{line}\n" for line in kept))
+    progress(f"moved {len(moved)} record{'s' if len(moved) != 1 else ''} of steps after {start_step} from {path.name} to {SUPERSEDED_FILE} "
+             f"(this run redoes those steps)", is_rank0=True)
+    return len(moved)
+
+
+def _step_of(line: str) -> int | None:
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return None
+    step = record.get("step") if isinstance(record, dict) else None
+    return step if isinstance(step, int) and not isinstance(step, bool) else None

@@ -1,0 +1,103 @@
+"""SIGTERM and SIGINT in a training process: stop cleanly, never leave half a checkpoint.
+
+- SIGTERM (what schedulers send before preemption) only records the request; the
+  training loop checks it at each step boundary, agrees on it with the other ranks
+  (one ``all_reduce``, so every rank stops after the same step), saves a checkpoint
+  when ``checkpoint.save_on_sigterm`` is on, and exits 143 (128 + SIGTERM).
+- SIGINT (Ctrl+C) stops at once with exit 130, except inside a checkpoint save: there
+  it is held back until the save is published, so an interrupted run never leaves a
+  half-written checkpoint behind. A second SIGINT is ignored while the first unwinds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import threading
+from types import FrameType
+from typing import Any, Iterator, NoReturn
+
+from .errors import TitanError
+
+__all__ = ["StopRequested", "handlers_installed", "no_interrupt", "requested_signal", "stop_after_signal"]
+
+_state = {"installed": False, "term": 0, "int_pending": False, "int_deferred": 0}
+
+
+class StopRequested(TitanError):
+    """The run stopped on a signal; the CLI prints the message as is (no "error:") and exits ``exit_code``."""
+
+    def __init__(self, message: str, *, signum: int, quiet: bool = False) -> None:
+        super().__init__(message)
+        self.exit_code = 128 + signum
+        self.quiet = quiet
+
+
+def _on_term(signum: int, frame: FrameType | None) -> None:
+    _state["term"] = signum
+
+
+def _on_int(signum: int, frame: FrameType | None) -> None:
+    if _state["int_pending"]:
+        return  # already unwinding from the first Ctrl+C
+    if _state["int_deferred"]:
+        _state["int_pending"] = True  # raised when the checkpoint save ends
+        return
+    _state["int_pending"] = True
+    raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def handlers_installed() -> Iterator[None]:
+    """The handlers for the duration (main thread only; elsewhere, e.g. a notebook's worker thread,
+    nothing is installed); the previous handlers come back afterwards."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    signal.signal(signal.SIGTERM, _on_term)
+    signal.signal(signal.SIGINT, _on_int)
+    _state.update(installed=True, term=0, int_pending=False, int_deferred=0)
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        _state.update(installed=False, term=0)
+
+
+def requested_signal() -> int:
+    """The signal number of a pending stop request (SIGTERM), or 0."""
+    return int(_state["term"])
+
+
+@contextlib.contextmanager
+def no_interrupt() -> Iterator[None]:
+    """Hold SIGINT back for the duration (a checkpoint save); re-raise it afterwards."""
+    _state["int_deferred"] += 1
+    try:
+        yield
+    finally:
+        _state["int_deferred"] -= 1
+    if _state["installed"] and _state["int_pending"] and not _state["int_deferred"]:
+        raise KeyboardInterrupt
+
+
+def stop_after_signal(trainer: Any, signum: int) -> NoReturn:
+    """Save (when configured), close the metrics, and raise StopRequested with one line saying where it saved."""
+    from .checkpoint.layout import step_dirname
+
+    name = signal.Signals(signum).name
+    c = trainer.config.checkpoint
+    if c.enable and c.save_on_sigterm:
+        with no_interrupt():
+            trainer.checkpointer.maybe_save(trainer.step, tokens_seen=trainer.tokens_seen, last=True)
+            trainer.checkpointer.wait()
+        where = f"checkpoint saved to {trainer.checkpointer.folder / step_dirname(trainer.step)}"
+    elif c.enable:
+        where = "no checkpoint saved (checkpoint.save_on_sigterm=false)"
+    else:
+        where = "no checkpoint saved (checkpointing is off: --checkpoint.enable=true saves one on SIGTERM)"
+    trainer.metrics.close()
+    raise StopRequested(f"titan-train: stopped by {name} after step {trainer.step}; {where}",
+                        signum=signum, quiet=not trainer.is_rank0)

@@ -1,0 +1,26 @@
+"""The conformance kit for plugin authors: the checks ``titan-plugin check`` runs, as pytest classes.
+
+``ConverterConformance`` and ``TrainSpecConformance`` need pytest (imported on first use);
+``run_checks`` returns the results ``titan-plugin check`` prints.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .checks import CheckResult, Target, checks_for, run_check
+
+__all__ = ["CheckResult", "ConverterConformance", "Target", "TrainSpecConformance", "run_checks"]
+
+
+def run_checks(target: Target, *, fast: bool = False) -> list[CheckResult]:
+    """Run every check that applies to ``target`` (only the fast subset with ``fast``), in order."""
+    return [run_check(target, check) for check in checks_for(target, fast=fast)]
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("ConverterConformance", "TrainSpecConformance"):
+        from . import conformance
+
+        return getattr(conformance, name)
+    raise AttributeError(f"module 'titan_core.testing' has no attribute {name!r}")

@@ -1,0 +1,121 @@
+"""pytest classes that run the conformance checks inside a plugin author's own test suite.
+
+    from titan_core.testing import ConverterConformance
+
+    class TestMyConverter(ConverterConformance):
+        converter = "myconv"     # the entry-point name
+        fast = True              # only the checks of `titan-plugin check --fast`
+
+Each check is one test method, running exactly what ``titan-plugin check`` runs.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Iterator
+
+import pytest
+
+from . import checks as c
+
+
+class _Conformance:
+    kind: ClassVar[str] = ""
+    fast: ClassVar[bool] = False
+    compile: ClassVar[bool] = False
+    extra_flags: ClassVar[tuple[str, ...]] = ()
+
+    def _target_name(self) -> str:
+        raise NotImplementedError
+
+    def _spec(self) -> str:
+        return "tiny"
+
+    @pytest.fixture(scope="class")
+    def titan_target(self, tmp_path_factory: pytest.TempPathFactory) -> Iterator[c.Target]:
+        name = self._target_name()
+        if not name:
+            pytest.fail(f"{type(self).__name__} must set the name of the plugin to check")
+        yield c.Target(self.kind, name, spec=self._spec(), compile=self.compile, extra_flags=tuple(self.extra_flags),
+                       workdir=tmp_path_factory.mktemp(f"conformance-{name}"))
+
+    def _run(self, target: c.Target, fn: Any) -> None:
+        pool = c.CONVERTER_CHECKS if self.kind == "converter" else c.SPEC_CHECKS
+        check = next(ch for ch in pool if ch.fn is fn)
+        if self.fast and not check.fast:
+            pytest.skip(f"{check.name}: not in the fast subset (set fast = False to run it)")
+        result = c.run_check(target, check)
+        if result.status == "skip":
+            pytest.skip(f"{check.name}: {result.figure}")
+        assert result.status == "pass", f"{check.name}: {result.detail}"
+
+
+class ConverterConformance(_Conformance):
+    """Set ``converter`` (entry-point name); ``spec`` defaults to the core's tiny model."""
+
+    kind = "converter"
+    converter: ClassVar[str] = ""
+    spec: ClassVar[str] = "tiny"
+
+    def _target_name(self) -> str:
+        return self.converter
+
+    def _spec(self) -> str:
+        return self.spec
+
+    def test_config_defaults_and_did_you_mean(self, titan_target: c.Target) -> None:
+        self._run(titan_target, c.check_config)
+
+    def test_select_and_convert_on_meta(self, titan_target: c.Target) -> None:
+        self._run(titan_target, c.check_select_convert)
+
+    def test_trains_5_steps_and_reports_the_gap(self, titan_target: c.Target) -> None:
+        self._run(titan_target, c.check_train)
+
+    def test_hooks_run_once_per_step(self, titan_target: c.Target) -> None:
+        self._run(titan_target, c.check_hooks)
+
+    def test_fsdp2_matches_one_process(self, titan_target: c.Target) -> None:
+        self._run(titan_target, c.check_fsdp)
+
+    def test_tp2_works_or_refuses_clearly(self, titan_target: c.Target) -> None:
+        self._run(titan_target, c.check_tp)
+
+    def test_resume_is_bit_exact(self, titan_target: c.Target) -> None:
+        self._run(titan_target, c.check_resume)
+
+
+class TrainSpecConformance(_Conformance):
+    """Set ``train_spec`` (entry-point name)."""
+
+    kind = "spec"
+    train_spec: ClassVar[str] = ""
+
+    def _target_name(self) -> str:
+        return self.train_spec
+
+    def test_builds_on_meta(self, titan_target: c.Target) -> None:
+        self._run(titan_target, c.check_meta_build)
+
+    def test_flops_per_token_matches_the_matmuls(self, titan_target: c.Target) -> None:
+        self._run(titan_target, c.check_flops)
+
+    def test_hf_round_trip(self, titan_target: c.Target) -> None:
+        self._run(titan_target, c.check_hf_roundtrip)
+
+    def test_loss_falls_over_30_steps(self, titan_target: c.Target) -> None:
+        self._run(titan_target, c.check_loss_falls)
+
+    def test_fsdp2_matches_one_process(self, titan_target: c.Target) -> None:
+        self._run(titan_target, c.check_fsdp)
+
+    def test_tp2_matches_one_process(self, titan_target: c.Target) -> None:
+        self._run(titan_target, c.check_tp)
+
+    def test_pp2_matches_one_process(self, titan_target: c.Target) -> None:
+        self._run(titan_target, c.check_pp)
+
+    def test_init_identical_across_layouts(self, titan_target: c.Target) -> None:
+        self._run(titan_target, c.check_init_layouts)
+
+    def test_resume_is_bit_exact(self, titan_target: c.Target) -> None:
+        self._run(titan_target, c.check_resume)

@@ -1,0 +1,89 @@
+"""In-process plugins that misbehave, for tests/test_hostile_inputs.py (``--import _hostile_plugins``).
+
+Each is the llama3 spec or a tiny converter with one method replaced by one that fails.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+from pydantic import BaseModel, model_validator
+
+from titan_core import ModelConverter, discovery, register_model_converter, register_train_spec
+
+_llama = discovery.load_train_spec("llama3")
+
+
+def _boom(*args: Any, **kwargs: Any) -> Any:
+    raise RuntimeError("plugin bug on purpose")
+
+
+class _BadInit(_llama.model_cls):  # type: ignore[misc, name-defined]
+    def init_parameter(self, fqn: str, tensor: torch.Tensor, generator: torch.Generator) -> None:
+        raise ValueError(f"cannot initialise {fqn}")
+
+
+class _ShortOutput(_llama.model_cls):  # type: ignore[misc, name-defined]
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return super().forward(tokens)[:, :-1]
+
+
+class _ForwardRaises(_llama.model_cls):  # type: ignore[misc, name-defined]
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        raise IndexError("forward bug on purpose")
+
+
+for name, change in {
+    "hostile_parallelize": {"parallelize_fn": _boom},
+    "hostile_init": {"model_cls": _BadInit},
+    "hostile_short_output": {"model_cls": _ShortOutput},
+    "hostile_forward": {"model_cls": _ForwardRaises},
+}.items():
+    register_train_spec(dataclasses.replace(_llama, name=name, defaults={}, **change), name)
+
+
+class _Converter(ModelConverter):
+    class Config(BaseModel):
+        pass
+
+    def __init__(self, config: Any, *, parallel_dims: Any, job: Any) -> None:
+        self.config = config
+
+    def select(self, model: torch.nn.Module) -> list[str]:
+        return ["layers.0.attention.wq"]
+
+    def convert(self, model: torch.nn.Module, fqns: list[str]) -> None:
+        pass
+
+
+class _ConvertRaises(_Converter):
+    def convert(self, model: torch.nn.Module, fqns: list[str]) -> None:
+        raise RuntimeError("convert bug on purpose")
+
+
+class _SelectRaises(_Converter):
+    def select(self, model: torch.nn.Module) -> list[str]:
+        raise KeyError("select bug on purpose")
+
+
+class _InitRaises(_Converter):
+    def __init__(self, config: Any, *, parallel_dims: Any, job: Any) -> None:
+        raise ZeroDivisionError("init bug on purpose")
+
+
+class _BadDefaults(_Converter):
+    class Config(BaseModel):
+        block_size: int = 0
+
+        @model_validator(mode="after")
+        def _positive(self) -> "_BadDefaults.Config":
+            if self.block_size <= 0:
+                raise ValueError("block_size must be positive")
+            return self
+
+
+for name, cls in {"hostile_convert": _ConvertRaises, "hostile_select": _SelectRaises,
+                  "hostile_conv_init": _InitRaises, "hostile_defaults": _BadDefaults}.items():
+    register_model_converter(name, cls)

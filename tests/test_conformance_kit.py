@@ -1,0 +1,87 @@
+"""The conformance kit itself: a converter that breaks the contract fails the check that covers it,
+``titan-plugin check`` prints the table and exits 1, and the pytest classes run the same checks."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO
+
+LIARS = textwrap.dedent('''
+    from titan_core import ModelConverter, register_model_converter
+    from torch import nn
+
+    class Liar(ModelConverter):
+        """Selects a module the model does not have."""
+        plugin_api_version = "1.0"
+        def select(self, model): return ["layers.0.attention.nope"]
+        def convert(self, model, fqns): pass
+
+    class Overreach(ModelConverter):
+        """Selects one linear and converts two."""
+        plugin_api_version = "1.0"
+        def select(self, model): return ["layers.0.attention.wq"]
+        def convert(self, model, fqns):
+            for name in ("layers.0.attention.wq", "layers.0.attention.wk"):
+                model.get_submodule(name).__class__ = type("Converted", (nn.Linear,), {})
+
+    register_model_converter("liar", Liar)
+    register_model_converter("overreach", Overreach)
+''')
+
+
+@pytest.fixture()
+def liars(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    (tmp_path / "liars.py").write_text(LIARS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
+    return tmp_path
+
+
+def test_select_convert_check_catches_both_lies(liars: Path) -> None:
+    import liars as _  # noqa: F401  (registers the two converters)
+    from titan_core.testing import Target
+    from titan_core.testing.checks import CONVERTER_CHECKS, run_check
+
+    check = next(c for c in CONVERTER_CHECKS if c.name == "select/convert on meta")
+    lie = run_check(Target("converter", "liar", workdir=liars), check)
+    assert lie.status == "fail" and "layers.0.attention.nope" in lie.detail, lie
+    over = run_check(Target("converter", "overreach", workdir=liars), check)
+    assert over.status == "fail" and "convert() changed" in over.detail and "attention.wk" in over.detail, over
+
+
+def test_cli_prints_the_table_and_exits_1_on_a_failed_check(liars: Path) -> None:
+    proc = subprocess.run([sys.executable, "-m", "titan_core.plugin_cli", "check", "overreach", "--fast",
+                           "--import", "liars"], capture_output=True, text=True, cwd=liars, timeout=600,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0] == "converter overreach" and lines[1].split() == ["check", "result", "figure", "time"]
+    rows = {line[:29].strip(): line[29:].split() for line in lines[3:7]}
+    assert rows["config defaults, did-you-mean"][0] == "pass"
+    assert rows["select/convert on meta"][0] == "FAIL"
+    assert rows["hooks once per step"][:2] == ["pass", "3"]  # "3 steps: pre 3, post 3"
+    assert "select/convert on meta failed:" in proc.stdout and "titan-plugin check: FAILED" in proc.stderr
+
+
+def test_the_pytest_class_runs_the_checks_on_an_installed_converter(tmp_path: Path) -> None:
+    site = tmp_path / "site"
+    pip = [sys.executable, "-m", "pip", "-q"]
+    built = subprocess.run([*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", str(tmp_path),
+                            str(REPO / "examples/titan-int8-fake")], capture_output=True, text=True)
+    assert built.returncode == 0, built.stderr
+    (wheel,) = tmp_path.glob("titan_int8_fake-*.whl")
+    installed = subprocess.run([*pip, "install", "--no-deps", "--target", str(site), str(wheel)], capture_output=True, text=True)
+    assert installed.returncode == 0, installed.stderr
+    test_file = REPO / "examples/titan-int8-fake/tests/test_conformance.py"
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs", str(test_file)],
+                          capture_output=True, text=True, cwd=tmp_path, timeout=600,
+                          env={**os.environ, "PYTHONPATH": str(site), "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "4 passed, 3 skipped" in proc.stdout and "not in the fast subset" in proc.stdout, proc.stdout

@@ -1,0 +1,69 @@
+"""Golden loss curves: the debugmodel's first 20 losses in six layouts, pinned at 1e-6 relative.
+
+A change that moves any curve fails here until ``scripts/make_golden_curves.py`` is
+rerun (and the commit says why the numbers moved). The cases, their arguments and
+the runner are the script's own, so the test and the files cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+from conftest import REPO
+
+RELATIVE = 1e-6
+
+
+def _script() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("make_golden_curves", REPO / "scripts" / "make_golden_curves.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+SCRIPT = _script()
+
+
+def _golden(name: str) -> dict:
+    return json.loads((SCRIPT.GOLDEN / f"{name}.json").read_text())
+
+
+def test_every_case_has_a_golden_file_with_its_current_arguments() -> None:
+    assert sorted(p.stem for p in SCRIPT.GOLDEN.glob("*.json")) == sorted(SCRIPT.CASES)
+    for name, (nproc, extra) in SCRIPT.CASES.items():
+        golden = _golden(name)
+        assert golden["nproc"] == nproc and golden["args"] == [*SCRIPT.COMMON, *extra], name
+        assert len(golden["losses"]) == SCRIPT.STEPS == 20
+        # a curve that does not learn would pin nothing interesting
+        assert golden["losses"][-1] < golden["losses"][0] - 0.5, name
+
+
+@pytest.fixture(scope="module")
+def curves(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[float]]:
+    """The losses of every case selected in this session (the fast tier selects two)."""
+    selected = [name for name in SCRIPT.CASES
+                if any(item.name == f"test_loss_curve_matches_golden[{name}]" for item in request.session.items)]
+
+    def run(name: str) -> list[float]:
+        return SCRIPT.run_case(name, tmp_path_factory.mktemp(name) / "run")
+
+    # Two runs at a time: much of each is process start-up, and 2-process runs share 2 cores anyway.
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        return dict(zip(selected, pool.map(run, selected)))
+
+
+@pytest.mark.parametrize("name", list(SCRIPT.CASES))
+def test_loss_curve_matches_golden(name: str, curves: dict[str, list[float]]) -> None:
+    want = _golden(name)["losses"]
+    got = curves[name]
+    worst = max(abs(g - w) / abs(w) for g, w in zip(got, want))
+    assert worst <= RELATIVE, (
+        f"{name}: loss curve moved (max relative difference {worst:.2e}); if intended, rerun "
+        f"scripts/make_golden_curves.py {name} and say why in the commit.\n got  {got}\n want {want}"
+    )
