@@ -60,7 +60,23 @@ def model_flops_per_token(spec: Any, model_args: Any, seq_len: int) -> FlopsPerT
     fn = spec.flops_per_token_fn
     if fn is None:
         return None
-    return FlopsPerToken(computed=fn(model_args, seq_len), full_attention=fn(model_args, seq_len, full_attention=True))
+    return FlopsPerToken(computed=call_flops_fn(fn, model_args, seq_len, full_attention=False),
+                         full_attention=call_flops_fn(fn, model_args, seq_len, full_attention=True))
+
+
+def call_flops_fn(fn: Any, model_args: Any, seq_len: int, *, full_attention: bool) -> float:
+    """``fn(model_args, seq_len, full_attention=...)``; a function written before that keyword
+    existed has one count only, used for both (plugins outside this repository keep working)."""
+    import inspect
+
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        params = {}
+    takes_keyword = "full_attention" in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
+    if takes_keyword:
+        return float(fn(model_args, seq_len, full_attention=full_attention))
+    return float(fn(model_args, seq_len))
 
 
 def memory_stats(device: torch.device) -> dict[str, float]:

@@ -133,11 +133,13 @@ class ${Cls}Model(nn.Module):
             nn.init.normal_(tensor, std=0.02, generator=generator)
 
 
-def flops_per_token(a: ${Cls}Args, seq_len: int) -> float:
-    """Training FLOPs per token: 6 x matmul weights + 12 x layers x dim x seq_len (attention)."""
+def flops_per_token(a: ${Cls}Args, seq_len: int, *, full_attention: bool = False) -> float:
+    """Training FLOPs per token: 6 x matmul weights + 12 x layers x dim x keys per query (causal
+    attention computes about half the square; ``full_attention`` counts all of it)."""
     assert a.vocab_size is not None
     per_block = 4 * a.dim * a.dim + 3 * a.dim * a.hidden
-    return 6.0 * (a.n_layers * per_block + a.dim * a.vocab_size) + 12.0 * a.n_layers * a.dim * seq_len
+    keys_per_query = seq_len if full_attention else (seq_len + 1) / 2
+    return 6.0 * (a.n_layers * per_block + a.dim * a.vocab_size) + 12.0 * a.n_layers * a.dim * keys_per_query
 '''
 
 TP_PLAN = '''"""The tensor-parallel plan: ``{module name: ParallelStyle}`` for titan-core's default parallelize_fn.

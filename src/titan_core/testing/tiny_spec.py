@@ -110,11 +110,13 @@ def tiny_tp_plan(model: nn.Module, *, styles: TensorParallelStyles, loss_paralle
     return plan
 
 
-def matmul_flops_per_token(args: TinyArgs, seq_len: int) -> float:
-    """6 x matmul weights + 12 x layers x dim x seq_len (attention scores and values, full square)."""
+def matmul_flops_per_token(args: TinyArgs, seq_len: int, *, full_attention: bool = False) -> float:
+    """6 x matmul weights + 12 x layers x dim x keys per query (causal: (seq_len + 1) / 2 on average;
+    ``full_attention``: the whole square, as published MFU figures count it)."""
     assert args.vocab_size is not None
     per_block = 4 * args.dim * args.dim + 3 * args.dim * args.hidden
-    return 6.0 * (args.n_layers * per_block + args.dim * args.vocab_size) + 12.0 * args.n_layers * args.dim * seq_len
+    keys_per_query = seq_len if full_attention else (seq_len + 1) / 2
+    return 6.0 * (args.n_layers * per_block + args.dim * args.vocab_size) + 12.0 * args.n_layers * args.dim * keys_per_query
 
 
 TINY_SPEC = TrainSpec(
