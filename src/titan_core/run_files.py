@@ -32,7 +32,10 @@ def atomic_write_text(path: Path, text: str) -> None:
         os.replace(tmp, path)
     except OSError as exc:
         tmp.unlink(missing_ok=True)
-        raise TitanError(f"cannot write {path}: {exc}. Point --job.run_dir at a writable folder with free space.") from exc
+        # Name the file the user knows (not the temporary one): "disk full while writing .../config.toml".
+        from .os_errors import describe_os_error
+
+        raise describe_os_error(OSError(exc.errno, exc.strerror, str(path))) from exc
 
 
 def supersede_metrics(path: Path, *, start_step: int) -> int:

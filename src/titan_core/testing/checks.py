@@ -375,13 +375,15 @@ def check_hf_roundtrip(t: Target) -> str:
     """to_hf then from_hf gives back every tensor (specs with a state_dict_adapter)."""
     from ..init import init_model_weights
 
-    spec, _, model = _spec_model(t, device="cpu")
+    spec, args, model = _spec_model(t, device="cpu")
     adapter = spec.state_dict_adapter
     if adapter is None:
         raise _Skip("no state_dict_adapter")
     init_model_weights(model, seed=0)
     native = {k: v.detach() for k, v in model.state_dict().items()}
-    back = adapter.from_hf(adapter.to_hf(native))
+    # The shape must survive config.json too: the adapter rebuilds the args the tensors are read with.
+    args_back = adapter.model_args_from_hf(adapter.hf_config(args))
+    back = adapter.from_hf(adapter.to_hf(native, args), args_back)
     bad = sorted(k for k in native if k not in back or not torch.equal(native[k], back[k]))
     if bad or set(back) != set(native):
         raise Failed(f"round trip changed {bad[:5]} (keys back: {len(back)} of {len(native)})")
