@@ -116,12 +116,14 @@ def launch(nproc: int, worker_args: list[str], *, run_dir: Path | None = None) -
 def _supervise(workers: list[Worker], received: list[int]) -> int:
     while True:
         codes = [w.code() for w in workers]
-        if all(c is not None for c in codes):
-            return _final_code([c for c in codes if c is not None])
         # 143/130: a coordinated stop on a signal, the others follow at the same step boundary
         failed = [w for w, c in zip(workers, codes) if c is not None and c != 0 and c not in _STOP_CODES]
+        # Checked before "all exited": the survivors of a killed rank can exit between two polls,
+        # and the message naming the culprit must be printed all the same.
         if failed:
             return _stop_after_failure(workers, failed)
+        if all(c is not None for c in codes):
+            return _final_code([c for c in codes if c is not None])
         time.sleep(POLL_S)
 
 
