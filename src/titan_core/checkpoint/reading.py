@@ -13,13 +13,13 @@ import torch
 
 from ..errors import CheckpointError
 from . import integrity, layout
-from .identity import read_record
+from .identity import CheckpointRecord, read_record
 from .tensor_index import read_index
 
 
-def read_checkpoint_tensors(folder: Path) -> dict[str, torch.Tensor]:
-    """Every tensor of the checkpoint in ``folder`` by its state-dict key (``model.<fqn>``, ``optimizer.state...``)."""
-    folder = Path(folder)
+def open_checked_record(folder: Path) -> CheckpointRecord:
+    """The identity record of ``folder`` after the checks every reader makes before trusting a byte:
+    not a symlink, not the old pickled format, complete, and holding exactly the files it lists."""
     if folder.is_symlink():
         raise CheckpointError(f"checkpoint {folder} is a symbolic link; pass the folder it points to")
     if layout.is_legacy(folder):
@@ -30,6 +30,13 @@ def read_checkpoint_tensors(folder: Path) -> dict[str, torch.Tensor]:
         integrity.check_listing(folder, record.files)
     except (OSError, ValueError) as exc:
         raise CheckpointError(f"checkpoint {folder} cannot be trusted: {exc}.") from exc
+    return record
+
+
+def read_checkpoint_tensors(folder: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of the checkpoint in ``folder`` by its state-dict key (``model.<fqn>``, ``optimizer.state...``)."""
+    folder = Path(folder)
+    record = open_checked_record(folder)
     problem = integrity.verify_share(folder, record.files, rank=0, world=1)
     if problem:
         raise CheckpointError(problem)

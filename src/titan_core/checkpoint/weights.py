@@ -17,6 +17,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 from ..errors import CheckpointError
 from . import integrity, layout, states
 from .identity import read_record
+from .reading import open_checked_record
 from .storage import CheckedLoadPlanner, IndexedReader
 from .tensor_index import read_index
 
@@ -34,16 +35,7 @@ def saved_param_shapes(path: Path) -> dict[str, tuple[int, ...]]:
 def load_model_weights(path: Path, model_parts: list[nn.Module]) -> int:
     """Load the checkpoint's model tensors into ``model_parts`` (a collective); returns the step it holds."""
     path = Path(path)
-    if path.is_symlink():
-        raise CheckpointError(f"checkpoint {path} is a symbolic link; pass the folder it points to")
-    if layout.is_legacy(path):
-        raise layout.legacy_error(path)
-    layout.require_complete(path)
-    record = read_record(path)
-    try:
-        integrity.check_listing(path, record.files)
-    except (OSError, ValueError) as exc:
-        raise CheckpointError(f"checkpoint {path} cannot be trusted: {exc}.") from exc
+    record = open_checked_record(path)
     distributed = dist.is_available() and dist.is_initialized()
     rank, world = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
     error = integrity.verify_share(path, record.files, rank=rank, world=world)
