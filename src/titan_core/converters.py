@@ -13,7 +13,8 @@ import json
 import logging
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 from torch import nn
@@ -97,7 +98,7 @@ def describe(module: nn.Module) -> str:
 
 def apply_converters(
     model: nn.Module,
-    converters: list[tuple[str, ModelConverter]],
+    converters: list[tuple[str, ModelConverter[Any]]],
     spec: TrainSpec | None,
 ) -> ConversionTable:
     """Select, resolve overlaps (later wins) and convert, in command-line order.
@@ -165,14 +166,14 @@ def _check_exist(name: str, selected: list[str], modules: dict[str, nn.Module]) 
     )
 
 
-def _qualified_keys(name: str, converter: ModelConverter) -> list[str]:
+def _qualified_keys(name: str, converter: ModelConverter[Any]) -> list[str]:
     # Converters may return bare field names of their Config; the section is their name.
     return [key if key.startswith(f"{name}.") else f"{name}.{key}" for key in converter.selection_keys()]
 
 
 def _empty_message(
     name: str,
-    by_name: dict[str, ModelConverter],
+    by_name: dict[str, ModelConverter[Any]],
     selected: list[str],
     owner: dict[str, str],
     order: list[str],
@@ -210,7 +211,7 @@ class OptimizerHooks:
         self.registered.clear()
 
 
-def _overrides(converter: ModelConverter, hook: str) -> bool:
+def _overrides(converter: ModelConverter[Any], hook: str) -> bool:
     # Compare the underlying function, so an override set on the instance in
     # __init__ (a hook that is needed only for some settings) counts too.
     bound = getattr(converter, hook)
@@ -219,7 +220,7 @@ def _overrides(converter: ModelConverter, hook: str) -> bool:
 
 def register_converter_hooks(
     optimizer: torch.optim.Optimizer,
-    converters: list[ModelConverter],
+    converters: list[ModelConverter[Any]],
     model_parts: list[nn.Module],
 ) -> OptimizerHooks:
     """Register each converter's overridden pre/post optimizer hooks on ``optimizer``.
@@ -239,7 +240,7 @@ def register_converter_hooks(
 
 
 def _adapt(hook: Callable[[list[nn.Module]], None], model_parts: list[nn.Module]) -> Callable[..., None]:
-    def step_hook(optimizer: torch.optim.Optimizer, args: tuple, kwargs: dict) -> None:
+    def step_hook(optimizer: torch.optim.Optimizer, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         hook(model_parts)
 
     return step_hook

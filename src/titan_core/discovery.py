@@ -11,12 +11,18 @@ from __future__ import annotations
 import importlib
 import os
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
 
 from ._metadata import entry_points_of
 from ._version import PLUGIN_API_VERSION
 from .errors import PluginError, did_you_mean
+
+if TYPE_CHECKING:
+    from .protocols import ModelConverter, TrainSpec
+
+T = TypeVar("T")
 
 Group = Literal["titan.train_specs", "titan.model_converters"]
 SPECS: Group = "titan.train_specs"
@@ -32,7 +38,7 @@ class PluginInfo:
     """One discovered plugin, as package metadata (or an in-process registration) says."""
 
     name: str
-    group: str
+    group: Group
     distribution: str
     version: str
     target: str  # "module:attr" of the entry point, or "<in-process>"
@@ -48,7 +54,7 @@ class PluginHealth:
 
 
 _registered: dict[str, dict[str, tuple[Any, PluginInfo]]] = {SPECS: {}, CONVERTERS: {}}
-_loaded: dict[tuple[str, str], Any] = {}
+_loaded: dict[tuple[str, str], object] = {}
 
 
 def _disabled() -> set[str]:
@@ -86,12 +92,19 @@ def _register(group: Group, name: str, obj: Any) -> None:
     _loaded.pop((group, name), None)
 
 
-def register_train_spec(spec: Any, name: str | None = None) -> None:
+def register_train_spec(spec: TrainSpec | Callable[[], TrainSpec], name: str | None = None) -> None:
     """Register a TrainSpec (or a zero-argument callable returning one) in this process."""
-    _register(SPECS, name or spec.name, spec)
+    if name is None:
+        name = getattr(spec, "name", None)
+        if not isinstance(name, str):
+            raise PluginError(
+                f"register_train_spec({spec!r}): a factory has no spec name to register under; "
+                f"pass name= (the name the spec is requested by)."
+            )
+    _register(SPECS, name, spec)
 
 
-def register_model_converter(name: str, converter_cls: type) -> None:
+def register_model_converter(name: str, converter_cls: type[ModelConverter[Any]]) -> None:
     """Register a ModelConverter class under ``name`` in this process."""
     _register(CONVERTERS, name, converter_cls)
 
@@ -158,21 +171,22 @@ def _import_target(info: PluginInfo) -> Any:
         ) from exc
 
 
-def _load(group: Group, name: str, finish: Callable[[Any], Any]) -> Any:
+def _load(group: Group, name: str, finish: Callable[[Any], T]) -> T:
+    # ``finish`` checks the imported object's type, so the cache holds only what it returned.
     key = (group, name)
     if key not in _loaded:
         info = _resolve_one(group, name)
         obj = finish(_import_target(info))
         _check_api(info, str(getattr(obj, "plugin_api_version", PLUGIN_API_VERSION)))
         _loaded[key] = obj
-    return _loaded[key]
+    return cast(T, _loaded[key])
 
 
-def load_train_spec(name: str) -> Any:
+def load_train_spec(name: str) -> TrainSpec:
     """The TrainSpec called ``name``; a zero-argument factory is called once."""
     from .protocols import TrainSpec
 
-    def finish(obj: Any) -> Any:
+    def finish(obj: Any) -> TrainSpec:
         spec = obj if isinstance(obj, TrainSpec) else obj() if callable(obj) else obj
         if not isinstance(spec, TrainSpec):
             raise PluginError(f'spec "{name}" resolved to {type(spec).__name__}, not a titan_core.TrainSpec.')
@@ -181,11 +195,11 @@ def load_train_spec(name: str) -> Any:
     return _load(SPECS, name, finish)
 
 
-def load_converter(name: str) -> type:
+def load_converter(name: str) -> type[ModelConverter[Any]]:
     """The ModelConverter class called ``name``."""
     from .protocols import ModelConverter
 
-    def finish(obj: Any) -> Any:
+    def finish(obj: Any) -> type[ModelConverter[Any]]:
         if not (isinstance(obj, type) and issubclass(obj, ModelConverter)):
             raise PluginError(f'converter "{name}" resolved to {obj!r}, not a titan_core.ModelConverter subclass.')
         return obj
@@ -195,9 +209,8 @@ def load_converter(name: str) -> type:
 
 def health(info: PluginInfo, *, with_traceback: bool = False) -> PluginHealth:
     """Load one plugin to report its API version or why it is broken (for ``--list``)."""
-    loader = load_train_spec if info.group == SPECS else load_converter
     try:
-        obj = loader(info.name)
+        obj: object = load_train_spec(info.name) if info.group == SPECS else load_converter(info.name)
     except PluginError as exc:
         detail = "".join(traceback.format_exception(exc.__cause__ or exc)) if with_traceback else str(exc)
         return PluginHealth(info, None, detail)

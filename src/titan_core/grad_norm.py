@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import torch
 import torch.distributed as dist
@@ -34,14 +35,15 @@ def total_grad_norm(model_parts: list[nn.Module], *, pp_group: "dist.ProcessGrou
         squared = norm.pow(2)
         dist.all_reduce(squared, op=dist.ReduceOp.SUM, group=pp_group)
         norm = squared.sqrt()
-    return norm.float()
+    total: torch.Tensor = norm.float()
+    return total
 
 
-def _norm_of(grads: list[torch.Tensor]) -> torch.Tensor:
+def _norm_of(grads: Sequence[torch.Tensor]) -> torch.Tensor:
     """The 2-norm of ``grads`` (all DTensors or all plain), as a plain float64 scalar."""
     per_tensor = [torch.linalg.vector_norm(g, 2.0, dtype=torch.float64) for g in grads]
     norm = torch.linalg.vector_norm(torch.stack(per_tensor), 2.0)
-    return norm.full_tensor() if isinstance(norm, DTensor) else norm
+    return norm.full_tensor() if isinstance(norm, DTensor) else norm  # a plain tensor either way
 
 
 def clip_grad_norm(model_parts: list[nn.Module], max_norm: float, *, pp_group: "dist.ProcessGroup | None") -> float:

@@ -7,6 +7,7 @@ import resource
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -69,6 +70,7 @@ def call_flops_fn(fn: Any, model_args: Any, seq_len: int, *, full_attention: boo
     existed has one count only, used for both (plugins outside this repository keep working)."""
     import inspect
 
+    params: Mapping[str, inspect.Parameter]
     try:
         params = inspect.signature(fn).parameters
     except (TypeError, ValueError):

@@ -64,10 +64,10 @@ class OptimizersContainer(torch.optim.Optimizer):
         for opt in self.optimizers:
             opt.zero_grad(set_to_none=set_to_none)
 
-    def state_dict(self) -> dict[str, Any]:  # type: ignore[override]
+    def state_dict(self) -> dict[str, Any]:
         return {f"part{i}": opt.state_dict() for i, opt in enumerate(self.optimizers)}
 
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:  # type: ignore[override]
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         for i, opt in enumerate(self.optimizers):
             opt.load_state_dict(state_dict[f"part{i}"])
 
@@ -96,14 +96,16 @@ def lr_multiplier(step: int, *, warmup: int, total: int, config: LRSchedulerSect
 class LRSchedulersContainer:
     """One LambdaLR per inner optimizer, stepped together; state is the shared step count."""
 
-    def __init__(self, optimizers: OptimizersContainer, config: LRSchedulerSection, *, total_steps: int) -> None:
+    def __init__(self, optimizers: torch.optim.Optimizer, config: LRSchedulerSection, *, total_steps: int) -> None:
         warmup = min(config.warmup_steps, total_steps)
 
         def factor(step: int) -> float:
             return lr_multiplier(step, warmup=warmup, total=total_steps, config=config)
 
         self._factor = factor
-        self.schedulers = [LambdaLR(opt, factor) for opt in optimizers.optimizers]
+        # A spec's own build_optimizers_fn may return a plain optimizer: it is its only part.
+        inner = optimizers.optimizers if isinstance(optimizers, OptimizersContainer) else [optimizers]
+        self.schedulers = [LambdaLR(opt, factor) for opt in inner]
 
     def step(self) -> None:
         for scheduler in self.schedulers:

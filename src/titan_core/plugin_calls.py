@@ -9,14 +9,18 @@ failed and what to do, with the original traceback kept for ``--traceback``.
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 from .errors import PluginError, TitanError
+
+if TYPE_CHECKING:
+    from .discovery import Group
 
 __all__ = ["plugin_call", "plugin_label"]
 
 
-def plugin_label(group: str, name: str) -> str:
+def plugin_label(group: Group, name: str) -> str:
     """``converter "mx" (titan-mx-prototype 0.1.0)``; in-process registrations say so."""
     from . import discovery
 
@@ -33,7 +37,7 @@ def plugin_label(group: str, name: str) -> str:
 
 
 @contextlib.contextmanager
-def plugin_call(group: str, name: str, method: str) -> Iterator[None]:
+def plugin_call(group: Group, name: str, method: str) -> Iterator[None]:
     """Re-raise anything but a TitanError from the block as a PluginError naming the plugin and ``method``."""
     try:
         yield

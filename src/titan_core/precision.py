@@ -13,7 +13,8 @@ def resolve_compute_dtype(setting: str, device: torch.device) -> torch.dtype:
     because CPUs without AVX-512 BF16 / AMX run bfloat16 matmuls several times slower than fp32."""
     if setting == "auto":
         return torch.bfloat16 if device.type == "cuda" else torch.float32
-    return getattr(torch, setting)  # "float32" / "bfloat16", checked by the config's Literal
+    dtype: torch.dtype = getattr(torch, setting)  # "float32" / "bfloat16", checked by the config's Literal
+    return dtype
 
 
 def autocast_for(device: torch.device, dtype: torch.dtype) -> contextlib.AbstractContextManager[Any]:

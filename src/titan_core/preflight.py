@@ -9,6 +9,8 @@ parallel degrees, rank 0's device, the backend), so their ``__init__`` and
 
 from __future__ import annotations
 
+from typing import Any
+
 from .config.resolve import ResolvedConfig
 from .distributed import pick_device
 from .parallel_dims import ParallelDims
@@ -16,7 +18,7 @@ from .protocols import ModelConverter, RunContext
 from .tp_styles import resolve_tp_styles
 
 
-def build_converters(resolved: ResolvedConfig, dims: ParallelDims) -> list[tuple[str, ModelConverter]]:
+def build_converters(resolved: ResolvedConfig, dims: ParallelDims) -> list[tuple[str, ModelConverter[Any]]]:
     """The requested converters, constructed as rank 0 will construct them."""
     c = resolved.config
     device = pick_device(c.training.device, 0)

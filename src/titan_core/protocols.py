@@ -8,36 +8,47 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import typing
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, Mapping, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar, cast
 
 import torch
 from pydantic import BaseModel, ConfigDict
 from torch import nn
 
 from ._version import PLUGIN_API_VERSION
+from .spec_factories import (
+    BuildDataloaderFn,
+    BuildLossFn,
+    BuildLRSchedulersFn,
+    BuildMetricsProcessorFn,
+    BuildOptimizersFn,
+    BuildTokenizerFn,
+    FlopsPerTokenFn,
+    LegacyFlopsPerTokenFn,
+    ParallelizeFn,
+    PipeliningFn,
+    TensorParallelPlanFn,
+    Tokenizer,
+    ValidateFn,
+)
 
 if TYPE_CHECKING:
-    from .config.sections import (
-        ActivationCheckpointSection,
-        CompileSection,
-        ParallelismSection,
-        TrainingSection,
-    )
+    from .config.sections import CompileSection, ParallelismSection, TrainingSection
+    from .hf.adapter import StateDictAdapter
     from .parallel_dims import ParallelDims
 
-
-class Tokenizer(Protocol):
-    """What the trainer and data loader need from a tokenizer."""
-
-    @property
-    def vocab_size(self) -> int: ...
-    @property
-    def bos_id(self) -> int: ...
-    @property
-    def eos_id(self) -> int: ...
-    def encode(self, text: str, *, bos: bool = False, eos: bool = False) -> list[int]: ...
-    def decode(self, ids: Sequence[int]) -> str: ...
+# Re-exported: the contracts were first declared here, and plugins import them from here.
+__all__ = [
+    "EmptyConfig",
+    "ModelConverter",
+    "ParallelizeFn",
+    "RunContext",
+    "TensorParallelStyles",
+    "Tokenizer",
+    "TrainSpec",
+]
 
 
 @dataclass(frozen=True)
@@ -46,9 +57,9 @@ class RunContext:
 
     device: torch.device
     backend: str
-    training: "TrainingSection"
-    parallelism: "ParallelismSection"
-    compile: "CompileSection"
+    training: TrainingSection
+    parallelism: ParallelismSection
+    compile: CompileSection
 
 
 @dataclass(frozen=True)
@@ -64,31 +75,10 @@ class TensorParallelStyles:
     prepare_module_input: type
 
     @staticmethod
-    def default() -> "TensorParallelStyles":
+    def default() -> TensorParallelStyles:
         from torch.distributed.tensor.parallel import ColwiseParallel, PrepareModuleInput, RowwiseParallel
 
         return TensorParallelStyles(ColwiseParallel, RowwiseParallel, PrepareModuleInput)
-
-
-class ParallelizeFn(Protocol):
-    """Applies TP -> activation checkpointing -> compile -> FSDP2 to one model part, in place.
-
-    ``mesh`` is the full named DeviceMesh (dims ``pp``, ``dp_replicate``, ``dp_shard``,
-    ``tp`` and the flattened ``dp``), or None in a single-process run.
-    """
-
-    def __call__(
-        self,
-        model: nn.Module,
-        *,
-        parallel_dims: "ParallelDims",
-        mesh: Any,
-        training: "TrainingSection",
-        parallelism: "ParallelismSection",
-        compile: "CompileSection",
-        activation_checkpoint: "ActivationCheckpointSection",
-        tp_styles: TensorParallelStyles,
-    ) -> nn.Module: ...
 
 
 @dataclass(frozen=True)
@@ -110,15 +100,14 @@ class TrainSpec:
         set-up step, and a parallelize_fn calls ``retie_weights`` after tensor parallelism;
       * ``forward(tokens) -> logits``; with pipelining, a stage's forward takes the
         previous stage's output.
-    Factories, when given, are called as the defaults are:
-      ``build_optimizers_fn(model_parts, optimizer_section, *, device_type)`` (default
-      ``OptimizersContainer``), ``build_lr_schedulers_fn(optimizers, lr_section, *, total_steps)``
-      (``LRSchedulersContainer``), ``build_metrics_processor_fn(metrics_section, *, run_dir, is_rank0,
-      device, flops_per_token, world_size, run_config)`` (``MetricsLogger``), ``build_loss_fn()``
-      returning ``loss(logits, labels)``, ``build_tokenizer_fn(data_section)``, and
-      ``build_dataloader_fn(**kwargs of titan_core.build_dataloader)``. ``state_dict_adapter`` (optional,
-      a ``titan_core.StateDictAdapter``) maps the model to the Hugging Face format; the core uses it for
-      ``checkpoint.initial_load`` of HF folders, the ``hf`` export format and ``titan-convert``.
+    Factories, when given, are called as the defaults are; each field's type is a Protocol
+    in ``titan_core.spec_factories`` that states the call and what is done with the result
+    (``BuildOptimizersFn``: default ``OptimizersContainer``; ``BuildLRSchedulersFn``:
+    ``LRSchedulersContainer``; ``BuildMetricsProcessorFn``: ``MetricsLogger``; ``BuildLossFn``:
+    ``cross_entropy_loss``; ``BuildTokenizerFn``: ``build_tokenizer(data.tokenizer)``;
+    ``BuildDataloaderFn``: ``build_dataloader``). ``state_dict_adapter`` (optional, a
+    ``titan_core.StateDictAdapter``) maps the model to the Hugging Face format; the core uses it for
+    ``checkpoint.initial_load`` of HF folders, the ``hf`` export format and ``titan-convert``.
     Flavor args are dataclasses. A field ``vocab_size`` left ``None`` is filled from
     the tokenizer; fields of the spec's ``config_model`` section that are not
     ``None`` replace the flavor's values.
@@ -130,26 +119,27 @@ class TrainSpec:
     # None: titan_core.parallel.default_parallelize_fn built from tp_plan_fn and
     # selective_ac_save_ops (TP -> activation checkpointing -> compile -> FSDP2).
     parallelize_fn: ParallelizeFn | None = None
-    # tp_plan_fn(model_part, *, styles, loss_parallel) -> {module name: ParallelStyle};
     # None: the spec does not support tensor parallelism (tp > 1 is a ConfigError).
-    tp_plan_fn: Callable[..., Mapping[str, Any]] | None = None
+    tp_plan_fn: TensorParallelPlanFn | None = None
     # Per-op selective activation checkpointing: ops whose outputs are saved
     # (activation_checkpoint.selective_save_ops replaces this list when set).
     selective_ac_save_ops: Sequence[str] = ()
-    pipelining_fn: Callable[..., Any] | None = None
+    # None: the spec does not support pipeline parallelism (pp > 1 is a ConfigError).
+    pipelining_fn: PipeliningFn | None = None
     config_model: type[BaseModel] | None = None
     defaults: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
-    # validate_fn(model_args, *, parallelism, training, world_size) raises ConfigError for
-    # layouts the model cannot take (e.g. tp not dividing the heads); runs before any process group.
-    validate_fn: Callable[..., None] | None = None
-    flops_per_token_fn: Callable[[Any, int], float] | None = None
-    build_loss_fn: Callable[..., Any] | None = None
-    build_tokenizer_fn: Callable[..., Tokenizer] | None = None
-    build_dataloader_fn: Callable[..., Any] | None = None
-    build_optimizers_fn: Callable[..., Any] | None = None
-    build_lr_schedulers_fn: Callable[..., Any] | None = None
-    build_metrics_processor_fn: Callable[..., Any] | None = None
-    state_dict_adapter: Any | None = None
+    # Raises ConfigError for layouts the model cannot take (e.g. tp not dividing the heads).
+    validate_fn: ValidateFn | None = None
+    # A function without the full_attention keyword (written before it existed) still works: its one
+    # count is used for both figures.
+    flops_per_token_fn: FlopsPerTokenFn | LegacyFlopsPerTokenFn | None = None
+    build_loss_fn: BuildLossFn | None = None
+    build_tokenizer_fn: BuildTokenizerFn | None = None
+    build_dataloader_fn: BuildDataloaderFn | None = None
+    build_optimizers_fn: BuildOptimizersFn | None = None
+    build_lr_schedulers_fn: BuildLRSchedulersFn | None = None
+    build_metrics_processor_fn: BuildMetricsProcessorFn | None = None
+    state_dict_adapter: StateDictAdapter | None = None
     plugin_api_version: str = PLUGIN_API_VERSION
 
     def resolved_parallelize_fn(self) -> ParallelizeFn:
@@ -183,7 +173,10 @@ class EmptyConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-class ModelConverter(abc.ABC):
+ConfigT = TypeVar("ConfigT", bound=BaseModel)
+
+
+class ModelConverter(abc.ABC, Generic[ConfigT]):
     """Base class of a converter plugin (low precision, fused kernels, ...).
 
     Lifecycle, all on the meta-device model before any parallelism:
@@ -191,24 +184,46 @@ class ModelConverter(abc.ABC):
       -> ``compatible_with(spec)`` -> ``select(model)`` -> the core resolves overlaps
       between converters (the converter named later wins) -> ``convert(model, fqns)``.
     ``pre_optimizer_hook`` / ``post_optimizer_hook`` run around every optimizer step.
-    ``Config`` is the pydantic model of the converter's section, which is named after
-    its entry point (``[float8]``, ``[mx]``).
+
+    The converter's section (named after its entry point: ``[float8]``, ``[mx]``) is a
+    pydantic model given once, as the type argument::
+
+        class Int8Converter(ModelConverter[Int8Config]): ...
+
+    which sets ``Config`` (the model the core validates the section with) and types
+    ``self.config`` as ``Int8Config``. A converter that subclasses plain
+    ``ModelConverter`` and sets ``Config = Int8Config`` works as before.
     """
 
     Config: ClassVar[type[BaseModel]] = EmptyConfig
     plugin_api_version: ClassVar[str] = PLUGIN_API_VERSION
     prototype: ClassVar[bool] = False
+    config: ConfigT
 
-    def __init__(self, config: BaseModel | Mapping[str, Any], *, parallel_dims: "ParallelDims", job: RunContext) -> None:
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        declared = _config_type_argument(cls)
+        if declared is None:
+            return
+        own = cls.__dict__.get("Config")
+        if own is not None and own is not declared:
+            raise TypeError(
+                f"{cls.__qualname__} subclasses ModelConverter[{declared.__name__}] but sets Config = "
+                f"{getattr(own, '__name__', own)!s}; give the config once, as the type argument (drop Config)."
+            )
+        cls.Config = declared
+
+    def __init__(self, config: ConfigT | BaseModel | Mapping[str, Any], *, parallel_dims: ParallelDims,
+                 job: RunContext) -> None:
         # The core passes a validated ``Config``; tests and notebooks may pass a dict.
         if not isinstance(config, self.Config):
             raw = config.model_dump() if isinstance(config, BaseModel) else dict(config)
             config = self.Config.model_validate(raw)
-        self.config = config
+        self.config = cast(ConfigT, config)  # an instance of Config, which is ConfigT
         self.parallel_dims = parallel_dims
         self.job = job
 
-    def compatible_with(self, spec: TrainSpec) -> None:
+    def compatible_with(self, spec: TrainSpec) -> None:  # noqa: B027
         """Raise ``TitanError`` for a spec this converter cannot serve."""
 
     @abc.abstractmethod
@@ -230,8 +245,29 @@ class ModelConverter(abc.ABC):
         """TP styles this converter needs for its modules, or None for torch's defaults."""
         return None
 
-    def pre_optimizer_hook(self, model_parts: list[nn.Module]) -> None:
+    # Optional hooks: not abstract, and the core registers only the ones a converter overrides.
+    def pre_optimizer_hook(self, model_parts: list[nn.Module]) -> None:  # noqa: B027
         """Called before every optimizer step."""
 
-    def post_optimizer_hook(self, model_parts: list[nn.Module]) -> None:
+    def post_optimizer_hook(self, model_parts: list[nn.Module]) -> None:  # noqa: B027
         """Called after every optimizer step."""
+
+
+def _config_type_argument(cls: type) -> type[BaseModel] | None:
+    """``X`` when ``cls`` is declared as ``class C(ModelConverter[X])``; None when it names no
+    config type (plain ``ModelConverter``, or a generic intermediate base with a type variable)."""
+    for base in cls.__dict__.get("__orig_bases__", ()):
+        origin = typing.get_origin(base)
+        if not (isinstance(origin, type) and issubclass(origin, ModelConverter)):
+            continue
+        args = typing.get_args(base)
+        if not args or isinstance(args[0], TypeVar):
+            return None
+        arg = args[0]
+        if not (isinstance(arg, type) and issubclass(arg, BaseModel)):
+            raise TypeError(
+                f"{cls.__qualname__} subclasses ModelConverter[{arg!r}]: the type argument must be the "
+                f"converter's config, a pydantic BaseModel subclass."
+            )
+        return arg
+    return None

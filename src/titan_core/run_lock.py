@@ -127,4 +127,4 @@ def acquire_run_lock(run_dir: Path) -> RunLock:
 def lock_held_by_launcher(run_dir: Path) -> bool:
     """True in a worker whose launcher already holds this folder's lock."""
     held = os.environ.get(HELD_BY_LAUNCHER_ENV)
-    return bool(held) and Path(held).resolve() == run_dir.resolve()
+    return held is not None and held != "" and Path(held).resolve() == run_dir.resolve()

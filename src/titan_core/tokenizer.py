@@ -26,11 +26,15 @@ import binascii
 import functools
 import hashlib
 from pathlib import Path
-from typing import Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import tiktoken
 
 from .errors import ConfigError
+
+if TYPE_CHECKING:
+    from .hf.tokenizer_folder import HFTokenizersTokenizer
 
 # Llama 3's pre-tokenizer split pattern (contractions, letter runs, 1-3 digits,
 # punctuation runs, newlines, whitespace); tiktoken compiles it in Rust.
@@ -233,7 +237,7 @@ def _builtin() -> TiktokenTokenizer:
     return tok
 
 
-def build_tokenizer(source: str) -> TiktokenTokenizer:
+def build_tokenizer(source: str) -> TiktokenTokenizer | HFTokenizersTokenizer:
     """``"builtin"`` (cached per process), a Llama-3-format ``tokenizer.model``, or a Hugging Face folder."""
     if source == "builtin":
         return _builtin()
@@ -241,5 +245,5 @@ def build_tokenizer(source: str) -> TiktokenTokenizer:
     if path.is_dir():  # a Hugging Face model folder
         from .hf.tokenizer_folder import load_tokenizer_folder
 
-        return load_tokenizer_folder(path)  # type: ignore[no-any-return]
+        return load_tokenizer_folder(path)
     return TiktokenTokenizer.from_file(path)

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from .errors import ConfigError
 from .protocols import ModelConverter, TensorParallelStyles
 
 
-def resolve_tp_styles(converters: Sequence[tuple[str, ModelConverter]]) -> TensorParallelStyles:
+def resolve_tp_styles(converters: Sequence[tuple[str, ModelConverter[Any]]]) -> TensorParallelStyles:
     """The styles of the one converter that supplies TP styles, else torch's defaults.
 
     Two converters supplying styles is an error rather than "the first wins": the

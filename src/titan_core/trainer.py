@@ -11,7 +11,7 @@ import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Literal
 
 import torch
 from torch import nn
@@ -85,6 +85,8 @@ class Trainer:
         self.dims = ParallelDims.resolve(
             dp_replicate=p.dp_replicate, dp_shard=p.dp_shard, tp=p.tp, pp=p.pp, world_size=self.proc.world_size
         )
+        self.mesh: Any  # DeviceMesh, or None in a single-process run
+        self.dp_flat_mesh: Any
         self.mesh, self.dp_flat_mesh = self.dims.build_meshes(self.device.type) if self.dims.distributed else (None, None)
         self.dp_rank = self.dp_flat_mesh.get_local_rank() if self.dp_flat_mesh is not None else 0
         if self.device.type == "cpu" and t.cpu_malloc_tuning:
@@ -113,7 +115,7 @@ class Trainer:
         self.tokenizer = build_tok(d)
         build_loader = self.spec.build_dataloader_fn or build_dataloader
 
-        def loader(split: str) -> Any:
+        def loader(split: Literal["train", "validation"]) -> Any:
             return build_loader(
                 source=d.source, tokenizer=self.tokenizer, seq_len=t.seq_len, local_batch_size=t.local_batch_size,
                 dp_rank=self.dp_rank, dp_world_size=self.dims.dp, seed=t.seed, split=split,
@@ -153,7 +155,7 @@ class Trainer:
         from .converters import apply_converters
 
         ctx = self.run_context()
-        self.converters: list[ModelConverter] = []
+        self.converters: list[ModelConverter[Any]] = []
         for name, cls in self.converter_classes:
             with plugin_call(CONVERTERS, name, "__init__"):
                 self.converters.append(cls(getattr(self.config, name), parallel_dims=self.dims, job=ctx))
@@ -279,6 +281,7 @@ class Trainer:
 
     def pipeline_forward_backward(self, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         pipe = self.pipeline
+        assert pipe is not None  # called only when build_model_parts built a pipeline
         losses: list[torch.Tensor] | None = [] if pipe.has_last_stage else None
         target = labels if pipe.has_last_stage else None
         with self.autocast(), self.loss_context():

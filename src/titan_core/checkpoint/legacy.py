@@ -61,7 +61,8 @@ def convert_legacy_checkpoint(source: Path, target: Path) -> Path:
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         raise CheckpointError(f"{source / layout.IDENTITY_FILE} is unreadable ({type(exc).__name__}: {exc})") from exc
     state: dict[str, Any] = {}
-    _load_state_dict(state, storage_reader=FileSystemReader(source), planner=_WeightsOnlyEmptyPlanner(), no_dist=True)
+    planner = _WeightsOnlyEmptyPlanner()  # type: ignore[no-untyped-call]  # torch's planner __init__ is untyped
+    _load_state_dict(state, storage_reader=FileSystemReader(source), planner=planner, no_dist=True)
     tensors, values, _ = storage.split_values(state)
     tmp = target.with_name(f".tmp-{target.name}-{secrets.token_hex(4)}")
     tmp.mkdir(parents=True)

@@ -94,7 +94,8 @@ def plain_tensor(value: Any) -> Any:
 def _plain(state: dict[str, Any]) -> dict[str, Any]:
     from torch.utils._pytree import tree_map
 
-    return tree_map(plain_tensor, state)
+    plain: dict[str, Any] = tree_map(plain_tensor, state)
+    return plain
 
 
 def model_state(view: nn.Module) -> dict[str, Any]:

@@ -27,7 +27,7 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 import torch
 from torch.distributed.checkpoint.metadata import (
@@ -200,10 +200,15 @@ def _ints(value: Any, *, what: str, fqn: str) -> tuple[int, ...]:
     return tuple(value)
 
 
+def _is_count(value: object) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
 def _tensor_entry(fqn: str, raw: Any, files: dict[str, int]) -> TensorEntry:
     if not isinstance(raw, dict) or not isinstance(raw.get("chunks"), list) or not raw["chunks"]:
         raise ValueError(f"tensor {fqn!r}: an entry needs dtype, size and a non-empty list of chunks")
-    dtype = DTYPES.get(raw.get("dtype")) if isinstance(raw.get("dtype"), str) else None
+    dtype_name = raw.get("dtype")
+    dtype = DTYPES.get(dtype_name) if isinstance(dtype_name, str) else None
     if dtype is None:
         raise ValueError(f"tensor {fqn!r}: dtype {raw.get('dtype')!r} is not one of {', '.join(DTYPES)}")
     size = _ints(raw.get("size"), what="size", fqn=fqn)
@@ -224,7 +229,7 @@ def _tensor_entry(fqn: str, raw: Any, files: dict[str, int]) -> TensorEntry:
             raise ValueError(f"tensor {fqn!r}: file {name!r} is not a plain file name inside the checkpoint folder")
         if name not in files:
             raise ValueError(f"tensor {fqn!r}: file {name!r} is not listed in the checkpoint's manifest")
-        if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in (offset, length)):
+        if not (_is_count(offset) and _is_count(length)):
             raise ValueError(f"tensor {fqn!r}: offset and length must be non-negative integers")
         count = math.prod(sizes)
         if length != count * itemsize:

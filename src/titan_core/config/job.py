@@ -112,4 +112,4 @@ def build_job_model(plugin_sections: dict[str, type[BaseModel]]) -> type[JobConf
         name: (model, Field(default_factory=_defaults_of(name, model), description=f"Section of plugin {name}."))
         for name, model in plugin_sections.items()
     }
-    return create_model("JobConfig", __base__=JobConfig, **fields)  # type: ignore[call-overload]
+    return create_model("JobConfig", __base__=JobConfig, **fields)

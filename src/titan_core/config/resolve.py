@@ -24,7 +24,7 @@ class ResolvedConfig:
 
     config: JobConfig
     spec: TrainSpec
-    converters: list[tuple[str, type[ModelConverter]]]
+    converters: list[tuple[str, type[ModelConverter[Any]]]]
     job_model: type[JobConfig]
     world_size: int
 
@@ -36,7 +36,7 @@ def _requested(layers: list[Layer], key: str, default: Any) -> Any:
     return value
 
 
-def _plugin_sections(spec: TrainSpec, converters: list[tuple[str, type[ModelConverter]]]) -> dict[str, type[BaseModel]]:
+def _plugin_sections(spec: TrainSpec, converters: list[tuple[str, type[ModelConverter[Any]]]]) -> dict[str, type[BaseModel]]:
     sections: dict[str, type[BaseModel]] = {}
     if spec.config_model is not None:
         sections[spec.name] = spec.config_model

@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from ..errors import ConfigError
-from ..protocols import Tokenizer
+from ..spec_factories import BatchEncoder, Fingerprinted, Tokenizer
 from .sources import HF_PREFIX, read_documents, source_files
 
 _CACHE_ENTRIES = 4
@@ -60,7 +60,7 @@ def pack_documents(docs: list[str], tokenizer: Tokenizer, *, chunk_docs: int = 1
     Documents are encoded ``chunk_docs`` at a time and each chunk is turned into an
     int32 array at once, so Python lists of ints never hold more than one chunk.
     """
-    encode_batch = getattr(tokenizer, "encode_batch", None)
+    encode_batch = tokenizer.encode_batch if isinstance(tokenizer, BatchEncoder) else None
     threads = max(1, min(8, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1))
     bos, eos = tokenizer.bos_id, tokenizer.eos_id
     pieces: list[np.ndarray] = []
@@ -103,7 +103,8 @@ def tokenized_source(
     source: str, tokenizer: Tokenizer, *, text_field: str, hf_split: str, allow_download: bool
 ) -> PackedDocuments:
     """``source`` read and packed with ``tokenizer``, cached per process."""
-    tok_key = getattr(tokenizer, "fingerprint", None) or ("object", id(tokenizer))
+    tok_key: Hashable = (tokenizer.fingerprint if isinstance(tokenizer, Fingerprinted) else None) \
+        or ("object", id(tokenizer))
     key = (_source_key(source, text_field, hf_split), tok_key)
     hit = _cache.get(key)
     if hit is not None:

@@ -49,7 +49,7 @@ class StateDictAdapter(Protocol):
 
 def adapter_of(spec: Any, *, purpose: str) -> StateDictAdapter:
     """The spec's adapter, or a ConfigError saying that ``purpose`` needs one."""
-    adapter = getattr(spec, "state_dict_adapter", None)
+    adapter: StateDictAdapter | None = getattr(spec, "state_dict_adapter", None)
     if adapter is None:
         raise ConfigError(
             f'spec "{spec.name}" has no state_dict_adapter, which {purpose} needs (the Hugging Face format is '

@@ -46,7 +46,7 @@ def _specials_after(ranks_count: int, tokenizer_json: Path) -> list[str] | None:
     return [tok for _, tok in by_id]
 
 
-def load_tokenizer_folder(folder: Path) -> Any:
+def load_tokenizer_folder(folder: Path) -> TiktokenTokenizer | HFTokenizersTokenizer:
     folder = Path(folder)
     ranks_file = folder / "original" / "tokenizer.model"
     json_file = folder / "tokenizer.json"

@@ -13,7 +13,8 @@ The order is fixed, and each step assumes the previous ones:
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Protocol, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from torch import nn
 
@@ -25,22 +26,12 @@ from ..config.sections import (
 )
 from ..errors import ConfigError
 from ..parallel_dims import ParallelDims
-from ..protocols import ParallelizeFn, TensorParallelStyles
+from ..protocols import TensorParallelStyles
+from ..spec_factories import ParallelizeFn, TensorParallelPlanFn
 from .checkpointing import apply_activation_checkpointing
 from .compile import apply_compile
 from .fsdp import apply_fsdp
 from .tensor_parallel import apply_tensor_parallel
-
-
-class TensorParallelPlanFn(Protocol):
-    """Returns the TP plan of one model part: ``{module name relative to it: ParallelStyle}``.
-
-    ``styles`` holds the ParallelStyle classes to use for linears (torch's, or a
-    converter's such as float8's); ``loss_parallel`` says whether the head must
-    leave its logits as a vocabulary-sharded DTensor (``Shard(-1)``).
-    """
-
-    def __call__(self, model: nn.Module, *, styles: TensorParallelStyles, loss_parallel: bool) -> Mapping[str, Any]: ...
 
 
 def _blocks(model: nn.Module, blocks_attr: str) -> Mapping[str, nn.Module]:
@@ -101,8 +92,6 @@ def default_parallelize_fn(
         apply_fsdp(model, blocks.values(), parallel_dims=parallel_dims, mesh=mesh, parallelism=parallelism)
         return model
 
-    parallelize.tp_plan_fn = tp_plan_fn  # type: ignore[attr-defined]  # read by titan_core.testing
-    parallelize.selective_save_ops = save_ops  # type: ignore[attr-defined]
     return parallelize
 
 

@@ -88,8 +88,7 @@ class ${Cls}Linear(nn.Linear):
         return F.linear(x, round_mantissa(self.weight, self.mantissa_bits), self.bias)
 
 
-class $cls(ModelConverter):
-    Config = ${Cls}Config
+class $cls(ModelConverter[${Cls}Config]):  # the type argument is the config: self.config is a ${Cls}Config
     plugin_api_version = "1.0"  # the titan-core plugin API this converter was written for
     prototype = False  # True: `titan-train --list` tags it [prototype] (an experiment, not for production runs)
 
@@ -97,17 +96,16 @@ class $cls(ModelConverter):
         return ["fqns", "filter_fqns"]
 
     def select(self, model: nn.Module) -> list[str]:
-        config: ${Cls}Config = self.config  # validated by the base class
+        config = self.config  # validated by the base class
         return select_linears(model, section="$name", fqns=config.fqns, filter_fqns=config.filter_fqns,
                               eligible=lambda fqn, module: not isinstance(module, ${Cls}Linear))
 
     def convert(self, model: nn.Module, fqns: list[str]) -> None:
-        config: ${Cls}Config = self.config
         for fqn in fqns:
             module = model.get_submodule(fqn)
             # Swapping the class keeps the module object, its (meta) parameters and their names.
             module.__class__ = ${Cls}Linear
-            module.mantissa_bits = config.mantissa_bits
+            module.mantissa_bits = self.config.mantissa_bits
 '''
 
 TEST = '''"""Run titan-core's conformance checks on this converter (what `titan-plugin check $name` runs)."""

@@ -43,7 +43,8 @@ def train(run_dir: Path, base: list[str], *extra: str, nproc: int = 1, timeout: 
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
     except subprocess.TimeoutExpired as exc:
-        return Run(124, f"timed out after {timeout:.0f} s: {' '.join(cmd)}\n{exc.stdout or ''}{exc.stderr or ''}", {})
+        said = "".join(_text(out) for out in (exc.stdout, exc.stderr))
+        return Run(124, f"timed out after {timeout:.0f} s: {' '.join(cmd)}\n{said}", {})
     return Run(proc.returncode, proc.stdout + proc.stderr, read_losses(run_dir))
 
 
@@ -55,3 +56,10 @@ def max_rel_diff(a: list[float], b: list[float]) -> float:
 
 def tail(text: str, lines: int = 6) -> str:
     return "\n".join(text.strip().splitlines()[-lines:])
+
+
+def _text(output: str | bytes | None) -> str:
+    # TimeoutExpired keeps what was read so far as bytes, even under text=True (it was shown as b"...").
+    if isinstance(output, bytes):
+        return output.decode(errors="replace")
+    return output or ""

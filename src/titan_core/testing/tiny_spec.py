@@ -37,7 +37,8 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, s, _ = x.shape
         q, k, v = (w(x).view(b, s, -1, self.head_dim).transpose(1, 2) for w in (self.wq, self.wk, self.wv))
-        return self.wo(F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, s, -1))
+        out: torch.Tensor = self.wo(F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, s, -1))
+        return out
 
 
 class FeedForward(nn.Module):
@@ -50,7 +51,8 @@ class FeedForward(nn.Module):
         self.w3 = nn.Linear(a.dim, a.hidden, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+        out: torch.Tensor = self.w2(F.silu(self.w1(x)) * self.w3(x))
+        return out
 
 
 class Block(nn.Module):
@@ -62,8 +64,9 @@ class Block(nn.Module):
         self.feed_forward = FeedForward(a)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = x + self.attention(self.attention_norm(x))
-        return h + self.feed_forward(self.ffn_norm(h))
+        h: torch.Tensor = x + self.attention(self.attention_norm(x))
+        out: torch.Tensor = h + self.feed_forward(self.ffn_norm(h))
+        return out
 
 
 class TinyTransformer(nn.Module):
@@ -82,7 +85,8 @@ class TinyTransformer(nn.Module):
         h = self.tok_embeddings(tokens)
         for block in self.layers.values():
             h = block(h)
-        return self.output(self.norm(h))
+        logits: torch.Tensor = self.output(self.norm(h))
+        return logits
 
     def init_parameter(self, fqn: str, tensor: torch.Tensor, generator: torch.Generator) -> None:
         if fqn.endswith("norm.weight"):
@@ -99,7 +103,7 @@ def tiny_tp_plan(model: nn.Module, *, styles: TensorParallelStyles, loss_paralle
     from torch.distributed.tensor.parallel import ColwiseParallel
 
     plan: dict[str, Any] = {}
-    for name in model.layers:
+    for name, _ in model.get_submodule("layers").named_children():
         p = f"layers.{name}"
         plan.update({f"{p}.attention.wq": styles.colwise(), f"{p}.attention.wk": styles.colwise(),
                      f"{p}.attention.wv": styles.colwise(), f"{p}.attention.wo": styles.rowwise(),

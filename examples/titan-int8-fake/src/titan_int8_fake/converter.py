@@ -2,25 +2,22 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel
 from torch import nn
 
-from titan_core import ModelConverter, ParallelDims, RunContext, select_linears
+from titan_core import ModelConverter, select_linears
 
 from .config import Int8FakeConfig
 from .layer import Int8FakeQuantLinear
 
 
-class Int8FakeConverter(ModelConverter):
-    """Fake-quantized int weights (straight-through estimator) for the selected nn.Linear layers."""
+class Int8FakeConverter(ModelConverter[Int8FakeConfig]):
+    """Fake-quantized int weights (straight-through estimator) for the selected nn.Linear layers.
 
-    Config = Int8FakeConfig
+    The type argument is the config: the core validates the ``[int8fake]`` section with
+    ``Int8FakeConfig`` and ``self.config`` is one (no ``Config =`` or ``__init__`` needed).
+    """
+
     plugin_api_version = "1.0"  # the titan-core plugin API this converter was written for
-
-    def __init__(self, config: BaseModel, *, parallel_dims: ParallelDims, job: RunContext) -> None:
-        super().__init__(config, parallel_dims=parallel_dims, job=job)
-        self.config: Int8FakeConfig
-        config = self.config  # validated by the base class
 
     def selection_keys(self) -> list[str]:
         return ["fqns", "filter_fqns"]

@@ -10,6 +10,7 @@ import dataclasses
 import logging
 import os
 from types import ModuleType
+from collections.abc import Mapping
 from typing import Any
 
 from pydantic import BaseModel
@@ -43,16 +44,15 @@ def import_torchao_float8() -> ModuleType:
     return ao_float8
 
 
-class Float8Converter(ModelConverter):
+class Float8Converter(ModelConverter[Float8Config]):
     """Float8 training (torchao) for the selected linear layers; see ``Float8Config``."""
 
-    Config = Float8Config
     prototype = False
     plugin_api_version = "1.0"  # the titan-core plugin API this converter was written for
 
-    def __init__(self, config: BaseModel, *, parallel_dims: ParallelDims, job: RunContext) -> None:
+    def __init__(self, config: Float8Config | BaseModel | Mapping[str, Any], *, parallel_dims: ParallelDims,
+                 job: RunContext) -> None:
         super().__init__(config, parallel_dims=parallel_dims, job=job)
-        self.config: Float8Config
         config = self.config  # validated by the base class
         self._ao = import_torchao_float8()
         if config.auto_filter_small_kn and config.recipe == "rowwise_with_gw_hp":

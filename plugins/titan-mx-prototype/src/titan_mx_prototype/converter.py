@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 from pydantic import BaseModel
@@ -55,16 +56,15 @@ def import_torchao_mx() -> _TorchAO:
                     MXFP8TrainingWeightWrapperTensor)
 
 
-class MXConverter(ModelConverter):
+class MXConverter(ModelConverter[MXConfig]):
     """MXFP8 training (torchao prototype) for the selected bias-free linear layers; see ``MXConfig``."""
 
-    Config = MXConfig
     prototype = True
     plugin_api_version = "1.0"  # the titan-core plugin API this converter was written for
 
-    def __init__(self, config: BaseModel, *, parallel_dims: ParallelDims, job: RunContext) -> None:
+    def __init__(self, config: MXConfig | BaseModel | Mapping[str, Any], *, parallel_dims: ParallelDims,
+                 job: RunContext) -> None:
         super().__init__(config, parallel_dims=parallel_dims, job=job)
-        self.config: MXConfig
         config = self.config  # validated by the base class
         self._ao = import_torchao_mx()
         self.emulate, self.emulate_reason = resolve_emulate(config.emulate, job.device)
