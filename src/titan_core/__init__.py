@@ -104,60 +104,122 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:
+    # "X as X": the explicit re-export form, so type checkers see the lazy names as public.
     from .checkpoint import (
-        CheckpointManager,
-        ResumeInfo,
-        RunIdentity,
-        collect_param_shapes,
-        export_safetensors,
-        read_checkpoint_tensors,
+        CheckpointManager as CheckpointManager,
+        collect_param_shapes as collect_param_shapes,
+        export_safetensors as export_safetensors,
+        read_checkpoint_tensors as read_checkpoint_tensors,
+        ResumeInfo as ResumeInfo,
+        RunIdentity as RunIdentity,
     )
-    from .config.job import JobConfig
-    from .converters import ConversionTable, apply_converters
-    from .parallel import default_parallelize_fn
+    from .config.job import (
+        JobConfig as JobConfig,
+    )
     from .config.sections import (
-        ActivationCheckpointSection,
-        CheckpointSection,
-        CompileSection,
-        DataSection,
-        LRSchedulerSection,
-        MetricsSection,
-        ModelSection,
-        OptimizerSection,
-        ParallelismSection,
-        TrainingSection,
+        ActivationCheckpointSection as ActivationCheckpointSection,
+        CheckpointSection as CheckpointSection,
+        CompileSection as CompileSection,
+        DataSection as DataSection,
+        LRSchedulerSection as LRSchedulerSection,
+        MetricsSection as MetricsSection,
+        ModelSection as ModelSection,
+        OptimizerSection as OptimizerSection,
+        ParallelismSection as ParallelismSection,
+        TrainingSection as TrainingSection,
     )
-    from .data import build_dataloader
-    from .discovery import register_model_converter, register_train_spec
-    from .errors import CheckpointError, ConfigError, NonFiniteError, PluginError, TitanError
-    from .init import init_model_weights, parameter_generator
-    from .hf.adapter import StateDictAdapter
-    from .ties import check_ties, declared_ties, retie_weights
-    from .loss import cross_entropy_loss
-    from .metrics import MetricsLogger
-    from .optim import LRSchedulersContainer, OptimizersContainer
-    from .parallel_dims import ParallelDims
-    from .selection import fqn_matches, select_linears
-    from .protocols import EmptyConfig, ModelConverter, RunContext, TensorParallelStyles, TrainSpec, Tokenizer
+    from .converters import (
+        apply_converters as apply_converters,
+        ConversionTable as ConversionTable,
+    )
+    from .data import (
+        build_dataloader as build_dataloader,
+    )
+    from .discovery import (
+        register_model_converter as register_model_converter,
+        register_train_spec as register_train_spec,
+    )
+    from .errors import (
+        CheckpointError as CheckpointError,
+        ConfigError as ConfigError,
+        NonFiniteError as NonFiniteError,
+        PluginError as PluginError,
+        TitanError as TitanError,
+    )
+    from .hf.adapter import (
+        StateDictAdapter as StateDictAdapter,
+    )
+    from .init import (
+        init_model_weights as init_model_weights,
+        parameter_generator as parameter_generator,
+    )
+    from .loss import (
+        cross_entropy_loss as cross_entropy_loss,
+    )
+    from .metrics import (
+        MetricsLogger as MetricsLogger,
+    )
+    from .optim import (
+        LRSchedulersContainer as LRSchedulersContainer,
+        OptimizersContainer as OptimizersContainer,
+    )
+    from .parallel import (
+        default_parallelize_fn as default_parallelize_fn,
+    )
+    from .parallel_dims import (
+        ParallelDims as ParallelDims,
+    )
+    from .peer_failure import (
+        PeerLost as PeerLost,
+    )
+    from .protocols import (
+        EmptyConfig as EmptyConfig,
+        ModelConverter as ModelConverter,
+        RunContext as RunContext,
+        TensorParallelStyles as TensorParallelStyles,
+        Tokenizer as Tokenizer,
+        TrainSpec as TrainSpec,
+    )
+    from .run_lock import (
+        acquire_run_lock as acquire_run_lock,
+        RunFolderBusy as RunFolderBusy,
+    )
+    from .selection import (
+        fqn_matches as fqn_matches,
+        select_linears as select_linears,
+    )
+    from .signals import (
+        StopRequested as StopRequested,
+    )
     from .spec_factories import (
-        BatchEncoder,
-        BuildDataloaderFn,
-        BuildLRSchedulersFn,
-        BuildLossFn,
-        BuildMetricsProcessorFn,
-        BuildOptimizersFn,
-        BuildTokenizerFn,
-        DataLoader,
-        Fingerprinted,
-        FlopsPerTokenFn,
-        LRSchedulers,
-        LossFn,
-        MetricsProcessor,
-        ParallelizeFn,
-        Pipeline,
-        PipeliningFn,
-        TensorParallelPlanFn,
-        ValidateFn,
+        BatchEncoder as BatchEncoder,
+        BuildDataloaderFn as BuildDataloaderFn,
+        BuildLossFn as BuildLossFn,
+        BuildLRSchedulersFn as BuildLRSchedulersFn,
+        BuildMetricsProcessorFn as BuildMetricsProcessorFn,
+        BuildOptimizersFn as BuildOptimizersFn,
+        BuildTokenizerFn as BuildTokenizerFn,
+        DataLoader as DataLoader,
+        Fingerprinted as Fingerprinted,
+        FlopsPerTokenFn as FlopsPerTokenFn,
+        LossFn as LossFn,
+        LRSchedulers as LRSchedulers,
+        MetricsProcessor as MetricsProcessor,
+        ParallelizeFn as ParallelizeFn,
+        Pipeline as Pipeline,
+        PipeliningFn as PipeliningFn,
+        TensorParallelPlanFn as TensorParallelPlanFn,
+        ValidateFn as ValidateFn,
     )
-    from .tokenizer import TiktokenTokenizer, build_tokenizer
-    from .trainer import Trainer
+    from .ties import (
+        check_ties as check_ties,
+        declared_ties as declared_ties,
+        retie_weights as retie_weights,
+    )
+    from .tokenizer import (
+        build_tokenizer as build_tokenizer,
+        TiktokenTokenizer as TiktokenTokenizer,
+    )
+    from .trainer import (
+        Trainer as Trainer,
+    )

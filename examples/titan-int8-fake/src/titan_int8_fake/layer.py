@@ -23,11 +23,11 @@ class _StraightThrough(torch.autograd.Function):
     """Forward: fake_quantize. Backward: identity (rounding has zero gradient almost everywhere)."""
 
     @staticmethod
-    def forward(ctx, weight: torch.Tensor, bits: int) -> torch.Tensor:  # type: ignore[override]
+    def forward(ctx, weight: torch.Tensor, bits: int) -> torch.Tensor:
         return fake_quantize(weight, bits)
 
     @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:  # type: ignore[override]
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
         return grad, None
 
 

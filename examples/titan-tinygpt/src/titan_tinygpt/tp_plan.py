@@ -29,7 +29,7 @@ def tinygpt_tp_plan(model: nn.Module, *, styles: TensorParallelStyles, loss_para
     from torch.distributed.tensor.parallel import ColwiseParallel
 
     plan: dict[str, Any] = {}
-    for name in model.layers:
+    for name, _ in model.get_submodule("layers").named_children():
         block = f"layers.{name}"
         plan.update({
             f"{block}.attn.wq": styles.colwise(),

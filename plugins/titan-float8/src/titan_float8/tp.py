@@ -21,7 +21,7 @@ _FLOAT8_ONLY_KWARGS = ("float8_dtype", "fwd_config_submodule_fqn")
 
 
 def _with_fallback(float8_style: type, plain_style: type, fits: Callable[[nn.Module], bool]) -> type:
-    class Style(float8_style):  # type: ignore[misc, valid-type]
+    class Style(float8_style):
         def __init__(self, **kwargs: Any) -> None:
             super().__init__(**kwargs)
             self._plain_kwargs = {k: v for k, v in kwargs.items() if k not in _FLOAT8_ONLY_KWARGS}

@@ -154,13 +154,13 @@ class _RMSNormFunction(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:  # type: ignore[override]
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         rstd = (x * x).mean(-1, keepdim=True).add_(eps).rsqrt_()
         ctx.save_for_backward(x, weight, rstd)
         return (x * rstd).mul_(weight)
 
     @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, None]:  # type: ignore[override]
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, None]:
         x, weight, rstd = ctx.saved_tensors
         x_hat = x * rstd
         grad_weight = (grad * x_hat).sum(tuple(range(grad.dim() - 1)))
@@ -257,6 +257,8 @@ def _trunc_normal(tensor: torch.Tensor, std: float, generator: torch.Generator) 
 
 class Transformer(nn.Module):
     """Token ids [b, s] -> logits [b, s, vocab]; a pipeline stage may lack either end."""
+
+    freqs_cis: torch.Tensor  # the rotary table, a non-persistent buffer
 
     def __init__(self, args: LlamaArgs) -> None:
         super().__init__()

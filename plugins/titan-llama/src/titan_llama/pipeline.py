@@ -147,7 +147,7 @@ def stage_ids_of_rank(pp_rank: int, pp: int, stages_per_rank: int, *, v_style: b
 
 def build_stage_module(model: nn.Module, layer_names: list[str], *, is_first: bool, is_last: bool) -> nn.Module:
     """A copy of the meta ``model`` holding only ``layer_names`` (and the embedding/head if first/last)."""
-    part = copy.deepcopy(model)
+    part: Any = copy.deepcopy(model)  # a Transformer: its ends are set to None below
     keep = set(layer_names)
     for name in list(part.layers.keys()):
         if name not in keep:
@@ -175,7 +175,7 @@ def pipeline_llama(
     from torch.distributed.pipelining import PipelineStage
     from torch.distributed.pipelining.schedules import PipelineScheduleSingle, get_schedule_class
 
-    n_layers = len(model.layers)
+    n_layers = len(list(model.get_submodule("layers").children()))
     validate_pipeline(parallelism, training, n_layers=n_layers)
     name = canonical_schedule(parallelism.pp_schedule)
     pp, per_rank = parallel_dims.pp, parallelism.pp_stages_per_rank

@@ -46,13 +46,13 @@ def block_plan(block: nn.Module, styles: TensorParallelStyles) -> dict[str, Any]
     """The TP plan of one TransformerBlock (keys relative to the block)."""
     return {
         "attention_norm": SequenceParallel(),
-        "attention": _gather_first_input(styles, block.attention),
+        "attention": _gather_first_input(styles, block.get_submodule("attention")),
         "attention.wq": styles.colwise(),
         "attention.wk": styles.colwise(),
         "attention.wv": styles.colwise(),
         "attention.wo": styles.rowwise(output_layouts=Shard(1)),
         "ffn_norm": SequenceParallel(),
-        "feed_forward": _gather_first_input(styles, block.feed_forward),
+        "feed_forward": _gather_first_input(styles, block.get_submodule("feed_forward")),
         "feed_forward.w1": styles.colwise(),
         "feed_forward.w2": styles.rowwise(output_layouts=Shard(1)),
         "feed_forward.w3": styles.colwise(),
@@ -85,6 +85,6 @@ def outer_plan(model: nn.Module, *, loss_parallel: bool) -> dict[str, Any]:
 def llama_tp_plan(model: nn.Module, *, styles: TensorParallelStyles, loss_parallel: bool) -> dict[str, Any]:
     """The TP plan of ``model`` (a whole Transformer or one pipeline stage of it), keys relative to it."""
     plan = outer_plan(model, loss_parallel=loss_parallel)
-    for name, block in model.layers.items():
+    for name, block in model.get_submodule("layers").named_children():
         plan.update({f"layers.{name}.{key}": style for key, style in block_plan(block, styles).items()})
     return plan

@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from pydantic import BaseModel
+import torch
 from torch import nn
 
 from titan_core import ConfigError, ModelConverter, ParallelDims, RunContext, TitanError
@@ -76,7 +77,8 @@ class MXConverter(ModelConverter[MXConfig]):
     def select(self, model: nn.Module) -> list[str]:
         def eligible(fqn: str, module: nn.Linear) -> bool:
             out_dim, in_dim = module.weight.shape
-            if module.bias is not None:
+            bias: torch.Tensor | None = module.bias  # torch types it as always present; it may be None
+            if bias is not None:
                 # torchao 0.18's MX linear override computes x @ w.T and drops the bias.
                 logger.info("mx: skipping %s (has a bias; MX training supports bias-free linears only)", fqn)
                 return False
