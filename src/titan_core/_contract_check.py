@@ -51,3 +51,15 @@ if TYPE_CHECKING:
         _a_batch: BatchEncoder = a
         _b_batch: BatchEncoder = b
         _a_fingerprint: Fingerprinted = a
+
+    # ModelConverter[X] types self.config as X (a plugin reads its fields without a cast).
+    from pydantic import BaseModel
+
+    from .protocols import ModelConverter
+
+    class _Config(BaseModel):
+        bits: int
+
+    class _Converter(ModelConverter[_Config]):
+        def bits(self) -> int:
+            return self.config.bits
