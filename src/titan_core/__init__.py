@@ -107,15 +107,13 @@ if TYPE_CHECKING:
     # "X as X": the explicit re-export form, so type checkers see the lazy names as public.
     from .checkpoint import (
         CheckpointManager as CheckpointManager,
+        ResumeInfo as ResumeInfo,
+        RunIdentity as RunIdentity,
         collect_param_shapes as collect_param_shapes,
         export_safetensors as export_safetensors,
         read_checkpoint_tensors as read_checkpoint_tensors,
-        ResumeInfo as ResumeInfo,
-        RunIdentity as RunIdentity,
     )
-    from .config.job import (
-        JobConfig as JobConfig,
-    )
+    from .config.job import JobConfig as JobConfig
     from .config.sections import (
         ActivationCheckpointSection as ActivationCheckpointSection,
         CheckpointSection as CheckpointSection,
@@ -129,12 +127,10 @@ if TYPE_CHECKING:
         TrainingSection as TrainingSection,
     )
     from .converters import (
-        apply_converters as apply_converters,
         ConversionTable as ConversionTable,
+        apply_converters as apply_converters,
     )
-    from .data import (
-        build_dataloader as build_dataloader,
-    )
+    from .data import build_dataloader as build_dataloader
     from .discovery import (
         register_model_converter as register_model_converter,
         register_train_spec as register_train_spec,
@@ -146,32 +142,20 @@ if TYPE_CHECKING:
         PluginError as PluginError,
         TitanError as TitanError,
     )
-    from .hf.adapter import (
-        StateDictAdapter as StateDictAdapter,
-    )
+    from .hf.adapter import StateDictAdapter as StateDictAdapter
     from .init import (
         init_model_weights as init_model_weights,
         parameter_generator as parameter_generator,
     )
-    from .loss import (
-        cross_entropy_loss as cross_entropy_loss,
-    )
-    from .metrics import (
-        MetricsLogger as MetricsLogger,
-    )
+    from .loss import cross_entropy_loss as cross_entropy_loss
+    from .metrics import MetricsLogger as MetricsLogger
     from .optim import (
         LRSchedulersContainer as LRSchedulersContainer,
         OptimizersContainer as OptimizersContainer,
     )
-    from .parallel import (
-        default_parallelize_fn as default_parallelize_fn,
-    )
-    from .parallel_dims import (
-        ParallelDims as ParallelDims,
-    )
-    from .peer_failure import (
-        PeerLost as PeerLost,
-    )
+    from .parallel import default_parallelize_fn as default_parallelize_fn
+    from .parallel_dims import ParallelDims as ParallelDims
+    from .peer_failure import PeerLost as PeerLost
     from .protocols import (
         EmptyConfig as EmptyConfig,
         ModelConverter as ModelConverter,
@@ -181,16 +165,14 @@ if TYPE_CHECKING:
         TrainSpec as TrainSpec,
     )
     from .run_lock import (
-        acquire_run_lock as acquire_run_lock,
         RunFolderBusy as RunFolderBusy,
+        acquire_run_lock as acquire_run_lock,
     )
     from .selection import (
         fqn_matches as fqn_matches,
         select_linears as select_linears,
     )
-    from .signals import (
-        StopRequested as StopRequested,
-    )
+    from .signals import StopRequested as StopRequested
     from .spec_factories import (
         BatchEncoder as BatchEncoder,
         BuildDataloaderFn as BuildDataloaderFn,
@@ -217,9 +199,7 @@ if TYPE_CHECKING:
         retie_weights as retie_weights,
     )
     from .tokenizer import (
-        build_tokenizer as build_tokenizer,
         TiktokenTokenizer as TiktokenTokenizer,
+        build_tokenizer as build_tokenizer,
     )
-    from .trainer import (
-        Trainer as Trainer,
-    )
+    from .trainer import Trainer as Trainer

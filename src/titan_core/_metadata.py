@@ -6,8 +6,8 @@ The stdlib ``importlib.metadata`` of Python 3.10+ has everything used here
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from importlib import metadata
-from typing import Iterator
 
 
 def entry_points_of(group: str) -> Iterator[tuple[metadata.EntryPoint, str, str]]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import sys
 import traceback
-from typing import Sequence
+from collections.abc import Sequence
 
 from .errors import TitanError
 

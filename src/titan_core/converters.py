@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -21,8 +21,8 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 from .discovery import CONVERTERS
-from .plugin_calls import plugin_call
 from .errors import ConfigError, did_you_mean
+from .plugin_calls import plugin_call
 from .protocols import ModelConverter, TrainSpec
 
 logger = logging.getLogger(__name__)

@@ -31,7 +31,7 @@ class NonFiniteError(TitanError):
     exit_code = 3
 
 
-def did_you_mean(word: str, choices: "list[str] | tuple[str, ...] | set[str]") -> str:
+def did_you_mean(word: str, choices: list[str] | tuple[str, ...] | set[str]) -> str:
     """Return ' Did you mean "x"?' for the closest choice, or '' when none is close."""
     import difflib
 

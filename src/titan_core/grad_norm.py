@@ -11,7 +11,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 
-def total_grad_norm(model_parts: list[nn.Module], *, pp_group: "dist.ProcessGroup | None") -> torch.Tensor:
+def total_grad_norm(model_parts: list[nn.Module], *, pp_group: dist.ProcessGroup | None) -> torch.Tensor:
     """2-norm of all gradients of all parts on all ranks.
 
     A DTensor norm is already global over its mesh (full_tensor of the partial
@@ -46,7 +46,7 @@ def _norm_of(grads: Sequence[torch.Tensor]) -> torch.Tensor:
     return norm.full_tensor() if isinstance(norm, DTensor) else norm  # a plain tensor either way
 
 
-def clip_grad_norm(model_parts: list[nn.Module], max_norm: float, *, pp_group: "dist.ProcessGroup | None") -> float:
+def clip_grad_norm(model_parts: list[nn.Module], max_norm: float, *, pp_group: dist.ProcessGroup | None) -> float:
     """Clip in place to ``max_norm`` (0 = only measure); returns the norm before clipping."""
     norm = total_grad_norm(model_parts, pp_group=pp_group)
     if max_norm > 0 and math.isfinite(float(norm)):

@@ -8,6 +8,7 @@ and then cut to the local shard. Peak extra memory is one full parameter.
 from __future__ import annotations
 
 import zlib
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -34,7 +35,8 @@ def init_model_weights(model: nn.Module, *, seed: int, buffers_only: bool = Fals
     loaded, e.g. by ``checkpoint.initial_load``), saving the time and the one full
     tensor at a time that filling them costs.
     """
-    init_parameter = getattr(model, "init_parameter")
+    # Part of the model contract (see TrainSpec), which nn.Module's own typing cannot know.
+    init_parameter: Callable[[str, torch.Tensor, torch.Generator], None] = getattr(model, "init_parameter")  # noqa: B009
     for raw_fqn, param in ([] if buffers_only else model.named_parameters()):
         fqn = clean_fqn(raw_fqn)
         full = torch.empty(param.shape, dtype=torch.float32)

@@ -23,7 +23,7 @@ class ParallelDims:
     world_size: int
 
     @staticmethod
-    def resolve(*, dp_replicate: int, dp_shard: int, tp: int, pp: int, world_size: int) -> "ParallelDims":
+    def resolve(*, dp_replicate: int, dp_shard: int, tp: int, pp: int, world_size: int) -> ParallelDims:
         """Fill ``dp_shard=-1`` from the world size and check that the degrees multiply to it."""
         others = dp_replicate * tp * pp
         if dp_shard == -1:

@@ -161,7 +161,7 @@ class TrainSpec:
         unknown = sorted(set(overrides) - names)
         if unknown:
             raise TypeError(f"spec {self.name!r}: config fields {unknown} are not fields of {type(args).__name__}")
-        if vocab_size is not None and "vocab_size" in names and getattr(args, "vocab_size") is None \
+        if vocab_size is not None and "vocab_size" in names and args.vocab_size is None \
                 and "vocab_size" not in overrides:
             overrides["vocab_size"] = vocab_size
         return dataclasses.replace(args, **overrides)

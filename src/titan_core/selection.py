@@ -6,7 +6,7 @@ in each of them (``--float8.fqns`` and ``--mx.fqns`` follow one matching rule).
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from torch import nn
 

@@ -14,8 +14,9 @@ from __future__ import annotations
 import contextlib
 import signal
 import threading
+from collections.abc import Iterator
 from types import FrameType
-from typing import Any, Iterator, NoReturn
+from typing import Any, NoReturn
 
 from .errors import TitanError
 

@@ -17,7 +17,7 @@ Parameter counts dedupe tied parameters (``model.parameters()`` yields each obje
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 from torch import nn
 

@@ -25,8 +25,8 @@ import base64
 import binascii
 import functools
 import hashlib
-from pathlib import Path
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import tiktoken
@@ -172,20 +172,20 @@ class TiktokenTokenizer:
         self.special_tokens = list(special_tokens)
         self.pattern = pattern
         digest = hashlib.sha256(pattern.encode())
-        for tok, rank in sorted(mergeable_ranks.items(), key=lambda kv: kv[1]):
+        for tok, _ in sorted(mergeable_ranks.items(), key=lambda kv: kv[1]):
             digest.update(len(tok).to_bytes(2, "little") + tok)
         digest.update("\n".join(special_tokens).encode())
         self.fingerprint = digest.hexdigest()[:16]
 
     @classmethod
-    def from_file(cls, path: str | Path, *, special_tokens: Sequence[str] | None = None) -> "TiktokenTokenizer":
+    def from_file(cls, path: str | Path, *, special_tokens: Sequence[str] | None = None) -> TiktokenTokenizer:
         """Load a Llama-3-format ``tokenizer.model``; specials default to Llama 3's 256."""
         ranks = read_bpe_ranks(path)
         specials = list(special_tokens) if special_tokens is not None else llama3_special_tokens()
         return cls(ranks, special_tokens=specials, name=Path(path).name)
 
     @classmethod
-    def builtin(cls) -> "TiktokenTokenizer":
+    def builtin(cls) -> TiktokenTokenizer:
         """The shipped 2048-token tokenizer (no download)."""
         return _builtin()
 

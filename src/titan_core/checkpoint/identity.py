@@ -44,7 +44,7 @@ class RunIdentity:
         }
 
     @staticmethod
-    def from_json(data: dict[str, Any]) -> "RunIdentity":
+    def from_json(data: dict[str, Any]) -> RunIdentity:
         return RunIdentity(
             spec=str(data["spec"]),
             flavor=str(data["flavor"]),

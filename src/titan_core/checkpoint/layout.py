@@ -20,11 +20,10 @@ import os
 import re
 import secrets
 import shutil
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from ..errors import CheckpointError
-
 from .tensor_index import INDEX_FILE
 
 LEGACY_METADATA_FILE = ".metadata"  # DCP's pickled index: written by titan-core before it stored JSON

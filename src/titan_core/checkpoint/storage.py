@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import os
 import warnings
-from torch.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +32,7 @@ from torch.distributed.checkpoint.filesystem import _StorageInfo
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta, TensorStorageMetadata
 from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner, SavePlan, SavePlanner, WriteItemType
 from torch.distributed.checkpoint.storage import StorageReader, WriteResult
+from torch.futures import Future
 
 from ..errors import CheckpointError
 from .tensor_index import DTYPES, Chunk, TensorIndex, encode_value, write_index

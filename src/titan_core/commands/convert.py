@@ -13,8 +13,9 @@ import argparse
 import json
 import sys
 import traceback
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from ..errors import ConfigError, TitanError
 
@@ -83,11 +84,11 @@ def to_hf(args: argparse.Namespace) -> int:
     import torch
 
     from .. import discovery
+    from ..checkpoint.identity import read_record
     from ..checkpoint.weights import is_titan_checkpoint, load_model_weights
     from ..hf.export import export_hf
     from ..hf.folder import is_hf_folder
     from ..hf.model_args import checkpoint_model_args, run_config_of
-    from ..checkpoint.identity import read_record
     from ..ties import declared_ties, retie_weights
     from ..tokenizer import build_tokenizer
 

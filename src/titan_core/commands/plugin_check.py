@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 from ..errors import ConfigError, did_you_mean
 from ..testing import CheckResult, Target

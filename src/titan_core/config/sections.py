@@ -11,7 +11,6 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-
 # torch.optim.Adam rejects a beta outside [0, 1) only when the optimizer is built; check it up front.
 Beta = Annotated[float, Field(ge=0, lt=1)]
 
@@ -40,7 +39,7 @@ class ModelSection(Section):
     converters: list[str] = Field(default_factory=list, description="ModelConverter names, applied in this order; later wins on overlap.")
 
     @model_validator(mode="after")
-    def _no_duplicate_converters(self) -> "ModelSection":
+    def _no_duplicate_converters(self) -> ModelSection:
         seen: set[str] = set()
         for name in self.converters:
             if name in seen:

@@ -91,7 +91,7 @@ class TokenDataLoader:
             self._order_epoch = self.epoch
         return self._order
 
-    def __iter__(self) -> "TokenDataLoader":
+    def __iter__(self) -> TokenDataLoader:
         return self
 
     def __next__(self) -> tuple[torch.Tensor, torch.Tensor]:

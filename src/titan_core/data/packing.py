@@ -22,9 +22,10 @@ import itertools
 import math
 import os
 from collections import OrderedDict
+from collections.abc import Hashable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Hashable
+from typing import Any
 
 import numpy as np
 import torch
@@ -34,7 +35,7 @@ from ..spec_factories import BatchEncoder, Fingerprinted, Tokenizer
 from .sources import HF_PREFIX, read_documents, source_files
 
 _CACHE_ENTRIES = 4
-_cache: "OrderedDict[Hashable, tuple[Any, PackedDocuments]]" = OrderedDict()
+_cache: OrderedDict[Hashable, tuple[Any, PackedDocuments]] = OrderedDict()
 
 
 @dataclass(frozen=True)

@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import contextlib
 import tempfile
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any
 
 from ..errors import ConfigError
 from .corpus import builtin_documents

@@ -28,7 +28,8 @@ the shape comes from ``config.json``; any other field it sets must agree with th
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Protocol, runtime_checkable
+from collections.abc import Mapping
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 

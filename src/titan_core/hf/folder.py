@@ -34,7 +34,7 @@ class HFFolder:
     config: dict[str, Any]
     tensors: dict[str, TensorInfo]  # Hugging Face name -> where it is and its shape
 
-    def read(self, names: list[str]) -> "TensorReader":
+    def read(self, names: list[str]) -> TensorReader:
         return TensorReader(self, names)
 
 
@@ -133,7 +133,7 @@ class TensorReader:
         self._file_name: str | None = None
         self._offsets: dict[str, tuple[int, int]] = {}
 
-    def __enter__(self) -> "TensorReader":
+    def __enter__(self) -> TensorReader:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -15,8 +15,9 @@ Two calls from the Trainer:
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch import nn
@@ -26,8 +27,8 @@ from ..errors import ConfigError
 from ..init import clean_fqn
 from ..metrics import progress
 from .adapter import adapter_of, hf_key_of
-from .model_args import HF_CONFIG_IN_CHECKPOINT
 from .folder import HFFolder, is_hf_folder, open_hf_folder
+from .model_args import HF_CONFIG_IN_CHECKPOINT
 
 WHAT = "checkpoint.initial_load"
 

@@ -12,8 +12,9 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from ..errors import ConfigError
 from ..tokenizer import BOS_TOKEN, EOS_TOKEN, TiktokenTokenizer, llama3_special_tokens, read_bpe_ranks

@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import functools
 from collections import defaultdict
-from typing import Any, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import torch
 from torch import nn

@@ -49,7 +49,8 @@ class ${Cls}Config(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     fqns: list[str] = Field(default_factory=list, description="Opt-in: if non-empty, only linears matching an entry are converted.")
-    filter_fqns: list[str] = Field(default_factory=lambda: ["output"], description="Opt-out: linears matching an entry are never converted (default: the output head).")
+    filter_fqns: list[str] = Field(default_factory=lambda: ["output"],
+                                   description="Opt-out: linears matching an entry are never converted (default: the output head).")
     mantissa_bits: int = Field(7, ge=1, le=23, description="Mantissa bits the weights are rounded to in the forward (7 = bfloat16).")
 '''
 

@@ -17,9 +17,10 @@ import math
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -134,8 +135,8 @@ def check_config(t: Target) -> str:
         resolve_config(config_source=None, override_pairs=pairs, world_size=1)
     except TitanError as exc:
         message = str(exc)
-        if fields and f"did you mean" not in message.lower():
-            raise Failed(f"--{t.name}.{typo} was refused without a did-you-mean: {message}")
+        if fields and "did you mean" not in message.lower():
+            raise Failed(f"--{t.name}.{typo} was refused without a did-you-mean: {message}") from exc
         return f"{len(fields)} fields"
     raise Failed(f"--{t.name}.{typo}=1 (a misspelled key) was accepted")
 

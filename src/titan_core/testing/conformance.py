@@ -11,7 +11,8 @@ Each check is one test method, running exactly what ``titan-plugin check`` runs.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Iterator
+from collections.abc import Iterator
+from typing import Any, ClassVar
 
 import pytest
 
