@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from titan_core import fqn_matches
+
 from .config import Float8Config
 from .converter import Float8Converter
 from .settings import Float8Settings
-from titan_core import fqn_matches
 
 __all__ = ["Float8Config", "Float8Converter", "Float8Settings", "fqn_matches"]

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal, Union
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-AutoBool = Union[Literal["auto"], bool]
+AutoBool = Literal["auto"] | bool
 
 
 def parse_auto_bool(value: Any) -> Any:

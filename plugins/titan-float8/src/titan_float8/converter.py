@@ -9,17 +9,24 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-from types import ModuleType
 from collections.abc import Mapping
+from types import ModuleType
 from typing import Any
 
 from pydantic import BaseModel
 from torch import nn
 
-from titan_core import ConfigError, ModelConverter, ParallelDims, RunContext, TensorParallelStyles, TitanError
+from titan_core import (
+    ConfigError,
+    ModelConverter,
+    ParallelDims,
+    RunContext,
+    TensorParallelStyles,
+    TitanError,
+    select_linears,
+)
 
 from .config import Float8Config
-from titan_core import select_linears
 from .settings import Float8Settings, resolve_settings
 
 logger = logging.getLogger(__name__)

@@ -42,7 +42,7 @@ def resolve_settings(config: Float8Config, parallel_dims: ParallelDims, job: Run
     return Float8Settings(config.recipe, backend, emulate, emulate_reason, all_gather, all_gather, reason)
 
 
-def resolve_emulate(emulate: "bool | str", device: torch.device) -> tuple[bool, str]:
+def resolve_emulate(emulate: bool | str, device: torch.device) -> tuple[bool, str]:
     """(emulate?, why). Raises TitanError when real kernels are asked for but cannot run."""
     need = ".".join(map(str, hardware.MIN_FLOAT8_CAPABILITY))
     if emulate is True:
@@ -70,7 +70,7 @@ GLOO_REASON = "gloo cannot all-gather float8 dtypes (RuntimeError: Invalid scala
 
 
 def resolve_all_gather(
-    requested: "bool | str", recipe: str, backend: str, parallel_dims: ParallelDims
+    requested: bool | str, recipe: str, backend: str, parallel_dims: ParallelDims
 ) -> tuple[bool, str]:
     """(all-gather weights in float8?, why)."""
     if requested is False:

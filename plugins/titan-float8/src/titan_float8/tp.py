@@ -10,7 +10,8 @@ to and uses torch's plain style, with the same layouts, where float8 does not fi
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from torch import nn
 

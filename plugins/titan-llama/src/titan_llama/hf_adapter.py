@@ -18,7 +18,8 @@ tied head is left out of the Hugging Face side (transformers ties ``lm_head`` it
 from __future__ import annotations
 
 import re
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 

@@ -30,8 +30,9 @@ How the trainer drives the schedule (per optimizer step, after zero_grad):
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch import nn

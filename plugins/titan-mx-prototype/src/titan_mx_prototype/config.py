@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal, Union
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-AutoBool = Union[Literal["auto"], bool]
+AutoBool = Literal["auto"] | bool
 
 #: The feed-forward projections of every block (Llama naming); see README for combining with float8.
 DEFAULT_FQNS = ["feed_forward.w1", "feed_forward.w2", "feed_forward.w3"]

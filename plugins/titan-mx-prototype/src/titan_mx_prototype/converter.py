@@ -14,15 +14,14 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from pydantic import BaseModel
 import torch
+from pydantic import BaseModel
 from torch import nn
 
-from titan_core import ConfigError, ModelConverter, ParallelDims, RunContext, TitanError
+from titan_core import ConfigError, ModelConverter, ParallelDims, RunContext, TitanError, select_linears
 
 from .config import MXConfig
 from .hardware import resolve_emulate
-from titan_core import select_linears
 
 logger = logging.getLogger(__name__)
 

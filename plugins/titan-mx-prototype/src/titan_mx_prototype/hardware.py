@@ -14,7 +14,7 @@ def cuda_capability(device: torch.device) -> tuple[int, int]:
 MIN_MX_CAPABILITY = (10, 0)
 
 
-def resolve_emulate(emulate: "bool | str", device: torch.device) -> tuple[bool, str]:
+def resolve_emulate(emulate: bool | str, device: torch.device) -> tuple[bool, str]:
     """(emulate?, why). Raises TitanError when real kernels are asked for but cannot run."""
     from titan_core import TitanError
 
