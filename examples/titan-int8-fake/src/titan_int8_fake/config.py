@@ -16,5 +16,6 @@ class Int8FakeConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
     fqns: list[str] = Field(default_factory=list, description="Opt-in: if non-empty, only linears matching an entry are converted.")
-    filter_fqns: list[str] = Field(default_factory=lambda: ["output"], description="Opt-out: linears matching an entry are never converted (default: the output head).")
+    filter_fqns: list[str] = Field(default_factory=lambda: ["output"],
+                                   description="Opt-out: linears matching an entry are never converted (default: the output head).")
     bits: int = Field(8, ge=2, le=8, description="Bits of the symmetric signed weight grid (8 = int8: -127..127 times a per-row scale).")

@@ -43,7 +43,7 @@ class Int8FakeQuantLinear(nn.Linear):
         return F.linear(x, _StraightThrough.apply(self.weight, self.bits), self.bias)
 
     @classmethod
-    def from_linear(cls, linear: nn.Linear, bits: int) -> "Int8FakeQuantLinear":
+    def from_linear(cls, linear: nn.Linear, bits: int) -> Int8FakeQuantLinear:
         """A replacement that shares ``linear``'s parameters (works on the meta device)."""
         with torch.device("meta"):
             new = cls(linear.in_features, linear.out_features, bias=linear.bias is not None, bits=bits)
