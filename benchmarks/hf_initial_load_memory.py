@@ -65,7 +65,7 @@ class RssSampler:
             self.peak = max(self.peak, self.now())
             time.sleep(0.001)
 
-    def __enter__(self) -> "RssSampler":
+    def __enter__(self) -> RssSampler:
         self.peak = self.now()
         self._thread.start()
         return self

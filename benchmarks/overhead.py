@@ -25,7 +25,6 @@ import json
 import statistics
 import subprocess
 import sys
-import time
 
 WORKER = r"""
 import json, resource, statistics, sys, time
