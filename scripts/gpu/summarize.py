@@ -27,9 +27,12 @@ def row(run: Path) -> dict[str, object]:
     steps = steps_of(run)
     rc = (run / "rc").read_text().strip() if (run / "rc").is_file() else "?"
     steady = steps[WARMUP_STEPS:] or steps
-    median = (lambda key: statistics.median(r[key] for r in steady) if steady and key in steady[0] else None)
+
+    def median(key: str) -> float | None:
+        return statistics.median(r[key] for r in steady) if steady and key in steady[0] else None
+
     console = (run / "console.txt").read_text(errors="replace") if (run / "console.txt").is_file() else ""
-    last_line = next((l for l in reversed(console.splitlines()) if l.strip()), "")
+    last_line = next((line for line in reversed(console.splitlines()) if line.strip()), "")
     return {
         "run": run.name, "rc": rc, "steps": len(steps),
         "loss first": steps[0]["loss"] if steps else None, "loss last": steps[-1]["loss"] if steps else None,
