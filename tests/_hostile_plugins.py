@@ -78,7 +78,7 @@ class _BadDefaults(_Converter):
         block_size: int = 0
 
         @model_validator(mode="after")
-        def _positive(self) -> "_BadDefaults.Config":
+        def _positive(self) -> _BadDefaults.Config:
             if self.block_size <= 0:
                 raise ValueError("block_size must be positive")
             return self

@@ -7,11 +7,10 @@ import re
 from pathlib import Path
 
 import pytest
+from conftest import assert_user_error, run_cli
 
 from titan_core.commands.compare import LossCurve, baseline_of, format_comparison, relative_gap
 from titan_core.config.resolve import resolve_config
-
-from conftest import assert_user_error, run_cli
 
 SMALL = ["--llama3.n_layers=2", "--training.seq_len=64", "--training.local_batch_size=4"]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -27,7 +26,7 @@ def test_compare_float8_against_its_baseline(tmp_path: Path) -> None:
         [("baseline", s) for s in range(1, 7)]
     curves = {run: [r["loss"] for r in records if r["run"] == run] for run in ("converted", "baseline")}
     for run, losses in curves.items():  # each run in its own folder, and the records are its losses
-        recorded = [json.loads(l)["loss"] for l in (tmp_path / run / "metrics.jsonl").read_text().splitlines()]
+        recorded = [json.loads(line)["loss"] for line in (tmp_path / run / "metrics.jsonl").read_text().splitlines()]
         assert recorded == losses, run
     assert curves["converted"] != curves["baseline"]  # float8 really ran in one of them
     assert (tmp_path / "converted" / "conversion_table.json").exists()
@@ -41,7 +40,7 @@ def test_compare_float8_against_its_baseline(tmp_path: Path) -> None:
     # The printed table: one row per step with both losses and their difference, then the final gap.
     rows = [line.split() for line in result.out.splitlines() if re.match(r"^\s+\d+\s+\d+\.\d{4}\s", line)]
     assert [int(r[0]) for r in rows] == list(range(1, 7))
-    for (step, conv, base, diff), c, b in zip(rows, curves["converted"], curves["baseline"]):
+    for (_step, conv, base, diff), c, b in zip(rows, curves["converted"], curves["baseline"]):
         assert (float(conv), float(base)) == (round(c, 4), round(b, 4))
         assert float(diff) == pytest.approx(c - b, abs=1e-4)
     c, b = curves["converted"][-1], curves["baseline"][-1]

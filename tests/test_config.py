@@ -13,9 +13,9 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-from titan_core.config.resolve import resolve_config
-
 from conftest import assert_user_error
+
+from titan_core.config.resolve import resolve_config
 
 
 def resolve(*pairs: str, config: str | None = None, world_size: int = 1):
@@ -31,9 +31,10 @@ def test_defaults_are_valid() -> None:
 
 def test_precedence_of_all_four_sources(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """defaults < spec defaults < --config < flags, field by field."""
-    from titan_llama.spec import llama3_spec
     import dataclasses
+
     from titan_core import discovery
+    from titan_llama.spec import llama3_spec
 
     spec = dataclasses.replace(
         llama3_spec, name="llama3_prec",

@@ -10,7 +10,6 @@ import textwrap
 from pathlib import Path
 
 import pytest
-
 from conftest import REPO
 
 LIARS = textwrap.dedent('''
@@ -46,6 +45,7 @@ def liars(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 def test_select_convert_check_catches_both_lies(liars: Path) -> None:
     import liars as _  # noqa: F401  (registers the two converters)
+
     from titan_core.testing import Target
     from titan_core.testing.checks import CONVERTER_CHECKS, run_check
 

@@ -10,14 +10,12 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import REPO, CliResult, Wheels, assert_user_error, run_cli
 
 SMALL = ["--llama3.n_layers=2", "--training.seq_len=64", "--metrics.log_freq=1"]
@@ -279,7 +277,7 @@ def test_int8_example_from_its_wheel(tmp_path: Path, wheels: Wheels) -> None:
 
     listed = run_cli("--list", env=env)
     assert listed.code == 0, listed.text
-    (line,) = [l for l in listed.out.splitlines() if l.split()[:1] == ["int8fake"]]
+    (line,) = [text for text in listed.out.splitlines() if text.split()[:1] == ["int8fake"]]
     assert line.split()[1:3] == ["titan-int8-fake", "0.1.0"], line
 
     result, losses = train(tmp_path / "run", "--converters", "int8fake", "--training.steps=8",

@@ -25,7 +25,6 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
-
 from conftest import REPO, Wheels
 
 EXAMPLE = REPO / "examples" / "titan-tinygpt"
@@ -217,8 +216,14 @@ def test_flops_per_token_counts_every_linear_weight(tg: ModuleType) -> None:
 
 
 def test_activation_checkpointing_recomputes_and_keeps_names_and_gradients(tg: ModuleType) -> None:
-    from titan_core import ActivationCheckpointSection, CompileSection, ParallelDims, ParallelismSection, \
-        TensorParallelStyles, TrainingSection
+    from titan_core import (
+        ActivationCheckpointSection,
+        CompileSection,
+        ParallelDims,
+        ParallelismSection,
+        TensorParallelStyles,
+        TrainingSection,
+    )
     from titan_core.init import init_model_weights
 
     def build(mode: str) -> tuple[torch.nn.Module, list[int]]:

@@ -6,19 +6,17 @@ import sys
 
 import pytest
 import torch
+import torchao.float8 as ao_float8
+from converter_helpers import LLAMA, assert_same_as_reference, job, llama_on_meta, materialize, train_losses
 from pydantic import ValidationError
 from torch import nn
-
-import torchao.float8 as ao_float8
 from torchao.float8.float8_linear import Float8Linear
+
 from titan_core.converters import apply_converters, register_converter_hooks
 from titan_core.errors import ConfigError, TitanError
 from titan_core.parallel_dims import ParallelDims
-from titan_float8 import Float8Config, Float8Converter, fqn_matches
-from titan_float8 import hardware
+from titan_float8 import Float8Config, Float8Converter, fqn_matches, hardware
 from titan_float8.settings import GLOO_REASON
-
-from converter_helpers import LLAMA, assert_same_as_reference, job, llama_on_meta, materialize, train_losses
 
 torch.set_num_threads(1)
 RECIPES = ["tensorwise", "rowwise", "rowwise_with_gw_hp"]

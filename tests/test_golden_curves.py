@@ -10,7 +10,6 @@ from __future__ import annotations
 import importlib.util
 import json
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from types import ModuleType
 
 import pytest

@@ -16,13 +16,12 @@ import json
 import os
 import pickle
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import pytest
 import torch
-
 from conftest import CliResult, run_cli, run_main
 
 from titan_core.checkpoint.integrity import file_digest

@@ -20,12 +20,11 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import pytest
-
 from conftest import REPO, CliResult, run_cli
 
 SMALL = (

@@ -20,7 +20,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import REPO, CliResult, run_cli
 
 COMMAND = (

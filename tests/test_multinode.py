@@ -19,7 +19,6 @@ import uuid
 from pathlib import Path
 
 import pytest
-
 from conftest import REPO, Run
 from test_distributed_cli import COMMON, STEPS, max_rel_diff, torchrun
 
@@ -64,7 +63,7 @@ def run_two_nodes(tmp_path: Path) -> tuple[list[int], list[str], Path]:
             if failed_at is not None and time.monotonic() > failed_at + 30:
                 break  # the other node would wait for its failed peer until the rendezvous times out
             if time.monotonic() > deadline:
-                pytest.fail(f"two-node run timed out after {TIMEOUT_S}s:\n" + "\n".join(l.read_text() for l in logs))
+                pytest.fail(f"two-node run timed out after {TIMEOUT_S}s:\n" + "\n".join(log.read_text() for log in logs))
             time.sleep(0.2)
     finally:
         for p in procs:

@@ -8,22 +8,20 @@ import sys
 
 import pytest
 import torch
+from conftest import REPO
+from converter_helpers import LLAMA, assert_same_as_reference, job, llama_on_meta, materialize, train_losses
 from pydantic import ValidationError
 from torch import nn
-
-from titan_core.converters import apply_converters, register_converter_hooks
-from titan_core.errors import ConfigError, TitanError
-from titan_core.parallel_dims import ParallelDims
-from titan_float8 import Float8Config, Float8Converter
-from titan_mx_prototype import MXConfig, MXConverter
-from titan_mx_prototype import hardware
 from torchao import quantize_
 from torchao.prototype.moe_training.config import MXFP8TrainingOpConfig, MXFP8TrainingRecipe
 from torchao.prototype.moe_training.tensor import MXFP8TrainingWeightWrapperTensor
 from torchao.quantization.quantize_.common import KernelPreference
 
-from conftest import REPO
-from converter_helpers import LLAMA, assert_same_as_reference, job, llama_on_meta, materialize, train_losses
+from titan_core.converters import apply_converters, register_converter_hooks
+from titan_core.errors import ConfigError, TitanError
+from titan_core.parallel_dims import ParallelDims
+from titan_float8 import Float8Config, Float8Converter
+from titan_mx_prototype import MXConfig, MXConverter, hardware
 
 torch.set_num_threads(1)
 FFN = [f"layers.{i}.feed_forward.w{j}" for i in range(2) for j in (1, 2, 3)]

@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from titan_core import LRSchedulersContainer, LRSchedulerSection, OptimizerSection, OptimizersContainer
+from titan_core import LRSchedulersContainer, LRSchedulerSection, OptimizersContainer, OptimizerSection
 
 
 def parts() -> list[nn.Module]:

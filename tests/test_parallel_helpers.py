@@ -15,8 +15,16 @@ import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from titan_core import ActivationCheckpointSection, CompileSection, ConfigError, ParallelDims, ParallelismSection, \
-    TensorParallelStyles, TrainingSection, default_parallelize_fn
+from titan_core import (
+    ActivationCheckpointSection,
+    CompileSection,
+    ConfigError,
+    ParallelDims,
+    ParallelismSection,
+    TensorParallelStyles,
+    TrainingSection,
+    default_parallelize_fn,
+)
 from titan_core.init import init_model_weights
 from titan_core.parallel import apply_activation_checkpointing, apply_tensor_parallel
 from titan_core.testing.tiny_spec import TINY_SPEC, TinyArgs, TinyTransformer

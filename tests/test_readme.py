@@ -8,7 +8,6 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
 from conftest import REPO
 
 
@@ -61,7 +60,7 @@ def test_quickstart_script_trains(tmp_path: Path) -> None:
                            f"--job.run_dir={tmp_path / 'quickstart'}"],
                           cwd=REPO, capture_output=True, text=True, env=env, timeout=1200)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    records = [json.loads(l) for l in metrics.read_text().splitlines() if '"loss"' in l]
+    records = [json.loads(line) for line in metrics.read_text().splitlines() if '"loss"' in line]
     assert records[-1]["step"] == 30
     assert records[-1]["loss"] < records[0]["loss"]
     assert "step     30 | loss" in proc.stdout

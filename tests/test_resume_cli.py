@@ -21,9 +21,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
-
 from conftest import REPO, CliResult, assert_user_error, run_cli
+from safetensors.torch import load_file
 
 from titan_core.checkpoint import read_checkpoint_tensors
 

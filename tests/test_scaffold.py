@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 
 from titan_core.plugin_cli import main
 from titan_core.scaffold import write_package

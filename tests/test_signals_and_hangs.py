@@ -17,8 +17,6 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
-
 from conftest import REPO
 
 TINY = ("--spec", "llama3", "--flavor", "debugmodel", "--llama3.n_layers=1", "--training.seq_len=64",

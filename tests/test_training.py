@@ -7,8 +7,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
-
 from conftest import run_cli, trained
 
 
@@ -87,7 +85,7 @@ def test_loss_falls_over_200_steps_via_cli(tmp_path: Path) -> None:
     for key in ("grad_norm", "lr", "tokens_per_s", "step_time_s", "mem_peak_rss_gib"):
         assert steps[-1][key] > 0
     # one console line per logged step, with the fields a user looks for
-    lines = [l for l in result.out.splitlines() if l.startswith("step ")]
+    lines = [line for line in result.out.splitlines() if line.startswith("step ")]
     assert len(lines) == len(steps)
     assert all(k in lines[-1] for k in ("loss", "grad_norm", "lr", "tok/s", "mem"))
     assert (tmp_path / "config.toml").is_file()
@@ -112,7 +110,7 @@ def test_wandb_offline_logs_the_same_metrics(tmp_path: Path, monkeypatch: pytest
     assert len(runs) == 1, list((tmp_path / "wandb").iterdir())
     history = list(runs[0].glob("*.wandb"))
     assert history and history[0].stat().st_size > 0
-    records = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["loss"] for r in records] == losses
     # W&B received exactly what metrics.jsonl holds, record for record, at the same step
     assert [data for data, _ in sent] == records

@@ -7,15 +7,14 @@ work from a source checkout.
 from __future__ import annotations
 
 import os
-import shutil
 import re
+import shutil
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
-
 from conftest import REPO, Wheels, run_ok
 
 DISTS = [REPO, REPO / "plugins/titan-llama", REPO / "plugins/titan-float8", REPO / "plugins/titan-mx-prototype"]

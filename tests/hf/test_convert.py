@@ -15,7 +15,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import CliResult, assert_user_error, trained
 from hf_helpers import GLOBAL_BATCH, REPO, tiny_hf_llama, titan
 from test_hf_export import hf_tensors

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from hf_helpers import tiny_hf_llama
 from safetensors.torch import load_file
 
-from hf_helpers import tiny_hf_llama
 from titan_core import ConfigError
 from titan_llama.hf_adapter import LlamaStateDictAdapter
 from titan_llama.model import Transformer

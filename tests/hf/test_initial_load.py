@@ -14,9 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-
 from conftest import assert_user_error, trained
-from hf_helpers import GLOBAL_BATCH, SEQ_LEN, tiny_hf_llama, titan
+from hf_helpers import GLOBAL_BATCH, tiny_hf_llama, titan
 
 SMALL = ("training.seq_len=32", f"training.local_batch_size={GLOBAL_BATCH}", "lr_scheduler.warmup_steps=1")
 

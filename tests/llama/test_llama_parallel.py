@@ -12,11 +12,11 @@ import dataclasses
 from collections import Counter
 from typing import Any
 
+import _parallel_worker as w
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-import _parallel_worker as w
 from titan_core import (
     ActivationCheckpointSection,
     CompileSection,
@@ -26,8 +26,8 @@ from titan_core import (
     TensorParallelStyles,
     TrainingSection,
 )
-from titan_llama.model import Transformer
 from titan_core.parallel import reshard_policy, resolve_ops
+from titan_llama.model import Transformer
 from titan_llama.parallelize import parallelize_llama, validate_llama_layout
 from titan_llama.pipeline import split_layers, stage_ids_of_rank, validate_pipeline
 
