@@ -20,7 +20,7 @@ if [ "$(cat .venv/.titan-installed 2>/dev/null)" = "$stamp" ]; then
 fi
 # Non-editable installs: each package is built as a wheel by hatchling and installed, so entry
 # points and package data are exercised exactly as users get them.
-.venv/bin/python -m pip install -q ".[test]" plugins/titan-llama plugins/titan-float8 plugins/titan-mx-prototype
+.venv/bin/python -m pip install -q ".[test,lint]" plugins/titan-llama plugins/titan-float8 plugins/titan-mx-prototype
 # A re-run on a changed checkout must replace the previously built wheels of the same version.
 .venv/bin/python -m pip install -q --force-reinstall --no-deps . plugins/titan-llama plugins/titan-float8 plugins/titan-mx-prototype
 echo "$stamp" > .venv/.titan-installed

@@ -29,6 +29,12 @@ def test_the_config_excerpt_is_the_example_code() -> None:
     assert config_block in (EXAMPLE_SRC / "titan_int8_fake" / "config.py").read_text()
 
 
+def test_the_converter_excerpt_is_the_example_code() -> None:
+    (converter_block,) = [b for b in blocks("python") if b.startswith("class Int8FakeConverter(")]
+    assert converter_block.startswith("class Int8FakeConverter(ModelConverter[Int8FakeConfig]):")
+    assert converter_block in (EXAMPLE_SRC / "titan_int8_fake" / "converter.py").read_text()
+
+
 def test_the_guide_unit_test_file_passes(tmp_path: Path) -> None:
     (test_file,) = [b for b in blocks("python") if b.startswith('"""The converter\'s selection and numbers')]
     (tmp_path / "test_my_converter.py").write_text(test_file)

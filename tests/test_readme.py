@@ -34,19 +34,41 @@ def test_ci_runs_the_readme_test_command() -> None:
 @pytest.mark.parametrize(("pytest_rc", "expected_rc"), [(0, 0), (1, 1), (2, 2), (5, 1)])
 def test_ci_fails_when_pytest_collects_nothing(tmp_path: Path, pytest_rc: int, expected_rc: int) -> None:
     """.ci/run -> scripts/test.sh with a stand-in pytest: exit code 5 (no tests) must fail CI."""
-    for script in (".ci/run", "scripts/test.sh"):
-        (tmp_path / script).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / script).write_text((REPO / script).read_text())
-    (tmp_path / "scripts/setup.sh").write_text("exit 0\n")  # the venv is a stand-in too
-    fake_python = tmp_path / ".venv/bin/python"
-    fake_python.parent.mkdir(parents=True)
-    fake_python.write_text(f"#!/bin/sh\necho \"ran: $*\"\nexit {pytest_rc}\n")
-    fake_python.chmod(0o755)
+    _stand_in_ci(tmp_path, pytest_rc=pytest_rc)
     result = subprocess.run(["bash", str(tmp_path / ".ci/run")], capture_output=True, text=True, timeout=60)
     assert result.returncode == expected_rc, result.stdout + result.stderr
-    assert "ran: -m pytest -q" in result.stdout
+    assert "ran python: -m pytest -q" in result.stdout
     if pytest_rc == 5:
         assert "pytest collected no tests: failing" in result.stderr
+
+
+def _stand_in_ci(root: Path, *, pytest_rc: int = 0, ruff_rc: int = 0, mypy_rc: int = 0) -> None:
+    """The CI scripts as they are, over a stand-in venv whose tools say what they ran and exit as told."""
+    for script in (".ci/run", "scripts/test.sh", "scripts/lint.sh"):
+        (root / script).parent.mkdir(parents=True, exist_ok=True)
+        (root / script).write_text((REPO / script).read_text())
+    (root / "scripts/setup.sh").write_text("exit 0\n")
+    (root / ".venv/bin").mkdir(parents=True)
+    for tool, rc in (("python", pytest_rc), ("ruff", ruff_rc), ("mypy", mypy_rc)):
+        (root / ".venv/bin" / tool).write_text(f"#!/bin/sh\necho \"ran {tool}: $*\"\nexit {rc}\n")
+        (root / ".venv/bin" / tool).chmod(0o755)
+
+
+def test_ci_lints_and_type_checks_before_the_tests(tmp_path: Path) -> None:
+    _stand_in_ci(tmp_path)
+    result = subprocess.run(["bash", str(tmp_path / ".ci/run")], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+    ran = [line.split(":")[0] for line in result.stdout.splitlines() if line.startswith("ran ")]
+    assert ran == ["ran ruff", "ran mypy", "ran python"]
+    assert "ran ruff: check src plugins tests examples benchmarks scripts" in result.stdout
+
+
+@pytest.mark.parametrize("failing", ["ruff", "mypy"])
+def test_ci_fails_on_a_lint_or_type_error_without_running_the_tests(tmp_path: Path, failing: str) -> None:
+    _stand_in_ci(tmp_path, **{f"{failing}_rc": 1})
+    result = subprocess.run(["bash", str(tmp_path / ".ci/run")], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "ran python" not in result.stdout
 
 
 @pytest.mark.slow
