@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .. import distributed, signals
 from ..config.resolve import ResolvedConfig
 from ..peer_failure import lost_peer
 
+if TYPE_CHECKING:
+    from ..run_lock import RunLock
 
-def _take_run_folder(run_dir: Path):  # type: ignore[no-untyped-def]
+
+def _take_run_folder(run_dir: Path) -> RunLock | None:
     """Rank 0 owns the run folder for the life of the run (the --nproc-per-node launcher holds it for its workers)."""
     from ..run_lock import acquire_run_lock, lock_held_by_launcher
 

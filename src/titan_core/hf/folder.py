@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -163,7 +164,7 @@ class TensorReader:
             self._offsets[name] = (base + begin, base + end)
         self._file, self._file_name = handle, file
 
-    def __iter__(self):  # type: ignore[no-untyped-def]
+    def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
         for name in self.names:
             info = self.folder.tensors[name]
             if self._file_name != info.file or self._file is None:
