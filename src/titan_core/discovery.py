@@ -168,6 +168,23 @@ def _load(group: Group, name: str, finish: Callable[[Any], Any]) -> Any:
     return _loaded[key]
 
 
+def default_spec_name() -> str:
+    """The spec of a run that names none (``model.spec`` unset): the only installed one."""
+    installed = sorted(discover(SPECS))
+    how = "--model.spec=NAME (or --spec NAME, or model.spec in --config)"
+    if len(installed) == 1:
+        return installed[0]
+    if not installed:
+        raise PluginError(
+            f"no TrainSpec is installed, so there is no model to train. Install a model plugin (a package with "
+            f"a titan.train_specs entry point), or register one with --import MODULE, then choose it with {how}."
+        )
+    raise PluginError(
+        f"model.spec is not set and {len(installed)} specs are installed: {', '.join(installed)}. "
+        f"Choose one with {how}."
+    )
+
+
 def load_train_spec(name: str) -> Any:
     """The TrainSpec called ``name``; a zero-argument factory is called once."""
     from .protocols import TrainSpec

@@ -56,9 +56,14 @@ class Trainer:
     """Builds every component from a validated config, then trains."""
 
     def __init__(self, resolved: ResolvedConfig) -> None:
+        self.resolved = resolved
         self.config: JobConfig = resolved.config
         self.spec = resolved.spec
         self.converter_classes = resolved.converters
+        # Derived once by resolve_config (parallel degrees, device, backend, model args).
+        self.dims: ParallelDims = resolved.dims
+        self.device: torch.device = resolved.device
+        self.is_rank0 = distributed.rank_env()[0] == 0  # init_distributed confirms it from the process group
         self.step = 0
         self.tokens_seen = 0
         self.skipped_steps = 0
@@ -78,13 +83,14 @@ class Trainer:
 
     def init_distributed(self) -> None:
         t, p = self.config.training, self.config.parallelism
-        self.proc = distributed.init_process_group(backend=p.backend, device_preference=t.device,
+        self.proc = distributed.init_process_group(backend=self.resolved.backend, device=self.device,
                                                    init_timeout_s=p.init_timeout_s,
                                                    collective_timeout_s=p.collective_timeout_s)
-        self.device = self.proc.device
-        self.dims = ParallelDims.resolve(
-            dp_replicate=p.dp_replicate, dp_shard=p.dp_shard, tp=p.tp, pp=p.pp, world_size=self.proc.world_size
-        )
+        if self.proc.world_size != self.dims.world_size:
+            from .errors import ConfigError
+
+            raise ConfigError(f"the config was resolved for {self.dims.world_size} process(es) but this run has "
+                              f"{self.proc.world_size}; resolve it with world_size={self.proc.world_size}.")
         self.mesh, self.dp_flat_mesh = self.dims.build_meshes(self.device.type) if self.dims.distributed else (None, None)
         self.dp_rank = self.dp_flat_mesh.get_local_rank() if self.dp_flat_mesh is not None else 0
         if self.device.type == "cpu" and t.cpu_malloc_tuning:
@@ -105,12 +111,10 @@ class Trainer:
 
     def build_tokenizer_and_data(self) -> None:
         from .data import build_dataloader
-        from .tokenizer import build_tokenizer
 
         d, t = self.config.data, self.config.training
         progress(f"loading tokenizer ({d.tokenizer}) and data ({d.source})", is_rank0=self.is_rank0)
-        build_tok = self.spec.build_tokenizer_fn or (lambda data: build_tokenizer(data.tokenizer))
-        self.tokenizer = build_tok(d)
+        self.tokenizer = self.resolved.tokenizer
         build_loader = self.spec.build_dataloader_fn or build_dataloader
 
         def loader(split: str) -> Any:
@@ -126,10 +130,9 @@ class Trainer:
 
     def build_model(self) -> nn.Module:
         m = self.config.model
-        from .hf.initial_load import initial_model_args  # the flavor's, or config.json's with initial_load
-
-        self.model_args = initial_model_args(self.spec, self.config, tokenizer=self.tokenizer,
-                                             world_size=self.proc.world_size, is_rank0=self.is_rank0)
+        self.model_args = self.resolved.model_args  # the flavor's, or config.json's with initial_load
+        if self.resolved.model_shape_note:
+            progress(self.resolved.model_shape_note, is_rank0=self.is_rank0)
         # Built on the meta device: no memory is used until the model is sharded.
         with torch.device("meta"):
             model = self.spec.model_cls(self.model_args)
@@ -146,18 +149,22 @@ class Trainer:
         return model
 
     def run_context(self) -> RunContext:
-        return RunContext(self.device, self.proc.backend, self.config.training, self.config.parallelism,
+        return RunContext(self.device, self.resolved.backend, self.config.training, self.config.parallelism,
                           self.config.compile)
 
-    def apply_converters(self, model: nn.Module) -> None:
-        from .converters import apply_converters
-
+    def build_converters(self) -> list[tuple[str, ModelConverter]]:
+        """The requested converters, constructed (also by the launcher's preflight, before any worker)."""
         ctx = self.run_context()
         self.converters: list[ModelConverter] = []
         for name, cls in self.converter_classes:
             with plugin_call(CONVERTERS, name, "__init__"):
                 self.converters.append(cls(getattr(self.config, name), parallel_dims=self.dims, job=ctx))
-        named = [(name, conv) for (name, _), conv in zip(self.converter_classes, self.converters)]
+        return [(name, conv) for (name, _), conv in zip(self.converter_classes, self.converters)]
+
+    def apply_converters(self, model: nn.Module) -> None:
+        from .converters import apply_converters
+
+        named = self.build_converters()
         self.conversion_table = apply_converters(model, named, self.spec)
         if self.is_rank0 and named:
             print(self.conversion_table.format(), flush=True)
