@@ -18,7 +18,6 @@ from torch import nn
 from torch.distributed.tensor import DTensor, distribute_tensor
 
 from ..errors import ConfigError
-from ..init import clean_fqn
 from ..metrics import progress
 from .adapter import adapter_of, hf_key_of
 from .folder import HFFolder, open_hf_folder
@@ -26,7 +25,7 @@ from .initial_shape import WHAT, source_kind
 
 
 def _local_params(model_parts: list[nn.Module]) -> dict[str, nn.Parameter]:
-    return {clean_fqn(name): p for part in model_parts for name, p in part.named_parameters(remove_duplicate=False)}
+    return {name: p for part in model_parts for name, p in part.named_parameters(remove_duplicate=False)}
 
 
 @torch.no_grad()

@@ -19,8 +19,7 @@ class Int8FakeConverter(ModelConverter):
 
     def __init__(self, config: BaseModel, *, parallel_dims: ParallelDims, job: RunContext) -> None:
         super().__init__(config, parallel_dims=parallel_dims, job=job)
-        self.config: Int8FakeConfig
-        config = self.config  # validated by the base class
+        self.config: Int8FakeConfig  # validated by the base class
 
     def selection_keys(self) -> list[str]:
         return ["fqns", "filter_fqns"]
