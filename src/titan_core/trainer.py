@@ -186,11 +186,7 @@ class Trainer:
         self.loss_fn = self.spec.build_loss_fn() if self.spec.build_loss_fn else cross_entropy_loss
         self.accum = accumulation_steps(self.config, self.dims.dp)
         self.pipeline = None
-        if self.dims.pp_enabled:
-            if self.spec.pipelining_fn is None:
-                from .errors import ConfigError
-
-                raise ConfigError(f'spec "{self.spec.name}" has no pipelining_fn; set parallelism.pp=1.')
+        if self.dims.pp_enabled:  # a spec without pipelining_fn was refused by resolve_config
             self.pipeline = self.spec.pipelining_fn(
                 model, parallel_dims=self.dims, mesh=self.mesh, parallelism=self.config.parallelism,
                 training=self.config.training, device=self.device, loss_fn=self.scaled_loss, parallelize=self.parallelize,

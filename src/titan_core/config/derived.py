@@ -52,13 +52,17 @@ def run_model_args(spec: TrainSpec, config: JobConfig, *, tokenizer: Tokenizer,
 
     The flavor's args with the spec section and the tokenizer's vocabulary applied, or the
     shape of a Hugging Face ``checkpoint.initial_load``; then checked against the sequence
-    length and the spec's own layout rules (``validate_fn``), so every path that builds
-    the model sees the same args and the same refusals.
+    length, pipelining support and the spec's own layout rules (``validate_fn``), so
+    every path that builds the model sees the same args and the same refusals.
     """
     from ..hf.initial_shape import initial_model_args
 
     args, shape_note = initial_model_args(spec, config, tokenizer=tokenizer)
     check_seq_len(config, args, spec.name)
+    pp = config.parallelism.pp
+    if pp > 1 and spec.pipelining_fn is None:
+        raise ConfigError(f'spec "{spec.name}" has no pipelining_fn, so it cannot be split into pipeline stages, '
+                          f"but parallelism.pp={pp}. Set parallelism.pp=1 (and use dp_shard / tp instead).")
     if spec.validate_fn is not None:
         spec.validate_fn(args, parallelism=config.parallelism, training=config.training, world_size=world_size)
     return args, shape_note
