@@ -87,7 +87,7 @@ class JobConfig(BaseModel):
                 raise ValueError(
                     f"parallelism.pp_microbatches={n_micro} does not divide training.local_batch_size="
                     f"{t.local_batch_size}. Choose a number of microbatches that divides the local batch"
-                    + (" (the default is the number of stages)." if p.pp_microbatches is None else ".")
+                    + (" (the default is the number of stages)" if p.pp_microbatches is None else "")
                 )
         if self.checkpoint.async_mode == "async" and not self.checkpoint.enable:
             raise ValueError("checkpoint.async_mode=async needs checkpoint.enable=true")
