@@ -70,7 +70,9 @@ class JobConfig(BaseModel):
     @model_validator(mode="after")
     def _cross_field_checks(self, info: ValidationInfo) -> "JobConfig":
         """Checks that span sections; the world size comes from the validation context."""
-        world_size = int((info.context or {}).get("world_size", 1))
+        # An assignment (validate_assignment) has no context: keep the world size validated before.
+        before = self._parallel_dims.world_size if self._parallel_dims is not None else 1
+        world_size = int((info.context or {}).get("world_size", before))
         p, t = self.parallelism, self.training
         # The one place the degrees are derived (and checked against the world size).
         dims = ParallelDims.resolve(dp_replicate=p.dp_replicate, dp_shard=p.dp_shard, tp=p.tp, pp=p.pp, world_size=world_size)
