@@ -45,6 +45,15 @@ def test_microbatches_are_checked_once_by_the_core(pairs: tuple[str, ...], messa
     assert message in str(err.value)
 
 
+def test_pp_needs_a_spec_with_a_pipelining_fn() -> None:
+    from titan_core import ConfigError
+    from titan_core.testing import tiny_spec  # noqa: F401  (registers the spec "tiny", which has none)
+
+    with pytest.raises(ConfigError, match='spec "tiny" has no pipelining_fn, so it cannot be split into pipeline '
+                                          'stages, but parallelism.pp=2. Set parallelism.pp=1'):
+        resolve("model.spec=tiny", "parallelism.pp=2", world_size=2)
+
+
 def test_resolved_facts_are_derived_once() -> None:
     """Parallel degrees, device, backend, tokenizer and model args come with the resolved config."""
     r = resolve_config(config_source=None, override_pairs=[("parallelism.tp", "2"), ("training.seq_len", "64")],

@@ -23,9 +23,10 @@ def dry_run(resolved: ResolvedConfig) -> int:
     c, spec = resolved.config, resolved.spec
     trainer = Trainer(resolved)
     model = trainer.build_model()
+    n_params = trainer.n_params  # converters keep the parameters (a module swap shares them)
+    print(f"spec {spec.name}, flavor {c.model.flavor}: {n_params:,} parameters ({n_params / 1e9:.3f} B)",
+          flush=True)
     trainer.apply_converters(model)  # prints the conversion table when there are converters
-    n_params = sum(t.numel() for t in model.parameters())
-    print(f"spec {spec.name}, flavor {c.model.flavor}: {n_params:,} parameters ({n_params / 1e9:.3f} B)")
     if trainer.converters:
         path = Path(c.job.run_dir) / "dry-run" / "conversion_table.json"
         trainer.conversion_table.write(path)
