@@ -29,6 +29,41 @@ def test_defaults_are_valid() -> None:
     assert c.training.steps == 200 and c.model.converters == []
 
 
+@pytest.mark.parametrize("pairs, message", [
+    (("parallelism.pp_microbatches=3", "training.local_batch_size=4"),
+     "parallelism.pp_microbatches=3 does not divide training.local_batch_size=4. Choose a number of microbatches "
+     "that divides the local batch."),
+    (("training.local_batch_size=3",),
+     "parallelism.pp_microbatches=2 does not divide training.local_batch_size=3. Choose a number of microbatches "
+     "that divides the local batch (the default is the number of stages)."),
+])
+def test_microbatches_are_checked_once_by_the_core(pairs: tuple[str, ...], message: str) -> None:
+    from titan_core import ConfigError
+
+    with pytest.raises(ConfigError) as err:
+        resolve("parallelism.pp=2", *pairs, world_size=2)
+    assert message in str(err.value)
+
+
+def test_pp_needs_a_spec_with_a_pipelining_fn() -> None:
+    from titan_core import ConfigError
+    from titan_core.testing import tiny_spec  # noqa: F401  (registers the spec "tiny", which has none)
+
+    with pytest.raises(ConfigError, match='spec "tiny" has no pipelining_fn, so it cannot be split into pipeline '
+                                          'stages, but parallelism.pp=2. Set parallelism.pp=1'):
+        resolve("model.spec=tiny", "parallelism.pp=2", world_size=2)
+
+
+def test_resolved_facts_are_derived_once() -> None:
+    """Parallel degrees, device, backend, tokenizer and model args come with the resolved config."""
+    r = resolve_config(config_source=None, override_pairs=[("parallelism.tp", "2"), ("training.seq_len", "64")],
+                       world_size=4)
+    assert (r.dims.dp_shard, r.dims.tp, r.dims.world_size) == (2, 2, 4)  # dp_shard=-1 filled
+    assert (r.device.type, r.backend) == ("cpu", "gloo")  # "auto" resolved on this CPU machine
+    assert r.model_args.vocab_size == r.tokenizer.vocab_size == 2048  # the builtin tokenizer's vocabulary
+    assert r.model_shape_note is None  # the flavor's shape, no initial_load
+
+
 def test_precedence_of_all_four_sources(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """defaults < spec defaults < --config < flags, field by field."""
     import dataclasses

@@ -137,3 +137,32 @@ def test_import_flag_registers(cli, tmp_path, monkeypatch: pytest.MonkeyPatch) -
     assert result.code == 0, result.text
     assert "noop_local" in result.out and "registered in my_local_plugin" in result.out
     assert_user_error(cli("--import", "not_a_module_zz", "--list"), "--import not_a_module_zz", "could not be imported")
+
+
+# ---- the spec of a run that names none -----------------------------------------------------------
+
+def test_the_only_installed_spec_is_the_default(fake_metadata, monkeypatch: pytest.MonkeyPatch) -> None:
+    from titan_llama.spec import llama3_spec
+
+    _module(monkeypatch, "solo_pkg", SPEC=llama3_spec)
+    fake_metadata[discovery.SPECS].append(("solo", "solo_pkg:SPEC", "solo-dist", "1.0"))
+    # An in-process registration is chosen by name only: it does not make the default ambiguous.
+    discovery.register_train_spec(llama3_spec, "registered_here")
+    assert discovery.default_spec_name() == "solo"
+
+
+def test_no_default_spec_among_several_or_none(fake_metadata, cli, monkeypatch: pytest.MonkeyPatch) -> None:
+    from titan_llama.spec import llama3_spec
+
+    discovery.register_train_spec(llama3_spec, "registered_here")
+    assert_user_error(cli("--dry-run"), "model.spec is not set and no TrainSpec is installed",
+                      "Registered in this process: registered_here", "--model.spec=NAME")
+    fake_metadata[discovery.SPECS] += [("beta", "b:S", "beta-dist", "1.0"), ("alpha", "a:S", "alpha-dist", "1.0")]
+    result = cli("--print-config")
+    assert_user_error(result, "model.spec is not set and 2 specs are installed: alpha, beta.",
+                      "Choose one with --model.spec=NAME (or --spec NAME, or model.spec in --config).")
+    # Named, the spec is found as before (and the others are never imported).
+    _module(monkeypatch, "a", S=llama3_spec)
+    ok = cli("--spec", "alpha", "--print-config")
+    assert ok.code == 0, ok.text
+    assert 'spec = "alpha"' in ok.out

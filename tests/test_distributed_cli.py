@@ -156,7 +156,7 @@ BAD_LAYOUTS = [
     pytest.param(2, ("--parallelism.pp=2", "--parallelism.pp_schedule=ZigZag"),
                  'unknown pipeline schedule "ZigZag". Valid schedules: 1F1B, GPipe', id="unknown_schedule"),
     pytest.param(2, ("--parallelism.pp=2", "--parallelism.pp_microbatches=3", "--training.local_batch_size=4"),
-                 "parallelism.pp_microbatches=3 must divide training.local_batch_size=4", id="microbatches"),
+                 "parallelism.pp_microbatches=3 does not divide training.local_batch_size=4", id="microbatches"),
 ]
 
 

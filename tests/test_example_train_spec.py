@@ -259,8 +259,6 @@ def test_validate_fn_names_the_setting_and_the_fix(tg: ModuleType) -> None:
     validate = tg.tinygpt_spec.validate_fn
     with pytest.raises(ConfigError, match=r"training.seq_len=1024 is longer .* --tinygpt.max_seq_len=1024"):
         validate(args, parallelism=ParallelismSection(), training=TrainingSection(seq_len=1024), world_size=1)
-    with pytest.raises(ConfigError, match="has no pipelining_fn, but parallelism.pp=2"):
-        validate(args, parallelism=ParallelismSection(pp=2), training=TrainingSection(), world_size=2)
     validate(args, parallelism=ParallelismSection(), training=TrainingSection(seq_len=512), world_size=1)
 
 

@@ -15,13 +15,15 @@ from .errors import TitanError
 EPILOG = """\
 config values:
   Every field of every section is set as --section.key=value (lists as a,b), e.g.
-  --training.steps=50 --optimizer.lr=1e-3 --parallelism.tp=2 --float8.recipe=rowwise.
+  --training.steps=50 --optimizer.lr=1e-3 --parallelism.tp=2; a requested plugin's
+  section works the same way (--CONVERTER.KEY=VALUE).
   Sources, later wins: defaults < the spec's defaults < --config < --section.key flags.
   titan-train --schema lists every section and key; docs/configuration.md explains them.
+  Without --spec the run uses the only installed spec (titan-train --list shows them).
 
 examples:
-  titan-train --spec llama3 --flavor debugmodel --training.steps=200
-  titan-train --spec llama3 --converters float8,mx --dry-run
+  titan-train --flavor debugmodel --training.steps=200
+  titan-train --spec SPEC --converters CONVERTER,CONVERTER --dry-run
   titan-train --nproc-per-node 2 --parallelism.dp_shard=2 --training.steps=20
   torchrun --nproc-per-node 2 -m titan_core --parallelism.tp=2
 """

@@ -107,9 +107,7 @@ def apply_converters(
     Raises ``ConfigError`` when a converter selects a module the model lacks or
     ends up with no module at all.
     """
-    names = [name for name, _ in converters]
-    if len(set(names)) != len(names):
-        raise ConfigError(f"converters {names} list one name twice; list each converter once")
+    names = [name for name, _ in converters]  # distinct: model.converters refuses a name listed twice
     if spec is not None:
         for _, converter in converters:
             converter.compatible_with(spec)

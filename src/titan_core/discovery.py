@@ -182,6 +182,30 @@ def _load(group: Group, name: str, finish: Callable[[Any], T]) -> T:
     return cast(T, _loaded[key])
 
 
+def default_spec_name() -> str:
+    """The spec of a run that names none (``model.spec`` unset): the only installed one.
+
+    Installed means found through an entry point; specs registered in-process (tests,
+    notebooks, ``--import``) are chosen by name.
+    """
+    found = discover(SPECS)
+    installed = sorted(n for n, claims in found.items() if any(c.target != "<in-process>" for c in claims))
+    how = "--model.spec=NAME (or --spec NAME, or model.spec in --config)"
+    if len(installed) == 1:
+        return installed[0]
+    if not installed:
+        registered = sorted(set(found) - set(installed))
+        also = f" Registered in this process: {', '.join(registered)}." if registered else ""
+        raise PluginError(
+            f"model.spec is not set and no TrainSpec is installed.{also} Install a model plugin (a package with "
+            f"a titan.train_specs entry point) or register one with --import MODULE, and choose it with {how}."
+        )
+    raise PluginError(
+        f"model.spec is not set and {len(installed)} specs are installed: {', '.join(installed)}. "
+        f"Choose one with {how}."
+    )
+
+
 def load_train_spec(name: str) -> TrainSpec:
     """The TrainSpec called ``name``; a zero-argument factory is called once."""
     from .protocols import TrainSpec

@@ -81,18 +81,26 @@ def rank_env() -> tuple[int, int, int]:
 
 
 def pick_device(preference: str, local_rank: int) -> torch.device:
+    """``training.device`` for the process with this local rank (``auto`` = CUDA when available)."""
     if preference == "cuda" or (preference == "auto" and torch.cuda.is_available()):
         return torch.device("cuda", local_rank)
     return torch.device("cpu")
 
 
-def init_process_group(*, backend: str, device_preference: str, init_timeout_s: float = 300.0,
+def resolve_backend(backend: str, device: torch.device) -> str:
+    """``parallelism.backend`` with ``auto`` resolved: nccl on CUDA, gloo on CPU."""
+    if backend != "auto":
+        return backend
+    return "nccl" if device.type == "cuda" else "gloo"
+
+
+def init_process_group(*, backend: str, device: torch.device, init_timeout_s: float = 300.0,
                        collective_timeout_s: float = 600.0) -> ProcessInfo:
-    """Init the default group when launched by torchrun; a single process needs none."""
-    _, local_rank, world_size = rank_env()
-    device = pick_device(device_preference, local_rank)
-    if backend == "auto":
-        backend = "nccl" if device.type == "cuda" else "gloo"
+    """Init the default group when launched by torchrun; a single process needs none.
+
+    ``backend`` and ``device`` are the run's resolved ones (``ResolvedConfig``), never ``auto``.
+    """
+    _, _, world_size = rank_env()
     if device.type == "cuda":
         torch.cuda.set_device(device)
     if world_size > 1 and not dist.is_initialized():

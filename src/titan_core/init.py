@@ -20,13 +20,6 @@ def parameter_generator(seed: int, fqn: str) -> torch.Generator:
     return torch.Generator().manual_seed((seed * 1_000_003 + zlib.crc32(fqn.encode())) % 2**63)
 
 
-def clean_fqn(fqn: str) -> str:
-    """Drop wrapper segments (activation checkpointing, torch.compile) from a parameter name."""
-    for wrapper in ("_checkpoint_wrapped_module.", "_orig_mod.", "_fsdp_wrapped_module."):
-        fqn = fqn.replace(wrapper, "")
-    return fqn
-
-
 @torch.no_grad()
 def init_model_weights(model: nn.Module, *, seed: int, buffers_only: bool = False) -> None:
     """Fill every parameter via ``model.init_parameter`` and recompute buffers (after to_empty).
@@ -37,8 +30,9 @@ def init_model_weights(model: nn.Module, *, seed: int, buffers_only: bool = Fals
     """
     # Part of the model contract (see TrainSpec), which nn.Module's own typing cannot know.
     init_parameter: Callable[[str, torch.Tensor, torch.Generator], None] = getattr(model, "init_parameter")  # noqa: B009
-    for raw_fqn, param in ([] if buffers_only else model.named_parameters()):
-        fqn = clean_fqn(raw_fqn)
+    # Parameter names are the model's own: the core's activation checkpointing, compile,
+    # FSDP2, TP and pipeline split all keep them, so the seed of each stays the same.
+    for fqn, param in ([] if buffers_only else model.named_parameters()):
         full = torch.empty(param.shape, dtype=torch.float32)
         init_parameter(fqn, full, parameter_generator(seed, fqn))
         if isinstance(param, DTensor):

@@ -56,7 +56,7 @@ class RunContext:
     """The read-only facts about this run that a plugin may need besides its own section."""
 
     device: torch.device
-    backend: str
+    backend: str  # the process-group backend, resolved ("gloo", "nccl"; never "auto")
     training: TrainingSection
     parallelism: ParallelismSection
     compile: CompileSection

@@ -22,7 +22,6 @@ from collections.abc import Iterable
 from torch import nn
 
 from .errors import ConfigError, PluginError
-from .init import clean_fqn
 
 
 def declared_ties(model: nn.Module) -> list[tuple[str, str]]:
@@ -34,12 +33,12 @@ def declared_ties(model: nn.Module) -> list[tuple[str, str]]:
     return ties
 
 
-def _params_by_clean_name(module: nn.Module) -> dict[str, tuple[nn.Module, str, nn.Parameter]]:
-    """Clean fqn -> (owning module, attribute name, parameter), duplicates kept."""
+def _params_by_name(module: nn.Module) -> dict[str, tuple[nn.Module, str, nn.Parameter]]:
+    """fqn -> (owning module, attribute name, parameter), duplicates kept."""
     found: dict[str, tuple[nn.Module, str, nn.Parameter]] = {}
     for mod_name, mod in module.named_modules(remove_duplicate=False):
         for name, param in mod.named_parameters(recurse=False, remove_duplicate=False):
-            fqn = clean_fqn(f"{mod_name}.{name}" if mod_name else name)
+            fqn = f"{mod_name}.{name}" if mod_name else name
             found[fqn] = (mod, name, param)
     return found
 
@@ -53,7 +52,7 @@ def retie_weights(module: nn.Module, ties: Iterable[tuple[str, str]] | None = No
     ties = declared_ties(module) if ties is None else list(ties)
     if not ties:
         return 0
-    params = _params_by_clean_name(module)
+    params = _params_by_name(module)
     changed = 0
     for source, alias in ties:
         if source not in params or alias not in params:
@@ -76,7 +75,7 @@ def check_ties(parts: list[nn.Module], ties: Iterable[tuple[str, str]], *, after
     ties = list(ties)
     if not ties:
         return
-    held = [_params_by_clean_name(part) for part in parts]
+    held = [_params_by_name(part) for part in parts]
     for source, alias in ties:
         src_part = next((i for i, p in enumerate(held) if source in p), None)
         alias_part = next((i for i, p in enumerate(held) if alias in p), None)

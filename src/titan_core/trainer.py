@@ -9,9 +9,10 @@ from __future__ import annotations
 import contextlib
 import math
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Literal
+from typing import Any, Literal
 
 import torch
 from torch import nn
@@ -20,8 +21,8 @@ from . import distributed
 from .config.job import JobConfig, accumulation_steps
 from .config.resolve import ResolvedConfig
 from .config.toml_out import dumps
+from .discovery import CONVERTERS, SPECS
 from .errors import NonFiniteError
-from .run_files import atomic_write_text, supersede_metrics
 from .grad_norm import clip_grad_norm
 from .init import init_model_weights
 from .layout import describe_parameter_layout
@@ -29,12 +30,12 @@ from .loss import cross_entropy_loss
 from .metrics import MetricsLogger, model_flops_per_token, progress
 from .optim import LRSchedulersContainer, OptimizersContainer
 from .parallel_dims import ParallelDims
+from .plugin_calls import check_logits, plugin_call
 from .precision import autocast_for, resolve_compute_dtype
 from .protocols import ModelConverter, RunContext, TensorParallelStyles
-from .ties import check_ties, declared_ties, retie_weights
-from .discovery import CONVERTERS, SPECS
-from .plugin_calls import check_logits, plugin_call
+from .run_files import atomic_write_text, supersede_metrics
 from .signals import no_interrupt, requested_signal, stop_after_signal
+from .ties import check_ties, declared_ties, retie_weights
 
 
 @dataclass
@@ -56,9 +57,14 @@ class Trainer:
     """Builds every component from a validated config, then trains."""
 
     def __init__(self, resolved: ResolvedConfig) -> None:
+        self.resolved = resolved
         self.config: JobConfig = resolved.config
         self.spec = resolved.spec
         self.converter_classes = resolved.converters
+        # Derived once by resolve_config (parallel degrees, device, backend, model args).
+        self.dims: ParallelDims = resolved.dims
+        self.device: torch.device = resolved.device
+        self.is_rank0 = distributed.rank_env()[0] == 0  # init_distributed confirms it from the process group
         self.step = 0
         self.tokens_seen = 0
         self.skipped_steps = 0
@@ -78,13 +84,14 @@ class Trainer:
 
     def init_distributed(self) -> None:
         t, p = self.config.training, self.config.parallelism
-        self.proc = distributed.init_process_group(backend=p.backend, device_preference=t.device,
+        self.proc = distributed.init_process_group(backend=self.resolved.backend, device=self.device,
                                                    init_timeout_s=p.init_timeout_s,
                                                    collective_timeout_s=p.collective_timeout_s)
-        self.device = self.proc.device
-        self.dims = ParallelDims.resolve(
-            dp_replicate=p.dp_replicate, dp_shard=p.dp_shard, tp=p.tp, pp=p.pp, world_size=self.proc.world_size
-        )
+        if self.proc.world_size != self.dims.world_size:
+            from .errors import ConfigError
+
+            raise ConfigError(f"the config was resolved for {self.dims.world_size} process(es) but this run has "
+                              f"{self.proc.world_size}; resolve it with world_size={self.proc.world_size}.")
         self.mesh: Any  # DeviceMesh, or None in a single-process run
         self.dp_flat_mesh: Any
         self.mesh, self.dp_flat_mesh = self.dims.build_meshes(self.device.type) if self.dims.distributed else (None, None)
@@ -107,12 +114,10 @@ class Trainer:
 
     def build_tokenizer_and_data(self) -> None:
         from .data import build_dataloader
-        from .tokenizer import build_tokenizer
 
         d, t = self.config.data, self.config.training
         progress(f"loading tokenizer ({d.tokenizer}) and data ({d.source})", is_rank0=self.is_rank0)
-        build_tok = self.spec.build_tokenizer_fn or (lambda data: build_tokenizer(data.tokenizer))
-        self.tokenizer = build_tok(d)
+        self.tokenizer = self.resolved.tokenizer
         build_loader = self.spec.build_dataloader_fn or build_dataloader
 
         def loader(split: Literal["train", "validation"]) -> Any:
@@ -128,10 +133,9 @@ class Trainer:
 
     def build_model(self) -> nn.Module:
         m = self.config.model
-        from .hf.initial_load import initial_model_args  # the flavor's, or config.json's with initial_load
-
-        self.model_args = initial_model_args(self.spec, self.config, tokenizer=self.tokenizer,
-                                             world_size=self.proc.world_size, is_rank0=self.is_rank0)
+        self.model_args = self.resolved.model_args  # the flavor's, or config.json's with initial_load
+        if self.resolved.model_shape_note:
+            progress(self.resolved.model_shape_note, is_rank0=self.is_rank0)
         # Built on the meta device: no memory is used until the model is sharded.
         with torch.device("meta"):
             model = self.spec.model_cls(self.model_args)
@@ -148,18 +152,22 @@ class Trainer:
         return model
 
     def run_context(self) -> RunContext:
-        return RunContext(self.device, self.proc.backend, self.config.training, self.config.parallelism,
+        return RunContext(self.device, self.resolved.backend, self.config.training, self.config.parallelism,
                           self.config.compile)
 
-    def apply_converters(self, model: nn.Module) -> None:
-        from .converters import apply_converters
-
+    def build_converters(self) -> list[tuple[str, ModelConverter[Any]]]:
+        """The requested converters, constructed (also by the launcher's preflight, before any worker)."""
         ctx = self.run_context()
         self.converters: list[ModelConverter[Any]] = []
         for name, cls in self.converter_classes:
             with plugin_call(CONVERTERS, name, "__init__"):
                 self.converters.append(cls(getattr(self.config, name), parallel_dims=self.dims, job=ctx))
-        named = [(name, conv) for (name, _), conv in zip(self.converter_classes, self.converters)]
+        return [(name, conv) for (name, _), conv in zip(self.converter_classes, self.converters)]
+
+    def apply_converters(self, model: nn.Module) -> None:
+        from .converters import apply_converters
+
+        named = self.build_converters()
         self.conversion_table = apply_converters(model, named, self.spec)
         if self.is_rank0 and named:
             print(self.conversion_table.format(), flush=True)
@@ -182,11 +190,9 @@ class Trainer:
         self.accum = accumulation_steps(self.config, self.dims.dp)
         self.pipeline = None
         if self.dims.pp_enabled:
-            if self.spec.pipelining_fn is None:
-                from .errors import ConfigError
-
-                raise ConfigError(f'spec "{self.spec.name}" has no pipelining_fn; set parallelism.pp=1.')
-            self.pipeline = self.spec.pipelining_fn(
+            pipelining_fn = self.spec.pipelining_fn
+            assert pipelining_fn is not None  # a spec without one was refused by resolve_config
+            self.pipeline = pipelining_fn(
                 model, parallel_dims=self.dims, mesh=self.mesh, parallelism=self.config.parallelism,
                 training=self.config.training, device=self.device, loss_fn=self.scaled_loss, parallelize=self.parallelize,
             )
@@ -290,7 +296,7 @@ class Trainer:
             else:
                 pipe.schedule.step(target=target, losses=losses, return_outputs=False)
         if losses:
-            return torch.stack([_plain(l) for l in losses]).mean()
+            return torch.stack([_plain(loss) for loss in losses]).mean()
         return torch.zeros((), device=self.device)
 
     def train_step(self, batches: Iterator[tuple[torch.Tensor, torch.Tensor]]) -> StepResult:
@@ -409,7 +415,7 @@ class Trainer:
             args = (inputs,) if pipe.has_first_stage else ()
             pipe.schedule.eval(*args, target=target, losses=losses)
         if losses:  # equal microbatches: the mean of their means is the batch mean
-            return torch.stack([_plain(l) for l in losses]).float().mean()
+            return torch.stack([_plain(loss) for loss in losses]).float().mean()
         return torch.zeros((), device=self.device)
 
     def finish(self) -> None:

@@ -117,6 +117,8 @@ def test_broken_hf_folders_are_one_message_each(hf_dir: Path, tmp_path: Path, cl
                       "model.layers.0.mlp.down_proj.weight has shape [64, 160] but config.json implies [64, 128]"),
     }
     for folder, fragments in cases.items():
-        result = cli(f"--checkpoint.initial_load={folder}", f"--job.run_dir={tmp_path / 'run'}", "--training.steps=1")
+        # seq_len within the folder's max_position_embeddings (128), so the folder's own fault is what is reported
+        result = cli(f"--checkpoint.initial_load={folder}", f"--job.run_dir={tmp_path / 'run'}", "--training.steps=1",
+                     "--training.seq_len=64")
         assert_user_error(result, *fragments)
         assert result.text.count("error:") == 1

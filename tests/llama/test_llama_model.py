@@ -234,14 +234,9 @@ def test_init_rules() -> None:
         assert value.abs().max().item() <= 3 * std + 1e-7, name
 
 
-def test_init_parameter_ignores_wrapper_segments() -> None:
+def test_init_parameter_refuses_an_unknown_name() -> None:
     model = Transformer(tiny_args())
-    plain, wrapped = torch.empty(64, 64), torch.empty(64, 64)
-    model.init_parameter("layers.1.attention.wo.weight", plain, torch.Generator().manual_seed(1))
-    model.init_parameter(
-        "layers.1._checkpoint_wrapped_module.attention.wo.weight", wrapped, torch.Generator().manual_seed(1)
-    )
-    assert torch.equal(plain, wrapped)
+    plain = torch.empty(64, 64)
     with pytest.raises(ValueError, match="no init rule for parameter 'layers.0.mystery.weight'"):
         model.init_parameter("layers.0.mystery.weight", plain, torch.Generator())
 

@@ -242,14 +242,11 @@ def test_valid_layouts_pass() -> None:
         (8, dict(pp=8), "more stages than the model has layers: pp=8 x pp_stages_per_rank=1 = 8 stages, n_layers=4"),
         (4, dict(pp=2, pp_schedule="Interleaved1F1B", pp_stages_per_rank=4), "8 stages, n_layers=4"),
         (2, dict(pp=2, pp_schedule="1F1C"), 'unknown pipeline schedule "1F1C". Valid schedules: 1F1B, GPipe, Interleaved1F1B'),
-        (2, dict(pp=2, pp_microbatches=3), "pp_microbatches=3 does not divide training.local_batch_size=4"),
-        (2, dict(pp=2, local_batch_size=3), r"pp_microbatches=2 does not divide .*\(the default is the number of stages\)"),
         (2, dict(pp=2, pp_stages_per_rank=2), "pp_schedule=1F1B runs one stage per rank, but pp_stages_per_rank=2"),
         (2, dict(pp=2, pp_schedule="Interleaved1F1B"), "runs several stages per rank, but pp_stages_per_rank=1"),
         (2, dict(pp=2, pp_split_points=["layers.1", "layers.2"]), "has 2 entries but 2 stages need 1"),
         (2, dict(pp=2, pp_split_points=["layers.4"]), '"layers.4" is not a layer that can start a stage'),
         (2, dict(pp=2, pp_split_points=["layer.2"]), '"layer.2" is not a layer'),
-        (3, dict(tp=2), "does not divide world size 3"),
     ],
 )
 def test_invalid_layouts_are_config_errors(world: int, kwargs: dict[str, Any], message: str) -> None:

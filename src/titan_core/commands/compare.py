@@ -146,8 +146,8 @@ def compare_baseline(resolved: ResolvedConfig) -> int:
     if not names:
         raise ConfigError(
             "--compare-baseline compares a run with converters against the same run without them, but no "
-            "converters were requested. Add them with --converters NAME[,NAME...] (or model.converters), "
-            "e.g. --compare-baseline --converters float8."
+            "converters were requested. Add them with --converters NAME[,NAME...] (or model.converters); "
+            "titan-train --list shows the installed ones."
         )
     if resolved.world_size > 1 or distributed.world_size_from_env() > 1:
         raise ConfigError(

@@ -33,7 +33,8 @@ def build_parser() -> argparse.ArgumentParser:
     from_hf = sub.add_parser("from-hf", help="a Hugging Face folder -> a titan checkpoint (OUT/step-000000)")
     from_hf.add_argument("hf_dir", type=Path)
     from_hf.add_argument("out", type=Path)
-    from_hf.add_argument("--spec", default="llama3", help="the TrainSpec whose adapter reads the folder")
+    from_hf.add_argument("--spec", default=None,
+                         help="the TrainSpec whose adapter reads the folder (default: the only installed spec)")
     for sp in (to_hf, from_hf):
         sp.add_argument("--progress", choices=("auto", "always", "never"), default="auto",
                         help="progress bar on stderr: auto = for models of 64 MB or more")
@@ -138,7 +139,7 @@ def from_hf(args: argparse.Namespace) -> int:
         raise ConfigError(f"{args.hf_dir} is a titan checkpoint; from-hf reads a Hugging Face folder "
                           f"(config.json + safetensors). Did you mean to-hf?")
     _require_new_folder(args.out)
-    spec = discovery.load_train_spec(args.spec)
+    spec = discovery.load_train_spec(args.spec or discovery.default_spec_name())
     folder = open_hf_folder(args.hf_dir, what="from-hf")
     model_args = adapter_of(spec, purpose="from-hf").model_args_from_hf(folder.config)
     with torch.device("meta"):

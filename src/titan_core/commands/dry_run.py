@@ -1,5 +1,10 @@
 """``--dry-run``: validate, build on the meta device, convert, report, train nothing.
 
+The model and the converters are built by the Trainer's own ``build_model`` and
+``apply_converters``, from the same resolved config (device, backend, parallel
+degrees, model args), so a dry run refuses exactly what the run would refuse at those
+steps. No process group, data or weights.
+
 The conversion table goes to ``<run_dir>/dry-run/conversion_table.json``, a folder of
 its own, so a dry run against the folder of an earlier run never overwrites that run's
 ``conversion_table.json``, config or checkpoints.
@@ -9,37 +14,22 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import torch
-
 from ..config.resolve import ResolvedConfig
-from ..converters import apply_converters
-from ..parallel_dims import ParallelDims
-from ..protocols import RunContext
 
 
 def dry_run(resolved: ResolvedConfig) -> int:
-    from ..tokenizer import build_tokenizer
+    from ..trainer import Trainer
 
     c, spec = resolved.config, resolved.spec
-    build_tok = spec.build_tokenizer_fn or (lambda data: build_tokenizer(data.tokenizer))
-    tokenizer = build_tok(c.data)
-    args = spec.model_args(c.model.flavor, getattr(c, spec.name, None), vocab_size=tokenizer.vocab_size)
-    with torch.device("meta"):
-        model = spec.model_cls(args)
-    p = c.parallelism
-    dims = ParallelDims.resolve(dp_replicate=p.dp_replicate, dp_shard=p.dp_shard, tp=p.tp, pp=p.pp,
-                                world_size=resolved.world_size)
-    device = torch.device("cuda" if torch.cuda.is_available() and c.training.device != "cpu" else "cpu")
-    backend = p.backend if p.backend != "auto" else ("nccl" if device.type == "cuda" else "gloo")
-    ctx = RunContext(device, backend, c.training, c.parallelism, c.compile)
-    converters = [(name, cls(getattr(c, name), parallel_dims=dims, job=ctx)) for name, cls in resolved.converters]
-    table = apply_converters(model, converters, spec)
-    n_params = sum(t.numel() for t in model.parameters())
-    print(f"spec {spec.name}, flavor {c.model.flavor}: {n_params:,} parameters ({n_params / 1e9:.3f} B)")
-    if converters:
-        print(table.format())
+    trainer = Trainer(resolved)
+    model = trainer.build_model()
+    n_params = trainer.n_params  # converters keep the parameters (a module swap shares them)
+    print(f"spec {spec.name}, flavor {c.model.flavor}: {n_params:,} parameters ({n_params / 1e9:.3f} B)",
+          flush=True)
+    trainer.apply_converters(model)  # prints the conversion table when there are converters
+    if trainer.converters:
         path = Path(c.job.run_dir) / "dry-run" / "conversion_table.json"
-        table.write(path)
+        trainer.conversion_table.write(path)
         print(f"conversion table written to {path}")
     else:
         print("no converters requested")

@@ -2,17 +2,30 @@
 
 The set of sections depends on which spec and converters are requested, so the
 model is built per run with ``build_job_model``; plugin sections are validated by
-the plugin's own pydantic model. Cross-field checks live here, in one validator.
+the plugin's own pydantic model. Cross-field checks of the core's sections live here,
+in one validator, which also derives the run's parallel degrees (``parallel_dims``).
+Checks that need a plugin (the spec's ``validate_fn``, a converter's ``__init__``)
+run when ``resolve_config`` loads it.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, create_model, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    ValidationInfo,
+    create_model,
+    model_validator,
+)
 
 from ..errors import ConfigError
-
+from ..parallel_dims import ParallelDims
 from .sections import (
     ActivationCheckpointSection,
     CheckpointSection,
@@ -54,14 +67,24 @@ class JobConfig(BaseModel):
         default_factory=ActivationCheckpointSection, description="Activation checkpointing."
     )
 
-    @model_validator(mode="after")
-    def _cross_field_checks(self, info: ValidationInfo) -> "JobConfig":
-        """Checks that span sections; the world size comes from the validation context."""
-        from ..parallel_dims import ParallelDims
+    _parallel_dims: ParallelDims | None = PrivateAttr(default=None)
 
-        world_size = int((info.context or {}).get("world_size", 1))
+    @property
+    def parallel_dims(self) -> ParallelDims:
+        """The parallel degrees for the world size this config was validated with (``dp_shard=-1`` filled)."""
+        assert self._parallel_dims is not None  # set by the validator below, which always runs
+        return self._parallel_dims
+
+    @model_validator(mode="after")
+    def _cross_field_checks(self, info: ValidationInfo) -> JobConfig:
+        """Checks that span sections; the world size comes from the validation context."""
+        # An assignment (validate_assignment) has no context: keep the world size validated before.
+        before = self._parallel_dims.world_size if self._parallel_dims is not None else 1
+        world_size = int((info.context or {}).get("world_size", before))
         p, t = self.parallelism, self.training
+        # The one place the degrees are derived (and checked against the world size).
         dims = ParallelDims.resolve(dp_replicate=p.dp_replicate, dp_shard=p.dp_shard, tp=p.tp, pp=p.pp, world_size=world_size)
+        self._parallel_dims = dims
         per_step = t.local_batch_size * dims.dp
         if t.global_batch_size is not None and t.global_batch_size % per_step:
             raise ValueError(
@@ -72,7 +95,9 @@ class JobConfig(BaseModel):
             n_micro = p.pp_microbatches or p.pp * p.pp_stages_per_rank
             if t.local_batch_size % n_micro:
                 raise ValueError(
-                    f"parallelism.pp_microbatches={n_micro} must divide training.local_batch_size={t.local_batch_size}"
+                    f"parallelism.pp_microbatches={n_micro} does not divide training.local_batch_size="
+                    f"{t.local_batch_size}. Choose a number of microbatches that divides the local batch"
+                    + (" (the default is the number of stages)" if p.pp_microbatches is None else "")
                 )
         if self.checkpoint.async_mode == "async" and not self.checkpoint.enable:
             raise ValueError("checkpoint.async_mode=async needs checkpoint.enable=true")

@@ -5,28 +5,48 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 from pydantic import BaseModel, ValidationError
 
 from .. import discovery
 from ..errors import ConfigError, did_you_mean
-from ..protocols import ModelConverter, TrainSpec
+from ..parallel_dims import ParallelDims
+from ..protocols import ModelConverter, Tokenizer, TrainSpec
+from .derived import run_device_and_backend, run_model_args, run_tokenizer
 from .errors import describe
 from .finite import refuse_nonfinite
 from .job import JobConfig, build_job_model
 from .overrides import overrides_layer, typed_value
-from .sections import ModelSection
 from .sources import Layer, load_config_source, merge
 
 
 @dataclass(frozen=True)
 class ResolvedConfig:
-    """The validated config and the plugins it requested, loaded."""
+    """The validated config, the plugins it requested (loaded), and the facts derived from them.
+
+    Each fact is derived once, in ``resolve_config``, and read from here by the Trainer,
+    ``--dry-run``, the launcher's preflight and the conformance checks.
+    """
 
     config: JobConfig
     spec: TrainSpec
     converters: list[tuple[str, type[ModelConverter[Any]]]]
     job_model: type[JobConfig]
     world_size: int
+    #: this process's device (by its local rank) and the process-group backend, "auto" resolved
+    device: torch.device
+    backend: str
+    tokenizer: Tokenizer
+    #: the model args: the flavor's (spec section and tokenizer vocabulary applied), or the
+    #: shape of a Hugging Face checkpoint.initial_load; checked by the spec's validate_fn
+    model_args: Any
+    #: where the shape came from when it is not the flavor's (printed by the Trainer)
+    model_shape_note: str | None = None
+
+    @property
+    def dims(self) -> ParallelDims:
+        """The parallel degrees, ``dp_shard=-1`` filled from the world size (by the config's validator)."""
+        return self.config.parallel_dims
 
 
 def _requested(layers: list[Layer], key: str, default: Any) -> Any:
@@ -63,37 +83,33 @@ def _check_sections(layers: list[Layer], job_model: type[JobConfig]) -> None:
             )
 
 
-def check_seq_len(config: JobConfig, args: Any, spec_name: str) -> None:
-    """training.seq_len within the model's ``max_seq_len`` (when its args declare one), so that
-    --dry-run refuses what the run would refuse at its first forward."""
-    limit = getattr(args, "max_seq_len", None)
-    if isinstance(limit, int) and config.training.seq_len > limit:
-        raise ConfigError(
-            f"training.seq_len={config.training.seq_len} is longer than the model's max_seq_len={limit} "
-            f"(spec {spec_name}, flavor {config.model.flavor}). Lower --training.seq_len, or raise the model's "
-            f"limit (e.g. --{spec_name}.max_seq_len={config.training.seq_len}) where the spec allows it."
-        )
-
-
 def resolve_config(
     *, config_source: str | None, override_pairs: list[tuple[str, str]], world_size: int = 1
 ) -> ResolvedConfig:
     """Merge defaults < spec defaults < --config < overrides, and validate."""
     file_layer: Layer = load_config_source(config_source) if config_source else {}
-    # Overrides are typed by the field they set, which needs the model class; the spec
-    # and converter names themselves are core fields, so read them first.
-    core_sections = {name: f.annotation for name, f in JobConfig.model_fields.items()}
-    early = overrides_layer(override_pairs, core_sections)  # type: ignore[arg-type]
-    spec_name = str(_requested([file_layer, early], "spec", ModelSection().spec))
-    names = _requested([file_layer, early], "converters", [])
+    # Overrides are typed by the field they set, which needs the section's model. The core's
+    # sections are known now (and name the spec and converters to load); the plugins'
+    # sections only once those are loaded. Each pair is typed once, by one of the two.
+    core_sections: dict[str, type[BaseModel]] = {
+        name: f.annotation for name, f in JobConfig.model_fields.items()  # type: ignore[misc]
+    }
+    core_pairs = [pair for pair in override_pairs if pair[0].partition(".")[0] in core_sections]
+    plugin_pairs = [pair for pair in override_pairs if pair[0].partition(".")[0] not in core_sections]
+    core_layer = overrides_layer(core_pairs, core_sections)
+    requested = _requested([file_layer, core_layer], "spec", None)
+    spec_name = discovery.default_spec_name() if requested is None else str(requested)
+    names = _requested([file_layer, core_layer], "converters", [])
     if isinstance(names, str):
         names = typed_value(list[str], names)
     spec = discovery.load_train_spec(spec_name)
     converters = [(n, discovery.load_converter(n)) for n in names] if isinstance(names, list) else []
 
-    job_model = build_job_model(_plugin_sections(spec, converters))
-    sections = {name: f.annotation for name, f in job_model.model_fields.items()}
-    override_layer = overrides_layer(override_pairs, sections)  # type: ignore[arg-type]
+    plugin_sections = _plugin_sections(spec, converters)
+    job_model = build_job_model(plugin_sections)
+    # The config records the spec it ran, also when it was the default.
+    core_layer.setdefault("model", {})["spec"] = spec_name
+    override_layer = {**core_layer, **overrides_layer(plugin_pairs, plugin_sections)}
     spec_layer: Layer = {k: dict(v) for k, v in spec.defaults.items()}
     _check_sections([file_layer, override_layer], job_model)
     merged = merge(spec_layer, file_layer, override_layer)
@@ -108,8 +124,8 @@ def resolve_config(
             f'spec "{spec.name}" has no flavor "{flavor}".{did_you_mean(flavor, list(spec.flavors))} '
             f"Flavors: {', '.join(spec.flavors)}."
         )
-    args = spec.model_args(flavor, getattr(config, spec.name, None), vocab_size=None)
-    check_seq_len(config, args, spec.name)
-    if spec.validate_fn is not None:
-        spec.validate_fn(args, parallelism=config.parallelism, training=config.training, world_size=world_size)
-    return ResolvedConfig(config, spec, converters, job_model, world_size)
+    device, backend = run_device_and_backend(config)
+    tokenizer = run_tokenizer(spec, config)
+    args, shape_note = run_model_args(spec, config, tokenizer=tokenizer, world_size=world_size)
+    return ResolvedConfig(config, spec, converters, job_model, world_size, device=device, backend=backend,
+                          tokenizer=tokenizer, model_args=args, model_shape_note=shape_note)

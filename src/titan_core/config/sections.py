@@ -34,7 +34,7 @@ class JobSection(Section):
 
 
 class ModelSection(Section):
-    spec: str = Field("llama3", description="TrainSpec name (entry point in titan.train_specs).")
+    spec: str | None = Field(None, description="TrainSpec name (entry point in titan.train_specs); unset: the only installed spec.")
     flavor: str = Field("debugmodel", description="Named model size from the spec's flavors.")
     converters: list[str] = Field(default_factory=list, description="ModelConverter names, applied in this order; later wins on overlap.")
 

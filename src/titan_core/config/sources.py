@@ -49,7 +49,7 @@ def load_config_source(source: str) -> Layer:
         return _call_config_function(source)
     raise ConfigError(
         f'--config {source}: not a .toml file and not a "pkg.module:function" reference. '
-        f"Pass a path to a TOML file or a config function such as mypkg.configs:llama3_debug."
+        f"Pass a path to a TOML file or a config function such as mypkg.configs:debug_run."
     )
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 from typing import Literal
 
+from ..config.sections import DataSection
 from ..errors import ConfigError
 from ..protocols import Tokenizer
 from .loader import TokenDataLoader
@@ -18,6 +19,9 @@ from .packing import check_split, split_stream, tokenized_source
 __all__ = ["TokenDataLoader", "build_dataloader"]
 
 logger = logging.getLogger(__name__)
+
+# The config's default (data.val_fraction), so a loader built without a config splits as a run does.
+DEFAULT_VAL_FRACTION: float = DataSection.model_fields["val_fraction"].default
 
 
 def build_dataloader(
@@ -30,7 +34,7 @@ def build_dataloader(
     dp_world_size: int = 1,
     seed: int = 0,
     split: Literal["train", "validation"] = "train",
-    val_fraction: float = 0.01,
+    val_fraction: float = DEFAULT_VAL_FRACTION,
     text_field: str = "text",
     hf_split: str = "train",
     allow_download: bool = False,

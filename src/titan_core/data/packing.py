@@ -1,6 +1,6 @@
 """Tokenize documents into one packed stream, split off validation, and cache per process.
 
-Each document becomes ``[BOS] tokens [EOS]`` (Llama 3's pre-training convention:
+Each document becomes ``[BOS] tokens [EOS]`` (the usual pre-training convention:
 the model sees where every document starts and ends), and the documents are
 concatenated in source order. Windows cut from this stream may span a document
 boundary; attention is not masked at boundaries (standard packed pre-training).

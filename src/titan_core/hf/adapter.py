@@ -54,7 +54,7 @@ def adapter_of(spec: Any, *, purpose: str) -> StateDictAdapter:
     if adapter is None:
         raise ConfigError(
             f'spec "{spec.name}" has no state_dict_adapter, which {purpose} needs (the Hugging Face format is '
-            f"model-specific). Use a spec that provides one (e.g. llama3), or a titan checkpoint instead."
+            f"model-specific). Use a spec that provides one, or a titan checkpoint instead."
         )
     return adapter
 

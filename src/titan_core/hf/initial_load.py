@@ -1,11 +1,7 @@
 """``checkpoint.initial_load``: the starting weights of step 0, from a Hugging Face folder or a titan checkpoint.
 
-Two calls from the Trainer:
+The model's shape for such a run comes from ``initial_shape.py``; this module loads the weights:
 
-* :func:`initial_model_args` (building the model): with a Hugging Face folder the shape
-  comes from its ``config.json`` through the spec's adapter; a spec-section value that
-  contradicts the file is an error listing each field (the adapter's ``runtime_fields``,
-  such as the RoPE table length, may differ); the shape taken is printed.
 * :func:`load_initial_weights` (after resume found nothing of the run's own): every rank
   reads, one tensor at a time, only the tensors its model parts hold, and copies its own
   shard out of each, so a rank's peak is its shard plus one full tensor. No optimizer
@@ -14,7 +10,6 @@ Two calls from the Trainer:
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -24,89 +19,14 @@ from torch import nn
 from torch.distributed.tensor import DTensor, distribute_tensor
 
 from ..errors import ConfigError
-from ..init import clean_fqn
 from ..metrics import progress
 from .adapter import adapter_of, hf_key_of
-from .folder import HFFolder, is_hf_folder, open_hf_folder
-from .model_args import HF_CONFIG_IN_CHECKPOINT
-
-WHAT = "checkpoint.initial_load"
-
-
-def _source_kind(path: Path) -> str:
-    from ..checkpoint.weights import is_titan_checkpoint
-
-    if is_hf_folder(path):
-        return "hf"
-    if is_titan_checkpoint(path):
-        return "titan"
-    if not path.exists():
-        raise ConfigError(f"{WHAT}: {path} does not exist; give a Hugging Face model folder or a titan checkpoint "
-                          f"folder (e.g. runs/x/checkpoints/step-000100).")
-    # open_hf_folder names what a would-be HF folder lacks (no config.json, no safetensors ...).
-    open_hf_folder(path, what=WHAT)
-    raise AssertionError("unreachable")  # pragma: no cover
-
-
-def initial_model_args(spec: Any, config: Any, *, tokenizer: Any, world_size: int, is_rank0: bool) -> Any:
-    """The model args of this run: from config.json for an HF ``initial_load``, else the flavor's.
-
-    Also checks, before anything is trained, that an ``hf`` export will be possible.
-    """
-    vocab_size = tokenizer.vocab_size
-    if config.checkpoint.export_at_end and config.checkpoint.export_format == "hf":
-        from .export import check_hf_export
-
-        check_hf_export(spec, tokenizer)  # now, not after training
-    section = getattr(config, spec.name, None)
-    source = config.checkpoint.initial_load
-    kind = _source_kind(Path(source)) if source else None
-    hf_config = Path(source) / HF_CONFIG_IN_CHECKPOINT if source else None
-    if kind == "titan" and hf_config is not None and hf_config.is_file():
-        hf_dict = _read_json(hf_config)  # a checkpoint made by titan-convert from-hf carries its shape
-    elif kind == "hf":
-        hf_dict = open_hf_folder(source, what=WHAT).config
-    else:
-        return spec.model_args(config.model.flavor, section, vocab_size=vocab_size)
-    adapter = adapter_of(spec, purpose=f"{WHAT} of a Hugging Face folder")
-    args = adapter.model_args_from_hf(hf_dict)
-    chosen = {k: v for k, v in section.model_dump().items() if v is not None} if section is not None else {}
-    conflicts = [f"{spec.name}.{k}={v!r} (config.json: {getattr(args, k)!r})"
-                 for k, v in chosen.items() if k not in adapter.runtime_fields and getattr(args, k, v) != v]
-    if conflicts:
-        raise ConfigError(
-            f"{WHAT}={source}: the model shape comes from its config.json, and these settings contradict it: "
-            f"{'; '.join(conflicts)}. Remove them (or edit config.json)."
-        )
-    args = dataclasses.replace(args, **{k: v for k, v in chosen.items() if k in adapter.runtime_fields})
-    model_vocab = getattr(args, "vocab_size", None)
-    if isinstance(model_vocab, int) and vocab_size > model_vocab:
-        raise ConfigError(
-            f"{WHAT}={source}: the tokenizer has {vocab_size} tokens but the model's vocabulary (config.json "
-            f"vocab_size) has {model_vocab}; use the tokenizer the model was trained with (--data.tokenizer)."
-        )
-    if spec.validate_fn is not None:
-        spec.validate_fn(args, parallelism=config.parallelism, training=config.training, world_size=world_size)
-    shape = ", ".join(f"{f.name}={getattr(args, f.name)}" for f in dataclasses.fields(args))
-    shape_file = hf_config if kind == "titan" else Path(source) / "config.json"
-    progress(f"model shape from {shape_file} (model.flavor is ignored): {shape}", is_rank0=is_rank0)
-    return args
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    import json
-
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ConfigError(f"{WHAT}: cannot read {path}: {exc}") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"{WHAT}: {path} is not a JSON object")
-    return data
+from .folder import HFFolder, open_hf_folder
+from .initial_shape import WHAT, source_kind
 
 
 def _local_params(model_parts: list[nn.Module]) -> dict[str, nn.Parameter]:
-    return {clean_fqn(name): p for part in model_parts for name, p in part.named_parameters(remove_duplicate=False)}
+    return {name: p for part in model_parts for name, p in part.named_parameters(remove_duplicate=False)}
 
 
 @torch.no_grad()
@@ -116,7 +36,7 @@ def load_initial_weights(source: str, *, spec: Any, model_parts: list[nn.Module]
     if not source:
         return
     path = Path(source)
-    if _source_kind(path) == "titan":
+    if source_kind(path) == "titan":
         from ..checkpoint.weights import load_model_weights
 
         step = load_model_weights(path, model_parts)

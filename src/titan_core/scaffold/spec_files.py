@@ -218,8 +218,6 @@ def validate_${name}(args: Any, *, parallelism: ParallelismSection, training: Tr
         if value % parallelism.tp:
             raise ConfigError(f"parallelism.tp={parallelism.tp} does not divide $name {what}={value}; "
                               f"choose a tp degree that divides it.")
-    if parallelism.pp > 1:
-        raise ConfigError("spec $name has no pipelining_fn; set parallelism.pp=1.")
 
 
 ${name}_spec = TrainSpec(

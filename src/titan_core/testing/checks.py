@@ -151,23 +151,16 @@ def _signature(module: torch.nn.Module) -> tuple[Any, ...]:
 def check_select_convert(t: Target) -> str:
     """``select`` names existing modules only; ``convert`` changes exactly those (on meta)."""
     from ..config.resolve import resolve_config
-    from ..discovery import load_train_spec
-    from ..parallel_dims import ParallelDims
-    from ..preflight import build_converters
-    from ..tokenizer import build_tokenizer
+    from ..trainer import Trainer
 
     if t.spec_name == "tiny":
         from . import tiny_spec  # noqa: F401
     resolved = resolve_config(config_source=None, override_pairs=[("model.spec", t.spec_name),
                               ("model.converters", t.name)], world_size=1)
-    spec = load_train_spec(t.spec_name)
-    c = resolved.config
-    tok = (spec.build_tokenizer_fn or (lambda d: build_tokenizer(d.tokenizer)))(c.data)
-    args = spec.model_args(c.model.flavor, getattr(c, spec.name, None), vocab_size=tok.vocab_size)
+    spec = resolved.spec
     with torch.device("meta"):
-        model = spec.model_cls(args)
-    dims = ParallelDims.resolve(dp_replicate=1, dp_shard=1, tp=1, pp=1, world_size=1)
-    ((_, conv),) = build_converters(resolved, dims)
+        model = spec.model_cls(resolved.model_args)
+    ((_, conv),) = Trainer(resolved).build_converters()
     conv.compatible_with(spec)
     before = {name: _signature(m) for name, m in model.named_modules()}
     selected = conv.select(model)
@@ -299,15 +292,12 @@ def check_compile(t: Target) -> str:
 # ---- spec checks ----------------------------------------------------------------------------------
 def _spec_model(t: Target, *, device: str = "meta", seq_len: int = SEQ_LEN) -> tuple[Any, Any, Any]:
     from ..config.resolve import resolve_config
-    from ..tokenizer import build_tokenizer
 
     if t.spec_name == "tiny":
         from . import tiny_spec  # noqa: F401
     resolved = resolve_config(config_source=None, world_size=1, override_pairs=[
         ("model.spec", t.spec_name), ("model.flavor", "debugmodel"), ("training.seq_len", str(seq_len))])
-    spec, c = resolved.spec, resolved.config
-    tok = (spec.build_tokenizer_fn or (lambda d: build_tokenizer(d.tokenizer)))(c.data)
-    args = spec.model_args(c.model.flavor, getattr(c, spec.name, None), vocab_size=tok.vocab_size)
+    spec, args = resolved.spec, resolved.model_args
     with torch.device(device):
         model = spec.model_cls(args)
     return spec, args, model

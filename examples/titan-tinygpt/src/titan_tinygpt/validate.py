@@ -19,11 +19,6 @@ def validate_tinygpt(args: Any, *, parallelism: ParallelismSection, training: Tr
                     f"parallelism.tp={tp} does not divide tinygpt {what}={value}: tensor parallelism splits it "
                     f"evenly over the tp ranks. Choose a tp degree that divides it (or another flavor)."
                 )
-    if parallelism.pp > 1:
-        raise ConfigError(
-            f"spec tinygpt has no pipelining_fn, but parallelism.pp={parallelism.pp}. Set parallelism.pp=1 "
-            f"and use data parallelism instead."
-        )
     if args.dim % args.n_heads:
         raise ConfigError(
             f"tinygpt: dim={args.dim} is not divisible by n_heads={args.n_heads}; every head gets dim/n_heads "

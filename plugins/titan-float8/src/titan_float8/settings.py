@@ -35,9 +35,7 @@ class Float8Settings:
 
 def resolve_settings(config: Float8Config, parallel_dims: ParallelDims, job: RunContext) -> Float8Settings:
     emulate, emulate_reason = resolve_emulate(config.emulate, job.device)
-    backend = job.backend
-    if backend == "auto":
-        backend = "nccl" if job.device.type == "cuda" else "gloo"
+    backend = job.backend  # resolved by the core (never "auto")
     all_gather, reason = resolve_all_gather(config.fsdp_float8_all_gather, config.recipe, backend, parallel_dims)
     return Float8Settings(config.recipe, backend, emulate, emulate_reason, all_gather, all_gather, reason)
 

@@ -26,7 +26,6 @@ head count from the weights it is given.
 from __future__ import annotations
 
 import math
-import zlib
 from dataclasses import dataclass
 
 import torch
@@ -247,10 +246,6 @@ class TransformerBlock(nn.Module):
         return h + self.feed_forward(self.ffn_norm(h))
 
 
-# Name segments that module wrappers insert into parameter names.
-_WRAPPER_SEGMENTS = frozenset({"_checkpoint_wrapped_module", "_orig_mod", "_fsdp_wrapped_module"})
-
-
 def _trunc_normal(tensor: torch.Tensor, std: float, generator: torch.Generator) -> None:
     nn.init.trunc_normal_(tensor, mean=0.0, std=std, a=-3 * std, b=3 * std, generator=generator)
 
@@ -290,11 +285,8 @@ class Transformer(nn.Module):
         return [("tok_embeddings.weight", "output.weight")] if self.args.tie_embeddings else []
 
     def init_parameter(self, fqn: str, tensor: torch.Tensor, generator: torch.Generator) -> None:
-        """Fill ``tensor`` (full-shaped, plain) with the initial value of parameter ``fqn``.
-
-        Wrapper segments (activation checkpointing, compile) in ``fqn`` are ignored.
-        """
-        parts = [p for p in fqn.split(".") if p not in _WRAPPER_SEGMENTS]
+        """Fill ``tensor`` (full-shaped, plain) with the initial value of parameter ``fqn``."""
+        parts = fqn.split(".")
         module = parts[-2] if len(parts) >= 2 else ""
         if module == "tok_embeddings":
             # Tied, the table is also the head: small, as Hugging Face initialises Llama (0.02).
@@ -317,17 +309,15 @@ class Transformer(nn.Module):
         """Recompute the rotary table on the buffer's current device (after ``to_empty``)."""
         self.freqs_cis = rope_table(self.args, self.freqs_cis.device)
 
-    @torch.no_grad()
     def init_weights(self, seed: int = 0) -> None:
-        """Initialise a plain (not distributed) model in place; same seed, same weights anywhere."""
-        for fqn, param in self.named_parameters():
-            # The core seeds each parameter of a sharded model the same way, so a plain
-            # and a sharded model built with one seed hold the same weights.
-            generator = torch.Generator().manual_seed((seed * 1_000_003 + zlib.crc32(fqn.encode())) % 2**63)
-            full = torch.empty(param.shape, dtype=torch.float32)
-            self.init_parameter(fqn, full, generator)
-            param.copy_(full)
-        self.init_buffers()
+        """Initialise a plain (not distributed) model in place; same seed, same weights anywhere.
+
+        The core's own init, which also fills sharded models: a plain and a sharded model
+        built with one seed hold the same weights.
+        """
+        from titan_core import init_model_weights  # imports DTensor: not at module import (--list)
+
+        init_model_weights(self, seed=seed)
 
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from torch import nn
 
-from titan_core import ActivationCheckpointSection, ConfigError, ParallelDims, ParallelismSection, TrainingSection
+from titan_core import ActivationCheckpointSection, ConfigError, ParallelismSection, TrainingSection
 from titan_core.parallel import default_parallelize_fn
 
 from . import cpu_attention  # noqa: F401  (registers torch.ops.titan_llama.causal_attention)
@@ -42,16 +42,13 @@ def validate_llama_layout(
 ) -> None:
     """Fail fast (ConfigError) on a layout the model cannot be split into (the spec's validate_fn).
 
-    Runs before any process group exists. Checks that TP divides every sharded
-    dimension (heads, kv heads, MLP width, vocabulary, and the sequence for
-    sequence parallelism), and that the pipeline settings fit the layers and batch.
+    Runs before any process group exists, after the core has checked the degrees
+    against the world size. Checks that TP divides every sharded dimension (heads,
+    kv heads, MLP width, vocabulary, and the sequence for sequence parallelism), and
+    that the pipeline settings fit the layers.
     """
     from .pipeline import validate_pipeline
 
-    ParallelDims.resolve(
-        dp_replicate=parallelism.dp_replicate, dp_shard=parallelism.dp_shard,
-        tp=parallelism.tp, pp=parallelism.pp, world_size=world_size,
-    )
     tp = parallelism.tp
     if tp > 1:
         n_kv_heads = args.n_kv_heads if args.n_kv_heads is not None else args.n_heads

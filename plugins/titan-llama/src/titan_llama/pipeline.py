@@ -88,13 +88,7 @@ def validate_pipeline(parallelism: ParallelismSection, training: TrainingSection
             f"= {num_stages} stages, n_layers={n_layers}. Each stage needs at least one layer: lower pp or "
             f"pp_stages_per_rank."
         )
-    n_mb = parallelism.pp_microbatches or num_stages
-    if training.local_batch_size % n_mb:
-        raise ConfigError(
-            f"parallelism.pp_microbatches={n_mb} does not divide training.local_batch_size={training.local_batch_size}. "
-            f"Choose a number of microbatches that divides the local batch"
-            + (" (the default is the number of stages)." if parallelism.pp_microbatches is None else ".")
-        )
+    n_mb = parallelism.pp_microbatches or num_stages  # dividing the local batch: checked by the core's config
     if schedule in ("1F1B", "Interleaved1F1B") and n_mb < parallelism.pp:
         raise ConfigError(
             f"parallelism.pp_schedule={schedule} needs at least pp={parallelism.pp} microbatches, got {n_mb}."

@@ -1,0 +1,68 @@
+"""The facts a run derives from its validated config, each derived here and nowhere else.
+
+``resolve_config`` calls these once and keeps the results on ``ResolvedConfig``; the
+Trainer, ``--dry-run``, the launcher's preflight and the conformance checks read them
+from there. (The parallel degrees are derived in ``JobConfig``'s validator, which is
+also where they are checked against the world size.)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ..distributed import pick_device, rank_env, resolve_backend
+from ..errors import ConfigError
+from ..protocols import Tokenizer, TrainSpec
+from .job import JobConfig
+
+
+def run_device_and_backend(config: JobConfig) -> tuple[torch.device, str]:
+    """This process's device (by its local rank; 0 outside a launcher) and the resolved backend."""
+    _, local_rank, _ = rank_env()
+    device = pick_device(config.training.device, local_rank)
+    return device, resolve_backend(config.parallelism.backend, device)
+
+
+def run_tokenizer(spec: TrainSpec, config: JobConfig) -> Tokenizer:
+    """The spec's tokenizer, or the core's for ``data.tokenizer``."""
+    if spec.build_tokenizer_fn is not None:
+        return spec.build_tokenizer_fn(config.data)
+    from ..tokenizer import build_tokenizer
+
+    return build_tokenizer(config.data.tokenizer)
+
+
+def check_seq_len(config: JobConfig, args: Any, spec_name: str) -> None:
+    """training.seq_len within the model's ``max_seq_len`` (when its args declare one), so that
+    the config is refused before anything runs rather than at the first forward."""
+    limit = getattr(args, "max_seq_len", None)
+    if isinstance(limit, int) and config.training.seq_len > limit:
+        raise ConfigError(
+            f"training.seq_len={config.training.seq_len} is longer than the model's max_seq_len={limit} "
+            f"(spec {spec_name}, flavor {config.model.flavor}). Lower --training.seq_len, or raise the model's "
+            f"limit (e.g. --{spec_name}.max_seq_len={config.training.seq_len}) where the spec allows it."
+        )
+
+
+def run_model_args(spec: TrainSpec, config: JobConfig, *, tokenizer: Tokenizer,
+                   world_size: int) -> tuple[Any, str | None]:
+    """(the model args, a line saying where their shape came from when not the flavor).
+
+    The flavor's args with the spec section and the tokenizer's vocabulary applied, or the
+    shape of a Hugging Face ``checkpoint.initial_load``; then checked against the sequence
+    length, pipelining support and the spec's own layout rules (``validate_fn``), so
+    every path that builds the model sees the same args and the same refusals.
+    """
+    from ..hf.initial_shape import initial_model_args
+
+    args, shape_note = initial_model_args(spec, config, tokenizer=tokenizer)
+    check_seq_len(config, args, spec.name)
+    pp = config.parallelism.pp
+    if pp > 1 and spec.pipelining_fn is None:
+        raise ConfigError(f'spec "{spec.name}" has no pipelining_fn, so it cannot be split into pipeline stages, '
+                          f"but parallelism.pp={pp}. Set parallelism.pp=1 (and use dp_shard / tp instead).")
+    if spec.validate_fn is not None:
+        spec.validate_fn(args, parallelism=config.parallelism, training=config.training, world_size=world_size)
+    return args, shape_note
