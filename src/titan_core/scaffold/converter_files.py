@@ -106,6 +106,7 @@ class $cls(ModelConverter[${Cls}Config]):  # the type argument is the config: se
             module = model.get_submodule(fqn)
             # Swapping the class keeps the module object, its (meta) parameters and their names.
             module.__class__ = ${Cls}Linear
+            assert isinstance(module, ${Cls}Linear)  # it is now; this also tells a type checker
             module.mantissa_bits = self.config.mantissa_bits
 '''
 

@@ -72,7 +72,8 @@ class Attention(nn.Module):
         # "-1" heads: under TP each rank holds only its own heads.
         q, k, v = (w(x).view(b, s, -1, self.head_dim).transpose(1, 2) for w in (self.wq, self.wk, self.wv))
         out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return self.wo(out.transpose(1, 2).reshape(b, s, -1))
+        y: torch.Tensor = self.wo(out.transpose(1, 2).reshape(b, s, -1))
+        return y
 
 
 class FeedForward(nn.Module):
@@ -85,7 +86,8 @@ class FeedForward(nn.Module):
         self.w3 = nn.Linear(a.dim, a.hidden, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+        y: torch.Tensor = self.w2(F.silu(self.w1(x)) * self.w3(x))
+        return y
 
 
 class Block(nn.Module):
@@ -97,8 +99,9 @@ class Block(nn.Module):
         self.feed_forward = FeedForward(a)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = x + self.attention(self.attention_norm(x))
-        return h + self.feed_forward(self.ffn_norm(h))
+        h: torch.Tensor = x + self.attention(self.attention_norm(x))
+        y: torch.Tensor = h + self.feed_forward(self.ffn_norm(h))
+        return y
 
 
 class ${Cls}Model(nn.Module):
@@ -120,7 +123,8 @@ class ${Cls}Model(nn.Module):
         h = self.tok_embeddings(tokens)
         for block in self.layers.values():
             h = block(h)
-        return self.output(self.norm(h))
+        logits: torch.Tensor = self.output(self.norm(h))
+        return logits
 
     def init_parameter(self, fqn: str, tensor: torch.Tensor, generator: torch.Generator) -> None:
         """Fill the full-shaped plain tensor of parameter ``fqn`` (titan-core seeds ``generator`` per name)."""
@@ -165,7 +169,7 @@ def ${name}_tp_plan(model: nn.Module, *, styles: TensorParallelStyles, loss_para
     from torch.distributed.tensor.parallel import ColwiseParallel
 
     plan: dict[str, Any] = {}
-    for name in model.layers:
+    for name, _ in model.get_submodule("layers").named_children():
         p = f"layers.{name}"
         plan.update({
             f"{p}.attention.wq": styles.colwise(), f"{p}.attention.wk": styles.colwise(),
