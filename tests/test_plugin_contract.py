@@ -93,7 +93,11 @@ def test_plain_subclass_without_config_keeps_the_empty_config() -> None:
     class Bare(_Picks, ModelConverter):
         pass
 
+    class AnyTyped(_Picks, ModelConverter[Any]):  # no config type given: Config as set in the class
+        Config = PickConfig
+
     assert Bare.Config is EmptyConfig
+    assert AnyTyped.Config is PickConfig
 
 
 def test_subclass_of_a_generic_converter_inherits_its_config() -> None:

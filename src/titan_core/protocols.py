@@ -255,13 +255,14 @@ class ModelConverter(abc.ABC, Generic[ConfigT]):
 
 def _config_type_argument(cls: type) -> type[BaseModel] | None:
     """``X`` when ``cls`` is declared as ``class C(ModelConverter[X])``; None when it names no
-    config type (plain ``ModelConverter``, or a generic intermediate base with a type variable)."""
+    config type (plain ``ModelConverter``, ``ModelConverter[Any]``, or a generic intermediate base
+    with a type variable): ``Config`` is then set or inherited as before."""
     for base in cls.__dict__.get("__orig_bases__", ()):
         origin = typing.get_origin(base)
         if not (isinstance(origin, type) and issubclass(origin, ModelConverter)):
             continue
         args = typing.get_args(base)
-        if not args or isinstance(args[0], TypeVar):
+        if not args or isinstance(args[0], TypeVar) or args[0] is Any:
             return None
         arg = args[0]
         if not (isinstance(arg, type) and issubclass(arg, BaseModel)):
