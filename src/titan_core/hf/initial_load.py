@@ -249,7 +249,7 @@ def load_hf_weights(folder: HFFolder, *, spec: Any, model_parts: list[nn.Module]
             region = _local_region(param)
             if rows is None or region is None:
                 whole += 1
-                (native, value), = adapter.from_hf({name: reader.read(name)}, model_args).items()
+                (_, value), = adapter.from_hf({name: reader.read(name)}, model_args).items()
                 _copy_into(param, value)
                 del value
             else:
@@ -272,7 +272,10 @@ def _local_region(param: torch.Tensor) -> tuple[tuple[int, int], ...] | None:
     """
     if not isinstance(param, DTensor):
         return tuple((0, n) for n in param.shape)
-    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+    try:  # private, but what DCP itself uses to place shards; a torch without it reads whole
+        from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+    except ImportError:  # pragma: no cover
+        return None
 
     shape, offset = compute_local_shape_and_global_offset(param.shape, param.device_mesh, param.placements)
     if tuple(shape) != tuple(param.to_local().shape) or len(offset) != len(shape):
