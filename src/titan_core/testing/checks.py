@@ -372,7 +372,7 @@ def check_flops(t: Target) -> str:
 
 
 def check_hf_roundtrip(t: Target) -> str:
-    """to_hf then from_hf gives back every tensor (specs with a state_dict_adapter)."""
+    """to_hf then from_hf gives back every tensor, and from_hf_rows (if any) agrees with from_hf."""
     from ..init import init_model_weights
 
     spec, args, model = _spec_model(t, device="cpu")
