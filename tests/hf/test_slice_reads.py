@@ -147,3 +147,16 @@ def test_a_wrong_row_map_is_the_adapters_error() -> None:
     assert torch.equal(row_map(Partial(), "x", (4, 3), (4, 3), None), torch.arange(4))  # a rename
     with pytest.raises(PluginError, match="says the rows stay in order"):
         row_map(Partial(), "x", (4, 3), (3, 4), None)
+
+
+def test_titan_plugin_check_catches_a_row_map_that_lies(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from titan_core.testing import Target
+    from titan_core.testing.checks import SPEC_CHECKS, run_check
+    from titan_llama.hf_adapter import LlamaStateDictAdapter
+
+    check = next(c for c in SPEC_CHECKS if c.name == "HF round trip")
+    assert run_check(Target("spec", "llama3", workdir=tmp_path), check).status == "pass"
+    # Claiming "a plain rename" for q/k, whose rows from_hf permutes, would load wrong weights.
+    monkeypatch.setattr(LlamaStateDictAdapter, "from_hf_rows", lambda self, key, shape, args: None)
+    result = run_check(Target("spec", "llama3", workdir=tmp_path), check)
+    assert result.status == "fail" and "self_attn.q_proj.weight" in result.detail, result
