@@ -18,8 +18,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from _checkpoint_worker import Position, build, train_step
-from checkpoint_pause import install as install_pause
 from safetensors.torch import load_file
 from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
@@ -28,6 +26,9 @@ from titan_core.checkpoint import CheckpointManager, RunIdentity, collect_param_
 from titan_core.checkpoint.storage import IndexedWriter
 from titan_core.config.sections import CheckpointSection
 from titan_core.errors import CheckpointError
+
+from _checkpoint_worker import Position, build, train_step
+from checkpoint_pause import install as install_pause
 
 WORKER = Path(__file__).with_name("_checkpoint_worker.py")
 torch.set_num_threads(1)

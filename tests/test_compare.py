@@ -7,10 +7,11 @@ import re
 from pathlib import Path
 
 import pytest
-from conftest import assert_user_error, run_cli
 
 from titan_core.commands.compare import LossCurve, baseline_of, format_comparison, relative_gap
 from titan_core.config.resolve import resolve_config
+
+from conftest import assert_user_error, run_cli
 
 SMALL = ["--llama3.n_layers=2", "--training.seq_len=64", "--training.local_batch_size=4"]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

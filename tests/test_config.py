@@ -13,9 +13,9 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-from conftest import assert_user_error
-
 from titan_core.config.resolve import resolve_config
+
+from conftest import assert_user_error
 
 
 def resolve(*pairs: str, config: str | None = None, world_size: int = 1):

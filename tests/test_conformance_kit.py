@@ -10,6 +10,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+
 from conftest import REPO
 
 LIARS = textwrap.dedent('''

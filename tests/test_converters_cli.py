@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from conftest import REPO, CliResult, Wheels, assert_user_error, run_cli
 
 SMALL = ["--llama3.n_layers=2", "--training.seq_len=64", "--metrics.log_freq=1"]

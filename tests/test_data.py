@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO
 
 import titan_core.data.sources as sources
 from titan_core.data import build_dataloader
@@ -22,6 +21,8 @@ from titan_core.data.corpus import MAX_BYTES, SNAPSHOT_PATH, builtin_documents
 from titan_core.data.packing import clear_cache, is_validation_doc, tokenized_source
 from titan_core.errors import ConfigError
 from titan_core.tokenizer import build_tokenizer
+
+from conftest import REPO
 
 TOK = build_tokenizer("builtin")
 

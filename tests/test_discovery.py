@@ -7,9 +7,10 @@ import types
 from dataclasses import dataclass
 
 import pytest
-from conftest import assert_user_error
 
 from titan_core import ModelConverter, PluginError, discovery
+
+from conftest import assert_user_error
 
 
 @dataclass

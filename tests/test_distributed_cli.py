@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
 from conftest import Run, titan as run_titan, torchrun as run_torchrun
 
 TOLERANCE = 1e-5

@@ -25,6 +25,7 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
+
 from conftest import REPO, Wheels
 
 EXAMPLE = REPO / "examples" / "titan-tinygpt"

@@ -7,7 +7,6 @@ import sys
 import pytest
 import torch
 import torchao.float8 as ao_float8
-from converter_helpers import LLAMA, assert_same_as_reference, job, llama_on_meta, materialize, train_losses
 from pydantic import ValidationError
 from torch import nn
 from torchao.float8.float8_linear import Float8Linear
@@ -17,6 +16,8 @@ from titan_core.errors import ConfigError, TitanError
 from titan_core.parallel_dims import ParallelDims
 from titan_float8 import Float8Config, Float8Converter, fqn_matches, hardware
 from titan_float8.settings import GLOO_REASON
+
+from converter_helpers import LLAMA, assert_same_as_reference, job, llama_on_meta, materialize, train_losses
 
 torch.set_num_threads(1)
 RECIPES = ["tensorwise", "rowwise", "rowwise_with_gw_hp"]

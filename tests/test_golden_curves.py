@@ -13,6 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from types import ModuleType
 
 import pytest
+
 from conftest import REPO
 
 RELATIVE = 1e-6

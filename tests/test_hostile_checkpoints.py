@@ -22,9 +22,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import CliResult, run_cli, run_main
 
 from titan_core.checkpoint.integrity import file_digest
+
+from conftest import CliResult, run_cli, run_main
 
 SMALL = (
     "--spec", "llama3", "--flavor", "debugmodel", "--llama3.n_layers=2", "--training.seq_len=32",

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
 from conftest import REPO, CliResult, run_cli
 
 SMALL = (

@@ -12,11 +12,12 @@ from types import ModuleType
 
 import pytest
 import torch
-from conftest import REPO, Wheels
 from torch import nn
 
 from titan_core.converters import apply_converters
 from titan_core.parallel_dims import ParallelDims
+
+from conftest import REPO, Wheels
 
 EXAMPLE = REPO / "examples" / "titan-int8-fake"
 

@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from conftest import REPO, CliResult, run_cli
 
 COMMAND = (

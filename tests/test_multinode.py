@@ -19,8 +19,9 @@ import uuid
 from pathlib import Path
 
 import pytest
-from conftest import REPO, Run
 from test_distributed_cli import COMMON, STEPS, max_rel_diff, torchrun
+
+from conftest import REPO, Run
 
 FSDP2 = ("--training.local_batch_size=2", "--parallelism.dp_shard=2")
 TOLERANCE = 1e-6

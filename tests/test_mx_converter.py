@@ -8,8 +8,6 @@ import sys
 
 import pytest
 import torch
-from conftest import REPO
-from converter_helpers import LLAMA, assert_same_as_reference, job, llama_on_meta, materialize, train_losses
 from pydantic import ValidationError
 from torch import nn
 from torchao import quantize_
@@ -22,6 +20,9 @@ from titan_core.errors import ConfigError, TitanError
 from titan_core.parallel_dims import ParallelDims
 from titan_float8 import Float8Config, Float8Converter
 from titan_mx_prototype import MXConfig, MXConverter, hardware
+
+from conftest import REPO
+from converter_helpers import LLAMA, assert_same_as_reference, job, llama_on_meta, materialize, train_losses
 
 torch.set_num_threads(1)
 FFN = [f"layers.{i}.feed_forward.w{j}" for i in range(2) for j in (1, 2, 3)]

@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from conftest import Run, titan
 
 TOLERANCE = 1e-5

@@ -8,10 +8,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import trained
 
 from titan_core.metrics import peak_flops
 from titan_core.precision import autocast_for, resolve_compute_dtype
+
+from conftest import trained
 
 CUDA = torch.device("cuda", 0)  # a device object only: nothing here touches a GPU
 CPU = torch.device("cpu")

@@ -21,10 +21,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO, CliResult, assert_user_error, run_cli
 from safetensors.torch import load_file
 
 from titan_core.checkpoint import read_checkpoint_tensors
+
+from conftest import REPO, CliResult, assert_user_error, run_cli
 
 COMMON = (
     "--spec", "llama3", "--flavor", "debugmodel", "--llama3.n_layers=2", "--training.seq_len=32",

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 import tiktoken
-from conftest import REPO
 
 from titan_core.errors import ConfigError
 from titan_core.tokenizer import (
@@ -22,6 +21,8 @@ from titan_core.tokenizer import (
     read_bpe_ranks,
     write_bpe_ranks,
 )
+
+from conftest import REPO
 
 # Llama 3's published split pattern, typed out here as the reference.
 REFERENCE_PATTERN = (

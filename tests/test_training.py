@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from conftest import run_cli, trained
 
 

@@ -15,6 +15,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+
 from conftest import REPO, Wheels, run_ok
 
 DISTS = [REPO, REPO / "plugins/titan-llama", REPO / "plugins/titan-float8", REPO / "plugins/titan-mx-prototype"]

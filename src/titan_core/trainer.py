@@ -132,7 +132,8 @@ class Trainer:
         self.val_dataloader = loader("validation") if self.config.validation.enable else None
 
     def build_model(self) -> nn.Module:
-        m = self.config.model
+        from .hf.initial_shape import model_label
+
         self.model_args = self.resolved.model_args  # the flavor's, or config.json's with initial_load
         if self.resolved.model_shape_note:
             progress(self.resolved.model_shape_note, is_rank0=self.is_rank0)
@@ -142,7 +143,7 @@ class Trainer:
         self.ties = declared_ties(model)  # tied weights are checked after every set-up step
         check_ties([model], self.ties, after="the meta build")
         n_params = sum(p.numel() for p in model.parameters())
-        progress(f"model {self.spec.name}/{m.flavor}: {n_params:,} parameters", is_rank0=self.is_rank0)
+        progress(f"model {model_label(self.spec, self.config)}: {n_params:,} parameters", is_rank0=self.is_rank0)
         self.n_params = n_params
         from .memory_estimate import check_model_fits
 

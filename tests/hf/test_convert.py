@@ -15,9 +15,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_hf_export import hf_tensors
+
 from conftest import CliResult, assert_user_error, trained
 from hf_helpers import GLOBAL_BATCH, REPO, tiny_hf_llama, titan
-from test_hf_export import hf_tensors
 
 
 def convert(*args: str, console_script: bool = False) -> CliResult:

@@ -13,9 +13,10 @@ import json
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_file
+
 from conftest import trained
 from hf_helpers import GLOBAL_BATCH, tiny_hf_llama, titan
-from safetensors.torch import load_file
 
 EXPORT = ("checkpoint.export_at_end=true", "checkpoint.export_format=hf")
 

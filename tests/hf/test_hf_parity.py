@@ -11,12 +11,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from hf_helpers import tiny_hf_llama
 from safetensors.torch import load_file
 
 from titan_core import ConfigError
 from titan_llama.hf_adapter import LlamaStateDictAdapter
 from titan_llama.model import Transformer
+
+from hf_helpers import tiny_hf_llama
 
 ADAPTER = LlamaStateDictAdapter()
 CASES = [

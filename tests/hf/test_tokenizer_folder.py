@@ -6,11 +6,12 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import assert_user_error
 
 from titan_core.hf.tokenizer_folder import HFTokenizersTokenizer
 from titan_core.hf.tokenizer_json import write_hf_tokenizer
 from titan_core.tokenizer import BUILTIN_PATH, LLAMA3_NUM_SPECIAL_TOKENS, build_tokenizer
+
+from conftest import assert_user_error
 
 TEXTS = [
     "Hello world!  It's 12345 tokens\n\n  def f(x):\treturn x**2 # ünïcödé 日本語 ",

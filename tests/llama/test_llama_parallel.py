@@ -12,7 +12,6 @@ import dataclasses
 from collections import Counter
 from typing import Any
 
-import _parallel_worker as w
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -30,6 +29,8 @@ from titan_core.parallel import reshard_policy, resolve_ops
 from titan_llama.model import Transformer
 from titan_llama.parallelize import parallelize_llama, validate_llama_layout
 from titan_llama.pipeline import split_layers, stage_ids_of_rank, validate_pipeline
+
+import _parallel_worker as w
 
 L = w.Layout
 TWO_RANK = [

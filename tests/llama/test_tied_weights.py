@@ -15,11 +15,11 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "hf"))
-from hf_helpers import GLOBAL_BATCH, titan  # noqa: E402
-
 from titan_core import PluginError, check_ties, retie_weights
 from titan_llama.flavors import llama3_flavors
 from titan_llama.model import Transformer
+
+from hf_helpers import GLOBAL_BATCH, titan  # noqa: E402
 
 TIED = ("--flavor", "debugmodel_tied", "--llama3.n_layers=2", "--training.steps=3")
 

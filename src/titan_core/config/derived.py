@@ -37,11 +37,13 @@ def run_tokenizer(spec: TrainSpec, config: JobConfig) -> Tokenizer:
 def check_seq_len(config: JobConfig, args: Any, spec_name: str) -> None:
     """training.seq_len within the model's ``max_seq_len`` (when its args declare one), so that
     the config is refused before anything runs rather than at the first forward."""
+    from ..hf.initial_shape import shape_source
+
     limit = getattr(args, "max_seq_len", None)
     if isinstance(limit, int) and config.training.seq_len > limit:
         raise ConfigError(
             f"training.seq_len={config.training.seq_len} is longer than the model's max_seq_len={limit} "
-            f"(spec {spec_name}, flavor {config.model.flavor}). Lower --training.seq_len, or raise the model's "
+            f"(spec {spec_name}, {shape_source(config)}). Lower --training.seq_len, or raise the model's "
             f"limit (e.g. --{spec_name}.max_seq_len={config.training.seq_len}) where the spec allows it."
         )
 

@@ -1,5 +1,6 @@
-"""The model shape of a run whose ``checkpoint.initial_load`` names a Hugging Face folder
-(or a titan checkpoint made from one): read from its ``config.json`` through the spec's adapter.
+"""The model shape of a run whose ``checkpoint.initial_load`` gives one: a Hugging Face
+folder's ``config.json`` (or the ``hf_config.json`` a titan checkpoint made from one
+carries), read through the spec's adapter.
 
 A spec-section value that contradicts the file is an error listing each field (the
 adapter's ``runtime_fields``, such as the RoPE table length, may differ). Light on
@@ -35,29 +36,53 @@ def source_kind(path: Path) -> str:
     raise AssertionError("unreachable")  # pragma: no cover
 
 
-def initial_model_args(spec: Any, config: Any, *, tokenizer: Any) -> tuple[Any, str | None]:
-    """(the model args of this run, where their shape came from): from config.json for an HF
-    ``initial_load`` (a line saying so), else the flavor's (None).
+def shape_file(config: Any) -> Path | None:
+    """The ``config.json`` this run's model shape comes from; None when it is the flavor's.
 
-    Also checks, before anything is trained, that an ``hf`` export will be possible.
+    An HF folder's ``config.json``, or the ``hf_config.json`` that ``titan-convert from-hf``
+    leaves in a titan checkpoint. A source that is neither (or does not exist) gives None
+    here; loading it is what reports it.
     """
-    vocab_size = tokenizer.vocab_size
-    if config.checkpoint.export_at_end and config.checkpoint.export_format == "hf":
-        from .export import check_hf_export
+    from ..checkpoint.weights import is_titan_checkpoint
 
-        check_hf_export(spec, tokenizer)  # now, not after training
-    section = getattr(config, spec.name, None)
     source = config.checkpoint.initial_load
-    kind = source_kind(Path(source)) if source else None
-    hf_config = Path(source) / HF_CONFIG_IN_CHECKPOINT if source else None
-    if kind == "titan" and hf_config is not None and hf_config.is_file():
-        hf_dict = _read_json(hf_config)  # a checkpoint made by titan-convert from-hf carries its shape
-    elif kind == "hf":
-        hf_dict = open_hf_folder(source, what=WHAT).config
-    else:
-        return spec.model_args(config.model.flavor, section, vocab_size=vocab_size), None
+    if not source:
+        return None
+    path = Path(source)
+    if is_hf_folder(path):
+        return path / "config.json"
+    carried = path / HF_CONFIG_IN_CHECKPOINT
+    return carried if carried.is_file() and is_titan_checkpoint(path) else None
+
+
+def shape_source(config: Any) -> str:
+    """``flavor NAME``, or ``shape from FILE`` when an ``initial_load`` gives the shape (for messages)."""
+    file = shape_file(config)
+    return f"flavor {config.model.flavor}" if file is None else f"shape from {file}"
+
+
+def model_label(spec: Any, config: Any) -> str:
+    """How the run log names its model: ``spec/flavor``, or the spec and the config.json its shape came from."""
+    file = shape_file(config)
+    return f"{spec.name}/{config.model.flavor}" if file is None else f"{spec.name} (shape from {file})"
+
+
+def config_json_model_args(spec: Any, config: Any) -> Any | None:
+    """The model args from the ``initial_load``'s config.json (None: the flavor gives them).
+
+    The spec section's runtime fields apply on top; any other field it sets must agree
+    with the file, or a ConfigError lists each one. Config validation, ``--dry-run`` and
+    the real run all take the shape from here.
+    """
+    file = shape_file(config)
+    if file is None:
+        return None
+    source = config.checkpoint.initial_load
+    # A checkpoint made by titan-convert from-hf carries its shape; an HF folder's is read with its tensor headers.
+    hf_dict = _read_json(file) if file.name == HF_CONFIG_IN_CHECKPOINT else open_hf_folder(source, what=WHAT).config
     adapter = adapter_of(spec, purpose=f"{WHAT} of a Hugging Face folder")
     args = adapter.model_args_from_hf(hf_dict)
+    section = getattr(config, spec.name, None)
     chosen = {k: v for k, v in section.model_dump().items() if v is not None} if section is not None else {}
     conflicts = [f"{spec.name}.{k}={v!r} (config.json: {getattr(args, k)!r})"
                  for k, v in chosen.items() if k not in adapter.runtime_fields and getattr(args, k, v) != v]
@@ -66,7 +91,28 @@ def initial_model_args(spec: Any, config: Any, *, tokenizer: Any) -> tuple[Any, 
             f"{WHAT}={source}: the model shape comes from its config.json, and these settings contradict it: "
             f"{'; '.join(conflicts)}. Remove them (or edit config.json)."
         )
-    args = dataclasses.replace(args, **{k: v for k, v in chosen.items() if k in adapter.runtime_fields})
+    return dataclasses.replace(args, **{k: v for k, v in chosen.items() if k in adapter.runtime_fields})
+
+
+def initial_model_args(spec: Any, config: Any, *, tokenizer: Any) -> tuple[Any, str | None]:
+    """(the model args of this run, a line saying where their shape came from): from
+    config.json for an HF ``initial_load``, else the flavor's (and no line).
+
+    Also checks, before anything is trained, that an ``hf`` export will be possible.
+    ``resolve_config`` calls it once (through ``config/derived.py``); the real run,
+    ``--dry-run`` and the launcher read the result.
+    """
+    vocab_size = tokenizer.vocab_size
+    if config.checkpoint.export_at_end and config.checkpoint.export_format == "hf":
+        from .export import check_hf_export
+
+        check_hf_export(spec, tokenizer)  # now, not after training
+    source = config.checkpoint.initial_load
+    if source:
+        source_kind(Path(source))  # a source that is no model folder fails now, not after set-up
+    args = config_json_model_args(spec, config)
+    if args is None:
+        return spec.model_args(config.model.flavor, getattr(config, spec.name, None), vocab_size=vocab_size), None
     model_vocab = getattr(args, "vocab_size", None)
     if isinstance(model_vocab, int) and vocab_size > model_vocab:
         raise ConfigError(
@@ -74,8 +120,7 @@ def initial_model_args(spec: Any, config: Any, *, tokenizer: Any) -> tuple[Any, 
             f"vocab_size) has {model_vocab}; use the tokenizer the model was trained with (--data.tokenizer)."
         )
     shape = ", ".join(f"{f.name}={getattr(args, f.name)}" for f in dataclasses.fields(args))
-    shape_file = hf_config if kind == "titan" else Path(source) / "config.json"
-    return args, f"model shape from {shape_file} (model.flavor is ignored): {shape}"
+    return args, f"model shape from {shape_file(config)} (model.flavor is ignored): {shape}"
 
 
 def _read_json(path: Path) -> dict[str, Any]:
