@@ -23,15 +23,22 @@ SUPERSEDED_FILE = "metrics.superseded.jsonl"
 
 def atomic_write_text(path: Path, text: str) -> None:
     """Write ``path`` so that a crash leaves either the old file or the new one, never half of it."""
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """``atomic_write_text`` for bytes; an interrupted write (Ctrl+C) leaves no temporary file behind."""
     tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
     try:
-        with open(tmp, "w", encoding="utf-8") as fh:
-            fh.write(text)
+        with open(tmp, "wb") as fh:
+            fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
-    except OSError as exc:
+    except BaseException as exc:
         tmp.unlink(missing_ok=True)
+        if not isinstance(exc, OSError):
+            raise
         # Name the file the user knows (not the temporary one): "disk full while writing .../config.toml".
         from .os_errors import describe_os_error
 

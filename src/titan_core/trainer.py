@@ -227,8 +227,15 @@ class Trainer:
         c = self.config
         build_opt = self.spec.build_optimizers_fn or OptimizersContainer
         build_lr = self.spec.build_lr_schedulers_fn or LRSchedulersContainer
-        self.optimizer = build_opt(self.model_parts, c.optimizer, device_type=self.device.type)
-        self.lr_schedulers = build_lr(self.optimizer, c.lr_scheduler, total_steps=c.training.steps)
+        from .optimizer_settings import settings_checked
+
+        spec_fn = self.spec.build_optimizers_fn  # plugin code is named as such; the core's as a settings error
+        with (plugin_call(SPECS, self.spec.name, "build_optimizers_fn") if spec_fn else
+              settings_checked("optimizer", c.optimizer, what=f"torch.optim.{c.optimizer.name}")):
+            self.optimizer = build_opt(self.model_parts, c.optimizer, device_type=self.device.type)
+        with (plugin_call(SPECS, self.spec.name, "build_lr_schedulers_fn") if self.spec.build_lr_schedulers_fn else
+              settings_checked("lr_scheduler", c.lr_scheduler, what="the LR scheduler")):
+            self.lr_schedulers = build_lr(self.optimizer, c.lr_scheduler, total_steps=c.training.steps)
         register_converter_hooks(self.optimizer, self.converters, self.model_parts)
 
     def build_checkpointer(self) -> None:

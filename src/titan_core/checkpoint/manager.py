@@ -123,7 +123,7 @@ class CheckpointManager:
         index: TensorIndex | None = None
         error: str | None = None
         try:  # parsed only now: every byte of it was verified against the manifest above
-            index = read_index(path, {name: size for name, (size, _) in record.files.items()})
+            index = read_index(path, record.files)
         except CheckpointError as exc:
             error = str(exc)
         self._agree(error)

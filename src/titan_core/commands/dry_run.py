@@ -36,6 +36,11 @@ def dry_run(resolved: ResolvedConfig) -> int:
     table = apply_converters(model, converters, spec)
     n_params = sum(t.numel() for t in model.parameters())
     print(f"spec {spec.name}, flavor {c.model.flavor}: {n_params:,} parameters ({n_params / 1e9:.3f} B)")
+    from ..memory_estimate import check_model_fits, local_ranks_from_env
+
+    # The same refusal the run makes before allocating, with the ranks the run would put on this machine.
+    check_model_fits(n_params, optimizer=c.optimizer.name, dp_shard=dims.dp_shard, tp=p.tp, pp=p.pp, device=device,
+                     local_ranks=local_ranks_from_env(default=resolved.world_size))
     if converters:
         print(table.format())
         path = Path(c.job.run_dir) / "dry-run" / "conversion_table.json"

@@ -102,6 +102,7 @@ def resolve_config(
         config = job_model.model_validate(merged, context={"world_size": world_size})
     except ValidationError as exc:
         raise ConfigError(describe(exc, job_model)) from None
+    refuse_nonfinite(config.model_dump(mode="python"))  # values pydantic converted (a TOML string "1e39")
     flavor = config.model.flavor
     if flavor not in spec.flavors:
         raise ConfigError(
