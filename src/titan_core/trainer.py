@@ -341,6 +341,7 @@ class Trainer:
             load_initial_weights(self.config.checkpoint.initial_load, spec=self.spec, model_parts=self.model_parts,
                                  model_args=self.model_args, ties=self.ties, is_rank0=self.is_rank0)
         if self.is_rank0:  # written once resume is accepted: a refused run leaves the run folder as it was
+            self.require_writable_run_files()
             atomic_write_text(self.run_dir / "config.toml", dumps(self.config.model_dump(mode="json")))
             supersede_metrics(self.metrics.path, start_step=self.step)  # one record per step after a resume
             if self.converters:
@@ -376,6 +377,14 @@ class Trainer:
             self.stop_if_signalled()
         self.finish()
         return losses
+
+    def require_writable_run_files(self) -> None:
+        """Every file and folder the run writes is writable, checked before it writes the first one."""
+        from .run_files import require_writable
+
+        c = self.config.checkpoint
+        export = [self.run_dir / "export"] if c.export_at_end else []
+        require_writable(folders=[self.run_dir, *export], files=[self.run_dir / "config.toml", self.metrics.path])
 
     def stop_if_signalled(self) -> None:
         """After a SIGTERM, every rank stops after this same step (they agree in one all_reduce)."""
