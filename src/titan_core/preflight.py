@@ -34,7 +34,11 @@ def preflight(resolved: ResolvedConfig) -> None:
     dims = ParallelDims.resolve(dp_replicate=p.dp_replicate, dp_shard=p.dp_shard, tp=p.tp, pp=p.pp,
                                 world_size=resolved.world_size)
     converters = build_converters(resolved, dims)
-    for _, conv in converters:
-        conv.compatible_with(resolved.spec)
+    from .discovery import CONVERTERS
+    from .plugin_calls import plugin_call
+
+    for name, conv in converters:
+        with plugin_call(CONVERTERS, name, "compatible_with()"):
+            conv.compatible_with(resolved.spec)
     if dims.tp_enabled:
         resolve_tp_styles(converters)

@@ -170,10 +170,13 @@ class Trainer:
     def parallelize(self, part: nn.Module) -> nn.Module:
         c = self.config
         with plugin_call(SPECS, self.spec.name, "parallelize_fn"):
-            return self.spec.resolved_parallelize_fn()(
+            out = self.spec.resolved_parallelize_fn()(
                 part, parallel_dims=self.dims, mesh=self.mesh, training=c.training, parallelism=c.parallelism,
                 compile=c.compile, activation_checkpoint=c.activation_checkpoint, tp_styles=self.tp_styles(),
             )
+            if not isinstance(out, nn.Module):
+                raise TypeError(f"it returned {type(out).__name__}, not the parallelized nn.Module")
+        return out
 
     def build_model_parts(self, model: nn.Module) -> None:
         self.loss_fn = self.spec.build_loss_fn() if self.spec.build_loss_fn else cross_entropy_loss

@@ -41,6 +41,7 @@ from torch.distributed.checkpoint.metadata import (
 )
 
 from ..errors import CheckpointError
+from .json_strict import unique_keys
 
 INDEX_FILE = "tensor_index.json"
 INDEX_FORMAT = 1
@@ -180,7 +181,8 @@ def read_index(folder: Path, digests: dict[str, tuple[int, int]]) -> TensorIndex
         if (len(raw), zlib.crc32(raw)) != digests[INDEX_FILE]:
             raise ValueError("its bytes differ from the size and CRC-32 its manifest records (it was replaced "
                              "or damaged after the checkpoint was verified)")
-        data = json.loads(raw.decode("utf-8"), parse_constant=_refuse_constant)
+        data = json.loads(raw.decode("utf-8"), parse_constant=_refuse_constant,
+                          object_pairs_hook=unique_keys)
         if not isinstance(data, dict) or data.get("format") != INDEX_FORMAT:
             raise ValueError(f"unknown format {data.get('format') if isinstance(data, dict) else None!r} "
                              f"(this titan-core reads {INDEX_FORMAT})")
