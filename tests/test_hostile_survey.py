@@ -377,7 +377,9 @@ def test_dry_run_refuses_a_model_that_cannot_fit_with_the_run_s_message(
             signal.signal(s, h)
     lines = [[line for line in r.err.splitlines() if "error:" in line] for r in (dry, real)]
     assert dry.code == real.code == 2, dry.text + real.text
-    assert len(lines[0]) == 1 and lines[0] == lines[1], lines
+    # the same message; only the free memory read at that moment (MemAvailable) may differ between the two
+    assert len(lines[0]) == len(lines[1]) == 1, lines
+    assert lines[0][0].split(" but only ")[0] == lines[1][0].split(" but only ")[0], lines
     assert "the model cannot fit: 204,805,115,136 parameters need at least 3,051.8 GiB per rank" in lines[0][0]
     assert "Traceback" not in dry.text + real.text
 
