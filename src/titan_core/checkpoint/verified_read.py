@@ -9,8 +9,10 @@ the end of the pass. Memory stays at one range (one tensor chunk) plus a fixed b
 whatever the file's size.
 
 The caller must treat what it was handed as unverified until ``read_verified``
-returns: copy it into a destination nothing else sees yet, and publish it (commit it
-to the model, return it) only afterwards.
+returns: it may copy the bytes into their destination, but commits or returns them
+only afterwards. A mismatch raises, which fails the whole load: a resume stops
+before any step runs, so bytes already copied into the model are never trained on
+or saved.
 """
 
 from __future__ import annotations
