@@ -406,7 +406,7 @@ IN_PROCESS = [
     InProcess("config.toml is a folder", ("--training.steps=6",), "config.toml: it is a folder, where a file was expected",
               damage=config_toml_is_a_folder),
     InProcess("export path is a file", ("--training.steps=4", "--checkpoint.export_at_end=true"),
-              "cannot write the exported weights next to", damage=export_is_a_file, started=True),
+              "/export: a path component is a file, not a folder", damage=export_is_a_file),
     # ---- data entries that cannot be read ------------------------------------------------------------
     InProcess("dangling symlink in the data folder", ("--data.source={run}/../data", FRESH),
               "b.txt (a dangling symbolic link)", prepare=data_folder_with("dangling")),

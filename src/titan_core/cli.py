@@ -151,6 +151,10 @@ def _report(exc: TitanError, *, with_traceback: bool, cause: BaseException | Non
     if isinstance(exc, StopRequested):
         print(str(exc), file=sys.stderr, flush=True)
         return exc.exit_code
+    from .worker_errors import hand_to_launcher
+
+    if hand_to_launcher(str(exc), hint=not with_traceback):  # --nproc-per-node prints each message once
+        return exc.exit_code
     from .metrics import rank_prefix
 
     print(f"{rank_prefix()}titan-train: error: {exc}", file=sys.stderr)

@@ -109,14 +109,19 @@ def apply_converters(
     """
     names = [name for name, _ in converters]  # distinct: model.converters refuses a name listed twice
     if spec is not None:
-        for _, converter in converters:
-            converter.compatible_with(spec)
+        for name, converter in converters:
+            with plugin_call(CONVERTERS, name, "compatible_with()"):
+                converter.compatible_with(spec)
 
     modules = dict(model.named_modules())
     selections: dict[str, list[str]] = {}
     for name, converter in converters:
         with plugin_call(CONVERTERS, name, "select()"):
-            selected = list(dict.fromkeys(converter.select(model)))  # keep order, drop repeats
+            chosen = converter.select(model)
+            if not isinstance(chosen, (list, tuple)) or not all(isinstance(f, str) for f in chosen):
+                raise TypeError(f"it returned {type(chosen).__name__} {str(chosen)[:80]!r}, not a list of "
+                                f"module names (str)")
+            selected = list(dict.fromkeys(chosen))  # keep order, drop repeats
         _check_exist(name, selected, modules)
         selections[name] = selected
 

@@ -51,6 +51,9 @@ def world_size_from_env() -> int:
     return env_int("WORLD_SIZE", 1, minimum=1)
 
 
+_MAX_PROCESSES = 2**24  # far beyond any job; bounds what torch's store and gloo are handed
+
+
 def env_int(name: str, default: int, *, minimum: int = 0) -> int:
     """An integer from the launcher's environment, checked: garbage there is a clear error, not a traceback."""
     raw = os.environ.get(name)
@@ -60,9 +63,10 @@ def env_int(name: str, default: int, *, minimum: int = 0) -> int:
         value = int(raw.strip())
     except ValueError:
         value = None
-    if value is None or value < minimum:
+    if value is None or value < minimum or value > _MAX_PROCESSES:
+        bound = f">= {minimum}" if value is None or value < minimum else f"up to {_MAX_PROCESSES}"
         raise ConfigError(
-            f"environment variable {name}={raw!r} is not an integer >= {minimum}. It is set by the launcher "
+            f"environment variable {name}={raw!r} is not an integer {bound}. It is set by the launcher "
             f"(torchrun or titan-train --nproc-per-node); unset it to run a single process, or launch through "
             f"one of those."
         )
@@ -74,6 +78,7 @@ def rank_env() -> tuple[int, int, int]:
     world_size = world_size_from_env()
     rank = env_int("RANK", 0)
     local_rank = env_int("LOCAL_RANK", 0)
+    env_int("LOCAL_WORLD_SIZE", 1, minimum=1)  # read by the memory check: garbage there is the same error
     if rank >= world_size:
         raise ConfigError(f"environment variable RANK={rank} must be below WORLD_SIZE={world_size}; "
                           f"launch through torchrun or titan-train --nproc-per-node, which set both.")

@@ -30,6 +30,7 @@ from pathlib import Path
 from types import FrameType
 
 from .distributed import LAUNCHER_ENV
+from .worker_errors import ErrorInbox
 
 __all__ = ["PEER_LOST_EXIT", "launch"]
 
@@ -38,6 +39,7 @@ __all__ = ["PEER_LOST_EXIT", "launch"]
 PEER_LOST_EXIT = 4
 POLL_S = 0.05
 STOP_GRACE_S = 3.0
+OWN_ERROR_GRACE_S = 2.0  # a rank stopped on a user error: how long the others get to stop on it themselves
 _STOP_CODES = {128 + signal.SIGTERM, 128 + signal.SIGINT}
 _FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
@@ -97,14 +99,19 @@ def launch(nproc: int, worker_args: list[str], *, run_dir: Path | None = None) -
                 w.proc.send_signal(signum)
 
     workers: list[Worker] = []
+    inbox = ErrorInbox()  # each distinct user error of the workers is printed once, here
     previous = {s: signal.signal(s, forward) for s in _FORWARDED}
     try:
         for rank in range(nproc):
             proc = subprocess.Popen([sys.executable, "-m", "titan_core", *worker_args],
-                                    env={**env, "RANK": str(rank), "LOCAL_RANK": str(rank)}, start_new_session=True)
+                                    env={**env, **inbox.env(), "RANK": str(rank), "LOCAL_RANK": str(rank)},
+                                    start_new_session=True)
             workers.append(Worker(rank, proc))
-        return _supervise(workers, received)
+        code = _supervise(workers, received)
+        inbox.report(nproc)
+        return code
     finally:
+        inbox.close()
         for w in workers:  # nothing outlives the launcher, whatever happened above
             if w.code() is None:
                 w.proc.kill()
@@ -141,6 +148,8 @@ def _stop_after_failure(workers: list[Worker], failed: list[Worker]) -> int:
     stopped = [w for w in workers if w.code() is None and w.state() == "T"]
     killed = [w for w in failed if (w.code() or 0) < 0]
     own_error = [w for w in workers if w.code() not in (None, 0, PEER_LOST_EXIT)]
+    if own_error and not killed and not stopped:  # a user error the others usually hit too: let them report it
+        _wait_for([w for w in workers if w.code() is None], OWN_ERROR_GRACE_S)
     running = [w for w in workers if w.code() is None]
     _stop(running)
     if killed:
@@ -166,6 +175,12 @@ def _stop_after_failure(workers: list[Worker], failed: list[Worker]) -> int:
     return exit_code
 
 
+def _wait_for(running: list[Worker], seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while any(w.code() is None for w in running) and time.monotonic() < deadline:
+        time.sleep(POLL_S)
+
+
 def _stop(running: list[Worker]) -> None:
     """SIGKILL a stopped (frozen) rank at once: nothing it holds can be trusted; SIGTERM the others,
     which stop at their next step boundary or when their collective with the lost rank fails,
@@ -175,9 +190,7 @@ def _stop(running: list[Worker]) -> None:
             w.proc.send_signal(signal.SIGKILL if w.state() == "T" else signal.SIGTERM)
         except ProcessLookupError:
             pass
-    deadline = time.monotonic() + STOP_GRACE_S
-    while any(w.code() is None for w in running) and time.monotonic() < deadline:
-        time.sleep(POLL_S)
+    _wait_for(running, STOP_GRACE_S)
     for w in running:
         if w.code() is None:
             w.proc.kill()

@@ -63,10 +63,23 @@ def available_bytes(device: torch.device, *, local_ranks: int) -> int | None:
     return None if total is None else total // max(local_ranks, 1)
 
 
+def local_ranks_from_env(default: int = 1) -> int:
+    """How many ranks share this machine: LOCAL_WORLD_SIZE (torchrun), else WORLD_SIZE, else ``default``."""
+    raw = os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", "")).strip()
+    try:
+        return max(int(raw), 1) if raw else max(default, 1)
+    except ValueError:
+        return max(default, 1)
+
+
 def check_model_fits(n_params: int, *, optimizer: str, dp_shard: int, tp: int, pp: int,
-                     device: torch.device) -> None:
-    """ConfigError with the figures, and what would fit, when the lower bound exceeds the memory."""
-    local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", "1")) or 1)
+                     device: torch.device, local_ranks: int | None = None) -> None:
+    """ConfigError with the figures, and what would fit, when the lower bound exceeds the memory.
+
+    ``local_ranks`` (ranks sharing this machine's memory) defaults to the launcher's environment;
+    ``--dry-run`` runs before any launcher and passes the world size it plans for.
+    """
+    local_ranks = local_ranks or local_ranks_from_env()
     have = available_bytes(device, local_ranks=local_ranks)
     need = estimate(n_params, optimizer=optimizer, split=dp_shard * tp * pp)
     if have is None or need.per_rank <= have:

@@ -6,7 +6,7 @@ import errno
 
 from .errors import TitanError
 
-__all__ = ["describe_os_error"]
+__all__ = ["describe_os_error", "io_errno"]
 
 _ADVICE = {
     errno.ENOSPC: ("disk full", "free space on that filesystem or point --job.run_dir at another one"),
@@ -31,3 +31,14 @@ def describe_os_error(exc: OSError) -> TitanError:
     else:
         message = f"cannot use {name}: {what} ([Errno {exc.errno}] {exc.strerror}); {fix}."
     return TitanError(message)
+
+
+def io_errno(exc: BaseException) -> int | None:
+    """The errno of an I/O failure: an OSError's, or the one safetensors' Rust writer reports in the text
+    of its own exception type ("I/O error: No space left on device (os error 28)"); None for anything else."""
+    if isinstance(exc, OSError):
+        return exc.errno
+    import re
+
+    found = re.search(r"os error (\d+)", str(exc)) if type(exc).__name__ == "SafetensorError" else None
+    return int(found.group(1)) if found else None

@@ -41,13 +41,16 @@ def plugin_call(group: Group, name: str, method: str) -> Iterator[None]:
     """Re-raise anything but a TitanError from the block as a PluginError naming the plugin and ``method``."""
     try:
         yield
-    except TitanError:
+    except (TitanError, GeneratorExit):
         raise
-    except Exception as exc:
+    except BaseException as exc:  # SystemExit, a BaseException subclass of its own: still the plugin's
         from .peer_failure import is_collective_failure
+        from .signals import interrupted_by_signal
 
         if is_collective_failure(exc):  # a collective inside the plugin's code lost a peer: not the plugin's fault
             raise
+        if isinstance(exc, KeyboardInterrupt) and interrupted_by_signal():
+            raise  # a real Ctrl+C that happened to land in plugin code
         first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ""
         raise PluginError(
             f"{plugin_label(group, name)} failed in {method}: {type(exc).__name__}: {first}. This is a problem "

@@ -20,7 +20,11 @@ def preflight(resolved: ResolvedConfig) -> None:
     from .trainer import Trainer
 
     trainer = Trainer(resolved)
-    for _, conv in trainer.build_converters():
-        conv.compatible_with(resolved.spec)
+    from .discovery import CONVERTERS
+    from .plugin_calls import plugin_call
+
+    for name, conv in trainer.build_converters():
+        with plugin_call(CONVERTERS, name, "compatible_with()"):
+            conv.compatible_with(resolved.spec)
     if resolved.dims.tp_enabled:
         trainer.tp_styles()

@@ -10,6 +10,7 @@ timeline.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import secrets
@@ -23,19 +24,53 @@ SUPERSEDED_FILE = "metrics.superseded.jsonl"
 
 def atomic_write_text(path: Path, text: str) -> None:
     """Write ``path`` so that a crash leaves either the old file or the new one, never half of it."""
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """``atomic_write_text`` for bytes; an interrupted write (Ctrl+C) leaves no temporary file behind."""
     tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
     try:
-        with open(tmp, "w", encoding="utf-8") as fh:
-            fh.write(text)
+        with open(tmp, "wb") as fh:
+            fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
-    except OSError as exc:
+    except BaseException as exc:
         tmp.unlink(missing_ok=True)
+        if not isinstance(exc, OSError):
+            raise
         # Name the file the user knows (not the temporary one): "disk full while writing .../config.toml".
         from .os_errors import describe_os_error
 
         raise describe_os_error(OSError(exc.errno, exc.strerror, str(path))) from exc
+
+
+def require_writable(*, folders: list[Path], files: list[Path]) -> None:
+    """Raise the OSError (naming the path) that writing would raise later, before the run writes anything.
+
+    A read-only or foreign-owned ``config.toml`` or ``metrics.jsonl``, a run folder on a read-only
+    filesystem or a folder this user may not write would otherwise stop the run after it had already
+    rewritten some files and trained. Probing leaves no trace: an existing file is opened for appending
+    and closed unwritten, a folder gets an unnamed temporary file. A path that does not exist yet is
+    skipped (creating it will be checked where it happens).
+    """
+    import tempfile
+
+    for folder in folders:
+        if folder.is_dir():
+            try:
+                tempfile.TemporaryFile(dir=folder).close()
+            except OSError as exc:
+                raise OSError(exc.errno, exc.strerror, str(folder)) from exc
+        elif folder.exists() or folder.is_symlink():
+            raise OSError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(folder))
+    for path in files:
+        if path.exists() and not path.is_dir():
+            with open(path, "a", encoding="utf-8"):
+                pass
+            if not os.access(path, os.W_OK):  # opened by a privileged user, still read-only by its mode
+                raise OSError(errno.EACCES, os.strerror(errno.EACCES), str(path))
 
 
 def supersede_metrics(path: Path, *, start_step: int) -> int:

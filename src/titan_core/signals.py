@@ -67,6 +67,11 @@ def handlers_installed() -> Iterator[None]:
         _state.update(installed=False, term=0)
 
 
+def interrupted_by_signal() -> bool:
+    """True when a KeyboardInterrupt now unwinding came from a real SIGINT (not raised by some code itself)."""
+    return bool(_state["int_pending"]) or not _state["installed"]
+
+
 def requested_signal() -> int:
     """The signal number of a pending stop request (SIGTERM), or 0."""
     return int(_state["term"])

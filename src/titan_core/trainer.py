@@ -145,11 +145,12 @@ class Trainer:
         n_params = sum(p.numel() for p in model.parameters())
         progress(f"model {model_label(self.spec, self.config)}: {n_params:,} parameters", is_rank0=self.is_rank0)
         self.n_params = n_params
-        from .memory_estimate import check_model_fits
+        from .memory_estimate import check_model_fits, local_ranks_from_env
 
         p = self.config.parallelism
+        # A dry run (before any launcher) counts the ranks the run would put on this machine.
         check_model_fits(n_params, optimizer=self.config.optimizer.name, dp_shard=self.dims.dp_shard, tp=p.tp,
-                         pp=p.pp, device=self.device)
+                         pp=p.pp, device=self.device, local_ranks=local_ranks_from_env(default=self.resolved.world_size))
         return model
 
     def run_context(self) -> RunContext:
@@ -181,10 +182,13 @@ class Trainer:
     def parallelize(self, part: nn.Module) -> nn.Module:
         c = self.config
         with plugin_call(SPECS, self.spec.name, "parallelize_fn"):
-            return self.spec.resolved_parallelize_fn()(
+            out = self.spec.resolved_parallelize_fn()(
                 part, parallel_dims=self.dims, mesh=self.mesh, training=c.training, parallelism=c.parallelism,
                 compile=c.compile, activation_checkpoint=c.activation_checkpoint, tp_styles=self.tp_styles(),
             )
+            if not isinstance(out, nn.Module):
+                raise TypeError(f"it returned {type(out).__name__}, not the parallelized nn.Module")
+        return out
 
     def build_model_parts(self, model: nn.Module) -> None:
         self.loss_fn = self.spec.build_loss_fn() if self.spec.build_loss_fn else cross_entropy_loss
@@ -236,8 +240,15 @@ class Trainer:
         c = self.config
         build_opt = self.spec.build_optimizers_fn or OptimizersContainer
         build_lr = self.spec.build_lr_schedulers_fn or LRSchedulersContainer
-        self.optimizer = build_opt(self.model_parts, c.optimizer, device_type=self.device.type)
-        self.lr_schedulers = build_lr(self.optimizer, c.lr_scheduler, total_steps=c.training.steps)
+        from .optimizer_settings import settings_checked
+
+        spec_fn = self.spec.build_optimizers_fn  # plugin code is named as such; the core's as a settings error
+        with (plugin_call(SPECS, self.spec.name, "build_optimizers_fn") if spec_fn else
+              settings_checked("optimizer", c.optimizer, what=f"torch.optim.{c.optimizer.name}")):
+            self.optimizer = build_opt(self.model_parts, c.optimizer, device_type=self.device.type)
+        with (plugin_call(SPECS, self.spec.name, "build_lr_schedulers_fn") if self.spec.build_lr_schedulers_fn else
+              settings_checked("lr_scheduler", c.lr_scheduler, what="the LR scheduler")):
+            self.lr_schedulers = build_lr(self.optimizer, c.lr_scheduler, total_steps=c.training.steps)
         register_converter_hooks(self.optimizer, self.converters, self.model_parts)
 
     def build_checkpointer(self) -> None:
@@ -344,6 +355,7 @@ class Trainer:
             load_initial_weights(self.config.checkpoint.initial_load, spec=self.spec, model_parts=self.model_parts,
                                  model_args=self.model_args, ties=self.ties, is_rank0=self.is_rank0)
         if self.is_rank0:  # written once resume is accepted: a refused run leaves the run folder as it was
+            self.require_writable_run_files()
             atomic_write_text(self.run_dir / "config.toml", dumps(self.config.model_dump(mode="json")))
             supersede_metrics(self.metrics.path, start_step=self.step)  # one record per step after a resume
             if self.converters:
@@ -379,6 +391,14 @@ class Trainer:
             self.stop_if_signalled()
         self.finish()
         return losses
+
+    def require_writable_run_files(self) -> None:
+        """Every file and folder the run writes is writable, checked before it writes the first one."""
+        from .run_files import require_writable
+
+        c = self.config.checkpoint
+        export = [self.run_dir / "export"] if c.export_at_end else []
+        require_writable(folders=[self.run_dir, *export], files=[self.run_dir / "config.toml", self.metrics.path])
 
     def stop_if_signalled(self) -> None:
         """After a SIGTERM, every rank stops after this same step (they agree in one all_reduce)."""

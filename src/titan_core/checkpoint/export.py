@@ -18,6 +18,7 @@ tensors of ``dtype``, so the file holds ordinary weights.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import torch
@@ -28,6 +29,23 @@ from torch.distributed.tensor import DTensor
 
 from ..errors import CheckpointError
 from . import states
+
+
+def _save_whole(tensors: dict[str, torch.Tensor], path: Path) -> None:
+    """save_file to a temporary name, then rename: a full disk or a signal never leaves half a file, and an
+    earlier export stays whole until the new one is complete."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        save_file(tensors, str(tmp), metadata={"format": "pt"})
+        os.replace(tmp, path)
+    except BaseException as exc:
+        tmp.unlink(missing_ok=True)
+        from ..os_errors import io_errno
+
+        code = io_errno(exc)
+        if code is not None:
+            raise OSError(code, os.strerror(code), str(path)) from exc
+        raise
 
 
 def export_safetensors(model_parts: list[nn.Module], path: Path, *, dtype: torch.dtype, is_rank0: bool) -> None:
@@ -58,12 +76,14 @@ def export_safetensors(model_parts: list[nn.Module], path: Path, *, dtype: torch
         if single_file:
             if rank == 0:
                 path.parent.mkdir(parents=True, exist_ok=True)
-                save_file(mine, str(path), metadata={"format": "pt"})
+                _save_whole(mine, path)
         elif rank in writers:
             path.parent.mkdir(parents=True, exist_ok=True)
-            save_file(mine, str(path.parent / _shard_name(path, writers.index(rank), len(writers))), metadata={"format": "pt"})
+            _save_whole(mine, path.parent / _shard_name(path, writers.index(rank), len(writers)))
     except OSError as exc:
-        error = f"cannot write the exported weights next to {path}: {exc}"
+        from ..os_errors import describe_os_error
+
+        error = f"cannot write the exported weights next to {path}: {describe_os_error(exc)}"
     if world > 1:
         errors: list[str | None] = [None] * world
         dist.all_gather_object(errors, error)

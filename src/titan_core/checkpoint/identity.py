@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import CheckpointError
+from .json_strict import unique_keys
 from .layout import IDENTITY_FILE
 
 FORMAT_VERSION = 2  # 2: tensors as raw bytes with tensor_index.json, no pickles (1 used DCP's .metadata)
@@ -100,7 +101,8 @@ def read_record(folder: Path) -> CheckpointRecord:
             raw = fh.read(_MAX_RECORD_BYTES + 1)
         if len(raw) > _MAX_RECORD_BYTES:
             raise ValueError(f"it is larger than {_MAX_RECORD_BYTES} bytes")
-        data = json.loads(raw.decode("utf-8"), parse_constant=_refuse_constant)
+        data = json.loads(raw.decode("utf-8"), parse_constant=_refuse_constant,
+                          object_pairs_hook=unique_keys)
         if not isinstance(data, dict):
             raise ValueError("it is not a JSON object")
         if data.get("format") != FORMAT_VERSION:

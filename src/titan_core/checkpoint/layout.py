@@ -182,3 +182,12 @@ def ensure_folder(folder: Path) -> None:
             f"cannot create the checkpoint folder {folder}: {exc}. Point --checkpoint.folder (relative to "
             f"job.run_dir) at a writable location."
         ) from exc
+    import tempfile
+
+    try:  # an existing folder that cannot be written would fail only at the first save, after training
+        tempfile.TemporaryFile(dir=folder).close()
+    except OSError as exc:
+        from ..os_errors import describe_os_error
+
+        what = describe_os_error(OSError(exc.errno, exc.strerror, str(folder)))
+        raise CheckpointError(f"cannot save checkpoints into the checkpoint folder: {what}") from exc

@@ -37,6 +37,7 @@ instead of leaving the others waiting in a collective.
 
 from __future__ import annotations
 
+import os
 import shutil
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -123,7 +124,7 @@ class CheckpointManager:
         index: TensorIndex | None = None
         error: str | None = None
         try:  # parsed only now: every byte of it was verified against the manifest above
-            index = read_index(path, {name: size for name, (size, _) in record.files.items()})
+            index = read_index(path, record.files)
         except CheckpointError as exc:
             error = str(exc)
         self._agree(error)
@@ -257,6 +258,7 @@ class CheckpointManager:
     def _publish(self, tmp: Path, record: CheckpointRecord) -> None:
         final = self.folder / layout.step_dirname(record.step)
         try:
+            self._set_aside_if_foreign(final, record.step)
             write_record(tmp, record)
             layout.publish(tmp, final)
         except OSError as exc:
@@ -267,6 +269,22 @@ class CheckpointManager:
                                           deletable=self._may_delete):
             self._log(f"deleted {old} (keep_latest_k={self.config.keep_latest_k})")
         self._log(f"saved checkpoint {final}")
+
+    def _set_aside_if_foreign(self, final: Path, step: int) -> None:
+        """A folder named for this step whose identity record says otherwise (a copy, a forgery: resume
+        ignored it) is not this run's to delete: it is renamed aside and kept, never replaced."""
+        if final.is_symlink() or not final.is_dir():
+            return
+        try:
+            if read_record(final).step == step:
+                return  # an earlier save of this very step: replaced, as a rerun of the step should
+        except CheckpointError:
+            pass
+        import secrets
+
+        aside = final.with_name(f"{final.name}.ignored-{secrets.token_hex(4)}")
+        os.rename(final, aside)
+        self._log(f"kept {final} (its identity file does not record step {step}) as {aside}")
 
     def _may_delete(self, step: int, path: Path) -> bool:
         """Retention deletes this run's own saves and checkpoints no newer than the one resumed, nothing else."""

@@ -2,7 +2,8 @@
 
 ``read_checkpoint_tensors(folder)`` verifies the listing and the manifest's sizes
 and CRC-32s, parses the tensor index, and assembles each tensor from its chunks
-(whatever layout wrote it) as a plain CPU tensor; nothing is unpickled.
+(whatever layout wrote it) as a plain CPU tensor, from the same bytes whose CRC-32
+was checked; nothing is unpickled.
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ import torch
 from ..errors import CheckpointError
 from . import integrity, layout
 from .identity import CheckpointRecord, read_record
-from .tensor_index import read_index
+from .tensor_index import Chunk, read_index
+from .verified_read import read_verified
 
 
 def open_checked_record(folder: Path) -> CheckpointRecord:
@@ -40,18 +42,24 @@ def read_checkpoint_tensors(folder: Path) -> dict[str, torch.Tensor]:
     problem = integrity.verify_share(folder, record.files, rank=0, world=1)
     if problem:
         raise CheckpointError(problem)
-    index = read_index(folder, {name: size for name, (size, _) in record.files.items()})
-    out: dict[str, torch.Tensor] = {}
-    for fqn, entry in sorted(index.tensors.items()):
-        full = torch.empty(entry.size, dtype=entry.dtype)
+    index = read_index(folder, record.files)
+    out = {fqn: torch.empty(entry.size, dtype=entry.dtype) for fqn, entry in sorted(index.tensors.items())}
+    by_file: dict[str, dict[tuple[int, int], list[tuple[str, Chunk]]]] = {}
+    for fqn, entry in index.tensors.items():
         for chunk in entry.chunks:
-            with open(folder / chunk.file, "rb") as fh:
-                fh.seek(chunk.offset)
-                raw = fh.read(chunk.length)
-            values = torch.frombuffer(bytearray(raw), dtype=entry.dtype) if raw else torch.empty(0, dtype=entry.dtype)
-            region = full
-            for dim, (start, size) in enumerate(zip(chunk.offsets, chunk.sizes)):
-                region = region.narrow(dim, start, size)
-            region.copy_(values.reshape(chunk.sizes))
-        out[fqn] = full
+            by_file.setdefault(chunk.file, {}).setdefault((chunk.offset, chunk.length), []).append((fqn, chunk))
+    for name, by_span in sorted(by_file.items()):
+
+        def use(offset: int, length: int, data: bytearray,
+                by_span: dict[tuple[int, int], list[tuple[str, Chunk]]] = by_span) -> None:
+            for fqn, chunk in by_span[(offset, length)]:
+                dtype = out[fqn].dtype
+                values = torch.frombuffer(data, dtype=dtype) if length else torch.empty(0, dtype=dtype)
+                region = out[fqn]
+                for dim, (start, size) in enumerate(zip(chunk.offsets, chunk.sizes)):
+                    region = region.narrow(dim, start, size)
+                region.copy_(values.reshape(chunk.sizes))
+
+        # the bytes used are the bytes checked (verified_read.py); nothing is returned unless all matched
+        read_verified(folder, name, record.files[name], list(by_span), use)
     return out

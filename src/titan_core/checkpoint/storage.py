@@ -36,6 +36,7 @@ from torch.futures import Future
 
 from ..errors import CheckpointError
 from .tensor_index import DTYPES, Chunk, TensorIndex, encode_value, write_index
+from .verified_read import read_verified
 
 # DCP warns on every single-process save/load; a single process is a supported layout here.
 warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
@@ -161,29 +162,31 @@ class IndexedReader(StorageReader):
         return plans
 
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
-        by_file: dict[str, list[Any]] = {}
+        by_file: dict[str, dict[tuple[int, int], list[Any]]] = {}
         for item in plan.items:
-            by_file.setdefault(self.storage[item.storage_index].file, []).append(item)
-        for name, items in sorted(by_file.items()):
-            # O_NOFOLLOW: a file swapped for a symlink after verification is refused, not followed.
-            fd = os.open(self.path / name, os.O_RDONLY | os.O_NOFOLLOW)
-            with os.fdopen(fd, "rb") as stream:
-                for item in items:
+            chunk = self.storage[item.storage_index]
+            by_file.setdefault(chunk.file, {}).setdefault((chunk.offset, chunk.length), []).append(item)
+        for name, by_span in sorted(by_file.items()):
+            # Each file is read once, and its size and CRC-32 are checked on those very bytes
+            # (verified_read.py); its tensors are committed only once the whole file matched.
+            filled: list[tuple[Any, torch.Tensor]] = []
+
+            def use(offset: int, length: int, data: bytearray, by_span: dict[tuple[int, int], list[Any]] = by_span,
+                    filled: list[tuple[Any, torch.Tensor]] = filled) -> None:
+                for item in by_span[(offset, length)]:
                     chunk = self.storage[item.storage_index]
-                    entry = self.index.tensors[item.storage_index.fqn]
-                    stream.seek(chunk.offset)
-                    raw = stream.read(chunk.length)
-                    if len(raw) != chunk.length:
-                        raise CheckpointError(f"checkpoint file {self.path / name} ends before the bytes of "
-                                              f"{item.storage_index.fqn!r} (truncated after verification)")
-                    if chunk.length:
-                        flat = torch.frombuffer(bytearray(raw), dtype=entry.dtype)
-                    else:
-                        flat = torch.empty(0, dtype=entry.dtype)
+                    dtype = self.index.tensors[item.storage_index.fqn].dtype
+                    flat = torch.frombuffer(data, dtype=dtype) if length else torch.empty(0, dtype=dtype)
                     source = narrow_tensor_by_index(flat.reshape(chunk.sizes), item.storage_offsets, item.lengths)
                     target = planner.resolve_tensor(item).detach()
                     target.copy_(source)
-                    planner.commit_tensor(item, target)
+                    filled.append((item, target))
+
+            if name not in self.index.files:
+                raise CheckpointError(f"checkpoint {self.path}: {name} is not listed in its manifest")
+            read_verified(self.path, name, self.index.files[name], list(by_span), use)
+            for item, target in filled:
+                planner.commit_tensor(item, target)
         done: Future[None] = Future()
         done.set_result(None)
         return done

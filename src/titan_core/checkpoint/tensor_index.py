@@ -21,10 +21,12 @@ the manifest lists, with the manifest's size.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
 import re
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeGuard
@@ -39,6 +41,7 @@ from torch.distributed.checkpoint.metadata import (
 )
 
 from ..errors import CheckpointError
+from .json_strict import unique_keys
 
 INDEX_FILE = "tensor_index.json"
 INDEX_FORMAT = 1
@@ -81,6 +84,8 @@ class TensorEntry:
 class TensorIndex:
     tensors: dict[str, TensorEntry]
     values: dict[str, Any]  # flattened state-dict key -> decoded plain value
+    # The manifest's (size, CRC-32) of every file: readers check the bytes they use against it.
+    files: dict[str, tuple[int, int]] = dataclasses.field(default_factory=dict)
 
     def metadata(self) -> Metadata:
         """DCP's ``Metadata`` for these tensors (the storage data is keyed like DCP's own)."""
@@ -158,9 +163,13 @@ def write_index(folder: Path, tensors: dict[str, dict[str, Any]], values: dict[s
 # ---- reading ------------------------------------------------------------------------------------
 
 
-def read_index(folder: Path, files: dict[str, int]) -> TensorIndex:
-    """Parse and check the index of ``folder``; ``files`` maps each manifest file to its verified size."""
+def read_index(folder: Path, digests: dict[str, tuple[int, int]]) -> TensorIndex:
+    """Parse and check the index of ``folder``; ``digests`` is the manifest: file -> (size, CRC-32).
+
+    The bytes parsed are the bytes checked against the manifest (read once, from one open file).
+    """
     path = folder / INDEX_FILE
+    files = {name: size for name, (size, _) in digests.items()}
     try:
         if INDEX_FILE not in files:
             raise ValueError("the manifest does not list it")
@@ -169,7 +178,11 @@ def read_index(folder: Path, files: dict[str, int]) -> TensorIndex:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
         with os.fdopen(fd, "rb") as fh:
             raw = fh.read(MAX_INDEX_BYTES + 1)
-        data = json.loads(raw.decode("utf-8"), parse_constant=_refuse_constant)
+        if (len(raw), zlib.crc32(raw)) != digests[INDEX_FILE]:
+            raise ValueError("its bytes differ from the size and CRC-32 its manifest records (it was replaced "
+                             "or damaged after the checkpoint was verified)")
+        data = json.loads(raw.decode("utf-8"), parse_constant=_refuse_constant,
+                          object_pairs_hook=unique_keys)
         if not isinstance(data, dict) or data.get("format") != INDEX_FORMAT:
             raise ValueError(f"unknown format {data.get('format') if isinstance(data, dict) else None!r} "
                              f"(this titan-core reads {INDEX_FORMAT})")
@@ -186,7 +199,7 @@ def read_index(folder: Path, files: dict[str, int]) -> TensorIndex:
             f"checkpoint tensor index {path} is unreadable, corrupt or inconsistent ({type(exc).__name__}: {exc}). "
             f"The checkpoint cannot be trusted; resume from another step-N folder."
         ) from exc
-    return TensorIndex(tensors, values)
+    return TensorIndex(tensors, values, dict(digests))
 
 
 def _refuse_constant(name: str) -> Any:

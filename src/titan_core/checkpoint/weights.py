@@ -52,7 +52,7 @@ def load_model_weights(path: Path, model_parts: list[nn.Module]) -> int:
     if error:
         raise CheckpointError(error)
     # Parsed only now: every byte of the index was verified against the manifest above.
-    index = read_index(path, {name: size for name, (size, _) in record.files.items()})
+    index = read_index(path, record.files)
     view = states.merged_view(model_parts)
     state = {"model": states.model_state(view)}
     try:

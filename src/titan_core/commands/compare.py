@@ -19,7 +19,7 @@ import json
 import math
 from pathlib import Path
 
-from .. import distributed
+from .. import distributed, signals
 from ..config.job import build_job_model
 from ..config.resolve import ResolvedConfig
 from ..errors import ConfigError
@@ -91,10 +91,10 @@ def format_comparison(converted: LossCurve, baseline: LossCurve) -> str:
 
 
 def write_jsonl(path: Path, curves: list[LossCurve]) -> None:
-    with path.open("w") as f:
-        for curve in curves:
-            for step, loss in zip(curve.steps, curve.losses):
-                f.write(json.dumps({"run": curve.run, "step": step, "loss": loss}) + "\n")
+    from ..run_files import atomic_write_text
+
+    atomic_write_text(path, "".join(json.dumps({"run": curve.run, "step": step, "loss": loss}) + "\n"
+                                    for curve in curves for step, loss in zip(curve.steps, curve.losses)))
 
 
 def plot_curves(path: Path, curves: list[LossCurve], title: str, labels: dict[str, str] | None = None) -> None:
@@ -114,7 +114,13 @@ def plot_curves(path: Path, curves: list[LossCurve], title: str, labels: dict[st
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    fig.savefig(path, format="png")
+    import io
+
+    from ..run_files import atomic_write_bytes
+
+    buffer = io.BytesIO()  # drawn in memory, then published whole: never half a PNG
+    fig.savefig(buffer, format="png")
+    atomic_write_bytes(path, buffer.getvalue())
 
 
 def require_matplotlib() -> None:
@@ -163,19 +169,36 @@ def compare_baseline(resolved: ResolvedConfig) -> int:
     lock = acquire_run_lock(root)  # both runs write below root: one comparison per folder at a time
     runs = [("converted", with_run_dir(resolved, root / "converted")), ("baseline", baseline_of(resolved, root / "baseline"))]
     curves: list[LossCurve] = []
+    title = f"{resolved.spec.name}/{resolved.config.model.flavor}: {','.join(names)} vs baseline"
+    # SIGTERM stops at a step boundary (143, a checkpoint when enabled) and SIGINT at once (130), as in a
+    # plain run; the comparison files are written only after both runs, each whole or not at all.
     try:
-        for i, (run, config) in enumerate(runs, 1):
-            what = f"converters {','.join(names)}" if config.converters else "no converters"
-            progress(f"compare {i}/2: {run} ({what}) -> {config.config.job.run_dir}", is_rank0=True)
-            curves.append(train_once(config, run))
+        with signals.handlers_installed():
+            for i, (run, config) in enumerate(runs, 1):
+                what = f"converters {','.join(names)}" if config.converters else "no converters"
+                progress(f"compare {i}/2: {run} ({what}) -> {config.config.job.run_dir}", is_rank0=True)
+                curves.append(train_once(config, run))
+            stop_if_requested(len(curves))
+            with signals.no_interrupt():
+                converted, baseline = curves
+                print(format_comparison(converted, baseline), flush=True)
+                root.mkdir(parents=True, exist_ok=True)
+                write_jsonl(root / "compare.jsonl", curves)
+                plot_curves(root / "compare.png", curves, title, labels={"converted": f"converted ({','.join(names)})"})
     finally:
         distributed.destroy()
         lock.release()
-    converted, baseline = curves
-    print(format_comparison(converted, baseline), flush=True)
-    root.mkdir(parents=True, exist_ok=True)
-    write_jsonl(root / "compare.jsonl", curves)
-    title = f"{resolved.spec.name}/{resolved.config.model.flavor}: {','.join(names)} vs baseline"
-    plot_curves(root / "compare.png", curves, title, labels={"converted": f"converted ({','.join(names)})"})
     print(f"[titan] compare: wrote {root / 'compare.jsonl'} and {root / 'compare.png'}", flush=True)
     return 0
+
+
+def stop_if_requested(runs_done: int) -> None:
+    """A SIGTERM that arrived after the last step (both runs finished): stop without writing the comparison."""
+    signum = signals.requested_signal()
+    if signum:
+        import signal
+
+        raise signals.StopRequested(
+            f"titan-train: stopped by {signal.Signals(signum).name} after {runs_done} of 2 runs; the comparison "
+            f"files were not written (rerun the same command: both runs resume from their checkpoints when "
+            f"checkpointing is on)", signum=signum)

@@ -65,6 +65,23 @@ def _plugin_sections(spec: TrainSpec, converters: list[tuple[str, type[ModelConv
     return sections
 
 
+def _validator_crash(exc: Exception, merged: Layer, sections: dict[str, type[BaseModel]]) -> ConfigError:
+    """Name the plugin section whose validator raised ``exc`` (found by validating each one alone)."""
+    culprit = "a validator"
+    for name, model in sections.items():
+        try:
+            model.model_validate(merged.get(name, {}))
+        except ValidationError:
+            continue
+        except Exception:
+            culprit = f"the validator of section [{name}]"
+            break
+    first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ""
+    return ConfigError(f"{culprit} raised {type(exc).__name__}: {first} (a validator must raise ValueError for a "
+                       f"bad value). This is a bug in the plugin that provides it: check its settings, update "
+                       f"it, or report it to its authors (--traceback shows where).")
+
+
 def _check_sections(layers: list[Layer], job_model: type[JobConfig]) -> None:
     """Name a section meant for an unrequested converter, or misspelt, before pydantic does."""
     known = set(job_model.model_fields)
@@ -118,6 +135,9 @@ def resolve_config(
         config = job_model.model_validate(merged, context={"world_size": world_size})
     except ValidationError as exc:
         raise ConfigError(describe(exc, job_model)) from None
+    except Exception as exc:  # a plugin's validator that crashed (pydantic passes anything but ValueError on)
+        raise _validator_crash(exc, merged, plugin_sections) from exc
+    refuse_nonfinite(config.model_dump(mode="python"))  # values pydantic converted (a TOML string "1e39")
     flavor = config.model.flavor
     if flavor not in spec.flavors:
         raise ConfigError(

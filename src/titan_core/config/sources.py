@@ -57,8 +57,11 @@ def _load_toml(path: Path) -> Layer:
     if not path.is_file():
         raise ConfigError(f"--config {path}: no such file. Check the path (relative paths start at {Path.cwd()}).")
     try:
-        text = path.read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8").removeprefix("\ufeff")  # a BOM some editors write is not TOML
         return tomllib.loads(text)
+    except RecursionError:
+        raise ConfigError(f"--config {path}: the TOML nests arrays or tables too deeply to be a config file. "
+                          f"Pass a TOML config file.") from None
     except UnicodeDecodeError:
         raise ConfigError(f"--config {path}: not a text file (it is not UTF-8). Pass a TOML config file.") from None
     except tomllib.TOMLDecodeError as exc:
@@ -70,7 +73,9 @@ def _call_config_function(ref: str) -> Layer:
     module_name, _, fn_name = ref.partition(":")
     try:
         module = importlib.import_module(module_name)
-    except (Exception, SystemExit, KeyboardInterrupt) as exc:  # sys.exit() there is an error, not a quiet exit 0
+    except BaseException as exc:  # sys.exit() there is an error, not a quiet exit 0; so is any BaseException
+        if isinstance(exc, GeneratorExit):
+            raise
         raise ConfigError(
             f"--config {ref}: module {module_name!r} could not be imported ({type(exc).__name__}: {exc}). "
             f"Check the module path and that it is importable (installed, or on PYTHONPATH)."
@@ -86,7 +91,9 @@ def _call_config_function(ref: str) -> Layer:
         )
     try:
         result = fn()
-    except (Exception, SystemExit, KeyboardInterrupt) as exc:  # sys.exit() there is an error, not a quiet exit 0
+    except BaseException as exc:  # sys.exit() there is an error, not a quiet exit 0; so is any BaseException
+        if isinstance(exc, GeneratorExit):
+            raise
         raise ConfigError(
             f"--config {ref}: the config function raised {type(exc).__name__}: {exc}. Fix the function "
             f"(--traceback shows where)."
@@ -96,5 +103,21 @@ def _call_config_function(ref: str) -> Layer:
         # still apply to everything it left alone.
         return result.model_dump(exclude_unset=True)
     if isinstance(result, dict):
+        _require_plain_tree(result, ref=ref)
         return result
     raise ConfigError(f"--config {ref}: the config function returned {type(result).__name__}; return a JobConfig or a dict.")
+
+
+_MAX_DEPTH = 32
+
+
+def _require_plain_tree(value: object, *, ref: str, depth: int = 0, seen: frozenset[int] = frozenset()) -> None:
+    """A config dict is a finite tree: one that contains itself, or nests absurdly deep, is refused by name."""
+    if not isinstance(value, (dict, list, tuple)):
+        return
+    if id(value) in seen or depth > _MAX_DEPTH:
+        raise ConfigError(f"--config {ref}: the config function returned a dict that contains itself or nests "
+                          f"more than {_MAX_DEPTH} levels deep; return plain sections of plain values.")
+    inner = seen | {id(value)}
+    for item in (value.values() if isinstance(value, dict) else value):
+        _require_plain_tree(item, ref=ref, depth=depth + 1, seen=inner)

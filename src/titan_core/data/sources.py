@@ -124,14 +124,22 @@ def _read_file(path: Path, *, text_field: str) -> list[str]:
 
 @contextlib.contextmanager
 def _quiet_datasets() -> Iterator[Any]:
-    """Import ``datasets`` with its progress bars off for the duration (restored after)."""
+    """Import ``datasets`` with its progress bars off and its own error log silenced for the duration
+    (restored after): a file it cannot parse is reported once, by us, naming the file; datasets would
+    also log pyarrow's traceback."""
+    import logging
+
     import datasets
 
     was_disabled = datasets.utils.are_progress_bars_disabled()
     datasets.disable_progress_bars()
+    log = logging.getLogger("datasets")
+    level = log.level
+    log.setLevel(logging.CRITICAL)
     try:
         yield datasets
     finally:
+        log.setLevel(level)
         if not was_disabled:
             datasets.enable_progress_bars()
 

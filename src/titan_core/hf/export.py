@@ -16,6 +16,7 @@ never leaves a half-written ``hf/`` behind.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -129,8 +130,14 @@ def export_hf(model_parts: list[nn.Module], out_dir: Path, *, spec: Any, model_a
             for names, file in zip(shards, files):
                 if names[0] in mine:
                     save_file({n: mine[n] for n in names}, str(tmp / file), metadata={"format": "pt"})
-        except OSError as exc:
-            error = f"cannot write the Hugging Face export into {tmp}: {exc}"
+        except Exception as exc:  # safetensors reports a full disk as its own exception type
+            from ..os_errors import describe_os_error, io_errno
+
+            code = io_errno(exc)
+            if code is None:
+                raise
+            error = (f"cannot write the Hugging Face export into {tmp}: "
+                     f"{describe_os_error(OSError(code, os.strerror(code), str(tmp / file)))}")
         error = next((e for e in gather(error) if e), None)
     if error is None and rank == 0:
         try:
