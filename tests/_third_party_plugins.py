@@ -192,9 +192,22 @@ def gpt_flops_doubled(a: GPTArgs, seq_len: int) -> float:
     return 2 * gpt_flops(a, seq_len)  # the author counted the multiply-adds twice
 
 
+def fsdp_only_parallelize(model: nn.Module, *, parallel_dims: Any, mesh: Any, **unused: Any) -> nn.Module:
+    """Hand-written FSDP2 that forgets about parallelism.tp (each TP rank trains a whole copy)."""
+    from torch.distributed.fsdp import fully_shard
+
+    if parallel_dims.dp > 1:
+        for block in model.layers:
+            fully_shard(block, mesh=parallel_dims.dp_mesh(mesh))
+        fully_shard(model, mesh=parallel_dims.dp_mesh(mesh))
+    return model
+
+
 _base = {"debugmodel": GPTArgs()}
 for _spec in (
     TrainSpec(name="plain_gpt", model_cls=GPT, flavors=_base, flops_per_token_fn=gpt_flops),
+    TrainSpec(name="ignores_tp", model_cls=GPT, flavors=_base, parallelize_fn=fsdp_only_parallelize,
+              flops_per_token_fn=gpt_flops),
     TrainSpec(name="flops_2x", model_cls=GPT, flavors=_base, flops_per_token_fn=gpt_flops_doubled),
     TrainSpec(name="rank_init", model_cls=GPT, flavors={"debugmodel": dataclasses.replace(GPTArgs(), rank_seeded_init=True)},
               flops_per_token_fn=gpt_flops),

@@ -72,3 +72,13 @@ def test_the_pytest_class_runs_the_checks_on_an_installed_converter(tmp_path: Pa
                           env={**os.environ, "PYTHONPATH": str(site), "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "5 passed, 3 skipped" in proc.stdout and "not in the fast subset" in proc.stdout, proc.stdout
+
+
+@pytest.mark.parametrize(("guide", "pool"), [("writing-a-converter.md", "CONVERTER_CHECKS"),
+                                             ("writing-a-train-spec.md", "SPEC_CHECKS")])
+def test_the_guides_list_every_check_in_order(guide: str, pool: str) -> None:
+    from titan_core.testing import checks
+
+    text = (REPO / "docs" / guide).read_text()
+    table = text.split("| check | what passes |\n|---|---|\n", 1)[1].split("\n\n", 1)[0]
+    assert [row.split("|")[1].strip() for row in table.splitlines()] == [c.name for c in getattr(checks, pool)]

@@ -69,7 +69,7 @@ def test_spec_verdicts_without_training(tmp_path: Path) -> None:
     assert (plain["HF round trip"].status, plain["HF round trip"].figure) == ("skip", "no state_dict_adapter")
 
 
-def test_tp_refused_up_front_passes_and_a_crash_in_the_workers_fails(tmp_path: Path,
+def test_tp_refused_up_front_passes_a_crash_in_the_workers_or_no_tp_at_all_fails(tmp_path: Path,
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]))
     flags = ("--import", "_third_party_plugins")
@@ -81,6 +81,10 @@ def test_tp_refused_up_front_passes_and_a_crash_in_the_workers_fails(tmp_path: P
     assert crashed.status == "fail" and crashed.figure == "failed in workers", crashed
     assert "ColwiseParallel currently only support nn.Linear" in crashed.detail
     assert "refuses in __init__ (parallel_dims.tp_enabled)" in crashed.detail
+    ignored = run_check(Target("spec", "ignores_tp", workdir=tmp_path / "i", extra_flags=flags),
+                        next(c for c in SPEC_CHECKS if c.name == "TP 2 = 1 process"))
+    assert ignored.status == "fail" and ignored.figure == "nothing sharded", ignored
+    assert "the parallelize_fn ignored parallelism.tp" in ignored.detail
 
 
 def test_a_plugin_that_fails_to_import_gets_one_row_not_a_traceback_per_check(tmp_path: Path) -> None:
@@ -106,3 +110,13 @@ def test_a_plugin_that_fails_to_import_gets_one_row_not_a_traceback_per_check(tm
     assert lines[0] == "converter broken_conv" and lines[1].split() == ["check", "result", "figure", "time"]
     assert "titan-plugin check: FAILED" in proc.stderr
     assert "Traceback" not in proc.stdout + proc.stderr and "kept in" not in proc.stdout
+
+
+def test_init_that_depends_on_the_rank_fails_the_layout_checks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]))
+    target = Target("spec", "rank_init", workdir=tmp_path, extra_flags=("--import", "_third_party_plugins"))
+    fsdp, init = (run_check(target, next(c for c in SPEC_CHECKS if c.name == name))
+                  for name in ("FSDP2 x2 = 1 process", "init identical across layouts"))
+    assert fsdp.status == "fail" and "fsdp2 losses" in fsdp.detail, fsdp
+    assert init.status == "fail" and init.figure.startswith("fsdp2: "), init
+    assert "the initial weights depend on the layout" in init.detail

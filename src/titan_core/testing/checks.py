@@ -191,7 +191,8 @@ def check_select_convert(t: Target) -> str:
     dims = ParallelDims.resolve(dp_replicate=1, dp_shard=1, tp=1, pp=1, world_size=1)
     ((_, conv),) = build_converters(resolved, dims)
     conv.compatible_with(spec)
-    before = {name: _signature(m) for name, m in model.named_modules()}
+    objects_before = dict(model.named_modules())
+    before = {name: _signature(m) for name, m in objects_before.items()}
     selected = conv.select(model)
     unknown = sorted(set(selected) - set(before))
     if unknown:
@@ -208,7 +209,10 @@ def check_select_convert(t: Target) -> str:
         raise Failed(f"convert() added modules {added[:5]} / removed modules {removed[:5]} outside the "
                      f"{len(chosen)} modules select() chose; a converter rewrites only the modules it selected",
                      f"{len(added)} added, {len(removed)} removed")
-    changed = {name for name in before if name in after and after[name] != before[name]}
+    objects_after = dict(model.named_modules())
+    # Changed: a different module object at the name (replaced), or the same one rewritten.
+    changed = {name for name in before if name in after
+               and (after[name] != before[name] or objects_after[name] is not objects_before[name])}
     # A selected module counts as converted when it or anything inside it changed.
     untouched = sorted(r for r in chosen if not any(_under(n, {r}) for n in changed))
     outside_all = {n for n in changed if not _under(n, chosen)}
@@ -337,7 +341,17 @@ def check_tp(t: Target) -> str:
         if run.output.count(message) > 1:
             raise Failed(f"TP 2 was refused once per process instead of once, before the workers: {message}")
         return f"refused: {message[:60]}"
-    return _matches_reference(t, "tp2", 2, *flags)
+    figure = _matches_reference(t, "tp2", 2, *flags)
+    # Matching numbers alone do not show TP ran: a parallelize_fn that ignores parallelism.tp trains a whole
+    # copy on each rank, with the same numbers. The run's layout line says what was really sharded.
+    layout = next((line.split("parameters:", 1)[1].strip() for line in run.output.splitlines()
+                   if "[titan] parameters:" in line), "")
+    sharded = sum(int(part.split(" x ", 1)[0]) for part in layout.split("; ") if "tp:S" in part)
+    if not sharded:
+        raise Failed(f"the TP 2 run trained, but no parameter is sharded over the tp mesh (layout: "
+                     f"{layout or 'not reported'}): the parallelize_fn ignored parallelism.tp. Apply the TP plan "
+                     f"there, or refuse tp > 1 in the spec's validate_fn", "nothing sharded")
+    return f"{figure}, {sharded} params sharded"
 
 
 def check_pp(t: Target) -> str:
