@@ -120,3 +120,21 @@ def test_init_that_depends_on_the_rank_fails_the_layout_checks(tmp_path: Path, m
     assert fsdp.status == "fail" and "fsdp2 losses" in fsdp.detail, fsdp
     assert init.status == "fail" and init.figure.startswith("fsdp2: "), init
     assert "the initial weights depend on the layout" in init.detail
+
+
+def test_an_import_that_never_returns_fails_the_import_row_instead_of_hanging(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from titan_core.testing import checks
+
+    (tmp_path / "stuck_conv_pkg").mkdir()
+    (tmp_path / "stuck_conv_pkg/__init__.py").write_text("import time\ntime.sleep(60)  # waits for a server\n")
+    info = tmp_path / "stuck_conv-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: stuck-conv\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text("[titan.model_converters]\nstuck_conv = stuck_conv_pkg:Conv\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(checks, "IMPORT_TIMEOUT_S", 2.0)
+    results = checks.run_all(Target("converter", "stuck_conv", workdir=tmp_path / "runs"), fast=True)
+    assert (results[0].name, results[0].status, results[0].figure) == ("import", "fail", "timed out"), results[0]
+    assert "did not finish within 2 s" in results[0].detail and results[0].seconds < 10
+    assert {r.status for r in results[1:]} == {"skip"}

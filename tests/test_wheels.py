@@ -53,6 +53,24 @@ GOOD_BODY = """
 """
 
 
+# Two installed converters that each supply tensor-parallel styles (for attention and feed-forward linears).
+STYLED_BODY = """
+    from titan_core import ModelConverter, TensorParallelStyles
+    class StyledA(ModelConverter):
+        plugin_api_version = "1.0"
+        part = ".attention."
+        def tensor_parallel_styles(self):
+            return TensorParallelStyles.default()
+        def select(self, model):
+            return [n for n, _ in model.named_modules() if self.part in n and n.endswith(("wq", "w1"))]
+        def convert(self, model, fqns):
+            for fqn in fqns:
+                model.get_submodule(fqn).register_forward_pre_hook(lambda module, args: None)
+    class StyledB(StyledA):
+        part = ".feed_forward."
+"""
+
+
 @pytest.fixture(scope="module")
 def fresh_venv(tmp_path_factory: pytest.TempPathFactory, wheels: Wheels) -> Path:
     root = tmp_path_factory.mktemp("wheels")
@@ -63,6 +81,8 @@ def fresh_venv(tmp_path_factory: pytest.TempPathFactory, wheels: Wheels) -> Path
                  "raise ImportError('simulated: this plugin needs libfoo')\n"),
         _package(root, "titan-clash-a", "titan_clash_a", 'twin = "titan_clash_a:Renamer"', GOOD_BODY),
         _package(root, "titan-clash-b", "titan_clash_b", 'twin = "titan_clash_b:Renamer"', GOOD_BODY),
+        _package(root, "titan-styled", "titan_styled", 'styled_a = "titan_styled:StyledA"\n        styled_b = "titan_styled:StyledB"',
+                 STYLED_BODY),
     ]
     dist.mkdir()
     for src in DISTS + extra:  # the session's wheels: each source is built once per test run
@@ -109,6 +129,12 @@ def test_requested_plugins_from_wheels(fresh_venv: Path) -> None:
     assert "Traceback" not in broken.stderr
     clash = _titan(fresh_venv, "--print-config", "--converters", "twin")
     assert clash.returncode == 2 and "titan-clash-a" in clash.stderr and "titan-clash-b" in clash.stderr
+    # Two installed converters supplying TP styles: refused by the launcher, before any worker starts.
+    both = _titan(fresh_venv, "--converters", "styled_a,styled_b", "--nproc-per-node", "2", "--parallelism.tp=2",
+                  "--training.steps=1", "--job.run_dir=styled-run")
+    assert both.returncode == 2 and "Traceback" not in both.stderr and "[rank" not in both.stderr, both.stderr
+    assert "converters styled_a, styled_b each supply their own tensor-parallel styles" in both.stderr
+    assert not (fresh_venv.parent / "styled-run").exists()
     # a broken plugin that is not requested never stops a run
     fine = _titan(fresh_venv, "--print-config", "--converters", "newconv")
     assert fine.returncode == 0, fine.stderr

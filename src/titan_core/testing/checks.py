@@ -118,14 +118,35 @@ def _compare(run: runs.Run, ref: runs.Run, key: str, t: Target) -> str:
 
 
 # ---- both kinds -----------------------------------------------------------------------------------
+IMPORT_TIMEOUT_S = 300.0  # an import that compiles an extension may take minutes; one that never returns fails
+
+
 def check_import(t: Target) -> str:
-    """The plugin imports and is what its entry point promises (its import time is the row's time)."""
+    """The plugin imports and is what its entry point promises (its import time is the row's time).
+
+    The import runs in a daemon thread so that one which never returns fails the check instead of
+    hanging the kit (the checks after a failed import are not run, so nothing waits on it)."""
+    import threading
+
     from ..discovery import CONVERTERS, SPECS, discover, load_converter, load_train_spec
 
-    if t.kind == "spec":
-        obj = load_train_spec(t.name)
-    else:
-        obj = load_converter(t.name)
+    outcome: dict[str, Any] = {}
+
+    def load() -> None:
+        try:
+            outcome["obj"] = load_train_spec(t.name) if t.kind == "spec" else load_converter(t.name)
+        except BaseException as exc:  # re-raised below, in the checking thread
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=load, name=f"import {t.name}", daemon=True)
+    thread.start()
+    thread.join(IMPORT_TIMEOUT_S)
+    if thread.is_alive():
+        raise Failed(f"importing the {t.kind} {t.name!r} did not finish within {IMPORT_TIMEOUT_S:.0f} s; an "
+                     f"entry point's import must not block (start servers, download or wait for input)", "timed out")
+    if "error" in outcome:
+        raise outcome["error"]
+    obj = outcome["obj"]
     claims = discover(SPECS if t.kind == "spec" else CONVERTERS).get(t.name, [])
     source = f"{claims[0].distribution} {claims[0].version}" if claims else "registered in-process"
     return f"{source}, API {getattr(obj, 'plugin_api_version', '?')}"
