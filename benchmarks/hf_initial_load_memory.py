@@ -10,7 +10,9 @@ its sharded meta model and measures, per rank, with a thread sampling
   pages) while ``to_empty`` + buffer init + ``load_initial_weights`` run, minus what the
   rank held just before (runtime, tokenizer, data): the shard itself plus what loading
   needs on top of it;
-* the budget: this rank's shard of the parameters + the largest single tensor, + 20%.
+* the budget: this rank's shard of the parameters + the largest single tensor, + 20%;
+* the tensor bytes the rank read from the files, beside the whole model's (each rank
+  reads only the rows of its own shards).
 
 Exit status 1 if a rank goes over its budget.
 
@@ -96,14 +98,16 @@ def worker(folder: Path, run_dir: Path) -> None:
     before = RssSampler.now()
     with RssSampler() as sampler:
         trainer.materialize_and_init()  # with initial_load: to_empty and buffers only
-        load_initial_weights(str(folder), spec=trainer.spec, model_parts=trainer.model_parts,
-                             model_args=trainer.model_args, ties=trainer.ties, is_rank0=trainer.is_rank0)
+        stats = load_initial_weights(str(folder), spec=trainer.spec, model_parts=trainer.model_parts,
+                                     model_args=trainer.model_args, ties=trainer.ties, is_rank0=trainer.is_rank0)
+    assert stats is not None
     params = list(trainer.model_parts[0].parameters())
     shard = sum((p.to_local() if isinstance(p, DTensor) else p).numel() * p.element_size() for p in params)
     largest = max(p.numel() * p.element_size() for p in params)
     print("RESULT " + json.dumps({
         "rank": torch.distributed.get_rank(), "before_mib": before / 1024, "peak_mib": sampler.peak / 1024,
         "load_peak_mib": (sampler.peak - before) / 1024, "shard_mib": shard / 2**20, "largest_mib": largest / 2**20,
+        "read_mib": stats.bytes_read / 2**20, "model_mib": stats.bytes_total / 2**20,
     }), flush=True)
     torch.distributed.destroy_process_group()
 
@@ -138,14 +142,15 @@ def main() -> int:
             return 1
     over = False
     print("| rank | before load (MiB) | load peak above it (MiB) | shard (MiB) | largest tensor (MiB) | "
-          "budget: (shard + largest) x 1.2 (MiB) | within |")
-    print("|---|---|---|---|---|---|---|")
+          "budget: (shard + largest) x 1.2 (MiB) | within | read from the files (MiB) | model in the files (MiB) |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in sorted(rows, key=lambda r: r["rank"]):
         budget = (r["shard_mib"] + r["largest_mib"]) * 1.2
         ok = r["load_peak_mib"] <= budget
         over |= not ok
         print(f"| {r['rank']} | {r['before_mib']:.0f} | {r['load_peak_mib']:.0f} | {r['shard_mib']:.0f} | "
-              f"{r['largest_mib']:.0f} | {budget:.0f} | {'yes' if ok else 'NO'} |")
+              f"{r['largest_mib']:.0f} | {budget:.0f} | {'yes' if ok else 'NO'} | {r['read_mib']:.0f} | "
+              f"{r['model_mib']:.0f} |")
     return 1 if over else 0
 
 

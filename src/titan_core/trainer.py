@@ -125,8 +125,7 @@ class Trainer:
         self.val_dataloader = loader("validation") if self.config.validation.enable else None
 
     def build_model(self) -> nn.Module:
-        m = self.config.model
-        from .hf.initial_load import initial_model_args  # the flavor's, or config.json's with initial_load
+        from .hf.initial_load import initial_model_args, model_label  # the flavor's, or config.json's
 
         self.model_args = initial_model_args(self.spec, self.config, tokenizer=self.tokenizer,
                                              world_size=self.proc.world_size, is_rank0=self.is_rank0)
@@ -136,7 +135,7 @@ class Trainer:
         self.ties = declared_ties(model)  # tied weights are checked after every set-up step
         check_ties([model], self.ties, after="the meta build")
         n_params = sum(p.numel() for p in model.parameters())
-        progress(f"model {self.spec.name}/{m.flavor}: {n_params:,} parameters", is_rank0=self.is_rank0)
+        progress(f"model {model_label(self.spec, self.config)}: {n_params:,} parameters", is_rank0=self.is_rank0)
         self.n_params = n_params
         from .memory_estimate import check_model_fits
 

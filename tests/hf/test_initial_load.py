@@ -9,6 +9,7 @@ errors with one message.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -51,15 +52,21 @@ def test_step1_loss_equals_transformers_and_every_layout_agrees(hf_dir: Path, tm
     assert losses[0] == pytest.approx(hf_loss, rel=1e-5, abs=0)
 
     load = (f"--checkpoint.initial_load={hf_dir}", "--training.steps=2")
-    layouts = {
-        "fsdp2": ("--parallelism.dp_shard=2", f"--training.local_batch_size={GLOBAL_BATCH // 2}"),
-        "tp2": ("--parallelism.dp_shard=1", "--parallelism.tp=2", f"--training.local_batch_size={GLOBAL_BATCH}"),
-        "pp2": ("--parallelism.dp_shard=1", "--parallelism.pp=2", f"--training.local_batch_size={GLOBAL_BATCH}"),
+    layouts = {  # name: (processes, flags)
+        "fsdp2": (2, ("--parallelism.dp_shard=2", f"--training.local_batch_size={GLOBAL_BATCH // 2}")),
+        "tp2": (2, ("--parallelism.dp_shard=1", "--parallelism.tp=2", f"--training.local_batch_size={GLOBAL_BATCH}")),
+        "pp2": (2, ("--parallelism.dp_shard=1", "--parallelism.pp=2", f"--training.local_batch_size={GLOBAL_BATCH}")),
+        "hsdp": (4, ("--parallelism.dp_replicate=2", "--parallelism.dp_shard=2",
+                     f"--training.local_batch_size={GLOBAL_BATCH // 4}")),
     }
-    for name, args in layouts.items():
-        run = titan(tmp_path / name, *load, *args, nproc=2)
+    n_params = sum(p.numel() for p in reference.parameters())
+    for name, (nproc, args) in layouts.items():
+        run = titan(tmp_path / name, *load, *args, nproc=nproc)
         assert run.code == 0, run.text
-        assert "initial weights: 21 tensors from" in run.text
+        # The log names the shape's source and the model's real size, not a flavor it did not use.
+        assert f"model llama3 (shape from {hf_dir}/config.json): {n_params:,} parameters" in run.text
+        assert "debugmodel" not in run.text
+        assert "initial weights: 21 tensors from" in run.text and "its own slices" in run.text
         assert run.losses() == pytest.approx(losses, rel=1e-5, abs=0), name
 
 
@@ -84,13 +91,38 @@ def test_a_titan_checkpoint_as_initial_load(tmp_path: Path) -> None:
     assert losses[0] == pytest.approx(expected, rel=1e-6, abs=0)
 
 
-@pytest.mark.parametrize("flags, fragments", [
-    (("--llama3.n_layers=3", "--llama3.rope_theta=5.0"),
-     ("these settings contradict it", "llama3.n_layers=3 (config.json: 2)", "llama3.rope_theta=5.0 (config.json: 10000.0)")),
-])
-def test_flags_that_contradict_config_json_are_listed(hf_dir: Path, tmp_path: Path, cli, flags, fragments) -> None:
-    result = cli(f"--checkpoint.initial_load={hf_dir}", f"--job.run_dir={tmp_path}", "--training.steps=1", *flags)
-    assert_user_error(result, *fragments)
+def test_flags_that_contradict_config_json_are_listed_by_the_run_and_the_dry_run(hf_dir: Path, tmp_path: Path,
+                                                                                    cli) -> None:
+    flags = (f"--checkpoint.initial_load={hf_dir}", f"--job.run_dir={tmp_path}", "--training.steps=1",
+             "--llama3.n_layers=3", "--llama3.rope_theta=5.0")
+    fragments = ("these settings contradict it", "llama3.n_layers=3 (config.json: 2)",
+                 "llama3.rope_theta=5.0 (config.json: 10000.0)")
+    errors = []
+    for mode in ((), ("--dry-run",)):
+        result = cli(*mode, *flags)
+        assert_user_error(result, *fragments)
+        errors.append([line for line in result.text.splitlines() if "error:" in line])
+    assert len(errors[0]) == 1 and errors[0] == errors[1]  # the same one message
+
+
+def test_dry_run_takes_the_shape_from_config_json(hf_dir: Path, tmp_path: Path, cli) -> None:
+    from safetensors import safe_open
+
+    n_params = 0
+    for file in hf_dir.glob("*.safetensors"):
+        with safe_open(str(file), framework="pt") as handle:
+            n_params += sum(math.prod(handle.get_slice(k).get_shape()) for k in handle.keys())
+    # debugmodel (the default flavor) has another shape: the count shows which one was built.
+    load = ("--dry-run", f"--checkpoint.initial_load={hf_dir}", f"--job.run_dir={tmp_path}")
+    result = cli(*load, "--training.seq_len=32", "--llama3.max_seq_len=64")
+    assert result.code == 0, result.text
+    assert f"model shape from {hf_dir}/config.json (model.flavor is ignored): dim=64, n_layers=2" in result.text
+    assert "max_seq_len=64" in result.text  # a runtime field may still be set
+    assert f"spec llama3, shape from {hf_dir}/config.json: {n_params:,} parameters" in result.text
+    # Validation uses that shape too: config.json's max_position_embeddings (128), not debugmodel's 2048.
+    assert_user_error(cli(*load, "--training.seq_len=256"),
+                      f"training.seq_len=256 is longer than the model's max_seq_len=128 (spec llama3, shape from "
+                      f"{hf_dir}/config.json)")
 
 
 def test_broken_hf_folders_are_one_message_each(hf_dir: Path, tmp_path: Path, cli) -> None:
@@ -118,6 +150,7 @@ def test_broken_hf_folders_are_one_message_each(hf_dir: Path, tmp_path: Path, cl
                       "model.layers.0.mlp.down_proj.weight has shape [64, 160] but config.json implies [64, 128]"),
     }
     for folder, fragments in cases.items():
-        result = cli(f"--checkpoint.initial_load={folder}", f"--job.run_dir={tmp_path / 'run'}", "--training.steps=1")
+        result = cli(f"--checkpoint.initial_load={folder}", f"--job.run_dir={tmp_path / 'run'}", "--training.steps=1",
+                     "--training.seq_len=32")
         assert_user_error(result, *fragments)
         assert result.text.count("error:") == 1

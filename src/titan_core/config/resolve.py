@@ -66,11 +66,13 @@ def _check_sections(layers: list[Layer], job_model: type[JobConfig]) -> None:
 def check_seq_len(config: JobConfig, args: Any, spec_name: str) -> None:
     """training.seq_len within the model's ``max_seq_len`` (when its args declare one), so that
     --dry-run refuses what the run would refuse at its first forward."""
+    from ..hf.initial_load import shape_source
+
     limit = getattr(args, "max_seq_len", None)
     if isinstance(limit, int) and config.training.seq_len > limit:
         raise ConfigError(
             f"training.seq_len={config.training.seq_len} is longer than the model's max_seq_len={limit} "
-            f"(spec {spec_name}, flavor {config.model.flavor}). Lower --training.seq_len, or raise the model's "
+            f"(spec {spec_name}, {shape_source(config)}). Lower --training.seq_len, or raise the model's "
             f"limit (e.g. --{spec_name}.max_seq_len={config.training.seq_len}) where the spec allows it."
         )
 
@@ -108,7 +110,12 @@ def resolve_config(
             f'spec "{spec.name}" has no flavor "{flavor}".{did_you_mean(flavor, list(spec.flavors))} '
             f"Flavors: {', '.join(spec.flavors)}."
         )
-    args = spec.model_args(flavor, getattr(config, spec.name, None), vocab_size=None)
+    from ..hf.initial_load import config_json_model_args
+
+    # An initial_load with a config.json gives the shape (as in the run), else the flavor does.
+    args = config_json_model_args(spec, config)
+    if args is None:
+        args = spec.model_args(flavor, getattr(config, spec.name, None), vocab_size=None)
     check_seq_len(config, args, spec.name)
     if spec.validate_fn is not None:
         spec.validate_fn(args, parallelism=config.parallelism, training=config.training, world_size=world_size)

@@ -24,6 +24,19 @@ Two rules make sharded, bounded-memory loading possible:
 ``runtime_fields`` names the model-args fields that do not change the weights' shapes or
 values (the RoPE table's length, the attention kernel): a run may set them freely when
 the shape comes from ``config.json``; any other field it sets must agree with the file.
+
+One optional method lets each rank of a sharded model read only its own slice of each
+tensor from the safetensors files (see :func:`row_map`):
+
+* ``from_hf_rows(hf_key, hf_shape, model_args)``: the row map of ``from_hf`` for that
+  key, when the native tensor is a row gather of the Hugging Face one:
+  ``from_hf({hf_key: t})[native_key]`` equals ``t[rows]`` (every later dim unchanged)
+  for the 1-D int64 tensor ``rows`` it returns; ``None`` when the rows stay in order (a
+  rename). It raises ``NotImplementedError`` for a key whose map is something else (a
+  transpose, a split): that tensor is then read whole.
+
+An adapter without ``from_hf_rows`` still works: each rank then reads every tensor its
+model parts hold whole, one at a time, and keeps its shard (peak: shard + one tensor).
 """
 
 from __future__ import annotations
@@ -45,6 +58,8 @@ class StateDictAdapter(Protocol):
     def hf_config(self, model_args: Any) -> dict[str, Any]: ...
     def from_hf(self, state_dict: Mapping[str, torch.Tensor], model_args: Any) -> dict[str, torch.Tensor]: ...
     def to_hf(self, state_dict: Mapping[str, torch.Tensor], model_args: Any) -> dict[str, torch.Tensor]: ...
+    # Optional (not part of the runtime check): def from_hf_rows(self, hf_key, hf_shape, model_args)
+    #   -> torch.Tensor | None; see the module docstring and row_map().
 
 
 def adapter_of(spec: Any, *, purpose: str) -> StateDictAdapter:
@@ -67,3 +82,36 @@ def hf_key_of(adapter: StateDictAdapter, key: str, shape: tuple[int, ...], dtype
         return None
     (name, tensor), = out.items()
     return name, tuple(tensor.shape)
+
+
+def row_map(adapter: StateDictAdapter, hf_key: str, hf_shape: tuple[int, ...], native_shape: tuple[int, ...],
+            model_args: Any) -> torch.Tensor | None:
+    """Native row i of ``hf_key``'s tensor is Hugging Face row ``map[i]``; None: read the tensor whole.
+
+    None when the adapter has no ``from_hf_rows``, raises ``NotImplementedError`` for this
+    key, or the tensor has no rows (0-d). A map that cannot be right (wrong length, rows
+    outside the tensor, other dims changed) is the adapter's bug: a PluginError.
+    """
+    from ..errors import PluginError
+
+    fn = getattr(adapter, "from_hf_rows", None)
+    if fn is None or not hf_shape or len(native_shape) != len(hf_shape):
+        return None
+    try:
+        rows = fn(hf_key, tuple(hf_shape), model_args)
+    except NotImplementedError:
+        return None
+    if rows is None:
+        rows = torch.arange(hf_shape[0]) if tuple(native_shape) == tuple(hf_shape) else None
+        if rows is None:
+            raise PluginError(f"{type(adapter).__name__}.from_hf_rows({hf_key!r}) says the rows stay in order, but "
+                              f"from_hf changes the shape {list(hf_shape)} to {list(native_shape)}")
+        return rows
+    ok = (isinstance(rows, torch.Tensor) and rows.dim() == 1 and rows.dtype == torch.int64
+          and rows.numel() == native_shape[0] and tuple(native_shape[1:]) == tuple(hf_shape[1:])
+          and (rows.numel() == 0 or (int(rows.min()) >= 0 and int(rows.max()) < hf_shape[0])))
+    if not ok:
+        raise PluginError(f"{type(adapter).__name__}.from_hf_rows({hf_key!r}) returned no valid row map for a "
+                          f"{list(hf_shape)} tensor that from_hf turns into {list(native_shape)} (a 1-D int64 "
+                          f"tensor of {native_shape[0]} rows in [0, {hf_shape[0]}) is needed)")
+    return rows

@@ -8,14 +8,16 @@ safetensors headers (no tensor data) before anything is loaded.
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from ..errors import ConfigError
+
+if TYPE_CHECKING:
+    from .slice_reader import SliceReader
 
 SINGLE = "model.safetensors"
 INDEX = "model.safetensors.index.json"
@@ -34,8 +36,11 @@ class HFFolder:
     config: dict[str, Any]
     tensors: dict[str, TensorInfo]  # Hugging Face name -> where it is and its shape
 
-    def read(self, names: list[str]) -> "TensorReader":
-        return TensorReader(self, names)
+    def reader(self) -> "SliceReader":
+        """A reader of row/column slices of this folder's tensors (a context manager)."""
+        from .slice_reader import SliceReader
+
+        return SliceReader(self)
 
 
 def is_hf_folder(path: Path) -> bool:
@@ -115,69 +120,3 @@ def _dtype(name: str) -> torch.dtype:
     if name not in _DTYPES:
         raise ValueError(f"unsupported tensor dtype {name}")
     return _DTYPES[name]
-
-
-class TensorReader:
-    """Reads the named tensors one at a time with plain file reads (a context manager).
-
-    No memory map: a mapped file's touched pages stay in the process's resident memory
-    until it is closed, which would add up to a whole shard per rank. Each tensor is read
-    into its own buffer, so the peak is one tensor. Offsets come from the (untrusted)
-    header and are checked against the file size and the tensor's shape first.
-    """
-
-    def __init__(self, folder: HFFolder, names: list[str]) -> None:
-        self.folder = folder
-        self.names = sorted(names, key=lambda n: (folder.tensors[n].file, n))
-        self._file: Any = None
-        self._file_name: str | None = None
-        self._offsets: dict[str, tuple[int, int]] = {}
-
-    def __enter__(self) -> "TensorReader":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self._file is not None:
-            self._file.close()
-            self._file = None
-
-    def _open(self, file: str) -> None:
-        self.__exit__()
-        path = self.folder.path / file
-        handle = open(path, "rb")  # noqa: SIM115 (closed in __exit__)
-        size = os.fstat(handle.fileno()).st_size
-        header_len = int.from_bytes(handle.read(8), "little")
-        if header_len <= 0 or 8 + header_len > size:
-            handle.close()
-            raise ConfigError(f"{path} has a damaged safetensors header; re-download it.")
-        header = json.loads(handle.read(header_len))
-        base = 8 + header_len
-        self._offsets = {}
-        for name, entry in header.items():
-            if name == "__metadata__":
-                continue
-            begin, end = (int(x) for x in entry["data_offsets"])
-            if not 0 <= begin <= end <= size - base:
-                handle.close()
-                raise ConfigError(f"{path}: tensor {name} points outside the file; re-download it.")
-            self._offsets[name] = (base + begin, base + end)
-        self._file, self._file_name = handle, file
-
-    def __iter__(self):  # type: ignore[no-untyped-def]
-        for name in self.names:
-            info = self.folder.tensors[name]
-            if self._file_name != info.file or self._file is None:
-                self._open(info.file)
-            begin, end = self._offsets[name]
-            numel = 1
-            for d in info.shape:
-                numel *= d
-            if end - begin != numel * info.dtype.itemsize:
-                raise ConfigError(f"{self.folder.path / info.file}: tensor {name} has {end - begin} bytes, not the "
-                                  f"{numel * info.dtype.itemsize} its shape needs; re-download it.")
-            buffer = bytearray(end - begin)
-            self._file.seek(begin)
-            if self._file.readinto(buffer) != len(buffer):
-                raise ConfigError(f"{self.folder.path / info.file} ends early; re-download it.")
-            tensor = torch.frombuffer(buffer, dtype=info.dtype) if buffer else torch.empty(0, dtype=info.dtype)
-            yield name, tensor.reshape(info.shape)

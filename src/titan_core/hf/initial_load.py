@@ -7,14 +7,17 @@ Two calls from the Trainer:
   contradicts the file is an error listing each field (the adapter's ``runtime_fields``,
   such as the RoPE table length, may differ); the shape taken is printed.
 * :func:`load_initial_weights` (after resume found nothing of the run's own): every rank
-  reads, one tensor at a time, only the tensors its model parts hold, and copies its own
-  shard out of each, so a rank's peak is its shard plus one full tensor. No optimizer
-  state is loaded.
+  reads, one tensor at a time, only the tensors its model parts hold, and of each only
+  the rows and columns of its own shard (the adapter's ``from_hf_rows`` says which Hugging
+  Face rows a native row comes from), so a rank reads about its shard, not the model.
+  With an adapter that gives no row map, a rank reads each of its tensors whole and
+  keeps its shard (peak: shard plus one full tensor). No optimizer state is loaded.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from pathlib import Path
 from typing import Any, Callable
 
@@ -25,7 +28,7 @@ from torch.distributed.tensor import DTensor, distribute_tensor
 from ..errors import ConfigError
 from ..init import clean_fqn
 from ..metrics import progress
-from .adapter import adapter_of, hf_key_of
+from .adapter import adapter_of, hf_key_of, row_map
 from .model_args import HF_CONFIG_IN_CHECKPOINT
 from .folder import HFFolder, is_hf_folder, open_hf_folder
 
@@ -47,28 +50,53 @@ def _source_kind(path: Path) -> str:
     raise AssertionError("unreachable")  # pragma: no cover
 
 
-def initial_model_args(spec: Any, config: Any, *, tokenizer: Any, world_size: int, is_rank0: bool) -> Any:
-    """The model args of this run: from config.json for an HF ``initial_load``, else the flavor's.
+def shape_file(config: Any) -> Path | None:
+    """The ``config.json`` this run's model shape comes from; None when it is the flavor's.
 
-    Also checks, before anything is trained, that an ``hf`` export will be possible.
+    An HF folder's ``config.json``, or the ``hf_config.json`` that ``titan-convert from-hf``
+    leaves in a titan checkpoint. A source that is neither (or does not exist) gives None
+    here; loading it is what reports it.
     """
-    vocab_size = tokenizer.vocab_size
-    if config.checkpoint.export_at_end and config.checkpoint.export_format == "hf":
-        from .export import check_hf_export
+    from ..checkpoint.weights import is_titan_checkpoint
 
-        check_hf_export(spec, tokenizer)  # now, not after training
-    section = getattr(config, spec.name, None)
     source = config.checkpoint.initial_load
-    kind = _source_kind(Path(source)) if source else None
-    hf_config = Path(source) / HF_CONFIG_IN_CHECKPOINT if source else None
-    if kind == "titan" and hf_config is not None and hf_config.is_file():
-        hf_dict = _read_json(hf_config)  # a checkpoint made by titan-convert from-hf carries its shape
-    elif kind == "hf":
-        hf_dict = open_hf_folder(source, what=WHAT).config
-    else:
-        return spec.model_args(config.model.flavor, section, vocab_size=vocab_size)
+    if not source:
+        return None
+    path = Path(source)
+    if is_hf_folder(path):
+        return path / "config.json"
+    carried = path / HF_CONFIG_IN_CHECKPOINT
+    return carried if carried.is_file() and is_titan_checkpoint(path) else None
+
+
+def shape_source(config: Any) -> str:
+    """``flavor NAME``, or ``shape from FILE`` when an ``initial_load`` gives the shape (for messages)."""
+    file = shape_file(config)
+    return f"flavor {config.model.flavor}" if file is None else f"shape from {file}"
+
+
+def model_label(spec: Any, config: Any) -> str:
+    """How the run log names its model: ``spec/flavor``, or the spec and the config.json its shape came from."""
+    file = shape_file(config)
+    return f"{spec.name}/{config.model.flavor}" if file is None else f"{spec.name} (shape from {file})"
+
+
+def config_json_model_args(spec: Any, config: Any) -> Any | None:
+    """The model args from the ``initial_load``'s config.json (None: the flavor gives them).
+
+    The spec section's runtime fields apply on top; any other field it sets must agree
+    with the file, or a ConfigError lists each one. Config validation, ``--dry-run`` and
+    the real run all take the shape from here.
+    """
+    file = shape_file(config)
+    if file is None:
+        return None
+    source = config.checkpoint.initial_load
+    # A checkpoint made by titan-convert from-hf carries its shape; an HF folder's is read with its tensor headers.
+    hf_dict = _read_json(file) if file.name == HF_CONFIG_IN_CHECKPOINT else open_hf_folder(source, what=WHAT).config
     adapter = adapter_of(spec, purpose=f"{WHAT} of a Hugging Face folder")
     args = adapter.model_args_from_hf(hf_dict)
+    section = getattr(config, spec.name, None)
     chosen = {k: v for k, v in section.model_dump().items() if v is not None} if section is not None else {}
     conflicts = [f"{spec.name}.{k}={v!r} (config.json: {getattr(args, k)!r})"
                  for k, v in chosen.items() if k not in adapter.runtime_fields and getattr(args, k, v) != v]
@@ -77,7 +105,26 @@ def initial_model_args(spec: Any, config: Any, *, tokenizer: Any, world_size: in
             f"{WHAT}={source}: the model shape comes from its config.json, and these settings contradict it: "
             f"{'; '.join(conflicts)}. Remove them (or edit config.json)."
         )
-    args = dataclasses.replace(args, **{k: v for k, v in chosen.items() if k in adapter.runtime_fields})
+    return dataclasses.replace(args, **{k: v for k, v in chosen.items() if k in adapter.runtime_fields})
+
+
+def initial_model_args(spec: Any, config: Any, *, tokenizer: Any, world_size: int, is_rank0: bool) -> Any:
+    """The model args of this run: from config.json for an HF ``initial_load``, else the flavor's.
+
+    Also checks, before anything is trained, that an ``hf`` export will be possible. The
+    real run and ``--dry-run`` both call it, so both take (and refuse) the same shape.
+    """
+    vocab_size = tokenizer.vocab_size
+    if config.checkpoint.export_at_end and config.checkpoint.export_format == "hf":
+        from .export import check_hf_export
+
+        check_hf_export(spec, tokenizer)  # now, not after training
+    source = config.checkpoint.initial_load
+    if source:
+        _source_kind(Path(source))  # a source that is no model folder fails now, not after set-up
+    args = config_json_model_args(spec, config)
+    if args is None:
+        return spec.model_args(config.model.flavor, getattr(config, spec.name, None), vocab_size=vocab_size)
     model_vocab = getattr(args, "vocab_size", None)
     if isinstance(model_vocab, int) and vocab_size > model_vocab:
         raise ConfigError(
@@ -87,8 +134,7 @@ def initial_model_args(spec: Any, config: Any, *, tokenizer: Any, world_size: in
     if spec.validate_fn is not None:
         spec.validate_fn(args, parallelism=config.parallelism, training=config.training, world_size=world_size)
     shape = ", ".join(f"{f.name}={getattr(args, f.name)}" for f in dataclasses.fields(args))
-    shape_file = hf_config if kind == "titan" else Path(source) / "config.json"
-    progress(f"model shape from {shape_file} (model.flavor is ignored): {shape}", is_rank0=is_rank0)
+    progress(f"model shape from {shape_file(config)} (model.flavor is ignored): {shape}", is_rank0=is_rank0)
     return args
 
 
@@ -108,12 +154,30 @@ def _local_params(model_parts: list[nn.Module]) -> dict[str, nn.Parameter]:
     return {clean_fqn(name): p for part in model_parts for name, p in part.named_parameters(remove_duplicate=False)}
 
 
+@dataclasses.dataclass(frozen=True)
+class HFLoadStats:
+    """What one rank's :func:`load_hf_weights` did."""
+
+    tensors: int  # tensors of the folder that the model takes (all ranks together)
+    bytes_read: int  # tensor bytes this rank read from the files
+    bytes_total: int  # tensor bytes of those tensors in the files
+    read_whole: int  # tensors this rank read whole (its adapter has no row map for them)
+
+    def summary(self) -> str:
+        whole = f", {self.read_whole} tensors read whole" if self.read_whole else ""
+        return (f"this rank read {self.bytes_read / 2**20:.2f} of {self.bytes_total / 2**20:.2f} MiB: "
+                f"its own slices{whole}")
+
+
 @torch.no_grad()
 def load_initial_weights(source: str, *, spec: Any, model_parts: list[nn.Module], model_args: Any,
-                         ties: list[tuple[str, str]], is_rank0: bool) -> None:
-    """Overwrite the freshly initialised weights with ``source``'s (a collective when distributed)."""
+                         ties: list[tuple[str, str]], is_rank0: bool) -> HFLoadStats | None:
+    """Overwrite the freshly initialised weights with ``source``'s (a collective when distributed).
+
+    Returns what was read from a Hugging Face folder (None for a titan checkpoint or no source).
+    """
     if not source:
-        return
+        return None
     path = Path(source)
     if _source_kind(path) == "titan":
         from ..checkpoint.weights import load_model_weights
@@ -121,20 +185,25 @@ def load_initial_weights(source: str, *, spec: Any, model_parts: list[nn.Module]
         step = load_model_weights(path, model_parts)
         progress(f"initial weights: the model of {path} (its step {step}); optimizer state not loaded, "
                  f"training starts at step 0", is_rank0=is_rank0)
-        return
+        return None
     folder = open_hf_folder(path, what=WHAT)
-    count = load_hf_weights(folder, spec=spec, model_parts=model_parts, model_args=model_args, ties=ties)
-    progress(f"initial weights: {count} tensors from {path} (step 0, no optimizer state)", is_rank0=is_rank0)
+    stats = load_hf_weights(folder, spec=spec, model_parts=model_parts, model_args=model_args, ties=ties)
+    progress(f"initial weights: {stats.tensors} tensors from {path} (step 0, no optimizer state); "
+             f"{stats.summary()}", is_rank0=is_rank0)
+    return stats
 
 
 @torch.no_grad()
 def load_hf_weights(folder: HFFolder, *, spec: Any, model_parts: list[nn.Module], model_args: Any,
                     ties: list[tuple[str, str]], on_tensor: Callable[[int], None] | None = None,
-                    what: str = WHAT) -> int:
-    """Check every name and shape (no data read), then copy each rank's shards in; returns the tensor count.
+                    what: str = WHAT) -> HFLoadStats:
+    """Check every name and shape (no data read), then read each rank's own slices into its parameters.
 
-    A collective when distributed (the shapes of every stage are gathered). ``on_tensor``
-    is called with each tensor's byte size after it is copied (a progress bar).
+    A collective when distributed (the shapes of every stage are gathered). A pipeline
+    stage reads only the tensors of its own parts; within each tensor a rank reads only
+    the rows and columns of its shard, through the adapter's row map (``from_hf_rows``),
+    or the whole tensor when the adapter gives none. ``on_tensor`` is called with the
+    bytes read for each tensor (a progress bar).
     """
     from ..checkpoint import collect_param_shapes
 
@@ -169,15 +238,49 @@ def load_hf_weights(folder: HFFolder, *, spec: Any, model_parts: list[nn.Module]
                           f"{'; '.join(problems[:3])}{more}. The folder is damaged or its config.json belongs to "
                           f"another checkpoint.")
     params = _local_params(model_parts)
-    mine = [name for name, native in plan.items() if native in params]
-    with folder.read(mine) as reader:
-        for name, tensor in reader:
-            (native, value), = adapter.from_hf({name: tensor}, model_args).items()
-            _copy_into(params[native], value)
+    mine = sorted((name for name, native in plan.items() if native in params),
+                  key=lambda n: (folder.tensors[n].file, n))  # each file opened once
+    whole = 0
+    with folder.reader() as reader:
+        for name in mine:
+            info, param = folder.tensors[name], params[plan[name]]
+            before = reader.bytes_read
+            rows = row_map(adapter, name, info.shape, tuple(param.shape), model_args)
+            region = _local_region(param)
+            if rows is None or region is None:
+                whole += 1
+                (_, value), = adapter.from_hf({name: reader.read(name)}, model_args).items()
+                _copy_into(param, value)
+                del value
+            else:
+                local = param.to_local() if isinstance(param, DTensor) else param
+                if local.numel():
+                    (r0, r1), box = region[0], region[1:]
+                    local.copy_(reader.read(name, rows[r0:r1], box))
             if on_tensor is not None:
-                on_tensor(value.numel() * value.element_size())
-            del tensor, value
-    return len(plan)
+                on_tensor(reader.bytes_read - before)
+    total = sum(math.prod(i.shape) * i.dtype.itemsize for n, i in folder.tensors.items() if n in plan)
+    return HFLoadStats(tensors=len(plan), bytes_read=reader.bytes_read, bytes_total=total, read_whole=whole)
+
+
+def _local_region(param: torch.Tensor) -> tuple[tuple[int, int], ...] | None:
+    """``[start, stop)`` per dim of the part of the full tensor this rank holds; None if not one box.
+
+    A DTensor shard is the box at its global offset (the layout DCP's checkpoints assume
+    too); None (read whole, shard with distribute_tensor) if the computed box does not
+    match the local tensor's shape.
+    """
+    if not isinstance(param, DTensor):
+        return tuple((0, n) for n in param.shape)
+    try:  # private, but what DCP itself uses to place shards; a torch without it reads whole
+        from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+    except ImportError:  # pragma: no cover
+        return None
+
+    shape, offset = compute_local_shape_and_global_offset(param.shape, param.device_mesh, param.placements)
+    if tuple(shape) != tuple(param.to_local().shape) or len(offset) != len(shape):
+        return None
+    return tuple((o, o + n) for o, n in zip(offset, shape))
 
 
 def _hf_shape(adapter: Any, native: str, shape: tuple[int, ...], model_args: Any) -> tuple[int, ...] | None:
@@ -189,7 +292,7 @@ def _hf_shape(adapter: Any, native: str, shape: tuple[int, ...], model_args: Any
 
 
 def _copy_into(param: torch.Tensor, full: torch.Tensor) -> None:
-    """Copy this rank's part of the full tensor ``full`` into ``param`` (plain or DTensor)."""
+    """Copy this rank's part of the full tensor ``full`` into ``param`` (plain or DTensor): the whole-tensor path."""
     if isinstance(param, DTensor):
         full = full.to(device=param.device, dtype=param.dtype)
         # Every rank holding the parameter read the same full tensor: no broadcast needed.

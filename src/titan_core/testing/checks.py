@@ -493,7 +493,7 @@ def check_flops(t: Target) -> str:
 
 
 def check_hf_roundtrip(t: Target) -> str:
-    """to_hf then from_hf gives back every tensor (specs with a state_dict_adapter)."""
+    """to_hf then from_hf gives back every tensor, and from_hf_rows (if any) agrees with from_hf."""
     from ..init import init_model_weights
 
     spec, args, model = _spec_model(t, device="cpu")
@@ -508,6 +508,17 @@ def check_hf_roundtrip(t: Target) -> str:
     bad = sorted(k for k in native if k not in back or not torch.equal(native[k], back[k]))
     if bad or set(back) != set(native):
         raise Failed(f"round trip changed {bad[:5]} (keys back: {len(back)} of {len(native)})")
+    # The optional row map must say what from_hf does: sharded loads read rows by it.
+    from ..hf.adapter import row_map
+
+    for key, tensor in adapter.to_hf(native, args).items():
+        out = adapter.from_hf({key: tensor}, args_back)
+        if not out:
+            continue
+        (name, value), = out.items()
+        rows = row_map(adapter, key, tuple(tensor.shape), tuple(value.shape), args_back)
+        if rows is not None and not torch.equal(tensor[rows], value):
+            raise Failed(f"from_hf_rows({key!r}) does not match what from_hf does to that tensor")
     return f"{len(native)} tensors"
 
 

@@ -13,6 +13,8 @@ HF row i is our row 2i, HF row i + head_dim/2 is our row 2i+1.
 
 Every map is key-wise (one tensor in, one out), as the core's protocol requires, and a
 tied head is left out of the Hugging Face side (transformers ties ``lm_head`` itself).
+``from_hf`` is a row gather for every key (``from_hf_rows`` gives the rows), so each rank
+reads only its own slice of each tensor.
 """
 
 from __future__ import annotations
@@ -103,6 +105,18 @@ class LlamaStateDictAdapter:
                 tensor = _heads_to_interleaved(tensor, heads)
             out[name] = tensor
         return out
+
+    def from_hf_rows(self, hf_key: str, hf_shape: tuple[int, ...], model_args: LlamaArgs) -> torch.Tensor | None:
+        """Native row i of ``from_hf``'s tensor for ``hf_key`` is HF row ``rows[i]`` (None: a rename).
+
+        The core uses it to read only a rank's own rows (and columns) of each tensor.
+        """
+        _, module = _rename(hf_key, _HF_LAYER, "layers", _LAYER_BACK, _TOP_BACK)
+        if module not in ("self_attn.q_proj", "self_attn.k_proj"):
+            return None
+        heads = model_args.n_heads if module == "self_attn.q_proj" else model_args.kv_heads
+        # The same per-head permutation as from_hf, applied to the row numbers.
+        return _heads_to_interleaved(torch.arange(hf_shape[0]).unsqueeze(1), heads).squeeze(1)
 
     # ---- config.json -----------------------------------------------------------------------------
     def hf_config(self, model_args: LlamaArgs) -> dict[str, Any]:
