@@ -1,5 +1,6 @@
 """The conformance kit itself: a converter that breaks the contract fails the check that covers it,
-``titan-plugin check`` prints the table and exits 1, and the pytest classes run the same checks."""
+and the pytest classes run the same checks. (The table and exit 1 of ``titan-plugin check`` on a failing
+plugin: test_conformance_verdicts.py; on passing ones: the guide test in test_wheels.py.)"""
 
 from __future__ import annotations
 
@@ -57,20 +58,6 @@ def test_select_convert_check_catches_both_lies(liars: Path) -> None:
     assert over.status == "fail" and "convert() changed" in over.detail and "attention.wk" in over.detail, over
 
 
-def test_cli_prints_the_table_and_exits_1_on_a_failed_check(liars: Path) -> None:
-    proc = subprocess.run([sys.executable, "-m", "titan_core.plugin_cli", "check", "overreach", "--fast",
-                           "--import", "liars"], capture_output=True, text=True, cwd=liars, timeout=600,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"})
-    assert proc.returncode == 1, proc.stdout + proc.stderr
-    lines = proc.stdout.splitlines()
-    assert lines[0] == "converter overreach" and lines[1].split() == ["check", "result", "figure", "time"]
-    rows = {line[:29].strip(): line[29:].split() for line in lines[3:7]}
-    assert rows["config defaults, did-you-mean"][0] == "pass"
-    assert rows["select/convert on meta"][0] == "FAIL"
-    assert rows["hooks once per step"][:2] == ["pass", "3"]  # "3 steps: pre 3, post 3"
-    assert "select/convert on meta failed:" in proc.stdout and "titan-plugin check: FAILED" in proc.stderr
-
-
 def test_the_pytest_class_runs_the_checks_on_an_installed_converter(tmp_path: Path) -> None:
     site = tmp_path / "site"
     pip = [sys.executable, "-m", "pip", "-q"]
@@ -85,4 +72,14 @@ def test_the_pytest_class_runs_the_checks_on_an_installed_converter(tmp_path: Pa
                           capture_output=True, text=True, cwd=tmp_path, timeout=600,
                           env={**os.environ, "PYTHONPATH": str(site), "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "4 passed, 3 skipped" in proc.stdout and "not in the fast subset" in proc.stdout, proc.stdout
+    assert "5 passed, 3 skipped" in proc.stdout and "not in the fast subset" in proc.stdout, proc.stdout
+
+
+@pytest.mark.parametrize(("guide", "pool"), [("writing-a-converter.md", "CONVERTER_CHECKS"),
+                                             ("writing-a-train-spec.md", "SPEC_CHECKS")])
+def test_the_guides_list_every_check_in_order(guide: str, pool: str) -> None:
+    from titan_core.testing import checks
+
+    text = (REPO / "docs" / guide).read_text()
+    table = text.split("| check | what passes |\n|---|---|\n", 1)[1].split("\n\n", 1)[0]
+    assert [row.split("|")[1].strip() for row in table.splitlines()] == [c.name for c in getattr(checks, pool)]

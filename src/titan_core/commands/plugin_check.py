@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import shutil
 import sys
 from collections.abc import Sequence
 
 from ..errors import ConfigError, did_you_mean
 from ..testing import CheckResult, Target
-from ..testing.checks import checks_for, run_check
+from ..testing.checks import Check, run_all
 
 
 def kind_of(name: str) -> str:
@@ -53,11 +54,19 @@ def check(names: Sequence[str], *, fast: bool, spec: str, compile: bool, kind: s
     for name in names:
         k = kinds[name]
         target = Target(k, name, spec=spec, compile=compile, extra_flags=tuple(extra_flags))
-        results = []
-        for one in checks_for(target, fast=fast):
+
+        def announce(one: Check, name: str = name) -> None:  # this plugin's name, bound now
             print(f"[titan-plugin] {name}: {one.name} ...", file=sys.stderr, flush=True)
-            results.append(run_check(target, one))
+
+        results = run_all(target, fast=fast, announce=announce)
         print(format_table(name, k, results) + "\n", flush=True)
-        failed |= any(not r.ok for r in results)
+        if all(r.ok for r in results):
+            shutil.rmtree(target.workdir, ignore_errors=True)  # checkpoints and logs of runs that all passed
+        else:
+            failed = True
+            if any(target.workdir.iterdir()):
+                print(f"the runs of {name} are kept in {target.workdir}\n", flush=True)
+            else:
+                shutil.rmtree(target.workdir, ignore_errors=True)
     print("titan-plugin check: " + ("FAILED" if failed else "all checks passed"), file=sys.stderr)
     return 1 if failed else 0

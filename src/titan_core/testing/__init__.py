@@ -8,14 +8,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from .checks import CheckResult, Target, checks_for, run_check
+from .checks import CheckResult, Target, run_all
 
 __all__ = ["CheckResult", "ConverterConformance", "Target", "TrainSpecConformance", "run_checks"]
 
 
 def run_checks(target: Target, *, fast: bool = False) -> list[CheckResult]:
     """Run every check that applies to ``target`` (only the fast subset with ``fast``), in order."""
-    return [run_check(target, check) for check in checks_for(target, fast=fast)]
+    return run_all(target, fast=fast)
 
 
 def __getattr__(name: str) -> Any:

@@ -118,6 +118,41 @@ def _compare(run: runs.Run, ref: runs.Run, key: str, t: Target) -> str:
     return figure
 
 
+# ---- both kinds -----------------------------------------------------------------------------------
+IMPORT_TIMEOUT_S = 300.0  # an import that compiles an extension may take minutes; one that never returns fails
+
+
+def check_import(t: Target) -> str:
+    """The plugin imports and is what its entry point promises (its import time is the row's time).
+
+    The import runs in a daemon thread so that one which never returns fails the check instead of
+    hanging the kit (the checks after a failed import are not run, so nothing waits on it)."""
+    import threading
+
+    from ..discovery import CONVERTERS, SPECS, discover, load_converter, load_train_spec
+
+    outcome: dict[str, Any] = {}
+
+    def load() -> None:
+        try:
+            outcome["obj"] = load_train_spec(t.name) if t.kind == "spec" else load_converter(t.name)
+        except BaseException as exc:  # re-raised below, in the checking thread
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=load, name=f"import {t.name}", daemon=True)
+    thread.start()
+    thread.join(IMPORT_TIMEOUT_S)
+    if thread.is_alive():
+        raise Failed(f"importing the {t.kind} {t.name!r} did not finish within {IMPORT_TIMEOUT_S:.0f} s; an "
+                     f"entry point's import must not block (start servers, download or wait for input)", "timed out")
+    if "error" in outcome:
+        raise outcome["error"]
+    obj = outcome["obj"]
+    claims = discover(SPECS if t.kind == "spec" else CONVERTERS).get(t.name, [])
+    source = f"{claims[0].distribution} {claims[0].version}" if claims else "registered in-process"
+    return f"{source}, API {getattr(obj, 'plugin_api_version', '?')}"
+
+
 # ---- converter checks -----------------------------------------------------------------------------
 def check_config(t: Target) -> str:
     """Config defaults validate; a misspelled key is refused with a did-you-mean."""
@@ -142,10 +177,19 @@ def check_config(t: Target) -> str:
 
 
 def _signature(module: torch.nn.Module) -> tuple[Any, ...]:
-    """What a conversion can change about one module: its class, its own parameters' classes
-    (a converter may wrap weights in a tensor subclass instead), and an instance-level forward."""
-    params = tuple((n, type(p), type(getattr(p, "data", p))) for n, p in module.named_parameters(recurse=False))
-    return type(module), params, "forward" in vars(module)
+    """What a conversion can change about one module: its class; its own parameters and buffers
+    (class, tensor subclass, dtype, shape, trainable: a converter may wrap weights in a tensor
+    subclass, or cast them); an instance-level forward; the hooks registered on it."""
+    params = tuple((n, type(p), type(getattr(p, "data", p)), p.dtype, tuple(p.shape), p.requires_grad)
+                   for n, p in module.named_parameters(recurse=False))
+    buffers = tuple((n, type(b), b.dtype, tuple(b.shape)) for n, b in module.named_buffers(recurse=False))
+    hooks = tuple(len(getattr(module, h, {})) for h in ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks",
+                                                        "_backward_pre_hooks"))
+    return type(module), params, buffers, "forward" in vars(module), hooks
+
+
+def _under(name: str, roots: set[str]) -> bool:
+    return any(name == r or name.startswith(r + ".") for r in roots)
 
 
 def check_select_convert(t: Target) -> str:
@@ -162,7 +206,8 @@ def check_select_convert(t: Target) -> str:
         model = spec.model_cls(resolved.model_args)
     ((_, conv),) = Trainer(resolved).build_converters()
     conv.compatible_with(spec)
-    before = {name: _signature(m) for name, m in model.named_modules()}
+    objects_before = dict(model.named_modules())
+    before = {name: _signature(m) for name, m in objects_before.items()}
     selected = conv.select(model)
     unknown = sorted(set(selected) - set(before))
     if unknown:
@@ -171,10 +216,30 @@ def check_select_convert(t: Target) -> str:
         raise Failed("select() chose no module of the model")
     conv.convert(model, list(selected))
     after = {name: _signature(m) for name, m in model.named_modules()}
-    changed = {name for name in before if name in after and after[name] != before[name]}
-    top_changed = {n for n in changed if not any(n.startswith(p + ".") for p in changed)}
-    if top_changed != set(selected):
-        raise Failed(f"convert() changed {sorted(top_changed)[:5]}... but select() chose {sorted(selected)[:5]}...")
+    chosen = set(selected)
+    # Modules added or removed outside the selected ones change the model's structure behind select()'s back.
+    added = sorted(n for n in set(after) - set(before) if not _under(n, chosen))
+    removed = sorted(n for n in set(before) - set(after) if not _under(n, chosen))
+    if added or removed:
+        raise Failed(f"convert() added modules {added[:5]} / removed modules {removed[:5]} outside the "
+                     f"{len(chosen)} modules select() chose; a converter rewrites only the modules it selected",
+                     f"{len(added)} added, {len(removed)} removed")
+    objects_after = dict(model.named_modules())
+    # Changed: a different module object at the name (replaced), or the same one rewritten.
+    changed = {name for name in before if name in after
+               and (after[name] != before[name] or objects_after[name] is not objects_before[name])}
+    # A selected module counts as converted when it or anything inside it changed.
+    untouched = sorted(r for r in chosen if not any(_under(n, {r}) for n in changed))
+    outside_all = {n for n in changed if not _under(n, chosen)}
+    outside = sorted(n for n in outside_all if not any(n.startswith(p + ".") for p in outside_all))
+    if outside or untouched:
+        what = []
+        if outside:
+            what.append(f"changed {len(outside)} module(s) select() did not choose: {outside[:5]}")
+        if untouched:
+            what.append(f"left {len(untouched)} selected module(s) unchanged: {untouched[:5]}")
+        raise Failed(f"convert() {'; and '.join(what)} (a converter changes exactly the modules select() chose)",
+                     f"{len(outside)} outside, {len(untouched)} unchanged")
     on_meta = all(p.device.type == "meta" for p in model.parameters())
     if not on_meta:
         raise Failed("convert() moved parameters off the meta device")
@@ -188,7 +253,7 @@ def check_train(t: Target) -> str:
     base = t.run("baseline5", 5, f"--training.local_batch_size={BATCH}", converters=False)
     _require_run(base, "the baseline run")
     gap = (run.curve()[-1] - base.curve()[-1]) / base.curve()[-1]
-    return f"loss {run.curve()[-1]:.3f}, gap {gap:+.2%}"
+    return f"loss {run.curve()[-1]:.4f}, gap {gap:+.1e}"
 
 
 def check_hooks(t: Target) -> str:
@@ -207,7 +272,22 @@ def check_hooks(t: Target) -> str:
     counts = {"pre": 0, "post": 0}
     ((name, cls),) = resolved.converters
 
+    def counted(hook: str, fn: Callable[[list[Any]], None]) -> Callable[[list[Any]], None]:
+        def wrapper(model_parts: list[Any]) -> None:
+            counts[hook] += 1
+            fn(model_parts)
+
+        return wrapper
+
     class Counting(cls):  # type: ignore[valid-type, misc]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            # A hook the converter set on the instance (only for some settings) shadows the methods below.
+            for hook in ("pre", "post"):
+                attr = f"{hook}_optimizer_hook"
+                if attr in vars(self):
+                    setattr(self, attr, counted(hook, vars(self)[attr]))
+
         def pre_optimizer_hook(self, model_parts: list[Any]) -> None:
             counts["pre"] += 1
             super().pre_optimizer_hook(model_parts)
@@ -222,7 +302,10 @@ def check_hooks(t: Target) -> str:
         trainer.setup()
         trainer.train()
     if counts != {"pre": steps, "post": steps}:
-        raise Failed(f"over {steps} steps the hooks ran pre x{counts['pre']}, post x{counts['post']}",
+        extra = (" (the core registers a converter's pre/post_optimizer_hook on the optimizer: a converter that "
+                 "also registers them itself runs them twice)" if max(counts.values()) > steps else "")
+        raise Failed(f"over {steps} steps the hooks ran pre x{counts['pre']}, post x{counts['post']}, "
+                     f"not once per step{extra}",
                      f"pre {counts['pre']}, post {counts['post']}")
     return f"{steps} steps: pre {counts['pre']}, post {counts['post']}"
 
@@ -242,19 +325,48 @@ def check_fsdp(t: Target) -> str:
     return _compare(run, ref, "fsdp2", t)
 
 
+_TP_HINT = ("A converter that cannot run under tensor parallelism refuses in __init__ (parallel_dims.tp_enabled) "
+            "with a TitanError, so the launcher reports it once before any worker starts; one that can keeps its "
+            "modules usable by the spec's TP styles (nn.Linear subclasses) or supplies tensor_parallel_styles().")
+
+
+def _error_line(output: str) -> str | None:
+    """The first ``...error: message`` line of a run's output, without its ``[rankN]`` prefix."""
+    for line in output.splitlines():
+        if "error:" in line:
+            return line.split("error:", 1)[1].strip()
+    return None
+
+
 def check_tp(t: Target) -> str:
-    """TP 2 matches one process, or is refused with a clear message (exit 2, no traceback)."""
+    """TP 2 matches one process, or is refused with a clear message (exit 2, no traceback) before any worker starts."""
     ref = t.reference(5)
     _require_run(ref, "the one-process reference")  # else a refusal below could be any error
-    run = t.run("tp2", 5, "--parallelism.tp=2", f"--training.local_batch_size={BATCH}", nproc=2)
-    if run.returncode == 2 and "Traceback" not in run.output and "error:" in run.output:
-        message = next(line for line in run.output.splitlines() if "error:" in line).split("error:", 1)[1].strip()
+    flags = ("--parallelism.tp=2", f"--training.local_batch_size={BATCH}")
+    run = t.run("tp2", 5, *flags, nproc=2)
+    message = _error_line(run.output)
+    if run.returncode == 2 and "Traceback" not in run.output and message is not None:
+        # Workers prefix their lines with [rankN]; a refusal made by the launching process has none.
+        workers_ran = any(line.startswith("[rank") for line in run.output.splitlines())
+        if workers_ran:
+            hint = f" {_TP_HINT}" if t.kind == "converter" else ""
+            raise Failed(f"TP 2 failed after the workers started (exit 2): {message}{hint}", "failed in workers")
         if not any(word in message.lower() for word in ("tp", "tensor")):
             raise Failed(f"TP 2 was refused with a message that does not name tensor parallelism: {message}")
         if run.output.count(message) > 1:
             raise Failed(f"TP 2 was refused once per process instead of once, before the workers: {message}")
         return f"refused: {message[:60]}"
-    return _matches_reference(t, "tp2", 2, "--parallelism.tp=2", f"--training.local_batch_size={BATCH}")
+    figure = _matches_reference(t, "tp2", 2, *flags)
+    # Matching numbers alone do not show TP ran: a parallelize_fn that ignores parallelism.tp trains a whole
+    # copy on each rank, with the same numbers. The run's layout line says what was really sharded.
+    layout = next((line.split("parameters:", 1)[1].strip() for line in run.output.splitlines()
+                   if "[titan] parameters:" in line), "")
+    sharded = sum(int(part.split(" x ", 1)[0]) for part in layout.split("; ") if "tp:S" in part)
+    if not sharded:
+        raise Failed(f"the TP 2 run trained, but no parameter is sharded over the tp mesh (layout: "
+                     f"{layout or 'not reported'}): the parallelize_fn ignored parallelism.tp. Apply the TP plan "
+                     f"there, or refuse tp > 1 in the spec's validate_fn", "nothing sharded")
+    return f"{figure}, {sharded} params sharded"
 
 
 def check_pp(t: Target) -> str:
@@ -324,19 +436,28 @@ def check_loss_falls(t: Target) -> str:
 
 
 def check_init_layouts(t: Target) -> str:
-    """Initial weights identical across layouts: the first step's loss is the same under FSDP2 (and TP)."""
-    ref = t.reference(5)
-    _require_run(ref, "the one-process reference")
-    diffs = []
-    for key in ("fsdp2", "tp2", "pp2"):
-        run = t._runs.get(key)
-        if run is not None and run.returncode == 0 and 1 in run.losses:
-            diffs.append(abs(run.losses[1] - ref.losses[1]) / abs(ref.losses[1]))
+    """Initial weights identical across layouts: the first step (before any update) has the same loss and
+    gradient norm under FSDP2 (and TP, PP) as in one process. The gradient norm sees every parameter,
+    so one wrongly initialised tensor shows even where the loss barely moves."""
+    diffs: dict[str, float] = {}
+    # Each layout against the one-process run it is compared with elsewhere (same micro-batches).
+    for key, ref_key in (("fsdp2", "single_accum"), ("tp2", "single5"), ("pp2", "single5")):
+        run, ref = t._runs.get(key), t._runs.get(ref_key)
+        if run is None or ref is None or run.returncode or ref.returncode:
+            continue
+        pairs = [(run.losses.get(1), ref.losses.get(1)), (run.grad_norms.get(1), ref.grad_norms.get(1))]
+        rel = [abs(a - b) / max(abs(b), 1e-12) for a, b in pairs if a is not None and b is not None]
+        if rel:
+            diffs[key] = max(rel)
     if not diffs:
         raise Failed("no multi-process layout ran (the FSDP2 check runs first)")
-    if max(diffs) > MATCH_REL:
-        raise Failed(f"first-step losses differ by {max(diffs):.2e} across layouts", f"{max(diffs):.1e}")
-    return f"{len(diffs) + 1} layouts, max rel {max(diffs):.1e}"
+    worst = max(diffs, key=lambda k: diffs[k])
+    if diffs[worst] > MATCH_REL:
+        raise Failed(f"the first step's loss / gradient norm under {worst} differs from one process's by "
+                     f"{diffs[worst]:.2e} (> {MATCH_REL:.0e}): the initial weights depend on the layout. "
+                     f"init_parameter must fill the full tensor from the (seed, name) generator it is given, "
+                     f"whatever the rank", f"{worst}: {diffs[worst]:.1e}")
+    return f"{len(diffs) + 1} layouts, max rel {diffs[worst]:.1e}"
 
 
 def check_flops(t: Target) -> str:
@@ -413,7 +534,10 @@ def _no_pp(spec: Any) -> str | None:
     return None if spec.pipelining_fn is not None else "no pipelining_fn"
 
 
+IMPORT_CHECK = Check("import", check_import, True)
+
 CONVERTER_CHECKS = [
+    IMPORT_CHECK,
     Check("config defaults, did-you-mean", check_config, True),
     Check("select/convert on meta", check_select_convert, True),
     Check("5 steps, gap to baseline", check_train, True),
@@ -424,6 +548,7 @@ CONVERTER_CHECKS = [
 ]
 
 SPEC_CHECKS = [
+    IMPORT_CHECK,
     Check("meta build", check_meta_build, True),
     Check("FLOPs/token vs matmuls", check_flops, True),
     Check("HF round trip", check_hf_roundtrip, True),
@@ -443,6 +568,19 @@ def checks_for(t: Target, *, fast: bool) -> list[Check]:
     if t.compile:
         chosen = [*chosen, COMPILE_CHECK]
     return [c for c in chosen if c.fast or not fast]
+
+
+def run_all(t: Target, *, fast: bool, announce: Callable[[Check], None] = lambda check: None) -> list[CheckResult]:
+    """Every check that applies, in order; after a failed import the rest are not run (each would
+    only repeat the import error)."""
+    results: list[CheckResult] = []
+    for check in checks_for(t, fast=fast):
+        if results and results[0].name == IMPORT_CHECK.name and not results[0].ok:
+            results.append(CheckResult(check.name, "skip", "not run: the import failed", 0.0))
+            continue
+        announce(check)
+        results.append(run_check(t, check))
+    return results
 
 
 def run_check(t: Target, check: Check) -> CheckResult:

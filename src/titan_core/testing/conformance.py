@@ -63,6 +63,9 @@ class ConverterConformance(_Conformance):
     def _spec(self) -> str:
         return self.spec
 
+    def test_imports(self, titan_target: c.Target) -> None:
+        self._run(titan_target, c.check_import)
+
     def test_config_defaults_and_did_you_mean(self, titan_target: c.Target) -> None:
         self._run(titan_target, c.check_config)
 
@@ -93,6 +96,9 @@ class TrainSpecConformance(_Conformance):
 
     def _target_name(self) -> str:
         return self.train_spec
+
+    def test_imports(self, titan_target: c.Target) -> None:
+        self._run(titan_target, c.check_import)
 
     def test_builds_on_meta(self, titan_target: c.Target) -> None:
         self._run(titan_target, c.check_meta_build)

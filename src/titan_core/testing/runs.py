@@ -6,7 +6,7 @@ import json
 import os
 import subprocess
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 TINY_IMPORT = ("--import", "titan_core.testing.tiny_spec")
@@ -17,21 +17,25 @@ class Run:
     returncode: int
     output: str
     losses: dict[int, float]
+    grad_norms: dict[int, float] = field(default_factory=dict)
 
     def curve(self) -> list[float]:
         return [self.losses[s] for s in sorted(self.losses)]
 
 
-def read_losses(run_dir: Path) -> dict[int, float]:
-    """step -> loss from ``metrics.jsonl`` (a resumed run's later records replace earlier ones)."""
+def read_metrics(run_dir: Path) -> tuple[dict[int, float], dict[int, float]]:
+    """step -> loss and step -> grad_norm from ``metrics.jsonl`` (a resumed run's later records replace earlier ones)."""
     path = run_dir / "metrics.jsonl"
     losses: dict[int, float] = {}
+    grad_norms: dict[int, float] = {}
     if path.exists():
         for line in path.read_text().splitlines():
             record = json.loads(line)
             if "loss" in record and "step" in record:
                 losses[int(record["step"])] = float(record["loss"])
-    return losses
+            if "grad_norm" in record and "step" in record:
+                grad_norms[int(record["step"])] = float(record["grad_norm"])
+    return losses, grad_norms
 
 
 def train(run_dir: Path, base: list[str], *extra: str, nproc: int = 1, timeout: float = 600) -> Run:
@@ -44,8 +48,8 @@ def train(run_dir: Path, base: list[str], *extra: str, nproc: int = 1, timeout: 
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
     except subprocess.TimeoutExpired as exc:
         said = "".join(_text(out) for out in (exc.stdout, exc.stderr))
-        return Run(124, f"timed out after {timeout:.0f} s: {' '.join(cmd)}\n{said}", {})
-    return Run(proc.returncode, proc.stdout + proc.stderr, read_losses(run_dir))
+        return Run(124, f"timed out after {timeout:.0f} s: {' '.join(cmd)}\n{said}", {}, {})
+    return Run(proc.returncode, proc.stdout + proc.stderr, *read_metrics(run_dir))
 
 
 def max_rel_diff(a: list[float], b: list[float]) -> float:
