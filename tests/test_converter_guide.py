@@ -62,11 +62,11 @@ def test_the_shown_typo_error_and_overlap_table_are_what_the_cli_prints(tmp_path
 
     typo = cli("--converters", "int8fake", "--int8fake.bitz=4", "--dry-run")
     assert typo.returncode == 2
-    expected = console_block_starting("PYTHONPATH=tmp/site titan-train --converters int8fake --int8fake.bitz=4")
+    expected = console_block_starting("PYTHONPATH=tmp/site titan-train --spec llama3 --converters int8fake --int8fake.bitz=4")
     assert (typo.stdout + typo.stderr).splitlines() == expected
 
     overlap = cli("--converters", "float8,int8fake", "--int8fake.fqns=feed_forward", "--dry-run",
                   "--llama3.n_layers=2", "--training.seq_len=64", "--training.local_batch_size=4")
     assert overlap.returncode == 0, overlap.stderr
-    expected = console_block_starting("PYTHONPATH=tmp/site titan-train --converters float8,int8fake")
+    expected = console_block_starting("PYTHONPATH=tmp/site titan-train --spec llama3 --converters float8,int8fake")
     assert overlap.stdout.splitlines() == expected

@@ -158,8 +158,8 @@ def test_builtin_tokenizer_and_corpus_ship_in_the_wheel(fresh_venv: Path) -> Non
 GUIDES = [REPO / "docs/writing-a-converter.md", REPO / "docs/writing-a-train-spec.md"]
 #: Guide commands that show an error: the exit code and a piece of the message they print.
 EXPECTED_ERRORS = {
-    "PYTHONPATH=tmp/site titan-train --converters int8fake --int8fake.bitz=4 --dry-run": 'Did you mean "bits"',
-    "PYTHONPATH=tmp/site titan-train --converters int8fake,float8 --dry-run": 'converter "int8fake" was requested but has no module left',
+    "PYTHONPATH=tmp/site titan-train --spec llama3 --converters int8fake --int8fake.bitz=4 --dry-run": 'Did you mean "bits"',
+    "PYTHONPATH=tmp/site titan-train --spec llama3 --converters int8fake,float8 --dry-run": 'converter "int8fake" was requested but has no module left',
     "titan-train --spec tinygpt --nproc-per-node 3 --parallelism.tp=3": "parallelism.tp=3 does not divide tinygpt n_heads=4",
 }
 
@@ -167,7 +167,7 @@ EXPECTED_ERRORS = {
 #: Commands the guides' prose names inline (in backticks); each is run after the guide's code blocks.
 INLINE_RUN = {
     "titan-train --help",
-    "PYTHONPATH=tmp/site titan-train --converters int8fake --schema",
+    "PYTHONPATH=tmp/site titan-train --spec llama3 --converters int8fake --schema",
     "titan-train --spec tinygpt --schema",
     "python -m pip install -e examples/titan-tinygpt",
 }
