@@ -176,7 +176,7 @@ INLINE_PATTERNS = {
     "titan-train --converters NAME", "titan-plugin new", "titan-plugin check", "titan-plugin check NAME",
     "titan-train --list", "titan-train --import yourmodule --converters name",
     "titan-train --spec <name>", "titan-train --import mypkg.mymodule",
-    "titan-train --spec tinygpt",
+    "titan-train --spec tinygpt", "titan-convert",
 }
 
 
