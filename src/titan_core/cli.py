@@ -129,8 +129,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return _report(describe_os_error(exc), with_traceback=args.traceback, cause=exc)
     except KeyboardInterrupt:
-        if _is_rank0():
-            print("titan-train: interrupted (SIGINT); checkpoints already published are intact", file=sys.stderr)
+        from .worker_errors import INTERRUPTED, under_launcher
+
+        if _is_rank0() and not under_launcher():  # the launcher prints it once for all its workers
+            print(INTERRUPTED, file=sys.stderr)
         return 130
 
 

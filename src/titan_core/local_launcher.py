@@ -30,7 +30,7 @@ from pathlib import Path
 from types import FrameType
 
 from .distributed import LAUNCHER_ENV
-from .worker_errors import ErrorInbox
+from .worker_errors import INTERRUPTED, ErrorInbox
 
 __all__ = ["PEER_LOST_EXIT", "launch"]
 
@@ -109,6 +109,8 @@ def launch(nproc: int, worker_args: list[str], *, run_dir: Path | None = None) -
             workers.append(Worker(rank, proc))
         code = _supervise(workers, received)
         inbox.report(nproc)
+        if code == 128 + signal.SIGINT:  # printed here: the rank that saw Ctrl+C first may not be rank 0
+            print(INTERRUPTED, file=sys.stderr, flush=True)
         return code
     finally:
         inbox.close()

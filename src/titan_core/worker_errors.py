@@ -24,10 +24,13 @@ import sys
 import tempfile
 from pathlib import Path
 
-__all__ = ["ERRORS_ENV", "ErrorInbox", "hand_to_launcher"]
+__all__ = ["ERRORS_ENV", "INTERRUPTED", "ErrorInbox", "hand_to_launcher", "under_launcher"]
 
 ERRORS_ENV = "TITAN_LAUNCHER_ERRORS"
 _MAX_MESSAGE = 64 << 10
+#: The one line a Ctrl+C ends with. Under the launcher the launcher prints it, once, whichever
+#: rank saw the KeyboardInterrupt first (the others may end on the lost peer instead).
+INTERRUPTED = "titan-train: interrupted (SIGINT); checkpoints already published are intact"
 
 
 def _launcher_folder() -> Path | None:
@@ -45,6 +48,11 @@ def _launcher_folder() -> Path | None:
     if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
         return None
     return Path(raw)
+
+
+def under_launcher() -> bool:
+    """True in a worker of our own launcher (which then prints the worker's messages)."""
+    return _launcher_folder() is not None
 
 
 def hand_to_launcher(message: str, *, hint: bool) -> bool:
