@@ -100,6 +100,24 @@ def test_folder_sorted_recursive_hidden_ignored(tmp_path: Path) -> None:
     assert stream_of(tmp_path) == expected_stream(["ay", "bee", "sea", "see"])
 
 
+def test_folder_links_to_folders_are_followed(tmp_path: Path) -> None:
+    """A data folder assembled from links reads the linked folders' files too (Path.rglob would skip them),
+    in the order of the paths as seen through the links."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "x.txt").write_text("ex")
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "a.txt").write_text("ay")
+    (data / "linked").symlink_to(outside, target_is_directory=True)
+    (data / "z.txt").write_text("zed")
+    assert [p.relative_to(data).as_posix() for p in sources.source_files(str(data))] == ["a.txt", "linked/x.txt", "z.txt"]
+    assert stream_of(data) == expected_stream(["ay", "ex", "zed"])
+    # Two links to one folder are two paths: each is read, as the user listed it twice.
+    (data / "again").symlink_to(outside, target_is_directory=True)
+    assert len(sources.source_files(str(data))) == 4
+
+
 def test_rewritten_file_is_read_again(tmp_path: Path) -> None:
     path = tmp_path / "a.txt"
     path.write_text("old text")

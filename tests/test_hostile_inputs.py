@@ -279,6 +279,9 @@ def data_folder_with(kind: str) -> Callable[[pytest.MonkeyPatch, Path], None]:
             odd.symlink_to(folder / "missing.txt")
         elif kind == "fifo":
             os.mkfifo(odd)
+        elif kind == "loop":
+            (folder / "sub").mkdir()
+            (folder / "sub" / "back").symlink_to(folder, target_is_directory=True)
         elif kind == "socket":
             import socket
 
@@ -412,6 +415,8 @@ IN_PROCESS = [
               "b.txt (a dangling symbolic link)", prepare=data_folder_with("dangling")),
     InProcess("FIFO in the data folder", ("--data.source={run}/../data", FRESH), "b.txt (a named pipe (FIFO))",
               prepare=data_folder_with("fifo")),
+    InProcess("link loop in the data folder", ("--data.source={run}/../data", FRESH),
+              "sub/back links back to a folder that contains it (a loop)", prepare=data_folder_with("loop")),
     InProcess("socket in the data folder", ("--data.source={run}/../data", FRESH), "b.txt (a socket)",
               prepare=data_folder_with("socket")),
     InProcess("data.source is a FIFO", ("--data.source={run}/../data.txt", FRESH), "is a named pipe (FIFO), not a regular file",

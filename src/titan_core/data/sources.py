@@ -6,7 +6,8 @@ Local sources (read through the ``datasets`` library, except ``.txt``):
 * ``.jsonl`` / ``.json``: one document per row, text in ``data.text_field``;
 * ``.parquet``: one document per row, text in ``data.text_field``;
 * a folder: every such file below it, in sorted path order (hidden files are
-  ignored; any other file is an error, so nothing is silently left out).
+  ignored, links to folders are followed; any other file is an error, so nothing
+  is silently left out).
 
 Rows whose text is null or empty are skipped. ``hf:<name>`` streams a Hugging Face
 hub dataset; it is refused unless ``data.allow_download`` is true, and it reads at
@@ -70,7 +71,7 @@ def source_files(source: str) -> list[Path]:
                 f"supported: {', '.join(SUPPORTED_SUFFIXES)} (or a folder of such files)."
             )
         return [path]
-    visible = [p for p in path.rglob("*") if not any(part.startswith(".") for part in p.relative_to(path).parts)]
+    visible = _visible_entries(path, source)
     # Nothing is silently left out: a dangling link or a pipe in the folder is an error, not a skip.
     odd = [p for p in visible if not p.is_file() and not p.is_dir()]
     if odd:
@@ -90,6 +91,38 @@ def source_files(source: str) -> list[Path]:
     if not files:
         raise ConfigError(f'data.source folder "{source}" holds no .txt/.jsonl/.json/.parquet files; add some or pick another source.')
     return files
+
+
+def _visible_entries(root: Path, source: str) -> list[Path]:
+    """Every entry below ``root`` whose path has no hidden part, following links to folders (a data
+    folder assembled from links is common, and Path.rglob would skip their contents without a word).
+    A link back into a folder already being walked is an error: it would read the same files forever."""
+    entries: list[Path] = []
+    stack: list[tuple[Path, tuple[tuple[int, int], ...]]] = [(root, ())]
+    while stack:
+        folder, ancestors = stack.pop()
+        try:
+            st = folder.stat()
+            children = sorted(folder.iterdir())
+        except OSError as e:
+            raise ConfigError(
+                f'data.source folder "{source}": cannot list {folder} ({e.strerror or e}); fix its permissions '
+                "or move it out."
+            ) from None
+        here = (*ancestors, (st.st_dev, st.st_ino))
+        for child in children:
+            if child.name.startswith("."):
+                continue
+            entries.append(child)
+            if child.is_dir():
+                cst = child.stat()
+                if (cst.st_dev, cst.st_ino) in here:
+                    raise ConfigError(
+                        f'data.source folder "{source}": {child.relative_to(root).as_posix()} links back to a folder '
+                        "that contains it (a loop); remove that link."
+                    )
+                stack.append((child, here))
+    return entries
 
 
 def read_documents(source: str, *, text_field: str = "text", hf_split: str = "train", allow_download: bool = False) -> list[str]:
