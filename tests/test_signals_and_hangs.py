@@ -260,3 +260,49 @@ def test_sigint_during_a_checkpoint_save_waits_for_it_to_be_published(tmp_path: 
     assert (run_dir / "checkpoints" / "step-000004" / "tensor_index.json").is_file()
     assert logged_step(run_dir) == 4  # stopped right after the save: step 5 never ran
     assert seconds < 10, seconds
+
+
+# ---- a signal while a resume is loading the checkpoint -------------------------------------------
+
+
+def _resume_paused_in_load(tmp_path: Path) -> tuple[subprocess.Popen[bytes], Path, Path, dict[str, str]]:
+    """A 2-rank run that saved step 2, resumed by a second run whose ranks are both held inside the load."""
+    run_dir, log, paused = tmp_path / "run", tmp_path / "log", tmp_path / "paused"
+    first = start(run_dir, log, *TWO, "--checkpoint.enable=true", "--checkpoint.interval=2", "--training.steps=2")
+    code, text, _ = finish(first, log, timeout=120)
+    assert code == 0 and checkpoint_steps(run_dir) == ["step-000002"], text
+    before = snapshot(run_dir / "checkpoints")
+    proc = start(run_dir, log, *TWO, "--checkpoint.enable=true", "--checkpoint.interval=1000", "--training.steps=400",
+                 "--import", "tests.faults.load_pause", TEST_LOAD_PAUSE_FILE=str(paused), TEST_LOAD_PAUSE_SECONDS="4")
+    deadline = time.monotonic() + 120
+    while not all(Path(f"{paused}.{rank}").exists() for rank in (0, 1)):
+        assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
+        time.sleep(0.02)
+    return proc, run_dir, log, before
+
+
+def test_sigint_while_a_resume_loads_exits_130_and_leaves_the_checkpoint_untouched(tmp_path: Path) -> None:
+    proc, run_dir, log, before = _resume_paused_in_load(tmp_path)
+    os.kill(proc.pid, signal.SIGINT)
+    code, text, seconds = finish(proc, log)
+    assert code == 130, text
+    assert_no_traceback(text)
+    assert text.count("interrupted (SIGINT)") == 1, text
+    assert snapshot(run_dir / "checkpoints") == before  # nothing added, nothing changed
+    assert seconds < 10, seconds
+
+
+def test_sigterm_while_a_resume_loads_saves_after_the_first_step_and_exits_143(tmp_path: Path) -> None:
+    """SIGTERM is honoured at the next step boundary, as during training: the load finishes, one step runs,
+    and that step is saved beside the untouched step-2 checkpoint it resumed from."""
+    proc, run_dir, log, before = _resume_paused_in_load(tmp_path)
+    os.kill(proc.pid, signal.SIGTERM)
+    code, text, seconds = finish(proc, log)
+    assert code == 143, text
+    assert_no_traceback(text)
+    lines = [line for line in text.splitlines() if "stopped by SIGTERM" in line]
+    assert len(lines) == 1 and "after step 3; checkpoint saved to" in lines[0], text
+    assert checkpoint_steps(run_dir) == ["step-000002", "step-000003"]
+    after = snapshot(run_dir / "checkpoints")
+    assert {k: v for k, v in after.items() if k.startswith("step-000002")} == before
+    assert seconds < 30, seconds
