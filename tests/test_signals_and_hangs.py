@@ -166,7 +166,8 @@ def test_a_rank_killed_by_sigkill_stops_the_run_within_10_s_naming_the_rank(tmp_
     assert code == 128 + signal.SIGKILL, text
     assert_no_traceback(text)
     errors = [line for line in text.splitlines() if "error:" in line]
-    assert errors == [f"titan-train: error: rank 1 (pid {victim}) died (killed by SIGKILL). Stopped the other 1 "
+    assert errors == [f"titan-train: error: rank 1 (pid {victim}) died (killed by SIGKILL: sent by another process or by the "
+                      f"kernel's out-of-memory killer; `dmesg | grep -i oom` tells which). Stopped the other 1 "
                       f"rank; checkpoints already published are intact: rerun the same command to resume from "
                       f"the last one."], text
     assert seconds < 10, seconds

@@ -67,9 +67,13 @@ def _exit_code(code: int) -> int:
 def _describe_exit(code: int) -> str:
     if code < 0:
         try:
-            return f"killed by {signal.Signals(-code).name}"
+            name = signal.Signals(-code).name
         except ValueError:
             return f"killed by signal {-code}"
+        # Nothing in the run sends SIGKILL to a healthy rank; the usual sender is the kernel's OOM killer.
+        hint = (": sent by another process or by the kernel's out-of-memory killer; `dmesg | grep -i oom` "
+                "tells which") if -code == signal.SIGKILL else ""
+        return f"killed by {name}{hint}"
     return f"exited with code {code}"
 
 
