@@ -132,4 +132,4 @@ def test_plain_torchrun_still_prints_each_ranks_message(tmp_path: Path) -> None:
     # Each worker prints its own message (rank-prefixed: nothing is handed to a launcher that is not there).
     # torchrun's agent stops the group once one worker has failed, so on a loaded machine the slower rank
     # may be stopped before it gets to print: one or both ranks, never none, never unprefixed.
-    assert prefixes in (["[rank0", "[rank1"], ["[rank0"], ["[rank1"]], run.text
+    assert prefixes in (["[rank0", "[rank1"], ["[rank0"], ["[rank1"]), run.text

@@ -63,3 +63,18 @@ def test_a_real_cpu_allocation_failure_is_one_clear_error(tmp_path: Path) -> Non
     result = CliResult(proc.returncode, proc.stdout, proc.stderr)
     assert_user_error(result, "out of memory in step 1", "an allocation of", "MiB failed", *FIXES)
     assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_out_of_memory_while_setting_up_names_the_phase_and_the_plugin_method(
+    cli, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from titan_llama.model import Transformer
+
+    def init_buffers(self: Transformer) -> None:
+        raise MemoryError()
+
+    monkeypatch.setattr(Transformer, "init_buffers", init_buffers)
+    result: CliResult = cli(*TINY, f"--job.run_dir={tmp_path / 'run'}")
+    assert_user_error(result, "out of memory while setting up, validating or saving the run, in the model's "
+                              "init_parameter/init_buffers of spec \"llama3\" (titan-llama 0.1.0). Lower", *FIXES)
+    assert "activations" not in result.text  # only a step's failure is put down to activations

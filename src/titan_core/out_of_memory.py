@@ -10,11 +10,13 @@ run's shape, not a bug in the plugin, so the message says which settings to lowe
 
 from __future__ import annotations
 
+import contextlib
 import re
+from collections.abc import Iterator
 
 from .errors import TitanError
 
-__all__ = ["OutOfMemory", "is_out_of_memory", "out_of_memory_error"]
+__all__ = ["OutOfMemory", "PluginOutOfMemory", "is_out_of_memory", "out_of_memory_error", "out_of_memory_named"]
 
 _MARKERS = ("can't allocate memory", "out of memory", "cannot allocate memory")
 
@@ -26,6 +28,10 @@ class OutOfMemory(TitanError):
         super().__init__(message)
         self.where = where
         self.original = original
+
+
+class PluginOutOfMemory(OutOfMemory):
+    """Named by the plugin method it happened in; :func:`out_of_memory_named` adds the step or phase."""
 
 
 def _chain(exc: BaseException) -> list[BaseException]:
@@ -62,17 +68,31 @@ def _requested(exc: BaseException) -> str:
     return ""
 
 
-def out_of_memory_error(exc: BaseException, *, where: str) -> OutOfMemory:
+def out_of_memory_error(exc: BaseException, *, where: str, kind: type[OutOfMemory] = OutOfMemory) -> OutOfMemory:
     """The message for an allocation that failed ``where`` (e.g. "in step 1", "while setting up the run")."""
     size = _requested(exc)
     asked = f": an allocation of {size} failed" if size else ""
     # In a step it is the activations: the check before training already counted everything else.
     why = (" The weights, gradients and optimizer state were checked to fit before training; the activations "
            "of one micro-batch did not." if where.startswith("in step") else "")
-    return OutOfMemory(
+    return kind(
         f"out of memory {where}{asked}.{why} Lower --training.local_batch_size (keep the optimizer's batch with "
         "--training.global_batch_size, which accumulates gradients), or --training.seq_len, turn on "
         "--activation_checkpoint.mode=full, or spread the model over more ranks (--parallelism.dp_shard, "
         "--parallelism.tp).",
         where=where, original=exc,
     )
+
+
+@contextlib.contextmanager
+def out_of_memory_named(where: str) -> Iterator[None]:
+    """A failed allocation in the block as one OutOfMemory message saying ``where``; one already named
+    inside a plugin's method (see plugin_calls) keeps that method and gains ``where`` in front."""
+    try:
+        yield
+    except PluginOutOfMemory as exc:
+        raise out_of_memory_error(exc.original, where=f"{where}, {exc.where}") from exc.original
+    except (RuntimeError, MemoryError) as exc:
+        if is_out_of_memory(exc):
+            raise out_of_memory_error(exc, where=where) from exc
+        raise

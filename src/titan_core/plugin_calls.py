@@ -44,14 +44,15 @@ def plugin_call(group: Group, name: str, method: str) -> Iterator[None]:
     except (TitanError, GeneratorExit):
         raise
     except BaseException as exc:  # SystemExit, a BaseException subclass of its own: still the plugin's
-        from .out_of_memory import is_out_of_memory, out_of_memory_error
+        from .out_of_memory import PluginOutOfMemory, is_out_of_memory, out_of_memory_error
         from .peer_failure import is_collective_failure
         from .signals import interrupted_by_signal
 
         if is_collective_failure(exc):  # a collective inside the plugin's code lost a peer: not the plugin's fault
             raise
         if is_out_of_memory(exc):  # the run's shape is too big for the device, not a bug in the plugin
-            raise out_of_memory_error(exc, where=f"in {method} of {plugin_label(group, name)}") from exc
+            raise out_of_memory_error(exc, where=f"in {method} of {plugin_label(group, name)}",
+                                      kind=PluginOutOfMemory) from exc
         if isinstance(exc, KeyboardInterrupt) and interrupted_by_signal():
             raise  # a real Ctrl+C that happened to land in plugin code
         first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ""

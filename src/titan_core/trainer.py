@@ -29,7 +29,7 @@ from .layout import describe_parameter_layout
 from .loss import cross_entropy_loss
 from .metrics import MetricsLogger, model_flops_per_token, progress
 from .optim import LRSchedulersContainer, OptimizersContainer
-from .out_of_memory import OutOfMemory, is_out_of_memory, out_of_memory_error
+from .out_of_memory import out_of_memory_named
 from .parallel_dims import ParallelDims
 from .plugin_calls import check_logits, plugin_call
 from .precision import autocast_for, resolve_compute_dtype
@@ -372,15 +372,10 @@ class Trainer:
         while self.step < t.steps:
             start = time.perf_counter()
             try:
-                result = self.train_step(batches)
+                with out_of_memory_named(f"in step {self.step + 1}"):  # activations: not in the check before training
+                    result = self.train_step(batches)
             except NonFiniteError:
                 self.checkpointer.wait()  # an async save of the last good step is published before stopping
-                raise
-            except OutOfMemory as exc:  # in a plugin's code: add the step to where it happened
-                raise out_of_memory_error(exc.original, where=f"in step {self.step + 1}, {exc.where}") from exc.original
-            except (RuntimeError, MemoryError) as exc:
-                if is_out_of_memory(exc):  # activations, which the check before training does not count
-                    raise out_of_memory_error(exc, where=f"in step {self.step + 1}") from exc
                 raise
             self.step += 1
             self.tokens_seen += tokens_per_step * self.dims.dp

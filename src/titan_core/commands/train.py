@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .. import distributed, signals
 from ..config.resolve import ResolvedConfig
-from ..out_of_memory import is_out_of_memory, out_of_memory_error
+from ..out_of_memory import out_of_memory_named
 from ..peer_failure import lost_peer
 
 if TYPE_CHECKING:
@@ -26,18 +24,6 @@ def _take_run_folder(run_dir: Path) -> RunLock | None:
     return acquire_run_lock(run_dir)
 
 
-@contextlib.contextmanager
-def out_of_memory_named() -> Iterator[None]:
-    """A failed allocation outside a training step (building, loading, validating, saving) as one message;
-    inside a step the Trainer has already named the step."""
-    try:
-        yield
-    except (RuntimeError, MemoryError) as exc:
-        if is_out_of_memory(exc):
-            raise out_of_memory_error(exc, where="while setting up, validating or saving the run") from exc
-        raise
-
-
 def train(resolved: ResolvedConfig) -> int:
     from ..trainer import Trainer
 
@@ -46,7 +32,8 @@ def train(resolved: ResolvedConfig) -> int:
     trainer = Trainer(resolved)
     clean = False
     try:
-        with signals.handlers_installed(), lost_peer(resolved.config.parallelism), out_of_memory_named():
+        with signals.handlers_installed(), lost_peer(resolved.config.parallelism), \
+                out_of_memory_named("while setting up, validating or saving the run"):
             trainer.setup()
             losses = trainer.train()
         if trainer.is_rank0 and losses:
