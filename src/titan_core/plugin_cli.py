@@ -8,6 +8,8 @@ import traceback
 from collections.abc import Sequence
 
 from .errors import TitanError
+from .os_errors import describe_os_error
+from .signals import Terminated, sigterm_raises
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -35,25 +37,41 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     try:
-        if args.command == "check":
-            from .commands.plugin_check import check
-            from .discovery import import_modules
-
-            import_modules(args.imports)
-            imports = [flag for module in args.imports for flag in ("--import", module)]
-            return check(args.names, fast=args.fast, spec=args.spec, compile=args.compile, kind=args.kind,
-                         extra_flags=[*imports, *args.flags])
-        from .scaffold import write_package
-
-        path = write_package(args.kind, args.name, args.dir)
-        print(f"wrote {args.kind} plugin {args.name} to {path}\nnext: pip install {path} && "
-              f"titan-plugin check {args.name}")
-        return 0
+        with sigterm_raises():
+            return _run(args)
     except TitanError as exc:
         if args.traceback:
             traceback.print_exc()
         print(f"titan-plugin: error: {exc}", file=sys.stderr)
         return exc.exit_code
+    except OSError as exc:  # the --dir of `new`, a temporary folder of `check`: a message naming the path
+        if args.traceback:
+            traceback.print_exc()
+        print(f"titan-plugin: error: {describe_os_error(exc)}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("titan-plugin: interrupted (SIGINT); no results", file=sys.stderr)
+        return 130
+    except Terminated:
+        print("titan-plugin: stopped by SIGTERM; no results", file=sys.stderr)
+        return 143
+
+
+def _run(args: argparse.Namespace) -> int:
+    if args.command == "check":
+        from .commands.plugin_check import check
+        from .discovery import import_modules
+
+        import_modules(args.imports)
+        imports = [flag for module in args.imports for flag in ("--import", module)]
+        return check(args.names, fast=args.fast, spec=args.spec, compile=args.compile, kind=args.kind,
+                     extra_flags=[*imports, *args.flags])
+    from .scaffold import write_package
+
+    path = write_package(args.kind, args.name, args.dir)
+    print(f"wrote {args.kind} plugin {args.name} to {path}\nnext: pip install {path} && "
+          f"titan-plugin check {args.name}")
+    return 0
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -20,7 +20,8 @@ from typing import Any, NoReturn
 
 from .errors import TitanError
 
-__all__ = ["StopRequested", "handlers_installed", "no_interrupt", "requested_signal", "stop_after_signal"]
+__all__ = ["StopRequested", "Terminated", "handlers_installed", "no_interrupt", "requested_signal", "sigterm_raises",
+           "stop_after_signal"]
 
 _state = {"installed": False, "term": 0, "int_pending": False, "int_deferred": 0}
 
@@ -107,3 +108,26 @@ def stop_after_signal(trainer: Any, signum: int) -> NoReturn:
     trainer.metrics.close()
     raise StopRequested(f"titan-train: stopped by {name} after step {trainer.step}; {where}",
                         signum=signum, quiet=not trainer.is_rank0)
+
+
+class Terminated(BaseException):
+    """SIGTERM in a tool that has no step boundary to stop at (titan-plugin, titan-convert). A BaseException,
+    like KeyboardInterrupt, so that no ``except Exception`` swallows it and ``subprocess.run`` kills its child."""
+
+
+def _raise_terminated(signum: int, frame: FrameType | None) -> None:
+    raise Terminated
+
+
+@contextlib.contextmanager
+def sigterm_raises() -> Iterator[None]:
+    """SIGTERM raises :class:`Terminated` for the duration (main thread only), so ``finally`` blocks and
+    temporary folders are cleaned up before the tool exits 143."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)

@@ -18,6 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError, TitanError
+from ..os_errors import describe_os_error
+from ..signals import Terminated, sigterm_raises
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -200,17 +202,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
     try:
-        return to_hf(args) if args.command == "to-hf" else from_hf(args)
-    except TitanError as exc:
+        with sigterm_raises():  # like Ctrl+C: one line and 143; OUT appears only whole (written beside it, renamed)
+            return to_hf(args) if args.command == "to-hf" else from_hf(args)
+    except (TitanError, OSError) as exc:
+        error = describe_os_error(exc) if isinstance(exc, OSError) else exc
         if args.traceback:
             traceback.print_exc()
-        print(f"titan-convert: error: {exc}", file=sys.stderr)
+        print(f"titan-convert: error: {error}", file=sys.stderr)
         if not args.traceback:
             print("(run with --traceback to see where it happened)", file=sys.stderr)
-        return exc.exit_code
+        return error.exit_code
     except KeyboardInterrupt:
         print("titan-convert: interrupted", file=sys.stderr)
         return 130
+    except Terminated:
+        print("titan-convert: stopped by SIGTERM", file=sys.stderr)
+        return 143
 
 
 if __name__ == "__main__":  # pragma: no cover
