@@ -79,9 +79,15 @@ def config_json_model_args(spec: Any, config: Any) -> Any | None:
         return None
     source = config.checkpoint.initial_load
     # A checkpoint made by titan-convert from-hf carries its shape; an HF folder's is read with its tensor headers.
-    hf_dict = _read_json(file) if file.name == HF_CONFIG_IN_CHECKPOINT else open_hf_folder(source, what=WHAT).config
+    folder = None if file.name == HF_CONFIG_IN_CHECKPOINT else open_hf_folder(source, what=WHAT)
+    hf_dict = _read_json(file) if folder is None else folder.config
     adapter = adapter_of(spec, purpose=f"{WHAT} of a Hugging Face folder")
     args = adapter.model_args_from_hf(hf_dict)
+    if folder is not None:
+        from .initial_load import check_hf_fits
+
+        # Now (dry run included), from the headers: not after the model is built at this shape.
+        check_hf_fits(folder, spec=spec, model_args=args)
     section = getattr(config, spec.name, None)
     chosen = {k: v for k, v in section.model_dump().items() if v is not None} if section is not None else {}
     conflicts = [f"{spec.name}.{k}={v!r} (config.json: {getattr(args, k)!r})"
