@@ -73,17 +73,6 @@ def _require_new_folder(out: Path, source: Path) -> None:
                           f"(titan-convert never changes its input).")
 
 
-def _run_folder_hint(folder: Path) -> str:
-    """For a titan run folder given where one of its checkpoints belongs: which ones to name."""
-    steps = sorted(p for p in (folder / "checkpoints").glob("step-*") if p.is_dir()) \
-        if (folder / "checkpoints").is_dir() else []
-    if steps:
-        return f" {folder} is a run folder: name one of its checkpoints, e.g. the newest, {steps[-1]}."
-    if any(folder.glob("step-*")):
-        return " It holds step-N folders: name one of them."
-    return ""
-
-
 def _read_toml(path: Path | None) -> dict[str, Any]:
     if path is None:
         return {}
@@ -102,7 +91,7 @@ def to_hf(args: argparse.Namespace) -> int:
 
     from .. import discovery
     from ..checkpoint.identity import read_record
-    from ..checkpoint.weights import is_titan_checkpoint, load_model_weights
+    from ..checkpoint.weights import is_titan_checkpoint, load_model_weights, run_folder_hint
     from ..hf.export import export_hf
     from ..hf.folder import is_hf_folder
     from ..hf.model_args import checkpoint_model_args, run_config_of
@@ -114,7 +103,8 @@ def to_hf(args: argparse.Namespace) -> int:
         raise ConfigError(f"{ckpt} is already a Hugging Face folder; to-hf reads a titan checkpoint "
                           f"(a step-N folder with titan_checkpoint.json). Did you mean from-hf?")
     if not is_titan_checkpoint(ckpt):
-        hint = _run_folder_hint(ckpt)
+        hint = run_folder_hint(ckpt) or (" It holds step-N folders: name one of them."
+                                         if any(ckpt.glob("step-*")) else "")
         raise ConfigError(f"{ckpt} is not a titan checkpoint (no titan_checkpoint.json); to-hf reads a step-N "
                           f"folder such as runs/x/checkpoints/step-000100.{hint}")
     _require_new_folder(args.out, ckpt)

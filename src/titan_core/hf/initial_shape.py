@@ -22,7 +22,7 @@ WHAT = "checkpoint.initial_load"
 
 
 def source_kind(path: Path) -> str:
-    from ..checkpoint.weights import is_titan_checkpoint
+    from ..checkpoint.weights import is_titan_checkpoint, run_folder_hint
 
     if is_hf_folder(path):
         return "hf"
@@ -31,6 +31,9 @@ def source_kind(path: Path) -> str:
     if not path.exists():
         raise ConfigError(f"{WHAT}: {path} does not exist; give a Hugging Face model folder or a titan checkpoint "
                           f"folder (e.g. runs/x/checkpoints/step-000100).")
+    hint = run_folder_hint(path)
+    if hint:  # a run folder where one of its checkpoints belongs
+        raise ConfigError(f"{WHAT}: {path} is not a checkpoint folder.{hint}")
     # open_hf_folder names what a would-be HF folder lacks (no config.json, no safetensors ...).
     open_hf_folder(path, what=WHAT)
     raise AssertionError("unreachable")  # pragma: no cover
