@@ -397,6 +397,16 @@ def tok_config_a_list(f: Path) -> None:
     (f / "tokenizer_config.json").write_text('["bos"]')
 
 
+def tok_json_only(f: Path) -> None:
+    tok_folder(f)
+    shutil.rmtree(f / "original")
+
+
+def export_is_a_file(f: Path) -> None:
+    (f.parent.parent / "r").mkdir()
+    (f.parent.parent / "r" / "export").write_text("not a folder")
+
+
 def tok_json_is_a_list(f: Path) -> None:
     tok_folder(f)
     (f / "tokenizer.json").write_text("[]")
@@ -419,6 +429,7 @@ class Case:
     fragments: tuple[str, ...]
     code: int = 2
     sharded: bool = False
+    extra: tuple[str, ...] = ()  # more titan-train flags ("{hf}", "{root}" filled in)
 
 
 CASES = [
@@ -489,11 +500,24 @@ CASES = [
     Case("tok_config_a_list", tok_config_a_list, "tok", ("tokenizer_config.json", "not a JSON object")),
     Case("tok_json_a_list_beside_ranks", tok_json_is_a_list, "tok", ("tokenizer.json", "not a JSON object")),
     # titan-convert
-    Case("to_hf_of_a_run_folder", titan_checkpoint, "to-hf-run", ("run folder", "checkpoints/step-000000")),
+    Case("to_hf_of_a_run_folder", titan_checkpoint, "to-hf-run", ("is a run folder", "checkpoints/step-000000")),
     Case("to_hf_out_inside_checkpoint", titan_checkpoint, "to-hf-inside", ("inside",)),
     Case("from_hf_out_inside_input", None, "from-hf-inside", ("inside",)),
     Case("from_hf_out_under_a_file", None, "out-under-file", ("a_file/out", "Not a directory")),
     Case("to_hf_out_is_a_file", titan_checkpoint, "to-hf-file", ("already exists",)),
+    # titan-train flags around initial_load
+    Case("flag_contradicts_vocab", None, "dry", ("llama3.vocab_size=4096 (config.json: 2048)",),
+         extra=("--llama3.vocab_size=4096",)),
+    Case("flag_contradicts_norm_eps", None, "dry", ("llama3.norm_eps=0.001 (config.json: 1e-05)",),
+         extra=("--llama3.norm_eps=1e-3",)),
+    Case("initial_load_is_config_json", None, "dry", ("config.json", "not a folder"),
+         extra=("--checkpoint.initial_load={hf}/config.json",)),
+    Case("initial_load_is_a_run_folder", titan_checkpoint, "dry", ("is a run folder", "checkpoints/step-000000"),
+         extra=("--checkpoint.initial_load={root}/run",)),
+    Case("export_hf_with_tokenizer_json_only", tok_json_only, "train", ("tiktoken ranks", "export_format=native"),
+         extra=("--data.tokenizer={hf}", "--checkpoint.export_at_end=true", "--checkpoint.export_format=hf")),
+    Case("export_hf_where_export_is_a_file", export_is_a_file, "train", ("r/export", "a path component is a file"),
+         extra=("--checkpoint.export_at_end=true", "--checkpoint.export_format=hf")),
 ]
 
 
@@ -521,14 +545,15 @@ def invoke(case: Case, hf: Path, root: Path) -> tuple[CliResult, Callable[[], An
     out, run = root / "out", root / "run"
     step = run / "checkpoints" / "step-000000"
     mode = case.mode
+    extra = [a.format(hf=hf, root=root) for a in case.extra]
     if mode == "from-hf":
         return CliResult(convert_main(["from-hf", str(hf), str(out), "--spec", "llama3"]), "", ""), lambda: out
     if mode == "dry":
         return CliResult(train_main(["--dry-run", *TRAIN, f"--checkpoint.initial_load={hf}",
-                                     f"--job.run_dir={run}"]), "", ""), lambda: None
+                                     f"--job.run_dir={run}", *extra]), "", ""), lambda: None
     if mode == "train":
-        return CliResult(train_main([*TRAIN, f"--checkpoint.initial_load={hf}", f"--job.run_dir={root / 'r'}"]),
-                         "", ""), lambda: None
+        return CliResult(train_main([*TRAIN, f"--checkpoint.initial_load={hf}", f"--job.run_dir={root / 'r'}",
+                                     *extra]), "", ""), lambda: None
     if mode == "tok":
         return CliResult(train_main(["--dry-run", *TRAIN, f"--data.tokenizer={hf}", f"--job.run_dir={run}"]),
                          "", ""), lambda: None
@@ -645,3 +670,36 @@ def test_tokenizer_json_without_the_tokenizers_package(tmp_path: Path, monkeypat
 def test_print_table() -> None:
     for row in TABLE:
         print(f"{row[0]:40s} exit {row[1]}  {row[2]:6.2f}s  {row[3][:150]}")
+
+
+# ---- two ranks: a damage that only one rank's slice holds ------------------------------------------
+
+@pytest.mark.parametrize(("layout", "tensor", "row"), [
+    (("--parallelism.dp_shard=2", "--training.local_batch_size=1"), EMBED, 2000),  # rank 1's rows only
+    (("--parallelism.dp_shard=1", "--parallelism.pp=2", "--training.local_batch_size=2"),
+     "model.layers.1.mlp.down_proj.weight", 3),  # the last stage's layer only
+], ids=["fsdp2", "pp2"])
+def test_a_nan_only_one_rank_reads_stops_every_rank_with_one_message(
+        layout: tuple[str, ...], tensor: str, row: int, sources: dict[str, Path], tmp_path: Path) -> None:
+    from hf_helpers import titan
+
+    hf = tmp_path / "hf"
+    shutil.copytree(sources["single"], hf)
+
+    def change(t: torch.Tensor) -> torch.Tensor:
+        t = t.clone()
+        t[row, 0] = float("nan")
+        return t
+    set_tensor(hf, tensor, change)
+    before = snapshot(tmp_path)
+    start = time.perf_counter()
+    run = titan(tmp_path / "run", f"--checkpoint.initial_load={hf}", "--training.steps=1",
+                "--checkpoint.enable=true", *layout, nproc=2)
+    seconds = time.perf_counter() - start
+    TABLE.append((f"nan_on_one_rank_{layout[1].split('.')[-1]}", run.code, seconds,
+                  next((line for line in run.err.splitlines() if "error:" in line), "")))
+    assert run.code == 2, run.text
+    assert f"tensor {tensor}" in run.text and "NaN or inf" in run.text, run.text
+    assert "Traceback" not in run.text and run.text.count("error:") == 1, run.text
+    assert not (tmp_path / "run" / "checkpoints").exists() or not any((tmp_path / "run" / "checkpoints").iterdir())
+    assert all(snapshot(tmp_path).get(k) == v for k, v in before.items())
