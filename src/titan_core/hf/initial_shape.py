@@ -19,6 +19,8 @@ from .folder import is_hf_folder, open_hf_folder
 from .model_args import HF_CONFIG_IN_CHECKPOINT
 
 WHAT = "checkpoint.initial_load"
+# The config.json a run's shape came from, as it was when the run started (in the run folder).
+RECORDED = "initial_load_config.json"
 
 
 def source_kind(path: Path) -> str:
@@ -142,3 +144,38 @@ def _read_json(path: Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ConfigError(f"{WHAT}: {path} is not a JSON object")
     return data
+
+
+def record_shape_file(config: Any, run_dir: Path) -> None:
+    """Keep the config.json this run's shape comes from in its run folder (rank 0, on a fresh start).
+
+    Only the shapes of the weights are in the run's checkpoints; RoPE theta, the norm's
+    epsilon and the RoPE scaling are not. A resume compares against this copy.
+    """
+    from ..run_files import atomic_write_text
+
+    file = shape_file(config)
+    if file is not None:
+        atomic_write_text(Path(run_dir) / RECORDED, file.read_text(encoding="utf-8"))
+
+
+def check_shape_file_unchanged(spec: Any, config: Any, model_args: Any, run_dir: Path) -> None:
+    """On a resume: the config.json of ``initial_load`` must still give the model the run was trained with.
+
+    An edited file (another rope_theta, say) would otherwise change the model under the run's
+    checkpoints without a word. Every rank checks the same files, so all stop together.
+    """
+    file, recorded = shape_file(config), Path(run_dir) / RECORDED
+    if file is None or not recorded.is_file():  # no HF shape, or a run started before this record existed
+        return
+    adapter = adapter_of(spec, purpose=f"{WHAT} of a Hugging Face folder")
+    then = adapter.model_args_from_hf(_read_json(recorded))
+    changed = [f"{f.name}: {getattr(then, f.name)!r} then, {getattr(model_args, f.name)!r} now"
+               for f in dataclasses.fields(model_args)
+               if f.name not in adapter.runtime_fields and getattr(then, f.name) != getattr(model_args, f.name)]
+    if changed:
+        raise ConfigError(
+            f"{WHAT}={config.checkpoint.initial_load}: {file} has changed since this run started, and this "
+            f"resume would change its model ({'; '.join(changed)}). Restore it from {recorded} (the copy taken "
+            f"when the run started), or start a new run in another job.run_dir."
+        )
