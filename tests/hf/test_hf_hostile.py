@@ -421,6 +421,11 @@ def titan_checkpoint(f: Path) -> None:
     assert main(["from-hf", str(f), str(f.parent.parent / "run" / "checkpoints"), "--spec", "llama3"]) == 0
 
 
+def garbage_hf_config_json(f: Path) -> None:
+    titan_checkpoint(f)
+    (f.parent.parent / "run" / "checkpoints" / "step-000000" / "hf_config.json").write_text("[not, json")
+
+
 @dataclass(frozen=True)
 class Case:
     id: str
@@ -505,6 +510,7 @@ CASES = [
     Case("from_hf_out_inside_input", None, "from-hf-inside", ("inside",)),
     Case("from_hf_out_under_a_file", None, "out-under-file", ("a_file/out", "Not a directory")),
     Case("to_hf_out_is_a_file", titan_checkpoint, "to-hf-file", ("already exists",)),
+    Case("to_hf_hf_config_json_garbage", garbage_hf_config_json, "to-hf-plain", ("hf_config.json",)),
     # titan-train flags around initial_load
     Case("flag_contradicts_vocab", None, "dry", ("llama3.vocab_size=4096 (config.json: 2048)",),
          extra=("--llama3.vocab_size=4096",)),
@@ -559,6 +565,8 @@ def invoke(case: Case, hf: Path, root: Path) -> tuple[CliResult, Callable[[], An
                          "", ""), lambda: None
     if mode == "to-hf-run":
         return CliResult(convert_main(["to-hf", str(run), str(out)]), "", ""), lambda: None
+    if mode == "to-hf-plain":
+        return CliResult(convert_main(["to-hf", str(step), str(out)]), "", ""), lambda: None
     if mode == "to-hf-inside":
         return CliResult(convert_main(["to-hf", str(step), str(step / "hf")]), "", ""), lambda: None
     if mode == "to-hf-file":
@@ -703,3 +711,40 @@ def test_a_nan_only_one_rank_reads_stops_every_rank_with_one_message(
     assert "Traceback" not in run.text and run.text.count("error:") == 1, run.text
     assert not (tmp_path / "run" / "checkpoints").exists() or not any((tmp_path / "run" / "checkpoints").iterdir())
     assert all(snapshot(tmp_path).get(k) == v for k, v in before.items())
+
+
+def set_theta(folder: Path, theta: float) -> None:
+    config = json.loads((folder / "config.json").read_text())
+    config["rope_theta"] = theta
+    if isinstance(config.get("rope_parameters"), dict):  # transformers 5 keeps it here
+        config["rope_parameters"]["rope_theta"] = theta
+    (folder / "config.json").write_text(json.dumps(config))
+
+
+def test_a_resume_refuses_an_initial_load_config_json_edited_since_the_run_started(
+        sources: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from titan_core.cli import main
+
+    hf = tmp_path / "hf"
+    shutil.copytree(sources["single"], hf)
+    run = tmp_path / "run"
+    args = [*(a for a in TRAIN if not a.startswith("--training.steps")), "--checkpoint.enable=true",
+            "--checkpoint.interval=1", f"--checkpoint.initial_load={hf}", f"--job.run_dir={run}"]
+    assert main([*args, "--training.steps=1"]) == 0
+    assert json.loads((run / "initial_load_config.json").read_text()) == json.loads((hf / "config.json").read_text())
+    set_theta(hf, 20000.0)  # same shapes: the checkpoint alone cannot tell
+    capsys.readouterr()
+    before = snapshot(run)
+    code = main([*args, "--training.steps=2"])
+    err = capsys.readouterr().err
+    TABLE.append(("resume_after_config_json_edit", code, 0.0, next((x for x in err.splitlines() if "error:" in x), "")))
+    assert code == 2 and "has changed since this run started" in err and "rope_theta: 10000.0 then, 20000.0 now" in err
+    assert "Traceback" not in err and err.count("error:") == 1, err
+    assert snapshot(run) == before  # nothing trained, nothing rewritten
+    # to-hf of the run's checkpoint takes the model the run trained, from the copy, not the edited file.
+    from titan_core.commands.convert import main as convert
+
+    assert convert(["to-hf", str(run / "checkpoints" / "step-000001"), str(tmp_path / "exported")]) == 0
+    assert json.loads((tmp_path / "exported" / "config.json").read_text())["rope_theta"] == 10000.0
+    set_theta(hf, 10000.0)  # restored: the resume goes on
+    assert main([*args, "--training.steps=2"]) == 0
