@@ -170,6 +170,8 @@ class LlamaStateDictAdapter:
             raise ConfigError(f"config.json lacks the integer field(s) {', '.join(missing)} that give the model's "
                               f"shape (found {', '.join(f'{k}={config.get(k)!r}' for k in missing)}).")
         problems += [f"{k}={config[k]} (must be 1 or more)" for k in _SHAPE_FIELDS if config[k] < 1]
+        problems += [f"{k}={config[k]} (more than {limit:,}: {why})" for k, (limit, why) in _LIMITS.items()
+                     if _is_int(config.get(k)) and config[k] > limit]
         if config.get("hidden_act", "silu") != "silu":
             problems.append(f'hidden_act={config["hidden_act"]!r} (only "silu")')
         for flag in ("attention_bias", "mlp_bias"):
@@ -205,6 +207,19 @@ class LlamaStateDictAdapter:
 
 
 _SHAPE_FIELDS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size")
+# Bounds no real checkpoint comes near, checked before a model is built: even a meta model of 10^5
+# layers takes minutes to build, a size past int64 is a TypeError deep in torch, and the RoPE
+# table (max_position_embeddings rows) is allocated in full.
+_DAMAGED = "no real checkpoint is that large; config.json is damaged"
+_LIMITS = {
+    "num_hidden_layers": (1024, _DAMAGED),
+    "hidden_size": (2**31 - 1, _DAMAGED),
+    "num_attention_heads": (2**31 - 1, _DAMAGED),
+    "intermediate_size": (2**31 - 1, _DAMAGED),
+    "vocab_size": (2**31 - 1, _DAMAGED),
+    "max_position_embeddings": (2**24, "the RoPE table holds every position and would not fit; lower it in "
+                                        "config.json"),
+}
 
 
 def _is_int(value: Any) -> bool:
