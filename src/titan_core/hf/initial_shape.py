@@ -139,7 +139,7 @@ def _read_json(path: Path) -> dict[str, Any]:
 
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
         raise ConfigError(f"{WHAT}: cannot read {path}: {exc}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{WHAT}: {path} is not a JSON object")

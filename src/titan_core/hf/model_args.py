@@ -78,7 +78,7 @@ def _json_object(path: Path) -> dict[str, Any]:
 
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
         raise ConfigError(f"cannot read {path}: {exc}; it is a copy of a Hugging Face config.json.") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path} is not a JSON object; it should be a copy of a Hugging Face config.json.")
