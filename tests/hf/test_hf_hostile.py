@@ -271,7 +271,27 @@ def config_hidden_not_divisible(f: Path) -> None:
 
 
 def config_huge_vocab(f: Path) -> None:
-    edit_config(f, vocab_size=2**40)
+    edit_config(f, vocab_size=2**30)  # 256 GiB of embedding if it were allocated
+
+
+def config_vocab_past_int64(f: Path) -> None:
+    edit_config(f, vocab_size=10**30)
+
+
+def config_many_layers(f: Path) -> None:
+    edit_config(f, num_hidden_layers=10**5)  # a meta model of that many layers alone takes minutes
+
+
+def config_huge_positions(f: Path) -> None:
+    edit_config(f, max_position_embeddings=10**12)
+
+
+def deeply_nested(text_file: str) -> Callable[[Path], None]:
+    def damage(f: Path) -> None:
+        if text_file.startswith("tokenizer"):
+            tok_folder(f)
+        (f / text_file).write_text("[" * 100_000 + "]" * 100_000)
+    return damage
 
 
 def config_mistral(f: Path) -> None:
@@ -479,8 +499,16 @@ CASES = [
     Case("config_zero_kv_heads", config_zero_kv_heads, "dry", ("num_key_value_heads",)),
     Case("config_heads_not_divisible", config_heads_not_divisible, "dry", ("num_key_value_heads",)),
     Case("config_hidden_not_divisible", config_hidden_not_divisible, "from-hf", ("num_attention_heads",)),
-    Case("config_huge_vocab_from_hf", config_huge_vocab, "from-hf", (EMBED, "config.json implies [1099511627776, 64]")),
-    Case("config_huge_vocab_train", config_huge_vocab, "train", (EMBED, "config.json implies [1099511627776, 64]")),
+    Case("config_huge_vocab_from_hf", config_huge_vocab, "from-hf", (EMBED, "config.json implies [1073741824, 64]")),
+    Case("config_huge_vocab_train", config_huge_vocab, "train", (EMBED, "config.json implies [1073741824, 64]")),
+    Case("config_vocab_past_int64", config_vocab_past_int64, "dry", ("vocab_size=1000000000000000000000000000000",
+                                                                     "config.json is damaged")),
+    Case("config_many_layers", config_many_layers, "from-hf", ("num_hidden_layers=100000 (more than 1,024",)),
+    Case("config_huge_positions_train", config_huge_positions, "train", ("max_position_embeddings=1000000000000",)),
+    Case("config_huge_positions_from_hf", config_huge_positions, "from-hf", ("max_position_embeddings",)),
+    Case("config_deeply_nested", deeply_nested("config.json"), "dry", ("config.json", "recursion")),
+    Case("index_deeply_nested", deeply_nested(INDEX), "from-hf", (INDEX, "weight_map"), sharded=True),
+    Case("tokenizer_json_deeply_nested", deeply_nested("tokenizer.json"), "tok", ("tokenizer.json",)),
     Case("config_mistral", config_mistral, "dry", ('"mistral"', "Pick the spec")),
     Case("config_no_model_type", config_no_model_type, "from-hf", ("has no model_type",)),
     Case("rope_unknown_type", rope_unknown_type, "dry", ("rope_type='yarn'",)),
