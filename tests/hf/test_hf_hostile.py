@@ -446,6 +446,13 @@ def garbage_hf_config_json(f: Path) -> None:
     (f.parent.parent / "run" / "checkpoints" / "step-000000" / "hf_config.json").write_text("[not, json")
 
 
+def edited_hf_config_json(f: Path) -> None:
+    """A from-hf checkpoint whose shape file was edited after it was written (its digest no longer matches)."""
+    titan_checkpoint(f)
+    path = f.parent.parent / "run" / "checkpoints" / "step-000000" / "hf_config.json"
+    path.write_text(path.read_text().replace('"rope_theta": 10000.0', '"rope_theta": 20000.0'))
+
+
 @dataclass(frozen=True)
 class Case:
     id: str
@@ -538,6 +545,9 @@ CASES = [
     Case("from_hf_out_inside_input", None, "from-hf-inside", ("inside",)),
     Case("from_hf_out_under_a_file", None, "out-under-file", ("a_file/out", "Not a directory")),
     Case("to_hf_out_is_a_file", titan_checkpoint, "to-hf-file", ("already exists",)),
+    Case("to_hf_hf_config_json_edited", edited_hf_config_json, "to-hf-plain", ("hf_config.json", "checksum")),
+    Case("initial_load_hf_config_json_edited", edited_hf_config_json, "train", ("hf_config.json", "checksum"),
+         extra=("--checkpoint.initial_load={root}/run/checkpoints/step-000000",)),
     Case("to_hf_hf_config_json_garbage", garbage_hf_config_json, "to-hf-plain", ("hf_config.json",)),
     # titan-train flags around initial_load
     Case("flag_contradicts_vocab", None, "dry", ("llama3.vocab_size=4096 (config.json: 2048)",),
@@ -701,6 +711,18 @@ def test_tokenizer_json_without_the_tokenizers_package(tmp_path: Path, monkeypat
     code = main(["--dry-run", *TRAIN, f"--data.tokenizer={tmp_path / 'tok'}", f"--job.run_dir={tmp_path / 'run'}"])
     text = capsys.readouterr().err
     assert code == 2 and "pip install 'titan-core[hf]'" in text and "Traceback" not in text, text
+
+
+def test_traceback_flag_shows_where(sources: dict[str, Path], tmp_path: Path,
+                                    capsys: pytest.CaptureFixture[str]) -> None:
+    from titan_core.commands.convert import main
+
+    hf = tmp_path / "hf"
+    shutil.copytree(sources["single"], hf)
+    nan_weight(hf)
+    assert main(["from-hf", str(hf), str(tmp_path / "out"), "--spec", "llama3", "--traceback"]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback (most recent call last)" in err and "NaN or inf" in err
 
 
 def test_print_table() -> None:
