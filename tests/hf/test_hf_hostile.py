@@ -725,11 +725,6 @@ def test_traceback_flag_shows_where(sources: dict[str, Path], tmp_path: Path,
     assert "Traceback (most recent call last)" in err and "NaN or inf" in err
 
 
-def test_print_table() -> None:
-    for row in TABLE:
-        print(f"{row[0]:40s} exit {row[1]}  {row[2]:6.2f}s  {row[3][:150]}")
-
-
 # ---- two ranks: a damage that only one rank's slice holds ------------------------------------------
 
 @pytest.mark.parametrize(("layout", "tensor", "row"), [
@@ -754,7 +749,7 @@ def test_a_nan_only_one_rank_reads_stops_every_rank_with_one_message(
     run = titan(tmp_path / "run", f"--checkpoint.initial_load={hf}", "--training.steps=1",
                 "--checkpoint.enable=true", *layout, nproc=2)
     seconds = time.perf_counter() - start
-    TABLE.append((f"nan_on_one_rank_{layout[1].split('.')[-1]}", run.code, seconds,
+    TABLE.append((f"nan_on_one_rank_{'pp2' if '--parallelism.pp=2' in layout else 'fsdp2'}", run.code, seconds,
                   next((line for line in run.err.splitlines() if "error:" in line), "")))
     assert run.code == 2, run.text
     assert f"tensor {tensor}" in run.text and "NaN or inf" in run.text, run.text
@@ -798,3 +793,9 @@ def test_a_resume_refuses_an_initial_load_config_json_edited_since_the_run_start
     assert json.loads((tmp_path / "exported" / "config.json").read_text())["rope_theta"] == 10000.0
     set_theta(hf, 10000.0)  # restored: the resume goes on
     assert main([*args, "--training.steps=2"]) == 0
+
+
+def test_print_table() -> None:
+    """Last in the file: the table of every case above (``pytest -s``)."""
+    for row in TABLE:
+        print(f"{row[0]:40s} exit {row[1]}  {row[2]:6.2f}s  {row[3][:150]}")
