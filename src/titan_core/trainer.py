@@ -350,6 +350,9 @@ class Trainer:
         if resumed is not None:
             self.step, self.tokens_seen = resumed.step, resumed.tokens_seen
             progress(f"resuming from {resumed.path} at step {resumed.step}", is_rank0=self.is_rank0)
+            from .hf.initial_shape import check_shape_file_unchanged
+
+            check_shape_file_unchanged(self.spec, self.config, self.model_args, self.run_dir)
         else:  # the run's own checkpoints take precedence over checkpoint.initial_load
             from .hf.initial_load import load_initial_weights
 
@@ -358,6 +361,10 @@ class Trainer:
         if self.is_rank0:  # written once resume is accepted: a refused run leaves the run folder as it was
             self.require_writable_run_files()
             atomic_write_text(self.run_dir / "config.toml", dumps(self.config.model_dump(mode="json")))
+            if resumed is None:
+                from .hf.initial_shape import record_shape_file
+
+                record_shape_file(self.config, self.run_dir)
             supersede_metrics(self.metrics.path, start_step=self.step)  # one record per step after a resume
             if self.converters:
                 self.conversion_table.write(self.run_dir / "conversion_table.json")

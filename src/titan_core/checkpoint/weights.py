@@ -26,6 +26,19 @@ def is_titan_checkpoint(path: Path) -> bool:
     return (Path(path) / layout.IDENTITY_FILE).is_file()
 
 
+def run_folder_hint(folder: Path) -> str:
+    """For a titan run folder (or its checkpoints/ folder) given where a checkpoint belongs: which to name.
+
+    "" when ``folder`` is neither; otherwise a sentence naming the newest ``step-N`` in it.
+    """
+    folder = Path(folder)
+    for holder, kind in ((folder / "checkpoints", "a run folder"), (folder, "a folder of checkpoints")):
+        steps = sorted(p for p in holder.glob("step-*") if is_titan_checkpoint(p)) if holder.is_dir() else []
+        if steps:
+            return f" {folder} is {kind}: name one of its checkpoints, e.g. the newest, {steps[-1]}."
+    return ""
+
+
 def saved_param_shapes(path: Path) -> dict[str, tuple[int, ...]]:
     """The full shapes a checkpoint's identity file records (no tensor data read)."""
     layout.require_complete(Path(path))

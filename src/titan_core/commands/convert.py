@@ -64,10 +64,15 @@ class ProgressBar:
             print(file=sys.stderr, flush=True)
 
 
-def _require_new_folder(out: Path) -> None:
+def _require_new_folder(out: Path, source: Path) -> None:
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ConfigError(f"{out} already exists and is not an empty folder; choose a new OUT folder "
                           f"(titan-convert never overwrites files).")
+    # Writing into the input would change what was read: a titan checkpoint holds exactly the
+    # files its manifest lists, and an HF folder would gain a folder nobody asked for.
+    if out.resolve().is_relative_to(source.resolve()):
+        raise ConfigError(f"{out} is inside the input folder {source}; choose an OUT folder outside it "
+                          f"(titan-convert never changes its input).")
 
 
 def _read_toml(path: Path | None) -> dict[str, Any]:
@@ -88,7 +93,7 @@ def to_hf(args: argparse.Namespace) -> int:
 
     from .. import discovery
     from ..checkpoint.identity import read_record
-    from ..checkpoint.weights import is_titan_checkpoint, load_model_weights
+    from ..checkpoint.weights import is_titan_checkpoint, load_model_weights, run_folder_hint
     from ..hf.export import export_hf
     from ..hf.folder import is_hf_folder
     from ..hf.model_args import checkpoint_model_args, run_config_of
@@ -100,10 +105,11 @@ def to_hf(args: argparse.Namespace) -> int:
         raise ConfigError(f"{ckpt} is already a Hugging Face folder; to-hf reads a titan checkpoint "
                           f"(a step-N folder with titan_checkpoint.json). Did you mean from-hf?")
     if not is_titan_checkpoint(ckpt):
-        hint = " It holds step-N folders: name one of them." if any(ckpt.glob("step-*")) else ""
+        hint = run_folder_hint(ckpt) or (" It holds step-N folders: name one of them."
+                                         if any(ckpt.glob("step-*")) else "")
         raise ConfigError(f"{ckpt} is not a titan checkpoint (no titan_checkpoint.json); to-hf reads a step-N "
                           f"folder such as runs/x/checkpoints/step-000100.{hint}")
-    _require_new_folder(args.out)
+    _require_new_folder(args.out, ckpt)
     identity = read_record(ckpt).identity
     run_config = _read_toml(args.config or run_config_of(ckpt))
     spec = discovery.load_train_spec(identity.spec)
@@ -132,7 +138,7 @@ def from_hf(args: argparse.Namespace) -> int:
     from ..config.sections import CheckpointSection, LRSchedulerSection, OptimizerSection
     from ..hf.adapter import adapter_of
     from ..hf.folder import open_hf_folder
-    from ..hf.initial_load import load_hf_weights
+    from ..hf.initial_load import check_hf_fits, load_hf_weights
     from ..hf.model_args import HF_CONFIG_IN_CHECKPOINT
     from ..optim import LRSchedulersContainer, OptimizersContainer
     from ..ties import declared_ties, retie_weights
@@ -140,10 +146,11 @@ def from_hf(args: argparse.Namespace) -> int:
     if is_titan_checkpoint(args.hf_dir):
         raise ConfigError(f"{args.hf_dir} is a titan checkpoint; from-hf reads a Hugging Face folder "
                           f"(config.json + safetensors). Did you mean to-hf?")
-    _require_new_folder(args.out)
+    _require_new_folder(args.out, args.hf_dir)
     spec = discovery.load_train_spec(args.spec or discovery.default_spec_name())
     folder = open_hf_folder(args.hf_dir, what="from-hf")
     model_args = adapter_of(spec, purpose="from-hf").model_args_from_hf(folder.config)
+    check_hf_fits(folder, spec=spec, model_args=model_args, what="from-hf")  # before any weight is allocated
     with torch.device("meta"):
         model = spec.model_cls(model_args)
     model.to_empty(device="cpu")

@@ -59,7 +59,7 @@ def open_hf_folder(path: str | Path, *, what: str) -> HFFolder:
         raise ConfigError(f"{what}: {path} has no config.json, so it is not a Hugging Face model folder; {fix}.")
     try:
         config = json.loads((path / "config.json").read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
         raise ConfigError(f"{what}: cannot read {path / 'config.json'}: {exc}.") from None
     if not isinstance(config, dict):
         raise ConfigError(f"{what}: {path / 'config.json'} is not a JSON object.")
@@ -72,7 +72,10 @@ def open_hf_folder(path: str | Path, *, what: str) -> HFFolder:
                     if expected is not None and name not in expected:
                         continue  # the index names another shard for it
                     meta = handle.get_slice(name)
-                    tensors[name] = TensorInfo(file, tuple(meta.get_shape()), _dtype(meta.get_dtype()))
+                    dtype = _dtype(meta.get_dtype(), path / file, name, what=what)
+                    tensors[name] = TensorInfo(file, tuple(meta.get_shape()), dtype)
+        except ConfigError:
+            raise
         except Exception as exc:  # safetensors raises its own error types for damaged headers
             raise ConfigError(f"{what}: {path / file} is not a readable safetensors file ({exc}); re-download it.") \
                 from None
@@ -85,11 +88,17 @@ def open_hf_folder(path: str | Path, *, what: str) -> HFFolder:
 
 def _weight_files(path: Path, *, what: str, fix: str) -> dict[str, set[str] | None]:
     """safetensors file -> the names the index assigns to it (None: a single file, all its names)."""
+    if (path / INDEX).is_file() and (path / SINGLE).exists():
+        # transformers loads model.safetensors first, titan would read the index: two readers of
+        # the same folder must not start from different weights, so neither is guessed.
+        raise ConfigError(f"{what}: {path} holds both {SINGLE} and {INDEX} (with its shards), so which weights "
+                          f"are meant is unclear (transformers would load {SINGLE}); remove the stale one.")
     if (path / INDEX).is_file():
         try:
             weight_map = json.loads((path / INDEX).read_text(encoding="utf-8"))["weight_map"]
             assert isinstance(weight_map, dict)
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, AssertionError):
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError, KeyError, TypeError,
+                AssertionError):
             raise ConfigError(f"{what}: {path / INDEX} is not a safetensors index (no weight_map object).") from None
         by_file: dict[str, set[str] | None] = {}
         for name, file in weight_map.items():
@@ -116,7 +125,10 @@ _DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF
            "BOOL": torch.bool}
 
 
-def _dtype(name: str) -> torch.dtype:
+def _dtype(name: str, file: Path, tensor: str, *, what: str) -> torch.dtype:
     if name not in _DTYPES:
-        raise ValueError(f"unsupported tensor dtype {name}")
+        # A valid safetensors dtype (F8_E4M3 ...) that titan has no tensor type for: not damage.
+        raise ConfigError(f"{what}: {file} stores tensor {tensor} as {name}, which titan cannot read (it reads "
+                          f"{', '.join(_DTYPES)}); convert the checkpoint to bfloat16 or float32 first "
+                          f"(e.g. with transformers' save_pretrained).")
     return _DTYPES[name]

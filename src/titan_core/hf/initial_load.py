@@ -87,9 +87,90 @@ def load_hf_weights(folder: HFFolder, *, spec: Any, model_parts: list[nn.Module]
     """
     from ..checkpoint import collect_param_shapes
 
-    path = folder.path
     adapter = adapter_of(spec, purpose=f"{what} of a Hugging Face folder")
     expected = collect_param_shapes(model_parts)  # the whole model, every stage
+    plan = plan_hf_load(folder, adapter=adapter, expected=expected, model_args=model_args, ties=ties, what=what)
+    params = _local_params(model_parts)
+    mine = sorted((name for name, native in plan.items() if native in params),
+                  key=lambda n: (folder.tensors[n].file, n))  # each file opened once
+    whole, problem = 0, None
+    with folder.reader() as reader:
+        try:
+            for name in mine:
+                info, param = folder.tensors[name], params[plan[name]]
+                before = reader.bytes_read
+                rows = row_map(adapter, name, info.shape, tuple(param.shape), model_args)
+                region = _local_region(param)
+                if rows is None or region is None:
+                    whole += 1
+                    (_, value), = adapter.from_hf({name: reader.read(name)}, model_args).items()
+                    _check_finite(value, name, folder.path / info.file, what=what)
+                    _copy_into(param, value)
+                    del value
+                else:
+                    local = param.to_local() if isinstance(param, DTensor) else param
+                    if local.numel():
+                        (r0, r1), box = region[0], region[1:]
+                        part = reader.read(name, rows[r0:r1], box)
+                        _check_finite(part, name, folder.path / info.file, what=what)
+                        local.copy_(part)
+                if on_tensor is not None:
+                    on_tensor(reader.bytes_read - before)
+        except ConfigError as exc:  # a damaged or non-finite slice: only this rank has seen it
+            problem = str(exc)
+    _raise_on_every_rank(problem)
+    total = sum(math.prod(i.shape) * i.dtype.itemsize for n, i in folder.tensors.items() if n in plan)
+    return HFLoadStats(tensors=len(plan), bytes_read=reader.bytes_read, bytes_total=total, read_whole=whole)
+
+
+def _check_finite(tensor: torch.Tensor, name: str, file: Path, *, what: str) -> None:
+    """Starting weights must be finite: a NaN would only show as a NaN loss at step 1, blamed on the run."""
+    if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+        raise ConfigError(f"{what}: tensor {name} in {file} holds NaN or inf values; weights to start from must "
+                          f"be finite (the file is damaged, or was saved from a run that diverged): re-download it "
+                          f"or start from an earlier checkpoint.")
+
+
+def _raise_on_every_rank(problem: str | None) -> None:
+    """Raise ``problem`` (one rank's, or the first of several) on every rank, so none waits for the others.
+
+    Each rank reads only its own slices, so a damaged byte range or a NaN may be seen by one
+    rank alone; without this the others would go on into the first collective of the run.
+    """
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        gathered: list[str | None] = [None] * dist.get_world_size()
+        dist.all_gather_object(gathered, problem)
+        problem = next((p for p in gathered if p), None)
+    if problem:
+        raise ConfigError(problem)
+
+
+def check_hf_fits(folder: HFFolder, *, spec: Any, model_args: Any, what: str = WHAT) -> None:
+    """:func:`plan_hf_load` against a ``meta`` model of ``model_args``: no weight memory, no collective.
+
+    Run before a model is materialised, so a config.json whose shape the tensors do not have
+    (a huge vocab_size, say) is refused naming the tensor, not by the allocator.
+    """
+    from ..checkpoint.states import full_shapes, merged_view, model_state
+    from ..ties import declared_ties
+
+    with torch.device("meta"):
+        model = spec.model_cls(model_args)
+    expected = full_shapes(model_state(merged_view([model])))
+    plan_hf_load(folder, adapter=adapter_of(spec, purpose=f"{what} of a Hugging Face folder"), expected=expected,
+                 model_args=model_args, ties=declared_ties(model), what=what)
+
+
+def plan_hf_load(folder: HFFolder, *, adapter: Any, expected: dict[str, tuple[int, ...]], model_args: Any,
+                 ties: list[tuple[str, str]], what: str = WHAT) -> dict[str, str]:
+    """Hugging Face name -> native name for every tensor the model takes; ConfigError listing what does not fit.
+
+    Reads headers only (names, shapes, dtypes), so it may run on a ``meta`` model before
+    any memory is allocated for the weights: a config.json that promises a huge vocabulary
+    is refused here, not by the allocator.
+    """
     aliases = {alias for _, alias in ties}
     plan: dict[str, str] = {}  # HF name -> native name
     problems: list[str] = []
@@ -107,6 +188,10 @@ def load_hf_weights(folder: HFFolder, *, spec: Any, model_parts: list[nn.Module]
         elif tuple(expected[native]) != shape:
             problems.append(f"{name} has shape {list(info.shape)} but config.json implies "
                             f"{list(_hf_shape(adapter, native, expected[native], model_args) or expected[native])}")
+        elif not info.dtype.is_floating_point:
+            # An integer tensor would be cast to the weights' float type without a word: never a real weight.
+            problems.append(f"{name} is stored as {str(info.dtype).removeprefix('torch.')} in {info.file}, but "
+                            f"the model's weights are floating-point")
         else:
             plan[name] = native
     missing = sorted(set(expected) - set(plan.values()) - aliases)
@@ -114,33 +199,10 @@ def load_hf_weights(folder: HFFolder, *, spec: Any, model_parts: list[nn.Module]
         problems.append(f"{len(missing)} model tensor(s) are in no file, e.g. {missing[0]}")
     if problems:
         more = f" (and {len(problems) - 3} more problems)" if len(problems) > 3 else ""
-        raise ConfigError(f"{what}: {path} does not fit the model its config.json describes: "
+        raise ConfigError(f"{what}: {folder.path} does not fit the model its config.json describes: "
                           f"{'; '.join(problems[:3])}{more}. The folder is damaged or its config.json belongs to "
                           f"another checkpoint.")
-    params = _local_params(model_parts)
-    mine = sorted((name for name, native in plan.items() if native in params),
-                  key=lambda n: (folder.tensors[n].file, n))  # each file opened once
-    whole = 0
-    with folder.reader() as reader:
-        for name in mine:
-            info, param = folder.tensors[name], params[plan[name]]
-            before = reader.bytes_read
-            rows = row_map(adapter, name, info.shape, tuple(param.shape), model_args)
-            region = _local_region(param)
-            if rows is None or region is None:
-                whole += 1
-                (_, value), = adapter.from_hf({name: reader.read(name)}, model_args).items()
-                _copy_into(param, value)
-                del value
-            else:
-                local = param.to_local() if isinstance(param, DTensor) else param
-                if local.numel():
-                    (r0, r1), box = region[0], region[1:]
-                    local.copy_(reader.read(name, rows[r0:r1], box))
-            if on_tensor is not None:
-                on_tensor(reader.bytes_read - before)
-    total = sum(math.prod(i.shape) * i.dtype.itemsize for n, i in folder.tensors.items() if n in plan)
-    return HFLoadStats(tensors=len(plan), bytes_read=reader.bytes_read, bytes_total=total, read_whole=whole)
+    return plan
 
 
 def _local_region(param: torch.Tensor) -> tuple[tuple[int, int], ...] | None:

@@ -19,10 +19,12 @@ from .folder import is_hf_folder, open_hf_folder
 from .model_args import HF_CONFIG_IN_CHECKPOINT
 
 WHAT = "checkpoint.initial_load"
+# The config.json a run's shape came from, as it was when the run started (in the run folder).
+RECORDED = "initial_load_config.json"
 
 
 def source_kind(path: Path) -> str:
-    from ..checkpoint.weights import is_titan_checkpoint
+    from ..checkpoint.weights import is_titan_checkpoint, run_folder_hint
 
     if is_hf_folder(path):
         return "hf"
@@ -31,6 +33,9 @@ def source_kind(path: Path) -> str:
     if not path.exists():
         raise ConfigError(f"{WHAT}: {path} does not exist; give a Hugging Face model folder or a titan checkpoint "
                           f"folder (e.g. runs/x/checkpoints/step-000100).")
+    hint = run_folder_hint(path)
+    if hint:  # a run folder where one of its checkpoints belongs
+        raise ConfigError(f"{WHAT}: {path} is not a checkpoint folder.{hint}")
     # open_hf_folder names what a would-be HF folder lacks (no config.json, no safetensors ...).
     open_hf_folder(path, what=WHAT)
     raise AssertionError("unreachable")  # pragma: no cover
@@ -79,9 +84,15 @@ def config_json_model_args(spec: Any, config: Any) -> Any | None:
         return None
     source = config.checkpoint.initial_load
     # A checkpoint made by titan-convert from-hf carries its shape; an HF folder's is read with its tensor headers.
-    hf_dict = _read_json(file) if file.name == HF_CONFIG_IN_CHECKPOINT else open_hf_folder(source, what=WHAT).config
+    folder = None if file.name == HF_CONFIG_IN_CHECKPOINT else open_hf_folder(source, what=WHAT)
+    hf_dict = _read_json(file) if folder is None else folder.config
     adapter = adapter_of(spec, purpose=f"{WHAT} of a Hugging Face folder")
     args = adapter.model_args_from_hf(hf_dict)
+    if folder is not None:
+        from .initial_load import check_hf_fits
+
+        # Now (dry run included), from the headers: not after the model is built at this shape.
+        check_hf_fits(folder, spec=spec, model_args=args)
     section = getattr(config, spec.name, None)
     chosen = {k: v for k, v in section.model_dump().items() if v is not None} if section is not None else {}
     conflicts = [f"{spec.name}.{k}={v!r} (config.json: {getattr(args, k)!r})"
@@ -128,8 +139,43 @@ def _read_json(path: Path) -> dict[str, Any]:
 
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
         raise ConfigError(f"{WHAT}: cannot read {path}: {exc}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{WHAT}: {path} is not a JSON object")
     return data
+
+
+def record_shape_file(config: Any, run_dir: Path) -> None:
+    """Keep the config.json this run's shape comes from in its run folder (rank 0, on a fresh start).
+
+    Only the shapes of the weights are in the run's checkpoints; RoPE theta, the norm's
+    epsilon and the RoPE scaling are not. A resume compares against this copy.
+    """
+    from ..run_files import atomic_write_text
+
+    file = shape_file(config)
+    if file is not None:
+        atomic_write_text(Path(run_dir) / RECORDED, file.read_text(encoding="utf-8"))
+
+
+def check_shape_file_unchanged(spec: Any, config: Any, model_args: Any, run_dir: Path) -> None:
+    """On a resume: the config.json of ``initial_load`` must still give the model the run was trained with.
+
+    An edited file (another rope_theta, say) would otherwise change the model under the run's
+    checkpoints without a word. Every rank checks the same files, so all stop together.
+    """
+    file, recorded = shape_file(config), Path(run_dir) / RECORDED
+    if file is None or not recorded.is_file():  # no HF shape, or a run started before this record existed
+        return
+    adapter = adapter_of(spec, purpose=f"{WHAT} of a Hugging Face folder")
+    then = adapter.model_args_from_hf(_read_json(recorded))
+    changed = [f"{f.name}: {getattr(then, f.name)!r} then, {getattr(model_args, f.name)!r} now"
+               for f in dataclasses.fields(model_args)
+               if f.name not in adapter.runtime_fields and getattr(then, f.name) != getattr(model_args, f.name)]
+    if changed:
+        raise ConfigError(
+            f"{WHAT}={config.checkpoint.initial_load}: {file} has changed since this run started, and this "
+            f"resume would change its model ({'; '.join(changed)}). Restore it from {recorded} (the copy taken "
+            f"when the run started), or start a new run in another job.run_dir."
+        )

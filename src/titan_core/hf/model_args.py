@@ -1,6 +1,7 @@
 """The model args of a titan checkpoint, for tools that have no run config at hand (titan-convert).
 
 In order: ``hf_config.json`` inside the checkpoint (written by ``titan-convert from-hf``),
+the ``initial_load_config.json`` a run started from a Hugging Face folder keeps two levels up,
 the run's ``config.toml`` two levels up (``<run_dir>/checkpoints/step-N``, written by
 titan-train, with its spec section and an HF ``initial_load``), or an explicit config.
 The result is checked against the shapes the checkpoint's identity file records.
@@ -27,20 +28,24 @@ def run_config_of(checkpoint: Path) -> Path | None:
 def checkpoint_model_args(checkpoint: Path, *, spec: Any, flavor: str, run_config: dict[str, Any],
                           vocab_size: int) -> Any:
     """Model args for ``checkpoint`` (see the module docstring); ConfigError when none fits its shapes."""
-    import json
-
     from ..checkpoint.weights import saved_param_shapes
     from .adapter import adapter_of
     from .folder import is_hf_folder, open_hf_folder
+    from .initial_shape import RECORDED
 
     section_model = spec.config_model
     raw_section = run_config.get(spec.name, {}) if isinstance(run_config.get(spec.name, {}), dict) else {}
     section = section_model.model_validate(raw_section) if section_model is not None else None
     hf_file = Path(checkpoint) / HF_CONFIG_IN_CHECKPOINT
     initial = str(run_config.get("checkpoint", {}).get("initial_load", "") or "")
+    recorded = Path(checkpoint).resolve().parent.parent / RECORDED
     if hf_file.is_file():
-        args = adapter_of(spec, purpose="this checkpoint").model_args_from_hf(json.loads(hf_file.read_text()))
+        args = adapter_of(spec, purpose="this checkpoint").model_args_from_hf(_json_object(hf_file))
         source = str(hf_file)
+    elif initial and recorded.is_file():
+        # The copy the run took when it started: the HF folder's own config.json may have changed since.
+        args = adapter_of(spec, purpose="this checkpoint").model_args_from_hf(_json_object(recorded))
+        source = f"{recorded} (the run's checkpoint.initial_load config.json)"
     elif initial and is_hf_folder(Path(initial)):
         args = adapter_of(spec, purpose="this checkpoint").model_args_from_hf(
             open_hf_folder(initial, what="the run's checkpoint.initial_load").config)
@@ -65,3 +70,16 @@ def checkpoint_model_args(checkpoint: Path, *, spec: Any, flavor: str, run_confi
             f"run's config with --config RUN_DIR/config.toml."
         )
     return args
+
+
+def _json_object(path: Path) -> dict[str, Any]:
+    """A JSON object file (a config.json copy); ConfigError naming it otherwise."""
+    import json
+
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        raise ConfigError(f"cannot read {path}: {exc}; it is a copy of a Hugging Face config.json.") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path} is not a JSON object; it should be a copy of a Hugging Face config.json.")
+    return data

@@ -66,7 +66,7 @@ class SliceReader:
             try:
                 header = json.loads(os.pread(fd, header_len, 8))
                 assert isinstance(header, dict)
-            except (ValueError, AssertionError):
+            except (ValueError, AssertionError, RecursionError):
                 raise self._damaged(file, "has a safetensors header that is not a JSON object") from None
             base = 8 + header_len
             offsets: dict[str, tuple[int, int]] = {}

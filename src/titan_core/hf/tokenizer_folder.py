@@ -22,17 +22,21 @@ from ..tokenizer import BOS_TOKEN, EOS_TOKEN, TiktokenTokenizer, llama3_special_
 WHAT = "data.tokenizer"
 
 
-def _json(path: Path) -> Any:
+def _json(path: Path) -> dict[str, Any]:
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
         raise ConfigError(f"{WHAT}: cannot read {path}: {exc}") from None
+    if not isinstance(data, dict):  # every tokenizer file of a Hugging Face folder is one object
+        raise ConfigError(f"{WHAT}: {path} is not a JSON object (it holds a {type(data).__name__}); the folder is "
+                          f"damaged, re-download its tokenizer files.")
+    return data
 
 
 def _specials_after(ranks_count: int, tokenizer_json: Path) -> list[str] | None:
     """Special tokens tokenizer.json places right after the ranks, in id order (None: no such list)."""
     data = _json(tokenizer_json)
-    added = data.get("added_tokens") if isinstance(data, dict) else None
+    added = data.get("added_tokens")
     if not isinstance(added, list) or not added:
         return None
     try:

@@ -19,6 +19,7 @@ reads only its own slice of each tensor.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -157,52 +158,128 @@ class LlamaStateDictAdapter:
     def model_args_from_hf(self, config: Mapping[str, Any]) -> LlamaArgs:
         model_type = config.get("model_type")
         if model_type != "llama":
-            arch = ", ".join(config.get("architectures") or []) or "unknown architecture"
+            arch = ", ".join(str(a) for a in config.get("architectures") or []) or "unknown architecture"
+            said = "has no model_type" if model_type is None else f'describes a "{model_type}" model ({arch})'
             raise ConfigError(
-                f'config.json describes a "{model_type}" model ({arch}), not a Llama: the llama3 spec reads '
-                f'model_type "llama" (LlamaForCausalLM) only. Pick the spec that matches the checkpoint.'
+                f'config.json {said}, not a Llama: the llama3 spec reads model_type "llama" (LlamaForCausalLM) '
+                f"only. Pick the spec that matches the checkpoint."
             )
         problems: list[str] = []
-        missing = [k for k in ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
-                               "vocab_size") if not isinstance(config.get(k), int)]
+        missing = [k for k in _SHAPE_FIELDS if not _is_int(config.get(k))]
         if missing:
-            raise ConfigError(f"config.json lacks the integer field(s) {', '.join(missing)} that give the model's shape.")
+            raise ConfigError(f"config.json lacks the integer field(s) {', '.join(missing)} that give the model's "
+                              f"shape (found {', '.join(f'{k}={config.get(k)!r}' for k in missing)}).")
+        problems += [f"{k}={config[k]} (must be 1 or more)" for k in _SHAPE_FIELDS if config[k] < 1]
+        problems += [f"{k}={config[k]} (more than {limit:,}: {why})" for k, (limit, why) in _LIMITS.items()
+                     if _is_int(config.get(k)) and config[k] > limit]
         if config.get("hidden_act", "silu") != "silu":
             problems.append(f'hidden_act={config["hidden_act"]!r} (only "silu")')
         for flag in ("attention_bias", "mlp_bias"):
             if config.get(flag):
                 problems.append(f"{flag}=true (this model has no biases)")
         dim, heads = config["hidden_size"], config["num_attention_heads"]
+        kv_heads = config.get("num_key_value_heads")
+        if kv_heads is None:
+            kv_heads = heads  # transformers' default: multi-head attention
+        elif not _is_int(kv_heads) or kv_heads < 1:
+            problems.append(f"num_key_value_heads={kv_heads!r} (a whole number of 1 or more, or leave it out)")
         head_dim = config.get("head_dim")
-        if head_dim is not None and head_dim * heads != dim:
-            problems.append(f"head_dim={head_dim} with hidden_size={dim}, num_attention_heads={heads} "
-                            f"(head_dim must be hidden_size / num_attention_heads)")
-        rope = dict(config.get("rope_parameters") or config.get("rope_scaling") or {})
-        theta = rope.get("rope_theta", config.get("rope_theta", 10000.0))
-        rope_type = rope.get("rope_type", rope.get("type", "default"))
-        scaling: RopeScaling | None = None
-        if rope_type == "llama3":
-            try:
-                scaling = RopeScaling(
-                    factor=float(rope["factor"]), low_freq_factor=float(rope["low_freq_factor"]),
-                    high_freq_factor=float(rope["high_freq_factor"]),
-                    original_max_position_embeddings=int(rope["original_max_position_embeddings"]),
-                )
-            except KeyError as exc:
-                problems.append(f"rope scaling of type llama3 lacks {exc.args[0]}")
-        elif rope_type != "default":
-            problems.append(f'rope_type={rope_type!r} (supported: "llama3", or none)')
+        if not problems:  # the divisibility checks need every count valid
+            problems += _head_problems(dim, heads, kv_heads, head_dim)
+        scaling, theta = _rope(config, problems)
+        eps = _positive_number(config, "rms_norm_eps", 1e-6, problems)
+        max_len = config.get("max_position_embeddings", 2048)
+        if not _is_int(max_len) or max_len < 1:
+            problems.append(f"max_position_embeddings={max_len!r} (a whole number of 1 or more)")
+        tie = config.get("tie_word_embeddings", False)
+        if not isinstance(tie, bool):
+            problems.append(f"tie_word_embeddings={tie!r} (true or false)")
         if problems:
             raise ConfigError("config.json sets what the llama3 spec cannot express: " + "; ".join(problems) + ".")
         try:
             return LlamaArgs(
-                dim=dim, n_layers=config["num_hidden_layers"], n_heads=heads,
-                n_kv_heads=config.get("num_key_value_heads") or heads, vocab_size=config["vocab_size"],
-                intermediate_size=config["intermediate_size"], norm_eps=float(config.get("rms_norm_eps", 1e-6)),
-                rope_theta=float(theta), rope_scaling=scaling,
-                max_seq_len=int(config.get("max_position_embeddings", 2048)),
-                tie_embeddings=bool(config.get("tie_word_embeddings", False)),
+                dim=dim, n_layers=config["num_hidden_layers"], n_heads=heads, n_kv_heads=kv_heads,
+                vocab_size=config["vocab_size"], intermediate_size=config["intermediate_size"], norm_eps=eps,
+                rope_theta=theta, rope_scaling=scaling, max_seq_len=max_len, tie_embeddings=tie,
             )
-        except ValueError as exc:
+        except (ValueError, ArithmeticError) as exc:
             raise ConfigError(f"config.json describes a shape the llama3 model cannot take: {exc}") from None
 
+
+_SHAPE_FIELDS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size")
+# Bounds no real checkpoint comes near, checked before a model is built: even a meta model of 10^5
+# layers takes minutes to build, a size past int64 is a TypeError deep in torch, and the RoPE
+# table (max_position_embeddings rows) is allocated in full.
+_DAMAGED = "no real checkpoint is that large; config.json is damaged"
+_LIMITS = {
+    "num_hidden_layers": (1024, _DAMAGED),
+    "hidden_size": (2**31 - 1, _DAMAGED),
+    "num_attention_heads": (2**31 - 1, _DAMAGED),
+    "intermediate_size": (2**31 - 1, _DAMAGED),
+    "vocab_size": (2**31 - 1, _DAMAGED),
+    "max_position_embeddings": (2**24, "the RoPE table holds every position and would not fit; lower it in "
+                                        "config.json"),
+}
+
+
+def _is_int(value: Any) -> bool:
+    """A JSON whole number: ``true`` is an int to Python but never a count of layers."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _head_problems(dim: int, heads: int, kv_heads: int, head_dim: Any) -> list[str]:
+    """What is wrong with the head counts, in config.json's names (LlamaArgs would name its own fields)."""
+    problems: list[str] = []
+    if head_dim is not None and (not _is_int(head_dim) or head_dim * heads != dim):
+        problems.append(f"head_dim={head_dim!r} with hidden_size={dim}, num_attention_heads={heads} "
+                        f"(head_dim must be hidden_size / num_attention_heads)")
+    elif dim % heads:
+        problems.append(f"hidden_size={dim} is not a multiple of num_attention_heads={heads}")
+    if heads % kv_heads:
+        problems.append(f"num_attention_heads={heads} is not a multiple of num_key_value_heads={kv_heads}")
+    return problems
+
+
+def _positive_number(config: Mapping[str, Any], key: str, default: float, problems: list[str]) -> float:
+    """``config[key]`` as a finite positive float; a problem naming the field otherwise."""
+    value = config.get(key, default)
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0:
+        return float(value)
+    problems.append(f"{key}={value!r} (a positive number)")
+    return default
+
+
+def _rope(config: Mapping[str, Any], problems: list[str]) -> tuple[RopeScaling | None, float]:
+    """(the llama3 RoPE scaling or None, rope_theta) from rope_parameters (transformers 5) or rope_scaling (4.x)."""
+    field = "rope_parameters" if config.get("rope_parameters") else "rope_scaling"
+    rope = config.get(field) or {}
+    if not isinstance(rope, Mapping):
+        problems.append(f"{field}={rope!r} (an object such as {{\"rope_type\": \"llama3\", ...}}, or null)")
+        rope = {}
+    theta = _positive_number({"rope_theta": rope.get("rope_theta", config.get("rope_theta", 10000.0))},
+                             "rope_theta", 10000.0, problems)
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    if rope_type == "default":
+        return None, theta
+    if rope_type != "llama3":
+        problems.append(f'rope_type={rope_type!r} (supported: "llama3", or none)')
+        return None, theta
+    absent = [k for k in _LLAMA3_ROPE if k not in rope]
+    if absent:
+        problems.append(f"rope scaling of type llama3 lacks {', '.join(absent)}")
+        return None, theta
+    before = len(problems)
+    values = {k: _positive_number(rope, k, 1.0, problems) for k in _LLAMA3_ROPE}
+    if len(problems) > before:
+        problems[before:] = [f"{field}.{p}" for p in problems[before:]]
+        return None, theta
+    original = values["original_max_position_embeddings"]
+    if original != int(original):
+        problems.append(f"{field}.original_max_position_embeddings={original!r} (a whole number)")
+        return None, theta
+    return RopeScaling(factor=values["factor"], low_freq_factor=values["low_freq_factor"],
+                       high_freq_factor=values["high_freq_factor"],
+                       original_max_position_embeddings=int(original)), theta
+
+
+_LLAMA3_ROPE = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
