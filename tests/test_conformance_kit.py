@@ -83,3 +83,33 @@ def test_the_guides_list_every_check_in_order(guide: str, pool: str) -> None:
     text = (REPO / "docs" / guide).read_text()
     table = text.split("| check | what passes |\n|---|---|\n", 1)[1].split("\n\n", 1)[0]
     assert [row.split("|")[1].strip() for row in table.splitlines()] == [c.name for c in getattr(checks, pool)]
+
+
+def test_the_kit_trains_debugmodel_else_the_specs_default_else_its_smallest_flavor(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A spec written elsewhere need not have a debugmodel flavor: every check then failed on it."""
+    import dataclasses
+
+    from titan_core import discovery, register_train_spec
+
+    # In-process registrations for this test only: later tests count the installed specs.
+    monkeypatch.setitem(discovery._registered, discovery.SPECS, dict(discovery._registered[discovery.SPECS]))
+    from titan_core.testing import checks
+    from titan_core.testing.tiny_spec import TINY_SPEC, TinyArgs
+
+    small, big = TinyArgs(), dataclasses.replace(TinyArgs(), dim=256)
+    register_train_spec(dataclasses.replace(TINY_SPEC, name="kit_flavors_small_last", flavors={"big": big, "small": small}))
+    register_train_spec(dataclasses.replace(TINY_SPEC, name="kit_flavors_default", flavors={"big": big, "small": small},
+                                            defaults={"model": {"flavor": "big"}}))
+    register_train_spec(dataclasses.replace(TINY_SPEC, name="kit_flavors_debug",
+                                            flavors={"debugmodel": big, "small": small}))
+    assert checks.choose_flavor("kit_flavors_small_last") == "small"
+    assert checks.choose_flavor("kit_flavors_default") == "big"
+    assert checks.choose_flavor("kit_flavors_debug") == "debugmodel"
+    assert checks.choose_flavor("tiny") == "debugmodel"
+    target = checks.Target("spec", "kit_flavors_small_last")
+    assert "--flavor small" in " ".join(target.base_flags(5))
+    assert checks.check_meta_build(target) == "393,536 parameters (flavor small)"
+    named = checks.Target("spec", "kit_flavors_small_last", flavor="big")
+    assert "--flavor big" in " ".join(named.base_flags(5))

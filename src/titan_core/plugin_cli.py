@@ -20,6 +20,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("names", nargs="+", metavar="NAME", help="entry-point names (specs or converters)")
     c.add_argument("--fast", action="store_true", help="only the quick checks (under a minute)")
     c.add_argument("--spec", default="tiny", help="spec converters are trained on (default: the core's tiny model)")
+    c.add_argument("--flavor", help="flavor to train (default: debugmodel, else the spec's default flavor, else "
+                                    "its smallest)")
     c.add_argument("--compile", action="store_true", help="also train with --compile.enable=true")
     c.add_argument("--kind", choices=["spec", "converter"], help="what NAME is, when both kinds have it")
     c.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
@@ -65,7 +67,7 @@ def _run(args: argparse.Namespace) -> int:
         import_modules(args.imports)
         imports = [flag for module in args.imports for flag in ("--import", module)]
         return check(args.names, fast=args.fast, spec=args.spec, compile=args.compile, kind=args.kind,
-                     extra_flags=[*imports, *args.flags])
+                     extra_flags=[*imports, *args.flags], flavor=args.flavor)
     from .scaffold import write_package
 
     path = write_package(args.kind, args.name, args.dir)

@@ -45,7 +45,7 @@ def format_table(name: str, kind: str, results: Sequence[CheckResult]) -> str:
 
 
 def check(names: Sequence[str], *, fast: bool, spec: str, compile: bool, kind: str | None,
-          extra_flags: Sequence[str]) -> int:
+          extra_flags: Sequence[str], flavor: str | None = None) -> int:
     """Check every name; print one table each; 1 if any check failed, else 0."""
     from ..testing import tiny_spec  # noqa: F401  (the core's tiny model: the default spec for converters)
 
@@ -53,7 +53,7 @@ def check(names: Sequence[str], *, fast: bool, spec: str, compile: bool, kind: s
     failed = False
     for name in names:
         k = kinds[name]
-        target = Target(k, name, spec=spec, compile=compile, extra_flags=tuple(extra_flags))
+        target = Target(k, name, spec=spec, compile=compile, extra_flags=tuple(extra_flags), flavor=flavor)
 
         def announce(one: Check, name: str = name) -> None:  # this plugin's name, bound now
             print(f"[titan-plugin] {name}: {one.name} ...", file=sys.stderr, flush=True)

@@ -2,7 +2,8 @@
 
 Each check returns a ``CheckResult`` (pass / fail / skip, a figure, the seconds it
 took). Training checks run ``python -m titan_core`` in subprocesses (gloo for the
-multi-process ones) on the spec's ``debugmodel`` flavor with sequences of 64 tokens;
+multi-process ones) on the spec's ``debugmodel`` flavor (or, without one, its default or
+smallest flavor, or the one named) with sequences of 64 tokens;
 converters are trained on the core's own tiny model (``tiny_spec``) unless a spec is
 named. Runs are memoized per target, so two checks that need the one-process
 reference share it.
@@ -57,6 +58,7 @@ class Target:
     spec: str = "tiny"
     compile: bool = False
     extra_flags: tuple[str, ...] = ()
+    flavor: str | None = None  # None: debugmodel, else the spec's own default, else its smallest flavor
     workdir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="titan-plugin-check-")))
     _runs: dict[str, runs.Run] = field(default_factory=dict)
 
@@ -64,9 +66,15 @@ class Target:
     def spec_name(self) -> str:
         return self.name if self.kind == "spec" else self.spec
 
+    @property
+    def flavor_name(self) -> str:
+        if self.flavor is None:
+            self.flavor = choose_flavor(self.spec_name)
+        return self.flavor
+
     def base_flags(self, steps: int, *, converters: bool = True) -> list[str]:
         flags = [*(runs.TINY_IMPORT if self.spec_name == "tiny" else ()), "--spec", self.spec_name,
-                 "--flavor", "debugmodel", f"--training.seq_len={SEQ_LEN}", f"--training.steps={steps}"]
+                 "--flavor", self.flavor_name, f"--training.seq_len={SEQ_LEN}", f"--training.steps={steps}"]
         if self.kind == "converter" and converters:
             flags += ["--converters", self.name]
         return flags + list(self.extra_flags)
@@ -81,6 +89,32 @@ class Target:
 
     def reference(self, steps: int = 5) -> runs.Run:
         return self.run(f"single{steps}", steps, f"--training.local_batch_size={BATCH}")
+
+
+def choose_flavor(spec_name: str) -> str:
+    """The flavor the checks train: ``debugmodel`` (the docs ask every spec for one), else the flavor the
+    spec's own ``defaults`` pick, else the one with the fewest parameters (counted on the meta device)."""
+    from .. import discovery
+    from ..config.resolve import resolve_config
+
+    if spec_name == "tiny":
+        from . import tiny_spec  # noqa: F401
+    spec = discovery.load_train_spec(spec_name)
+    flavors = list(spec.flavors)
+    default = (spec.defaults.get("model") or {}).get("flavor")
+    for preferred in ("debugmodel", default):
+        if preferred in flavors:
+            return str(preferred)
+    sizes: dict[str, int] = {}
+    for flavor in flavors:
+        try:
+            resolved = resolve_config(config_source=None, world_size=1, override_pairs=[
+                ("model.spec", spec_name), ("model.flavor", flavor), ("training.seq_len", str(SEQ_LEN))])
+            with torch.device("meta"):
+                sizes[flavor] = sum(p.numel() for p in resolved.spec.model_cls(resolved.model_args).parameters())
+        except Exception:  # a flavor that cannot be built here is not a candidate; meta build reports it
+            continue
+    return min(sizes, key=lambda f: (sizes[f], f)) if sizes else (flavors[0] if flavors else "debugmodel")
 
 
 class Failed(Exception):
@@ -265,7 +299,7 @@ def check_hooks(t: Target) -> str:
         from . import tiny_spec  # noqa: F401
     steps = 3
     resolved = resolve_config(config_source=None, world_size=1, override_pairs=[
-        ("model.spec", t.spec_name), ("model.converters", t.name), ("model.flavor", "debugmodel"),
+        ("model.spec", t.spec_name), ("model.converters", t.name), ("model.flavor", t.flavor_name),
         ("training.steps", str(steps)), ("training.seq_len", str(SEQ_LEN)), ("training.local_batch_size", "2"),
         ("job.run_dir", str(t.workdir / "hooks")), ("metrics.log_freq", "100"),
     ])
@@ -408,7 +442,7 @@ def _spec_model(t: Target, *, device: str = "meta", seq_len: int = SEQ_LEN) -> t
     if t.spec_name == "tiny":
         from . import tiny_spec  # noqa: F401
     resolved = resolve_config(config_source=None, world_size=1, override_pairs=[
-        ("model.spec", t.spec_name), ("model.flavor", "debugmodel"), ("training.seq_len", str(seq_len))])
+        ("model.spec", t.spec_name), ("model.flavor", t.flavor_name), ("training.seq_len", str(seq_len))])
     spec, args = resolved.spec, resolved.model_args
     with torch.device(device):
         model = spec.model_cls(args)
@@ -416,12 +450,12 @@ def _spec_model(t: Target, *, device: str = "meta", seq_len: int = SEQ_LEN) -> t
 
 
 def check_meta_build(t: Target) -> str:
-    """The debugmodel flavor builds on the meta device."""
+    """The checked flavor (debugmodel unless told) builds on the meta device."""
     _, _, model = _spec_model(t)
     n = sum(p.numel() for p in model.parameters())
     if any(p.device.type != "meta" for p in model.parameters()):
         raise Failed("parameters left the meta device during construction")
-    return f"{n:,} parameters"
+    return f"{n:,} parameters" + ("" if t.flavor_name == "debugmodel" else f" (flavor {t.flavor_name})")
 
 
 def check_loss_falls(t: Target) -> str:

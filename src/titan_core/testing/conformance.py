@@ -24,6 +24,7 @@ class _Conformance:
     fast: ClassVar[bool] = False
     compile: ClassVar[bool] = False
     extra_flags: ClassVar[tuple[str, ...]] = ()
+    flavor: ClassVar[str | None] = None  # None: debugmodel, else the spec's default flavor, else its smallest
 
     def _target_name(self) -> str:
         raise NotImplementedError
@@ -37,7 +38,7 @@ class _Conformance:
         if not name:
             pytest.fail(f"{type(self).__name__} must set the name of the plugin to check")
         yield c.Target(self.kind, name, spec=self._spec(), compile=self.compile, extra_flags=tuple(self.extra_flags),
-                       workdir=tmp_path_factory.mktemp(f"conformance-{name}"))
+                       flavor=self.flavor, workdir=tmp_path_factory.mktemp(f"conformance-{name}"))
 
     def _run(self, target: c.Target, fn: Any) -> None:
         pool = c.CONVERTER_CHECKS if self.kind == "converter" else c.SPEC_CHECKS
