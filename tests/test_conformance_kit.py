@@ -113,3 +113,14 @@ def test_the_kit_trains_debugmodel_else_the_specs_default_else_its_smallest_flav
     assert checks.check_meta_build(target) == "393,536 parameters (flavor small)"
     named = checks.Target("spec", "kit_flavors_small_last", flavor="big")
     assert "--flavor big" in " ".join(named.base_flags(5))
+
+    # A toy model with fewer positions than the kit's 64-token sequences is trained on its own limit.
+    @dataclasses.dataclass(frozen=True)
+    class ShortArgs(TinyArgs):
+        max_seq_len: int = 32
+
+    register_train_spec(dataclasses.replace(TINY_SPEC, name="kit_short", flavors={"debugmodel": ShortArgs()}))
+    short = checks.Target("spec", "kit_short")
+    assert "--training.seq_len=32" in short.base_flags(5)
+    assert checks.check_meta_build(short) == "393,536 parameters"
+    assert "--training.seq_len=64" in checks.Target("spec", "tiny").base_flags(5)

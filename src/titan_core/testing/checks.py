@@ -72,9 +72,13 @@ class Target:
             self.flavor = choose_flavor(self.spec_name)
         return self.flavor
 
+    @property
+    def seq_len(self) -> int:
+        return checked_seq_len(self.spec_name, self.flavor_name)
+
     def base_flags(self, steps: int, *, converters: bool = True) -> list[str]:
         flags = [*(runs.TINY_IMPORT if self.spec_name == "tiny" else ()), "--spec", self.spec_name,
-                 "--flavor", self.flavor_name, f"--training.seq_len={SEQ_LEN}", f"--training.steps={steps}"]
+                 "--flavor", self.flavor_name, f"--training.seq_len={self.seq_len}", f"--training.steps={steps}"]
         if self.kind == "converter" and converters:
             flags += ["--converters", self.name]
         return flags + list(self.extra_flags)
@@ -89,6 +93,16 @@ class Target:
 
     def reference(self, steps: int = 5) -> runs.Run:
         return self.run(f"single{steps}", steps, f"--training.local_batch_size={BATCH}")
+
+
+def checked_seq_len(spec_name: str, flavor: str) -> int:
+    """SEQ_LEN, or the flavor's own ``max_seq_len`` where that is shorter (a toy model of 32 positions)."""
+    from .. import discovery
+
+    if spec_name == "tiny":
+        from . import tiny_spec  # noqa: F401
+    limit = getattr(discovery.load_train_spec(spec_name).flavors.get(flavor), "max_seq_len", None)
+    return min(SEQ_LEN, limit) if isinstance(limit, int) and limit > 0 else SEQ_LEN
 
 
 def choose_flavor(spec_name: str) -> str:
@@ -109,7 +123,8 @@ def choose_flavor(spec_name: str) -> str:
     for flavor in flavors:
         try:
             resolved = resolve_config(config_source=None, world_size=1, override_pairs=[
-                ("model.spec", spec_name), ("model.flavor", flavor), ("training.seq_len", str(SEQ_LEN))])
+                ("model.spec", spec_name), ("model.flavor", flavor),
+                ("training.seq_len", str(checked_seq_len(spec_name, flavor)))])
             with torch.device("meta"):
                 sizes[flavor] = sum(p.numel() for p in resolved.spec.model_cls(resolved.model_args).parameters())
         except Exception:  # a flavor that cannot be built here is not a candidate; meta build reports it
@@ -300,7 +315,7 @@ def check_hooks(t: Target) -> str:
     steps = 3
     resolved = resolve_config(config_source=None, world_size=1, override_pairs=[
         ("model.spec", t.spec_name), ("model.converters", t.name), ("model.flavor", t.flavor_name),
-        ("training.steps", str(steps)), ("training.seq_len", str(SEQ_LEN)), ("training.local_batch_size", "2"),
+        ("training.steps", str(steps)), ("training.seq_len", str(t.seq_len)), ("training.local_batch_size", "2"),
         ("job.run_dir", str(t.workdir / "hooks")), ("metrics.log_freq", "100"),
     ])
     counts = {"pre": 0, "post": 0}
@@ -436,13 +451,14 @@ def check_compile(t: Target) -> str:
 
 
 # ---- spec checks ----------------------------------------------------------------------------------
-def _spec_model(t: Target, *, device: str = "meta", seq_len: int = SEQ_LEN) -> tuple[Any, Any, Any]:
+def _spec_model(t: Target, *, device: str = "meta", seq_len: int | None = None) -> tuple[Any, Any, Any]:
     from ..config.resolve import resolve_config
 
     if t.spec_name == "tiny":
         from . import tiny_spec  # noqa: F401
     resolved = resolve_config(config_source=None, world_size=1, override_pairs=[
-        ("model.spec", t.spec_name), ("model.flavor", t.flavor_name), ("training.seq_len", str(seq_len))])
+        ("model.spec", t.spec_name), ("model.flavor", t.flavor_name),
+        ("training.seq_len", str(t.seq_len if seq_len is None else min(seq_len, t.seq_len)))])
     spec, args = resolved.spec, resolved.model_args
     with torch.device(device):
         model = spec.model_cls(args)
