@@ -48,6 +48,19 @@ def check_seq_len(config: JobConfig, args: Any, spec_name: str) -> None:
         )
 
 
+def check_vocab(args: Any, tokenizer: Tokenizer, spec_name: str) -> None:
+    """The model's embedding (when its args declare ``vocab_size``) holds every token id the tokenizer
+    gives; otherwise the first forward fails with an IndexError deep in the embedding."""
+    model_vocab = getattr(args, "vocab_size", None)
+    if isinstance(model_vocab, int) and tokenizer.vocab_size > model_vocab:
+        raise ConfigError(
+            f"the tokenizer gives {tokenizer.vocab_size} token ids but the model's vocab_size is {model_vocab} "
+            f"(spec {spec_name}), so ids from {model_vocab} up have no embedding. Use the tokenizer the model "
+            f"was made for (--data.tokenizer), or raise the model's vocab_size to {tokenizer.vocab_size} or more "
+            f"(e.g. --{spec_name}.vocab_size={tokenizer.vocab_size} where the spec allows it)."
+        )
+
+
 def run_model_args(spec: TrainSpec, config: JobConfig, *, tokenizer: Tokenizer,
                    world_size: int) -> tuple[Any, str | None]:
     """(the model args, a line saying where their shape came from when not the flavor).
@@ -61,6 +74,7 @@ def run_model_args(spec: TrainSpec, config: JobConfig, *, tokenizer: Tokenizer,
 
     args, shape_note = initial_model_args(spec, config, tokenizer=tokenizer)
     check_seq_len(config, args, spec.name)
+    check_vocab(args, tokenizer, spec.name)
     pp = config.parallelism.pp
     if pp > 1 and spec.pipelining_fn is None:
         raise ConfigError(f'spec "{spec.name}" has no pipelining_fn, so it cannot be split into pipeline stages, '
