@@ -193,3 +193,27 @@ def test_stream_cache_is_keyed_on_the_fingerprint_else_on_the_object(tmp_path: A
         assert tokenized_source(str(source), clone, text_field="text", hf_split="train", allow_download=False) is one
     finally:
         clear_cache()
+
+
+def test_a_model_without_init_parameter_is_told_what_the_contract_wants(
+    cli: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    """A model written for another trainer (init_weights, no init_parameter): one message naming the method."""
+    import dataclasses
+
+    from titan_core import register_train_spec
+    from titan_core.testing.tiny_spec import TINY_SPEC, TinyTransformer
+
+    class InitWeightsOnly(TinyTransformer):
+        def __getattribute__(self, name: str) -> Any:
+            if name == "init_parameter":
+                raise AttributeError(name)
+            return super().__getattribute__(name)
+
+    monkeypatch.setitem(discovery._registered, discovery.SPECS, dict(discovery._registered[discovery.SPECS]))
+    register_train_spec(dataclasses.replace(TINY_SPEC, name="contract_no_init", model_cls=InitWeightsOnly))
+    result = cli("--spec", "contract_no_init", "--training.steps=1", f"--job.run_dir={tmp_path / 'run'}")
+    assert result.code == 2, result.text
+    assert "Traceback" not in result.text
+    assert "model class InitWeightsOnly has no init_parameter(fqn, tensor, generator) method" in result.err
+    assert "docs/writing-a-train-spec.md, section 4" in result.err

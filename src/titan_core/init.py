@@ -28,11 +28,29 @@ def init_model_weights(model: nn.Module, *, seed: int, buffers_only: bool = Fals
     loaded, e.g. by ``checkpoint.initial_load``), saving the time and the one full
     tensor at a time that filling them costs.
     """
+    if not buffers_only:
+        _fill_parameters(model, seed)
+    init_buffers = getattr(model, "init_buffers", None)
+    if init_buffers is not None:
+        init_buffers()
+
+
+def _fill_parameters(model: nn.Module, seed: int) -> None:
     # Part of the model contract (see TrainSpec), which nn.Module's own typing cannot know.
-    init_parameter: Callable[[str, torch.Tensor, torch.Generator], None] = getattr(model, "init_parameter")  # noqa: B009
+    init_parameter: Callable[[str, torch.Tensor, torch.Generator], None] | None = getattr(model, "init_parameter", None)
+    if init_parameter is None:
+        from .errors import PluginError
+
+        # A model written for another trainer often has init_weights() instead: say what the contract wants.
+        raise PluginError(
+            f"model class {type(model).__name__} has no init_parameter(fqn, tensor, generator) method. The core "
+            f"fills every parameter through it, from a generator seeded by (seed, parameter name), so that the "
+            f"first weights are the same on every layout; define it (docs/writing-a-train-spec.md, section 4, "
+            f'"The model contract").'
+        )
     # Parameter names are the model's own: the core's activation checkpointing, compile,
     # FSDP2, TP and pipeline split all keep them, so the seed of each stays the same.
-    for fqn, param in ([] if buffers_only else model.named_parameters()):
+    for fqn, param in model.named_parameters():
         full = torch.empty(param.shape, dtype=torch.float32)
         init_parameter(fqn, full, parameter_generator(seed, fqn))
         if isinstance(param, DTensor):
@@ -41,6 +59,3 @@ def init_model_weights(model: nn.Module, *, seed: int, buffers_only: bool = Fals
             param.to_local().copy_(shard.to_local())
         else:
             param.copy_(full)
-    init_buffers = getattr(model, "init_buffers", None)
-    if init_buffers is not None:
-        init_buffers()
