@@ -217,3 +217,27 @@ def test_a_model_without_init_parameter_is_told_what_the_contract_wants(
     assert "Traceback" not in result.text
     assert "model class InitWeightsOnly has no init_parameter(fqn, tensor, generator) method" in result.err
     assert "docs/writing-a-train-spec.md, section 4" in result.err
+
+
+@pytest.mark.parametrize(("flavors", "fragment"), [
+    ({"debugmodel": {"dim": 64}}, 'flavor "debugmodel" (dict) is not a dataclass instance'),
+    ({"debugmodel": EmptyConfig()}, 'flavor "debugmodel" (EmptyConfig) is not a dataclass instance'),
+    ({"debugmodel": "TinyArgs"}, 'flavor "debugmodel" (str) is not a dataclass instance'),
+    ({}, "flavors is dict {}; it must map flavor names to the model's args"),
+], ids=["dict", "pydantic", "str", "empty"])
+def test_flavors_that_are_not_dataclass_instances_are_one_clear_error(
+    cli: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Any, flavors: dict[str, Any], fragment: str
+) -> None:
+    import dataclasses
+
+    from titan_core import register_train_spec
+    from titan_core.testing.tiny_spec import TINY_SPEC, TinyArgs
+
+    monkeypatch.setitem(discovery._registered, discovery.SPECS, dict(discovery._registered[discovery.SPECS]))
+    register_train_spec(dataclasses.replace(TINY_SPEC, name="contract_flavors", flavors=flavors))
+    register_train_spec(dataclasses.replace(TINY_SPEC, name="contract_flavor_class", flavors={"debugmodel": TinyArgs}))
+    result = cli("--spec", "contract_flavors", "--training.steps=1", f"--job.run_dir={tmp_path / 'run'}")
+    assert result.code == 2 and "Traceback" not in result.text, result.text
+    assert f'spec "contract_flavors": {fragment}' in result.err
+    result = cli("--spec", "contract_flavor_class", "--dry-run", f"--job.run_dir={tmp_path / 'run2'}")
+    assert result.code == 2 and 'flavor "debugmodel" (the class TinyArgs) is not a dataclass instance' in result.err

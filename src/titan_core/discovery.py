@@ -214,9 +214,30 @@ def load_train_spec(name: str) -> TrainSpec:
         spec = obj if isinstance(obj, TrainSpec) else obj() if callable(obj) else obj
         if not isinstance(spec, TrainSpec):
             raise PluginError(f'spec "{name}" resolved to {type(spec).__name__}, not a titan_core.TrainSpec.')
+        _require_dataclass_flavors(name, spec)
         return spec
 
     return _load(SPECS, name, finish)
+
+
+def _require_dataclass_flavors(name: str, spec: Any) -> None:
+    """Flavors are dataclass instances: the core copies them with section overrides and the tokenizer's
+    vocabulary (dataclasses.replace) and records their fields in checkpoints; anything else failed later
+    with a TypeError deep in that code."""
+    import dataclasses
+    from collections.abc import Mapping
+
+    flavors = spec.flavors
+    if not isinstance(flavors, Mapping) or not flavors:
+        raise PluginError(f'spec "{name}": flavors is {type(flavors).__name__} {flavors!r:.60}; it must map flavor '
+                          f'names to the model\'s args, e.g. flavors={{"debugmodel": MyArgs(dim=64)}}.')
+    bad = {f: args for f, args in flavors.items() if not dataclasses.is_dataclass(args) or isinstance(args, type)}
+    if bad:
+        listed = ", ".join(f'"{f}" ({"the class " if isinstance(a, type) else ""}{getattr(a, "__name__", type(a).__name__)})'
+                           for f, a in bad.items())
+        raise PluginError(f'spec "{name}": flavor {listed} is not a dataclass instance. A flavor is the model\'s '
+                          f"args as an instance of a @dataclass (e.g. MyArgs(dim=64)), which the core copies with "
+                          f"the config's overrides; see docs/writing-a-train-spec.md, section 5.")
 
 
 def load_converter(name: str) -> type[ModelConverter[Any]]:
