@@ -37,6 +37,23 @@ class _Converter(ModelConverter):
         pass
 
 
+class _ConvertReturnsACopy(_Converter):
+    """Written like a functional API (convert returns the converted model) and leaving its input as it was."""
+
+    def convert(self, model: torch.nn.Module, fqns: list[str]) -> torch.nn.Module:  # type: ignore[override]
+        import copy
+
+        return copy.deepcopy(model)
+
+
+class _ConvertReturnsItsInput(_Converter):
+    """torchao's convert_to_float8_training style: rewrites in place and also returns the model (accepted)."""
+
+    def convert(self, model: torch.nn.Module, fqns: list[str]) -> torch.nn.Module:  # type: ignore[override]
+        model.get_submodule(fqns[0]).register_buffer("marked", torch.zeros(1), persistent=False)
+        return model
+
+
 def _recurse(n: int) -> int:
     return _recurse(n + 1) + 1
 
@@ -94,7 +111,8 @@ class _ValidatorRaisesRuntime(_Converter):
 for name, cls in {"odd_base": _ConvertBaseException, "odd_exit": _ConvertExits, "odd_memory": _ConvertMemoryError,
                   "odd_recursion": _SelectRecursion, "odd_select_int": _SelectReturnsInt,
                   "odd_select_unknown": _SelectReturnsUnknown, "odd_select_str": _SelectReturnsString,
-                  "odd_compatible": _CompatibleRaisesBase, "odd_validator": _ValidatorRaisesRuntime}.items():
+                  "odd_compatible": _CompatibleRaisesBase, "odd_validator": _ValidatorRaisesRuntime,
+                  "odd_returns_copy": _ConvertReturnsACopy, "odd_returns_input": _ConvertReturnsItsInput}.items():
     register_model_converter(name, cls)
 
 

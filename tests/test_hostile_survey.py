@@ -260,6 +260,9 @@ CASES = [
     Case("convert() calls sys.exit(0)", (*PLUGINS, "--converters", "odd_exit", "--dry-run"), "failed in convert(): SystemExit"),
     Case("convert() raises MemoryError", (*PLUGINS, "--converters", "odd_memory", "--dry-run"),
          "out of memory in convert() of converter \"odd_memory\" (<registered in _survey_plugins>)"),
+    Case("convert() returns a converted copy", (*PLUGINS, "--converters", "odd_returns_copy", "--dry-run"),
+         'converter "odd_returns_copy" (<registered in _survey_plugins>) returned a Transformer from convert() '
+         "instead of rewriting the model in place"),
     Case("select() recurses forever", (*PLUGINS, "--converters", "odd_recursion", "--dry-run"), "failed in select(): RecursionError"),
     Case("select() returns an int", (*PLUGINS, "--converters", "odd_select_int", "--dry-run"),
          "failed in select(): TypeError: it returned int '42', not a list of module names"),
@@ -410,3 +413,13 @@ def test_a_constructor_refusal_from_torch_names_the_section(
         "titan-train: error: [optimizer] torch.optim.AdamW refused these settings (name='AdamW', lr=0.003"), errors
     assert "Invalid learning rate: 0.003. Fix the [optimizer] values" in errors[0]
     assert "Traceback" not in result.text
+
+
+def test_a_converter_that_also_returns_the_model_it_rewrote_in_place_is_accepted(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """Only a different object returned from convert() is refused (its conversion would be lost)."""
+    monkeypatch.syspath_prepend(str(Path(__file__).parent))
+    result = run_main(capsys, *PLUGINS, "--spec", "llama3", "--converters", "odd_returns_input", "--dry-run",
+                      f"--job.run_dir={tmp_path}")
+    assert result.code == 0, result.text
+    assert "layers.0.attention.wq" in result.text and "odd_returns_input" in result.text

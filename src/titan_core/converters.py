@@ -21,8 +21,8 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 from .discovery import CONVERTERS
-from .errors import ConfigError, did_you_mean
-from .plugin_calls import plugin_call
+from .errors import ConfigError, PluginError, did_you_mean
+from .plugin_calls import plugin_call, plugin_label
 from .protocols import ModelConverter, TrainSpec
 
 logger = logging.getLogger(__name__)
@@ -141,7 +141,14 @@ def apply_converters(
         fqns = owned[name]
         before = {fqn: describe(model.get_submodule(fqn)) for fqn in fqns}
         with plugin_call(CONVERTERS, name, "convert()"):
-            converter.convert(model, fqns)
+            returned: object = converter.convert(model, fqns)
+        if returned is not None and returned is not model:
+            # The core keeps its own model object; a converted copy handed back would be dropped unseen.
+            raise PluginError(
+                f"{plugin_label(CONVERTERS, name)} returned a {type(returned).__name__} from convert() instead of "
+                f"rewriting the model in place; the core keeps its own model, so the conversion would be lost. Change the "
+                f"modules of the model it is given (e.g. setattr on their parents) and return None."
+            )
         for fqn in fqns:
             try:
                 after = describe(model.get_submodule(fqn))
