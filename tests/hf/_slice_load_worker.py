@@ -1,7 +1,7 @@
 """Worker of test_slice_reads.py: one rank of ``torchrun``, loading an HF folder under several layouts.
 
 For each layout (``name:section.key=value,...``) it builds the real Trainer up to its
-sharded model, runs ``load_initial_weights`` and prints one ``RESULT`` JSON line with:
+sharded model, runs ``load_initial_weights`` and writes ``<run_dir>/result-rank<N>.json`` with:
 the tensor bytes this rank read, the bytes of its own shards (what it should read), the
 full bytes of the tensors it holds a shard of, the bytes of the whole model, and whether every parameter's full tensor equals the one
 ``from_hf`` gives from the whole file (``torch.equal``).
@@ -87,7 +87,9 @@ def main() -> None:
         name, _, spec = layout.partition(":")
         pairs = [tuple(p.split("=", 1)) for p in spec.split(",") if p]
         results[name] = run_layout(folder, run_dir, name, pairs)  # type: ignore[arg-type]
-    print("RESULT " + json.dumps({"rank": dist.get_rank(), **results}), flush=True)
+    # One file per rank: two ranks printing long lines to one pipe can interleave them.
+    out = run_dir / f"result-rank{dist.get_rank()}.json"
+    out.write_text(json.dumps({"rank": dist.get_rank(), **results}), encoding="utf-8")
     dist.destroy_process_group()
 
 

@@ -38,8 +38,9 @@ def spawn(nproc: int, hf_dir: Path, run_dir: Path, *layouts: str) -> list[dict[s
          str(hf_dir), str(run_dir), *layouts],
         env=env, capture_output=True, text=True, timeout=600,
     )
-    rows = [json.loads(line.split("RESULT ", 1)[1]) for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
-    assert proc.returncode == 0 and len(rows) == nproc, proc.stdout[-4000:] + proc.stderr[-4000:]
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    rows = [json.loads(f.read_text(encoding="utf-8")) for f in sorted(run_dir.glob("result-rank*.json"))]
+    assert len(rows) == nproc, proc.stdout[-4000:] + proc.stderr[-4000:]
     return sorted(rows, key=lambda r: r["rank"])
 
 
