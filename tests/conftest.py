@@ -223,3 +223,41 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             module in FAST_MODULES or f"{module}::{item.name}" in FAST_TESTS
         ):
             item.add_marker(pytest.mark.fast)
+
+
+def _children_by_parent() -> dict[int, list[int]]:
+    """Every process by its parent's pid (from /proc's parent links)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            ppid = int(stat.rsplit(")", 1)[1].split()[1])
+            children.setdefault(ppid, []).append(int(entry.name))
+    return children
+
+
+def child_pids(pid: int) -> list[int]:
+    """The processes ``pid`` started itself, sorted."""
+    return sorted(_children_by_parent().get(pid, []))
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live process below ``pid``."""
+    children = _children_by_parent()
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"

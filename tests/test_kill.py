@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, CliResult, run_cli
+from conftest import REPO, CliResult, alive, descendants, run_cli
 
 COMMAND = (
     "--nproc-per-node", "2", "--parallelism.dp_shard=2", "--spec", "llama3", "--flavor", "debugmodel",
@@ -42,33 +42,6 @@ def start(run_dir: Path, log: Path, **extra_env: str) -> subprocess.Popen[bytes]
         cwd=REPO,
         env=env_with(**extra_env), stdout=log.open("wb"), stderr=subprocess.STDOUT, start_new_session=True,
     )
-
-
-def descendants(pid: int) -> list[int]:
-    """Every live process below ``pid`` (from /proc's parent links)."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            ppid = int(stat.rsplit(")", 1)[1].split()[1])
-            children.setdefault(ppid, []).append(int(entry.name))
-    found, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
-
-
-def alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
 
 
 def kill_tree(proc: subprocess.Popen[bytes]) -> None:

@@ -17,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-from conftest import REPO
+from conftest import REPO, child_pids
 
 TINY = ("--spec", "llama3", "--flavor", "debugmodel", "--llama3.n_layers=1", "--training.seq_len=64",
         "--training.local_batch_size=2", "--metrics.log_freq=1", "--lr_scheduler.warmup_steps=2",
@@ -66,16 +66,7 @@ def finish(proc: subprocess.Popen[bytes], log: Path, timeout: float = 60) -> tup
 
 def workers(pid: int) -> list[int]:
     """The launcher's worker processes (its children running python)."""
-    out = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-                out.append(int(entry.name))
-    return sorted(out)
+    return child_pids(pid)
 
 
 def rank_of(pid: int) -> int:

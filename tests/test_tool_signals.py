@@ -12,28 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO
-
-
-def _children(pid: int) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-                found.append(int(entry.name))
-    return found
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
+from conftest import REPO, alive, descendants
 
 
 @pytest.mark.parametrize(("signum", "code", "line"), [
@@ -47,7 +26,7 @@ def test_a_signal_stops_plugin_check_with_one_line_and_its_training_run(signum: 
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         deadline = time.monotonic() + 120
-        while not (runs := _children(proc.pid)):  # wait until a check is training in a child process
+        while not (runs := descendants(proc.pid)):  # wait until a check is training in a child process
             assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
             time.sleep(0.05)
         if signum == signal.SIGINT:
@@ -62,7 +41,7 @@ def test_a_signal_stops_plugin_check_with_one_line_and_its_training_run(signum: 
     assert "Traceback" not in err, err
     assert err.strip().splitlines()[-1] == line, err
     time.sleep(0.5)
-    assert not [pid for pid in runs if _alive(pid)], "a training run of the check outlived it"
+    assert not [pid for pid in runs if alive(pid)], "a training run of the check outlived it"
 
 
 def test_plugin_new_into_an_unusable_folder_is_one_error(tmp_path: Path) -> None:
