@@ -85,6 +85,10 @@ _LAZY: dict[str, str] = {
     "StopRequested": "signals",
     "PeerLost": "peer_failure",
     "default_parallelize_fn": "parallel",
+    "KVCache": "kv_cache",
+    "Sampling": "sampling",
+    "sample": "sampling",
+    "write_run_report": "report",
 }
 
 __all__ = ["PLUGIN_API_VERSION", "__version__", *_LAZY]
@@ -131,6 +135,9 @@ if TYPE_CHECKING:
         apply_converters as apply_converters,
     )
     from .data import build_dataloader as build_dataloader
+    from .kv_cache import KVCache as KVCache
+    from .report import write_run_report as write_run_report
+    from .sampling import Sampling as Sampling, sample as sample
     from .discovery import (
         register_model_converter as register_model_converter,
         register_train_spec as register_train_spec,
