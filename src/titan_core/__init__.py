@@ -135,9 +135,6 @@ if TYPE_CHECKING:
         apply_converters as apply_converters,
     )
     from .data import build_dataloader as build_dataloader
-    from .kv_cache import KVCache as KVCache
-    from .report import write_run_report as write_run_report
-    from .sampling import Sampling as Sampling, sample as sample
     from .discovery import (
         register_model_converter as register_model_converter,
         register_train_spec as register_train_spec,
@@ -154,6 +151,7 @@ if TYPE_CHECKING:
         init_model_weights as init_model_weights,
         parameter_generator as parameter_generator,
     )
+    from .kv_cache import KVCache as KVCache
     from .loss import cross_entropy_loss as cross_entropy_loss
     from .metrics import MetricsLogger as MetricsLogger
     from .optim import (
@@ -171,10 +169,12 @@ if TYPE_CHECKING:
         Tokenizer as Tokenizer,
         TrainSpec as TrainSpec,
     )
+    from .report import write_run_report as write_run_report
     from .run_lock import (
         RunFolderBusy as RunFolderBusy,
         acquire_run_lock as acquire_run_lock,
     )
+    from .sampling import Sampling as Sampling, sample as sample
     from .selection import (
         fqn_matches as fqn_matches,
         select_linears as select_linears,

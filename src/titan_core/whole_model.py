@@ -14,8 +14,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from .errors import ConfigError
-
 
 @dataclass
 class WholeModel:

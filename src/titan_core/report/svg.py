@@ -40,7 +40,7 @@ def nice_ticks(low: float, high: float, count: int = 5) -> list[float]:
     magnitude = 10 ** math.floor(math.log10(raw))
     step = next(m * magnitude for m in (1, 2, 2.5, 5, 10) if m * magnitude >= raw)
     start = math.floor(low / step) * step
-    ticks = []
+    ticks: list[float] = []
     value = start
     while value <= high + step * 1e-9 and len(ticks) < 50:
         ticks.append(value)
