@@ -29,8 +29,8 @@ def color_of(index: int) -> tuple[str, bool]:
     return COLORS[index % len(COLORS)], index >= len(COLORS)
 
 
-def nice_ticks(low: float, high: float, count: int = 5) -> list[float]:
-    """Round tick values covering [low, high] (about ``count`` of them)."""
+def nice_ticks(low: float, high: float, count: int = 5, *, integer: bool = False) -> list[float]:
+    """Round tick values covering [low, high] (about ``count`` of them; whole numbers if ``integer``)."""
     if not (math.isfinite(low) and math.isfinite(high)):
         return [0.0]
     if high <= low:
@@ -39,6 +39,8 @@ def nice_ticks(low: float, high: float, count: int = 5) -> list[float]:
     raw = (high - low) / max(count - 1, 1)
     magnitude = 10 ** math.floor(math.log10(raw))
     step = next(m * magnitude for m in (1, 2, 2.5, 5, 10) if m * magnitude >= raw)
+    if integer:  # steps are whole numbers: no tick at 2.5
+        step = max(1.0, step if step >= 10 else float(math.ceil(step)))
     start = math.floor(low / step) * step
     ticks: list[float] = []
     value = start
@@ -79,7 +81,7 @@ def line_chart(metric: str, title: str, series: list[Series], *, empty_note: str
         return (f'{head}<g class="plot-area empty">{frame}</g><text x="{LEFT + pw / 2}" y="{TOP + ph / 2}" '
                 f'text-anchor="middle" font-size="13" fill="#666666">{escape(empty_note)}</text></svg>')
     xs, ys = [x for x, _ in finite], [y for _, y in finite]
-    xt, yt = nice_ticks(min(xs), max(xs)), nice_ticks(min(ys), max(ys))
+    xt, yt = nice_ticks(min(xs), max(xs), integer=True), nice_ticks(min(ys), max(ys))
     x0, x1, y0, y1 = xt[0], xt[-1], yt[0], yt[-1]
 
     def px(x: float) -> float:
