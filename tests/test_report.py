@@ -194,4 +194,8 @@ def test_write_report_keeps_the_last_record_of_a_step(tmp_path: Path) -> None:
     data = read_run(run)
     assert data.series["loss"][0] == (1.0, 4.0) and data.skipped_lines == 1 and data.last("loss") == 3.0
     written = write_report([run], run / "report.html")
-    assert "1 non-finite losses (gaps in the lines)" in written.html.read_text()
+    page = written.html.read_text()
+    assert "1 non-finite losses (gaps in the lines)" in page
+    # A chart with nothing to draw says why instead of showing empty axes.
+    assert page.count('class="plot-area empty"') == len(CHARTS) - 1
+    assert "no MFU: the device&#x27;s peak is unknown (set --metrics.peak_tflops)" in page
