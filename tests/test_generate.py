@@ -181,3 +181,19 @@ def test_bad_input_is_one_message_and_exit_2(case: str, message: str, run_dir: P
     errors = [line for line in captured.err.splitlines() if line.startswith("titan-generate: error:")]
     assert len(errors) == 1 and message in errors[0], captured.err
     assert "Traceback" not in captured.err and captured.out == ""
+
+
+def test_cached_chunks_give_the_logits_of_one_full_forward(titan_model: WholeModel) -> None:
+    """Several new tokens after a past (the shifted causal mask) and one at a time, against no cache."""
+    from titan_core import KVCache
+
+    model = titan_model.model.eval()
+    tokens = torch.tensor([_prompt_ids(titan_model, PROMPTS[2] + " and then some more words")])
+    with torch.no_grad():
+        full = model(tokens)
+        cache = KVCache(tokens.shape[1])
+        pieces = []
+        for start, end in ((0, 4), (4, 9), (9, 10), (10, tokens.shape[1])):
+            pieces.append(model(tokens[:, start:end], cache=cache))
+            cache.advance(end - start)
+    assert torch.allclose(torch.cat(pieces, dim=1), full, atol=1e-5, rtol=0)
