@@ -19,7 +19,7 @@ from torch import nn
 
 from titan_core.commands import generate as generate_cli
 from titan_core.sampling import Sampling, sample, takes_cache
-from titan_core.whole_model import WholeModel, load_hf_folder, load_titan_checkpoint
+from titan_core.whole_model import WholeModel, load_titan_checkpoint
 
 from conftest import REPO
 
