@@ -60,6 +60,8 @@ _LAZY: dict[str, str] = {
     "LRSchedulersContainer": "optim",
     "Trainer": "trainer",
     "cross_entropy_loss": "loss",
+    "IGNORE_INDEX": "loss",
+    "split_documents": "data.documents",
     "TiktokenTokenizer": "tokenizer",
     "build_tokenizer": "tokenizer",
     "build_dataloader": "data",
@@ -147,7 +149,8 @@ if TYPE_CHECKING:
         init_model_weights as init_model_weights,
         parameter_generator as parameter_generator,
     )
-    from .loss import cross_entropy_loss as cross_entropy_loss
+    from .data.documents import split_documents as split_documents
+    from .loss import IGNORE_INDEX as IGNORE_INDEX, cross_entropy_loss as cross_entropy_loss
     from .metrics import MetricsLogger as MetricsLogger
     from .optim import (
         LRSchedulersContainer as LRSchedulersContainer,
