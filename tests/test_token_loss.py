@@ -19,9 +19,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import titan
 from titan_core import IGNORE_INDEX, build_dataloader, build_tokenizer, split_documents
 from titan_core.token_loss import token_weighted
+
+from conftest import titan
 
 SEQ_LEN = 32
 COMMON = (

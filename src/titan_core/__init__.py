@@ -133,6 +133,7 @@ if TYPE_CHECKING:
         apply_converters as apply_converters,
     )
     from .data import build_dataloader as build_dataloader
+    from .data.documents import split_documents as split_documents
     from .discovery import (
         register_model_converter as register_model_converter,
         register_train_spec as register_train_spec,
@@ -149,7 +150,6 @@ if TYPE_CHECKING:
         init_model_weights as init_model_weights,
         parameter_generator as parameter_generator,
     )
-    from .data.documents import split_documents as split_documents
     from .loss import IGNORE_INDEX as IGNORE_INDEX, cross_entropy_loss as cross_entropy_loss
     from .metrics import MetricsLogger as MetricsLogger
     from .optim import (

@@ -160,9 +160,9 @@ def _dense_masked(q: Tensor, k: Tensor, v: Tensor, starts: Tensor) -> tuple[Tens
 def _dense_masked_backward(grad: Tensor, q: Tensor, k: Tensor, v: Tensor,
                            starts: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     with torch.enable_grad():
-        leaves = [t.detach().requires_grad_() for t in (q, k, v)]
-        out, _ = _dense_masked(*leaves, starts)
-        dq, dk, dv = torch.autograd.grad(out, leaves, grad)
+        q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+        out, _ = _dense_masked(q, k, v, starts)
+        dq, dk, dv = torch.autograd.grad(out, (q, k, v), grad)
     return dq, dk, dv
 
 

@@ -28,11 +28,11 @@ head count from the weights it is given.
 
 from __future__ import annotations
 
-import math
 import functools
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import torch
 import torch.nn.functional as F
@@ -280,14 +280,14 @@ def _flex_attention(device: torch.device) -> Callable[..., torch.Tensor]:
     forward-only on CPU, where it serves to check the other kernels)."""
     from torch.nn.attention.flex_attention import flex_attention
 
-    return _compiled_flex() if device.type == "cuda" else flex_attention
+    return _compiled_flex() if device.type == "cuda" else cast(Callable[..., torch.Tensor], flex_attention)
 
 
 @functools.cache
 def _compiled_flex() -> Callable[..., torch.Tensor]:
     from torch.nn.attention.flex_attention import flex_attention
 
-    return torch.compile(flex_attention, dynamic=False)
+    return cast(Callable[..., torch.Tensor], torch.compile(flex_attention, dynamic=False))
 
 
 def _document_block_mask(starts: torch.Tensor) -> BlockMask:
