@@ -3,8 +3,8 @@
 The parity runs train the llama3 debug model (2 layers) for one SGD step with
 document masking on a corpus of short documents of uneven length, so the two
 data-parallel ranks (and the accumulation micro-batches) get different numbers of
-ignored labels. The gradients of one process on the whole batch, of FSDP2 on two
-real gloo processes, and of four accumulation micro-batches must agree: with a
+ignored labels. The gradients of one process on the whole batch, of FSDP2 and of TP
+on two real gloo processes, and of four accumulation micro-batches must agree: with a
 learning rate of 1000 the exported weights are ``w0 - 1000 * grad``, dominated by the
 gradient, and must match to 1e-6 relative (norm of the difference over norm).
 """
@@ -92,7 +92,7 @@ def _weights_and_loss(tmp: Path, corpus: Path, *args: str, nproc: int | None = N
     return flat, run.records()[0]["loss"]
 
 
-def test_fsdp2_and_accumulation_match_one_process_with_uneven_ignored_labels(tmp_path: Path, corpus: Path) -> None:
+def test_fsdp2_tp_and_accumulation_match_one_process_with_uneven_ignored_labels(tmp_path: Path, corpus: Path) -> None:
     counts = _ignored_per_rank(corpus)
     assert counts[0] != counts[1] and min(counts) >= 1, counts  # uneven, so a mean of means would differ
     reference, ref_loss = _weights_and_loss(tmp_path / "single", corpus, "--training.local_batch_size=4")
@@ -101,12 +101,19 @@ def test_fsdp2_and_accumulation_match_one_process_with_uneven_ignored_labels(tmp
                                    "--parallelism.dp_shard=2", nproc=2),
         "accumulation x4": _weights_and_loss(tmp_path / "accum", corpus, "--training.local_batch_size=1",
                                              "--training.global_batch_size=4"),
+        "tp2": _weights_and_loss(tmp_path / "tp2", corpus, "--training.local_batch_size=4", "--parallelism.tp=2",
+                                 nproc=2),
     }
     for name, (weights, loss) in layouts.items():
         rel = float((weights - reference).norm() / reference.norm())
         print(f"{name}: gradient relative difference {rel:.2e}, loss {loss} vs {ref_loss}")
         assert rel < 1e-6, (name, rel)
         assert abs(loss - ref_loss) <= 1e-6 * ref_loss, (name, loss, ref_loss)
+    # The masking was really applied: without it the same batch has another loss.
+    run = titan(tmp_path / "unmasked", *[a for a in COMMON if "document_masking" not in a], f"--data.source={corpus}",
+                "--training.local_batch_size=4")
+    assert run.code == 0, run.text
+    assert abs(run.records()[0]["loss"] - ref_loss) > 1e-3, (run.records()[0]["loss"], ref_loss)
 
 
 def test_masking_is_refused_for_a_model_that_does_not_accept_positions(tmp_path: Path) -> None:
