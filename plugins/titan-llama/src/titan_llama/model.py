@@ -32,7 +32,7 @@ import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -280,26 +280,25 @@ def _flex_attention(device: torch.device) -> Callable[..., torch.Tensor]:
     forward-only on CPU, where it serves to check the other kernels)."""
     from torch.nn.attention.flex_attention import flex_attention
 
-    return _compiled_flex() if device.type == "cuda" else cast(Callable[..., torch.Tensor], flex_attention)
+    return _compiled(flex_attention) if device.type == "cuda" else cast(Callable[..., torch.Tensor], flex_attention)
 
 
 @functools.cache
-def _compiled_flex() -> Callable[..., torch.Tensor]:
-    from torch.nn.attention.flex_attention import flex_attention
-
-    return cast(Callable[..., torch.Tensor], torch.compile(flex_attention, dynamic=False))
+def _compiled(fn: Callable[..., Any]) -> Callable[..., Any]:
+    return torch.compile(fn, dynamic=False)
 
 
 def _document_block_mask(starts: torch.Tensor) -> BlockMask:
     """FlexAttention's block-causal mask: a key is hidden when it is after the query or before
-    the start of the query's document."""
+    the start of the query's document. Compiled on CUDA: eager, it materialises [b, s, s]."""
     from torch.nn.attention.flex_attention import create_block_mask
 
     def visible(b: torch.Tensor, h: torch.Tensor, q: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
         return (kv <= q) & (kv >= starts[b, q])
 
     batch, seqlen = starts.shape
-    return create_block_mask(visible, batch, None, seqlen, seqlen, device=starts.device)
+    build = _compiled(create_block_mask) if starts.device.type == "cuda" else create_block_mask
+    return build(visible, batch, None, seqlen, seqlen, device=starts.device)
 
 
 def _trunc_normal(tensor: torch.Tensor, std: float, generator: torch.Generator) -> None:
