@@ -60,6 +60,8 @@ _LAZY: dict[str, str] = {
     "LRSchedulersContainer": "optim",
     "Trainer": "trainer",
     "cross_entropy_loss": "loss",
+    "IGNORE_INDEX": "loss",
+    "split_documents": "data.documents",
     "TiktokenTokenizer": "tokenizer",
     "build_tokenizer": "tokenizer",
     "build_dataloader": "data",
@@ -135,6 +137,7 @@ if TYPE_CHECKING:
         apply_converters as apply_converters,
     )
     from .data import build_dataloader as build_dataloader
+    from .data.documents import split_documents as split_documents
     from .discovery import (
         register_model_converter as register_model_converter,
         register_train_spec as register_train_spec,
@@ -152,7 +155,7 @@ if TYPE_CHECKING:
         parameter_generator as parameter_generator,
     )
     from .kv_cache import KVCache as KVCache
-    from .loss import cross_entropy_loss as cross_entropy_loss
+    from .loss import IGNORE_INDEX as IGNORE_INDEX, cross_entropy_loss as cross_entropy_loss
     from .metrics import MetricsLogger as MetricsLogger
     from .optim import (
         LRSchedulersContainer as LRSchedulersContainer,

@@ -99,7 +99,10 @@ class TrainSpec:
         tensor; the core re-ties them after ``to_empty`` and checks them after every
         set-up step, and a parallelize_fn calls ``retie_weights`` after tensor parallelism;
       * ``forward(tokens) -> logits``; with pipelining, a stage's forward takes the
-        previous stage's output.
+        previous stage's output;
+      * ``forward(tokens, positions=...)`` (optional, needed by ``data.document_masking``):
+        ``positions`` int [b, s] restart at 0 at each document of a packed row; the model
+        attends only within a document and uses them for its position encoding.
     Factories, when given, are called as the defaults are; each field's type is a Protocol
     in ``titan_core.spec_factories`` that states the call and what is done with the result
     (``BuildOptimizersFn``: default ``OptimizersContainer``; ``BuildLRSchedulersFn``:

@@ -78,7 +78,9 @@ class Fingerprinted(Protocol):
 
 
 class LossFn(Protocol):
-    """``loss(logits, labels)``: a scalar mean over the tokens of one micro-batch."""
+    """``loss(logits, labels)``: a scalar mean over the valid tokens of one micro-batch (labels
+    equal to ``titan_core.IGNORE_INDEX``, -100, do not count); the trainer weights it by the
+    micro-batch's share of the step's valid tokens."""
 
     def __call__(self, logits: torch.Tensor, labels: torch.Tensor, /) -> torch.Tensor: ...
 

@@ -37,6 +37,10 @@ from .protocols import ModelConverter, RunContext, TensorParallelStyles
 from .run_files import atomic_write_text, supersede_metrics
 from .signals import no_interrupt, requested_signal, stop_after_signal
 from .ties import check_ties, declared_ties, retie_weights
+from .token_loss import count_valid, global_valid_tokens, token_weighted
+
+# A micro-batch as the step runs it: inputs, labels, and the document positions (data.document_masking).
+MicroBatch = tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]
 
 
 @dataclass
@@ -67,6 +71,8 @@ class Trainer:
         self.device: torch.device = resolved.device
         self.is_rank0 = distributed.rank_env()[0] == 0  # init_distributed confirms it from the process group
         self.step = 0
+        self.step_valid_tokens = 0  # valid labels of the current step over all data-parallel ranks
+        self.pp_batch_rows = 0  # rows of the micro-batch the pipeline schedule is running
         self.tokens_seen = 0
         self.skipped_steps = 0
         self.run_dir = Path(self.config.job.run_dir)
@@ -218,11 +224,14 @@ class Trainer:
         progress(f"parameters: {describe_parameter_layout(self.model_parts)}{tp}", is_rank0=self.is_rank0)
 
     def scaled_loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        """The pipeline's per-microbatch loss. The schedule itself divides gradients by the
-        number of microbatches, so only gradient accumulation is scaled here. Validation runs
-        the schedule forward-only under no_grad, where the plain mean is wanted."""
+        """The pipeline's per-microbatch loss, weighted by its share of the step's valid tokens;
+        the schedule divides gradients by its number of microbatches, hence ``splits``.
+        Validation runs the schedule forward-only under no_grad, where the plain mean is wanted."""
         loss = self.loss_fn(logits, labels)
-        return loss / self.accum if torch.is_grad_enabled() else loss
+        if not torch.is_grad_enabled():
+            return loss
+        return token_weighted(loss, valid=count_valid(labels), global_valid=self.step_valid_tokens, dp=self.dims.dp,
+                              splits=self.pp_batch_rows // labels.shape[0])
 
     def materialize_and_init(self) -> None:
         for part in self.model_parts:
@@ -285,16 +294,39 @@ class Trainer:
             return loss_parallel()
         return contextlib.nullcontext()
 
-    def forward_backward(self, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        """One micro-batch; returns its (accumulation-scaled) loss, zero on non-last PP stages."""
+    def prepare_batch(self, inputs: torch.Tensor, labels: torch.Tensor) -> MicroBatch:
+        """With data.document_masking: each token's position in its document, and the labels
+        that cross a document boundary ignored (data/documents.py)."""
+        if not self.config.data.document_masking:
+            return inputs, labels, None
+        from .data.documents import split_documents
+
+        positions, labels = split_documents(inputs, labels, eos_id=self.tokenizer.eos_id, bos_id=self.tokenizer.bos_id)
+        return inputs, labels, positions
+
+    def count_step_tokens(self, micro_batches: list[MicroBatch]) -> int:
+        """Valid labels of this step on every data-parallel rank (one all-reduce; TP/PP ranks share data)."""
+        local = sum(count_valid(labels) for _, labels, _ in micro_batches)
+        group = self.dp_flat_mesh.get_group() if self.dims.dp > 1 else None
+        return global_valid_tokens(local, group=group, device=self.device)
+
+    def model_kwargs(self, positions: torch.Tensor | None) -> dict[str, torch.Tensor]:
+        return {} if positions is None else {"positions": positions.to(self.device)}
+
+    def forward_backward(self, inputs: torch.Tensor, labels: torch.Tensor,
+                         positions: torch.Tensor | None = None) -> torch.Tensor:
+        """One micro-batch; returns its loss weighted by its share of the step's valid tokens
+        (token_loss.py), zero on non-last PP stages."""
+        valid = count_valid(labels)  # before the copy to the device: no sync
         inputs, labels = inputs.to(self.device), labels.to(self.device)
         if self.pipeline is not None:
             return self.pipeline_forward_backward(inputs, labels)
         with self.autocast(), self.loss_context():
             with plugin_call(SPECS, self.spec.name, "the model's forward"):
-                logits = self.model_parts[0](inputs)
+                logits = self.model_parts[0](inputs, **self.model_kwargs(positions))
             check_logits(logits, inputs, spec=self.spec.name)
-            loss = self.loss_fn(logits, labels) / self.accum
+            loss = token_weighted(self.loss_fn(logits, labels), valid=valid, global_valid=self.step_valid_tokens,
+                                  dp=self.dims.dp)
             loss.backward()
         return _plain(loss)
 
@@ -303,6 +335,7 @@ class Trainer:
         assert pipe is not None  # called only when build_model_parts built a pipeline
         losses: list[torch.Tensor] | None = [] if pipe.has_last_stage else None
         target = labels if pipe.has_last_stage else None
+        self.pp_batch_rows = labels.shape[0]
         with self.autocast(), self.loss_context():
             if pipe.has_first_stage:
                 pipe.schedule.step(inputs, target=target, losses=losses, return_outputs=False)
@@ -314,7 +347,10 @@ class Trainer:
 
     def train_step(self, batches: Iterator[tuple[torch.Tensor, torch.Tensor]]) -> StepResult:
         self.optimizer.zero_grad()
-        loss = sum((self.forward_backward(*next(batches)) for _ in range(self.accum)), torch.zeros((), device=self.device))
+        # Every micro-batch is read first: the loss is a mean over the step's valid labels.
+        micro_batches = [self.prepare_batch(*next(batches)) for _ in range(self.accum)]
+        self.step_valid_tokens = self.count_step_tokens(micro_batches)
+        loss = sum((self.forward_backward(*mb) for mb in micro_batches), torch.zeros((), device=self.device))
         pp_group = self.mesh["pp"].get_group() if self.dims.pp_enabled else None
         grad_norm = clip_grad_norm(self.model_parts, self.config.training.max_norm, pp_group=pp_group)
         global_loss = self.global_average_loss(loss)
@@ -428,17 +464,19 @@ class Trainer:
         batches = iter(self.val_dataloader)
         total = torch.zeros((), device=self.device)
         for _ in range(v.steps):
-            inputs, labels = (x.to(self.device) for x in next(batches))
-            total += self.validation_loss(inputs, labels)
+            inputs, labels, positions = self.prepare_batch(*next(batches))
+            total += self.validation_loss(inputs.to(self.device), labels.to(self.device), positions)
         for part in self.model_parts:
             part.train()
         self.metrics.log_validation(step=self.step, loss=self.global_average_loss(total / v.steps))
 
-    def validation_loss(self, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    def validation_loss(self, inputs: torch.Tensor, labels: torch.Tensor,
+                        positions: torch.Tensor | None = None) -> torch.Tensor:
         """One held-out batch's mean loss (forward only); zero on ranks without the last PP stage."""
         with self.autocast(), self.loss_context():
             if self.pipeline is None:
-                return _plain(self.loss_fn(self.model_parts[0](inputs), labels)).float()
+                logits = self.model_parts[0](inputs, **self.model_kwargs(positions))
+                return _plain(self.loss_fn(logits, labels)).float()
             pipe = self.pipeline
             losses: list[torch.Tensor] | None = [] if pipe.has_last_stage else None
             target = labels if pipe.has_last_stage else None

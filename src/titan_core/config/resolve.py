@@ -144,6 +144,10 @@ def resolve_config(
             f'spec "{spec.name}" has no flavor "{flavor}".{did_you_mean(flavor, list(spec.flavors))} '
             f"Flavors: {', '.join(spec.flavors)}."
         )
+    if config.data.document_masking:
+        from ..data.documents import check_document_masking
+
+        check_document_masking(spec_name=spec.name, model_cls=spec.model_cls, pp=config.parallelism.pp)
     device, backend = run_device_and_backend(config)
     tokenizer = run_tokenizer(spec, config)
     args, shape_note = run_model_args(spec, config, tokenizer=tokenizer, world_size=world_size)

@@ -85,6 +85,7 @@ class DataSection(Section):
     allow_download: bool = Field(False, description='Permit "hf:" sources to download (off by default: nothing is fetched at run time).')
     tokenizer: str = Field("builtin", description='"builtin", a path to a Llama-3-format tokenizer.model (tiktoken BPE ranks), or a Hugging Face model folder (original/tokenizer.model, or tokenizer.json with the hf extra).')
     val_fraction: float = Field(0.05, ge=0, lt=1, description="Fraction of documents held out for validation.")
+    document_masking: bool = Field(False, description="Keep the documents of a packed window apart: block-causal attention, positions restarting at each document (split after each EOS token), and the label across a boundary ignored. Needs a model whose forward accepts `positions`; not with pp > 1.")
 
 
 class ValidationSection(Section):

@@ -3,7 +3,8 @@
 Each document becomes ``[BOS] tokens [EOS]`` (the usual pre-training convention:
 the model sees where every document starts and ends), and the documents are
 concatenated in source order. Windows cut from this stream may span a document
-boundary; attention is not masked at boundaries (standard packed pre-training).
+boundary; attention is not masked at boundaries (standard packed pre-training)
+unless ``data.document_masking`` is on (``documents.py`` splits windows after each EOS).
 
 Validation split: document ``i`` (0-based, in source order) is held out when
 ``floor((i + 1) * f) > floor(i * f)`` for ``f = val_fraction``, i.e. every

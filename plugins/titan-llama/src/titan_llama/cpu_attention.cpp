@@ -10,6 +10,10 @@
 // lse is [batch, heads, seq], contiguous. Keys/values may have fewer heads than queries
 // (grouped-query attention): query head h reads key/value head h / (H / Hkv).
 //
+// Document masking (optional): `starts` is [batch, seq] int64, contiguous, or null. Given, query
+// i sees only keys starts[b][i] .. i (its own document in a packed window, block-causal);
+// null is plain causal attention (starts[b][i] = 0), the same code path as before.
+//
 // Built and loaded by cpu_attention.py (c++ -O3 -march=native -fopenmp); plain GCC/Clang
 // vector extensions, so the same source runs on AVX2, AVX-512 or NEON. The OpenMP runtime is
 // the one torch already loaded, so its threads are torch's intra-op threads.
@@ -107,8 +111,8 @@ int titan_attention_head_dim() { return D; }
 // out = softmax(scale * q k^T, causal) v, and lse = the log of each row's softmax denominator.
 // Work items are (batch, query head) pairs; every item has the same amount of work.
 int titan_attention_forward(const float* q, Strides sq, const float* k, Strides sk, const float* v, Strides sv,
-                            float* out, Strides so, float* lse, int64_t B, int64_t H, int64_t Hkv, int64_t S,
-                            float scale, int n_threads) {
+                            float* out, Strides so, float* lse, const int64_t* starts, int64_t B, int64_t H,
+                            int64_t Hkv, int64_t S, float scale, int n_threads) {
   int failed = 0;
   const int64_t ld = (S + W - 1) / W * W;
 #pragma omp parallel num_threads(n_threads) reduction(| : failed)
@@ -132,35 +136,45 @@ int titan_attention_forward(const float* q, Strides sq, const float* k, Strides 
         const int rows = (int)(S - i0 < R ? S - i0 : R);
         const int64_t seen = i0 + rows;  // keys seen by the block's last row (causal)
         const int64_t n_vectors = (seen + W - 1) / W;
+        // Documents start no later than at the query, so the block's first row has the
+        // smallest start: key vectors wholly before it are never computed.
+        const int64_t* row_starts = starts ? starts + b * S + i0 : nullptr;
+        const int64_t first_vector = row_starts ? row_starts[0] / W : 0;
+        const int64_t first = first_vector * W;
         float qs[R][D] = {};
         for (int r = 0; r < rows; ++r)
           for (int d = 0; d < D; ++d) qs[r][d] = q[b * sq.b + (i0 + r) * sq.s + h * sq.h + d] * scale;
-        score_rows(qs, rows, kt, ld, n_vectors, scores, ld);
+        score_rows(qs, rows, kt + first, ld, n_vectors - first_vector, scores + first, ld);
         float inv_sum[R] = {};
         for (int r = 0; r < rows; ++r) {
           float* row = scores + r * ld;
           const int64_t n = i0 + r + 1;
+          const int64_t lo = row_starts ? row_starts[r] : 0;  // keys before it are another document's
           for (int64_t j = n; j < n_vectors * W; ++j) row[j] = -INFINITY;
+          for (int64_t j = first; j < lo; ++j) row[j] = -INFINITY;
           vf m = splat(-INFINITY);
-          for (int64_t jv = 0; jv < n_vectors; ++jv) {
+          for (int64_t jv = first_vector; jv < n_vectors; ++jv) {
             const vf x = load(row + jv * W);
             m = x > m ? x : m;
           }
           const float row_max = horizontal_max(m);
           vf sum = {};
-          for (int64_t jv = 0; jv < n_vectors; ++jv) {
+          for (int64_t jv = first_vector; jv < n_vectors; ++jv) {
             const vf p = vector_exp(load(row + jv * W) - row_max);
             store(row + jv * W, p);
             sum += p;
           }
+          // Masked keys are zeroed after the exp (vector_exp clamps, so it never gives exactly 0;
+          // their e^-87 in the sum is far below float precision).
           for (int64_t j = n; j < n_vectors * W; ++j) row[j] = 0.f;
+          for (int64_t j = first; j < lo; ++j) row[j] = 0.f;
           const float total = horizontal_sum(sum);
           inv_sum[r] = 1.0f / total;
           lse[item * S + i0 + r] = row_max + logf(total);
         }
         for (int r = rows; r < R; ++r) memset(scores + r * ld, 0, sizeof(float) * n_vectors * W);
         vf acc[R][DV] = {};
-        for (int64_t j = 0; j < seen; ++j) {
+        for (int64_t j = first; j < seen; ++j) {
           vf vj[DV];
           for (int c = 0; c < DV; ++c) vj[c] = load(values + j * D + c * W);
           for (int r = 0; r < R; ++r) {
@@ -185,8 +199,9 @@ int titan_attention_forward(const float* q, Strides sq, const float* k, Strides 
 // dk/dv sums stay in L1 while every later query row passes over it.
 int titan_attention_backward(const float* q, Strides sq, const float* k, Strides sk, const float* v, Strides sv,
                              const float* out, Strides so, const float* dout, Strides sdo, const float* lse,
-                             float* dq, Strides sdq, float* dk, Strides sdk, float* dv, Strides sdv, int64_t B,
-                             int64_t H, int64_t Hkv, int64_t S, float scale, int n_threads) {
+                             float* dq, Strides sdq, float* dk, Strides sdk, float* dv, Strides sdv,
+                             const int64_t* starts, int64_t B, int64_t H, int64_t Hkv, int64_t S, float scale,
+                             int n_threads) {
   int failed = 0;
   const int64_t group = H / Hkv;
 #pragma omp parallel num_threads(n_threads) reduction(| : failed)
@@ -249,6 +264,10 @@ int titan_attention_backward(const float* q, Strides sq, const float* k, Strides
           const int64_t h = hk * group + g;
           for (int64_t i0 = c0; i0 < S; i0 += R) {  // rows above the block see none of its keys
             const int rows = (int)(S - i0 < R ? S - i0 : R);
+            // Starts never decrease along a row block, so its first row sees the most keys;
+            // a block whose first row's document begins after these keys sees none of them.
+            const int64_t* row_starts = starts ? starts + b * S + i0 : nullptr;
+            if (row_starts && row_starts[0] >= c0 + cols) continue;
             const float(*qs)[D] = reinterpret_cast<const float(*)[D]>(q_scaled + (g * padded + i0) * D);
             const float(*gs)[D] = reinterpret_cast<const float(*)[D]>(grads + (g * padded + i0) * D);
             const float* lse_rows = row_lse + g * padded + i0;
@@ -256,7 +275,7 @@ int titan_attention_backward(const float* q, Strides sq, const float* k, Strides
             score_rows(qs, R, kt, C, C / W, probs, C);    // scale * q . k
             score_rows(gs, R, vt, C, C / W, dscores, C);  // dP = dout . v
             // Keys a row may not see (j > i), padding columns and missing rows get p = 0.
-            const bool partial = i0 < c0 + C || rows < R || cols < C;
+            const bool partial = i0 < c0 + C || rows < R || cols < C || row_starts;
             for (int r = 0; r < R; ++r) {
               float* prow = probs + r * C;
               float* drow = dscores + r * C;
@@ -269,12 +288,16 @@ int titan_attention_backward(const float* q, Strides sq, const float* k, Strides
                 int64_t visible = r < rows ? i0 + r + 1 - c0 : 0;
                 if (visible > cols) visible = cols;
                 for (int64_t j = visible; j < C; ++j) prow[j] = drow[j] = 0.f;
+                // Keys of an earlier document (before the row's start) get p = 0 too.
+                const int64_t hidden = r < rows && row_starts ? row_starts[r] - c0 : 0;
+                for (int64_t j = 0; j < hidden && j < C; ++j) prow[j] = drow[j] = 0.f;
               }
             }
             vf dq_acc[R][DV] = {};
             const int64_t last = i0 + rows - c0;
             const int jend = (int)(last < cols ? last : cols);
-            for (int j = 0; j < jend; ++j) {
+            const int jstart = (int)(row_starts && row_starts[0] > c0 ? row_starts[0] - c0 : 0);
+            for (int j = jstart; j < jend; ++j) {
               vf kj[DV], dkj[DV], dvj[DV];
               for (int c = 0; c < DV; ++c) {
                 kj[c] = load(keys + j * D + c * W);

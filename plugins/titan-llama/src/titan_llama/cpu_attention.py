@@ -1,5 +1,8 @@
 """The fused CPU causal-attention kernel (``cpu_attention.cpp``), as a torch custom op.
 
+Causal, or block-causal with ``starts`` (document masking in a packed window: query
+``i`` sees keys ``starts[b, i] .. i``, its own document only).
+
 The kernel is compiled for this machine on first use (``c++ -O3 -march=native
 -fopenmp``, about 2 s) and cached under ``$TITAN_CACHE_DIR`` (default
 ``$XDG_CACHE_HOME/titan`` or ``~/.cache/titan``), keyed by the source, the compiler,
@@ -99,8 +102,9 @@ def load_kernel(head_dim: int) -> ctypes.CDLL | None:
         logger.warning("fused CPU attention unavailable (%s); using ATen's flash kernel", exc)
         return None
     p, i64, s = ctypes.c_void_p, ctypes.c_int64, _Strides
-    lib.titan_attention_forward.argtypes = [p, s, p, s, p, s, p, s, p, i64, i64, i64, i64, ctypes.c_float, ctypes.c_int]
-    lib.titan_attention_backward.argtypes = [p, s, p, s, p, s, p, s, p, s, p, p, s, p, s, p, s,
+    lib.titan_attention_forward.argtypes = [p, s, p, s, p, s, p, s, p, p, i64, i64, i64, i64, ctypes.c_float,
+                                            ctypes.c_int]
+    lib.titan_attention_backward.argtypes = [p, s, p, s, p, s, p, s, p, s, p, p, s, p, s, p, s, p,
                                              i64, i64, i64, i64, ctypes.c_float, ctypes.c_int]
     assert lib.titan_attention_head_dim() == head_dim
     return lib
@@ -115,6 +119,51 @@ def supports(q: Tensor, k: Tensor, v: Tensor) -> bool:
 def _unit_last_stride(*tensors: Tensor) -> tuple[Tensor, ...]:
     """The kernel takes any batch/sequence/head strides but needs each head's channels adjacent."""
     return tuple(t if t.stride(-1) == 1 else t.contiguous() for t in tensors)
+
+
+def document_starts(positions: Tensor) -> Tensor:
+    """Each token's document start (``index - position``), int64 [b, s], from positions that restart at 0."""
+    return torch.arange(positions.shape[1], device=positions.device) - positions.long()
+
+
+def _checked_starts(starts: Tensor | None, q: Tensor) -> Tensor | None:
+    """``starts`` as the kernel reads it (contiguous int64), refused unless block-causal.
+
+    The kernel indexes memory with these values, so they are checked, not trusted: each
+    in ``0 .. i`` and never decreasing along a row (documents are contiguous).
+    """
+    if starts is None:
+        return None
+    b, s = q.shape[:2]
+    starts = starts.to(torch.int64).contiguous()
+    index = torch.arange(s)
+    if starts.shape != (b, s) or bool((starts < 0).any()) or bool((starts > index).any()) \
+            or bool((starts[:, 1:] < starts[:, :-1]).any()):
+        raise ValueError(f"document starts must be [{b}, {s}], each in 0..its own index and non-decreasing "
+                         f"along a row (from positions that restart at 0 at each document); got {tuple(starts.shape)}")
+    return starts
+
+
+def _dense_masked(q: Tensor, k: Tensor, v: Tensor, starts: Tensor) -> tuple[Tensor, Tensor]:
+    """Block-causal attention written out in float32 (the fallback when the kernel cannot be built)."""
+    group = q.shape[2] // k.shape[2]
+    qt, kt, vt = (t.transpose(1, 2) for t in (q, k.repeat_interleave(group, 2), v.repeat_interleave(group, 2)))
+    index = torch.arange(q.shape[1])
+    visible = (index[None, :] <= index[:, None])[None] & (index[None, None, :] >= starts[:, :, None])
+    scores = (qt @ kt.transpose(-1, -2)) / math.sqrt(q.shape[-1])
+    scores = scores.masked_fill(~visible[:, None], -math.inf)
+    lse = torch.logsumexp(scores, dim=-1)
+    out = torch.exp(scores - lse[..., None]) @ vt
+    return out.transpose(1, 2).contiguous(), lse.contiguous()
+
+
+def _dense_masked_backward(grad: Tensor, q: Tensor, k: Tensor, v: Tensor,
+                           starts: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    with torch.enable_grad():
+        q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+        out, _ = _dense_masked(q, k, v, starts)
+        dq, dk, dv = torch.autograd.grad(out, (q, k, v), grad)
+    return dq, dk, dv
 
 
 def _aten_flash_forward(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
@@ -139,19 +188,23 @@ def _aten_flash_backward(grad: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Ten
 
 
 @torch.library.custom_op("titan_llama::causal_attention", mutates_args=())
-def causal_attention(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-    """Causal attention over [b, s, heads, d] inputs: (out [b, s, h, d], logsumexp [b, h, s])."""
+def causal_attention(q: Tensor, k: Tensor, v: Tensor, starts: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """Causal attention over [b, s, heads, d] inputs: (out [b, s, h, d], logsumexp [b, h, s]).
+
+    ``starts`` (int [b, s], optional): query ``i`` sees only keys ``starts[b, i] .. i``.
+    """
     q, k, v = _unit_last_stride(q, k, v)
+    starts = _checked_starts(starts, q)
     lib = load_kernel(q.shape[-1])
     if lib is None:
-        return _aten_flash_forward(q, k, v)
+        return _aten_flash_forward(q, k, v) if starts is None else _dense_masked(q, k, v, starts)
     b, s, h, d = q.shape
     out = torch.empty((b, s, h, d), dtype=q.dtype)
     lse = torch.empty((b, h, s), dtype=torch.float32)
     failed = lib.titan_attention_forward(
         q.data_ptr(), _strides(q), k.data_ptr(), _strides(k), v.data_ptr(), _strides(v),
-        out.data_ptr(), _strides(out), lse.data_ptr(), b, h, k.shape[2], s, 1.0 / math.sqrt(d),
-        torch.get_num_threads(),
+        out.data_ptr(), _strides(out), lse.data_ptr(), None if starts is None else starts.data_ptr(),
+        b, h, k.shape[2], s, 1.0 / math.sqrt(d), torch.get_num_threads(),
     )
     if failed:
         raise MemoryError("fused CPU attention: could not allocate its scratch buffers")
@@ -159,26 +212,30 @@ def causal_attention(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
 
 
 @causal_attention.register_fake
-def _(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+def _(q: Tensor, k: Tensor, v: Tensor, starts: Tensor | None = None) -> tuple[Tensor, Tensor]:
     b, s, h, _ = q.shape
     return q.new_empty(q.shape), q.new_empty((b, h, s))
 
 
 @torch.library.custom_op("titan_llama::causal_attention_backward", mutates_args=())
-def causal_attention_backward(grad: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor,
-                              lse: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+def causal_attention_backward(grad: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
+                              starts: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
     """(dq, dk, dv) of ``causal_attention``, from its inputs, output and logsumexp."""
     grad, q, k, v = _unit_last_stride(grad, q, k, v)
+    starts = _checked_starts(starts, q)
     b, s, h, d = q.shape
     lib = load_kernel(d)
     if lib is None:
+        if starts is not None:
+            return _dense_masked_backward(grad, q, k, v, starts)
         return _aten_flash_backward(grad, q, k, v, out, lse)
     dq, dk, dv = (torch.empty_like(t, memory_format=torch.contiguous_format) for t in (q, k, v))
     failed = lib.titan_attention_backward(
         q.data_ptr(), _strides(q), k.data_ptr(), _strides(k), v.data_ptr(), _strides(v),
         out.data_ptr(), _strides(out), grad.data_ptr(), _strides(grad), lse.data_ptr(),
         dq.data_ptr(), _strides(dq), dk.data_ptr(), _strides(dk), dv.data_ptr(), _strides(dv),
-        b, h, k.shape[2], s, 1.0 / math.sqrt(d), torch.get_num_threads(),
+        None if starts is None else starts.data_ptr(), b, h, k.shape[2], s, 1.0 / math.sqrt(d),
+        torch.get_num_threads(),
     )
     if failed:
         raise MemoryError("fused CPU attention backward: could not allocate its scratch buffers")
@@ -186,17 +243,21 @@ def causal_attention_backward(grad: Tensor, q: Tensor, k: Tensor, v: Tensor, out
 
 
 @causal_attention_backward.register_fake
-def _(grad: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+def _(grad: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
+      starts: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
-def _setup_context(ctx: Any, inputs: tuple[Tensor, ...], output: tuple[Tensor, Tensor]) -> None:
-    ctx.save_for_backward(*inputs, *output)
+def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: tuple[Tensor, Tensor]) -> None:
+    q, k, v, starts = inputs
+    ctx.masked = starts is not None
+    ctx.save_for_backward(q, k, v, *output, *([starts] if starts is not None else []))
 
 
-def _backward(ctx: Any, grad_out: Tensor, grad_lse: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
-    q, k, v, out, lse = ctx.saved_tensors
-    return causal_attention_backward(grad_out, q, k, v, out, lse)
+def _backward(ctx: Any, grad_out: Tensor, grad_lse: Tensor | None) -> tuple[Tensor, Tensor, Tensor, None]:
+    q, k, v, out, lse, *starts = ctx.saved_tensors
+    dq, dk, dv = causal_attention_backward(grad_out, q, k, v, out, lse, starts[0] if ctx.masked else None)
+    return dq, dk, dv, None
 
 
 causal_attention.register_autograd(_backward, setup_context=_setup_context)

@@ -7,7 +7,10 @@ Features:
   * grouped-query attention (``n_kv_heads`` <= ``n_heads``), causal, with no mask ever
     materialised: on CPU in float32 with 16/32/64-channel heads through the project's
     fused kernel (``cpu_attention``), elsewhere through
-    ``F.scaled_dot_product_attention(is_causal=True)`` (flash kernels);
+    ``F.scaled_dot_product_attention(is_causal=True)`` (flash kernels), or FlexAttention;
+  * packed windows of several documents (``forward(tokens, positions=...)``, the core's
+    ``data.document_masking``): attention is block-causal (no token sees another
+    document) and RoPE positions restart at each document, in every kernel above;
   * SwiGLU feed-forward with Llama's hidden-size rule;
   * an output head that is its own matrix, or tied to the embedding (``tie_embeddings``,
     as in Llama 3.2 1B/3B; declared through ``tied_weights()`` so the core keeps the tie
@@ -27,9 +30,11 @@ head count from the weights it is given.
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -37,10 +42,11 @@ from torch import nn
 
 from . import cpu_attention
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # imported where used: flex_attention is not needed to build or run the other kernels
     from titan_core.kv_cache import KVCache, LayerCache
+    from torch.nn.attention.flex_attention import BlockMask
 
-ATTENTION_KERNELS = ("auto", "sdpa")
+ATTENTION_KERNELS = ("auto", "sdpa", "flex")
 
 
 @dataclass(frozen=True)
@@ -70,8 +76,10 @@ class LlamaArgs:
     rope_theta: float = 500000.0
     rope_scaling: RopeScaling | None = None  # None: plain RoPE
     max_seq_len: int = 2048  # length of the rotary table; longer inputs are an error
-    # "auto": the fused CPU kernel where it applies (cpu_attention.supports), SDPA elsewhere;
-    # "sdpa": always F.scaled_dot_product_attention.
+    # "auto": the fused CPU kernel where it applies (cpu_attention.supports), else FlexAttention
+    # for packed documents on CUDA, else SDPA; "sdpa": F.scaled_dot_product_attention;
+    # "flex": FlexAttention for packed documents (CUDA; on CPU torch runs it forward-only);
+    # plain causal windows keep the SDPA/fused kernels, as fast there.
     attention_kernel: str = "auto"
     tie_embeddings: bool = False  # True: the output head is the embedding table (one tensor)
 
@@ -134,6 +142,9 @@ def rope_table(args: LlamaArgs, device: torch.device | None = None) -> torch.Ten
 def apply_rope(x: torch.Tensor, freqs_cis: torch.Tensor) -> torch.Tensor:
     """Rotate each pair (x[..., 2i], x[..., 2i+1]) of ``x`` [b, s, heads, head_dim] by pos * freq_i.
 
+    ``freqs_cis`` is the table (row = position, [max_seq_len, head_dim/2]), or with packed
+    documents each token's own row already gathered ([b, s, head_dim/2]).
+
     Viewing the pairs as complex numbers makes the rotation one complex multiply, which
     measured faster on CPU (forward and backward) than real cos/sin tables.
     """
@@ -143,9 +154,11 @@ def apply_rope(x: torch.Tensor, freqs_cis: torch.Tensor) -> torch.Tensor:
         raise ValueError(
             f"the rotary table is {freqs_cis.dtype}, not complex: cast only the parameters, or call init_buffers()"
         )
+    xc = torch.view_as_complex(x.float().unflatten(-1, (-1, 2)))
+    if freqs_cis.dim() == 3:  # per token, gathered at its position in its document
+        return torch.view_as_real(xc * freqs_cis[:, :, None, :]).flatten(-2).type_as(x)
     if seqlen > freqs_cis.shape[0]:
         raise ValueError(f"sequence length {seqlen} exceeds the rotary table's max_seq_len {freqs_cis.shape[0]}")
-    xc = torch.view_as_complex(x.float().unflatten(-1, (-1, 2)))
     rotated = torch.view_as_real(xc * freqs_cis[:seqlen, None, :]).flatten(-2)
     return rotated.type_as(x)
 
@@ -203,7 +216,11 @@ class Attention(nn.Module):
         self.wv = nn.Linear(args.dim, args.kv_heads * args.head_dim, bias=False)
         self.wo = nn.Linear(args.n_heads * args.head_dim, args.dim, bias=False)
 
-    def forward(self, x: torch.Tensor, freqs_cis: torch.Tensor, cache: LayerCache | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, freqs_cis: torch.Tensor, *, starts: torch.Tensor | None = None,
+                block_mask: BlockMask | None = None, cache: LayerCache | None = None) -> torch.Tensor:
+        """``starts`` [b, s]: each token's document start (None: one sequence, causal);
+        ``block_mask``: the same mask built for FlexAttention, which then runs;
+        ``cache`` (sampling only): this layer's keys and values of the earlier positions."""
         bs, seqlen, _ = x.shape
         # Head counts come from the (possibly tensor-parallel sharded) weights, not args.
         q = self.wq(x).view(bs, seqlen, -1, self.head_dim)
@@ -212,16 +229,25 @@ class Attention(nn.Module):
         q, k = apply_rope(q, freqs_cis), apply_rope(k, freqs_cis)
         if cache is not None:
             return self._cached(q, k, v, cache)
-        if self.kernel == "auto" and cpu_attention.supports(q, k, v):
+        if block_mask is None and self.kernel == "auto" and cpu_attention.supports(q, k, v):
             # Takes and returns the [b, s, h, d] layout, so no transposes at all.
-            out, _ = cpu_attention.causal_attention(q, k, v)
+            out, _ = cpu_attention.causal_attention(q, k, v, starts)
             return self.wo(out.flatten(2))
         # Measured on CPU: the flash kernel runs ~10% faster (fwd+bwd) on contiguous
         # [b, h, s, d] inputs than on transposed views, more than paying for the copies.
         q, k, v = (t.transpose(1, 2).contiguous() for t in (q, k, v))
-        # With fewer kv heads, enable_gqa lets the kernel share them (the CPU flash kernel
-        # supports it and is as fast as repeating them, without the copies).
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=k.shape[1] != q.shape[1])
+        gqa = k.shape[1] != q.shape[1]
+        if block_mask is not None:
+            out = _flex_attention(q.device)(q, k, v, block_mask=block_mask, enable_gqa=gqa)
+        elif starts is not None:
+            # A dense [b, 1, s, s] mask: SDPA then uses a kernel that takes one (not flash).
+            index = torch.arange(seqlen, device=x.device)
+            visible = (index[None, :] <= index[:, None]) & (index[None, None, :] >= starts[:, :, None])
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=visible[:, None], enable_gqa=gqa)
+        else:
+            # With fewer kv heads, enable_gqa lets the kernel share them (the CPU flash kernel
+            # supports it and is as fast as repeating them, without the copies).
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
         # The kernel's output is laid out [b, s, h, d], so this reshape is a view.
         return self.wo(out.transpose(1, 2).reshape(bs, seqlen, -1))
 
@@ -264,9 +290,36 @@ class TransformerBlock(nn.Module):
         self.ffn_norm = RMSNorm(args.dim, args.norm_eps)
         self.feed_forward = FeedForward(args.dim, args.ffn_hidden_dim)
 
-    def forward(self, x: torch.Tensor, freqs_cis: torch.Tensor, cache: LayerCache | None = None) -> torch.Tensor:
-        h = x + self.attention(self.attention_norm(x), freqs_cis, cache)
+    def forward(self, x: torch.Tensor, freqs_cis: torch.Tensor, *, starts: torch.Tensor | None = None,
+                block_mask: BlockMask | None = None, cache: LayerCache | None = None) -> torch.Tensor:
+        h = x + self.attention(self.attention_norm(x), freqs_cis, starts=starts, block_mask=block_mask, cache=cache)
         return h + self.feed_forward(self.ffn_norm(h))
+
+
+def _flex_attention(device: torch.device) -> Callable[..., torch.Tensor]:
+    """FlexAttention, compiled on CUDA (eager, it computes the whole score matrix; torch runs it
+    forward-only on CPU, where it serves to check the other kernels)."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    return _compiled(flex_attention) if device.type == "cuda" else cast(Callable[..., torch.Tensor], flex_attention)
+
+
+@functools.cache
+def _compiled(fn: Callable[..., Any]) -> Callable[..., Any]:
+    return torch.compile(fn, dynamic=False)
+
+
+def _document_block_mask(starts: torch.Tensor) -> BlockMask:
+    """FlexAttention's block-causal mask: a key is hidden when it is after the query or before
+    the start of the query's document. Compiled on CUDA: eager, it materialises [b, s, s]."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    def visible(b: torch.Tensor, h: torch.Tensor, q: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
+        return (kv <= q) & (kv >= starts[b, q])
+
+    batch, seqlen = starts.shape
+    build = _compiled(create_block_mask) if starts.device.type == "cuda" else create_block_mask
+    return build(visible, batch, None, seqlen, seqlen, device=starts.device)
 
 
 def _trunc_normal(tensor: torch.Tensor, std: float, generator: torch.Generator) -> None:
@@ -294,18 +347,34 @@ class Transformer(nn.Module):
         # Non-persistent: derived from args, so not saved; recomputed by init_buffers().
         self.register_buffer("freqs_cis", rope_table(args), persistent=False)
 
-    def forward(self, tokens: torch.Tensor, *, cache: KVCache | None = None) -> torch.Tensor:
-        """``cache`` (sampling only): ``tokens`` are the new tokens, at positions from ``cache.offset``."""
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor | None = None, *,
+                cache: KVCache | None = None) -> torch.Tensor:
+        """``positions`` (int [b, s], optional): each token's position in its document, 0 at every
+        document's first token. Given, a row holds several documents back to back: none attends
+        to another, and RoPE uses these positions. None: one sequence per row, plain causal.
+        ``cache`` (sampling only, one sequence per row): ``tokens`` are the new tokens, at positions
+        from ``cache.offset``."""
         # Without tok_embeddings this is a later pipeline stage: the input is hidden states.
         h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens
-        freqs_cis = self.freqs_cis
+        freqs_cis, starts, block_mask = self.freqs_cis, None, None
         if cache is not None:
+            if positions is not None:
+                raise ValueError("a KV cache samples one sequence per row: pass positions or cache, not both")
             end = cache.offset + h.shape[1]
             if end > freqs_cis.shape[0]:
                 raise ValueError(f"position {end} exceeds the rotary table's max_seq_len {freqs_cis.shape[0]}")
             freqs_cis = freqs_cis[cache.offset:end]
+        if positions is not None:
+            if positions.dim() != 2 or positions.shape[0] != tokens.shape[0]:
+                raise ValueError(f"positions {tuple(positions.shape)} are not [batch, seq] for tokens {tuple(tokens.shape)}")
+            freqs_cis = self.freqs_cis[positions]  # an out-of-table position is an IndexError here
+            starts = cpu_attention.document_starts(positions)
+            # FlexAttention on request, and by default on CUDA, where SDPA would take a dense mask.
+            if self.args.attention_kernel == "flex" or (self.args.attention_kernel == "auto" and h.device.type == "cuda"):
+                block_mask = _document_block_mask(starts)  # built once, for every layer
         for name, layer in self.layers.items():
-            h = layer(h, freqs_cis, None if cache is None else cache.layer(name))
+            h = layer(h, freqs_cis, starts=starts, block_mask=block_mask,
+                      cache=None if cache is None else cache.layer(name))
         if self.norm is not None:
             h = self.norm(h)
         return self.output(h) if self.output is not None else h
