@@ -43,8 +43,9 @@ from torch import nn
 from . import cpu_attention
 
 if TYPE_CHECKING:  # imported where used: flex_attention is not needed to build or run the other kernels
-    from titan_core.kv_cache import KVCache, LayerCache
     from torch.nn.attention.flex_attention import BlockMask
+
+    from titan_core.kv_cache import KVCache, LayerCache
 
 ATTENTION_KERNELS = ("auto", "sdpa", "flex")
 
