@@ -49,6 +49,7 @@ def _stand_in_ci(root: Path, *, pytest_rc: int = 0, ruff_rc: int = 0, mypy_rc: i
         (root / script).parent.mkdir(parents=True, exist_ok=True)
         (root / script).write_text((REPO / script).read_text())
     (root / "scripts/setup.sh").write_text("exit 0\n")
+    (root / "scripts/install_chromium.sh").write_text("exit 0\n")
     (root / ".venv/bin").mkdir(parents=True)
     for tool, rc in (("python", pytest_rc), ("ruff", ruff_rc), ("mypy", mypy_rc), ("titan-plugin", 0)):
         (root / ".venv/bin" / tool).write_text(f"#!/bin/sh\necho \"ran {tool}: $*\"\nexit {rc}\n")
@@ -89,3 +90,11 @@ def test_quickstart_script_trains(tmp_path: Path) -> None:
     assert records[-1]["step"] == 30
     assert records[-1]["loss"] < records[0]["loss"]
     assert "step     30 | loss" in proc.stdout
+    assert "[setup] " in proc.stdout  # the set-up stage says what it does
+    # It ends with the report's path and a sample of what the model learned.
+    report = tmp_path / "quickstart" / "report.html"
+    assert f"Report (open it in a browser): {report}\n" in proc.stdout and report.is_file()
+    assert (tmp_path / "quickstart" / "report-loss.png").is_file()
+    tail = proc.stdout.split("A greedy continuation of 'The \"for\" statement'", 1)[1].splitlines()
+    assert tail[1].startswith('The "for" statement') and len(tail[1]) > len('The "for" statement') + 10
+    assert "greedy, with a KV cache" in proc.stderr

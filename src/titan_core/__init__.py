@@ -87,6 +87,10 @@ _LAZY: dict[str, str] = {
     "StopRequested": "signals",
     "PeerLost": "peer_failure",
     "default_parallelize_fn": "parallel",
+    "KVCache": "kv_cache",
+    "Sampling": "sampling",
+    "sample": "sampling",
+    "write_run_report": "report",
 }
 
 __all__ = ["PLUGIN_API_VERSION", "__version__", *_LAZY]
@@ -150,6 +154,7 @@ if TYPE_CHECKING:
         init_model_weights as init_model_weights,
         parameter_generator as parameter_generator,
     )
+    from .kv_cache import KVCache as KVCache
     from .loss import IGNORE_INDEX as IGNORE_INDEX, cross_entropy_loss as cross_entropy_loss
     from .metrics import MetricsLogger as MetricsLogger
     from .optim import (
@@ -167,10 +172,12 @@ if TYPE_CHECKING:
         Tokenizer as Tokenizer,
         TrainSpec as TrainSpec,
     )
+    from .report import write_run_report as write_run_report
     from .run_lock import (
         RunFolderBusy as RunFolderBusy,
         acquire_run_lock as acquire_run_lock,
     )
+    from .sampling import Sampling as Sampling, sample as sample
     from .selection import (
         fqn_matches as fqn_matches,
         select_linears as select_linears,

@@ -15,8 +15,9 @@ import json
 import os
 import secrets
 from pathlib import Path
+from typing import Any
 
-from .errors import TitanError
+from .errors import ConfigError, TitanError
 from .metrics import progress
 
 SUPERSEDED_FILE = "metrics.superseded.jsonl"
@@ -110,3 +111,17 @@ def _step_of(line: str) -> int | None:
         return None
     step = record.get("step") if isinstance(record, dict) else None
     return step if isinstance(step, int) and not isinstance(step, bool) else None
+
+
+def read_run_config(path: Path | None) -> dict[str, Any]:
+    """A run's ``config.toml`` as a dict ({} for None); ConfigError naming it when unreadable."""
+    if path is None:
+        return {}
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10
+        import tomli as tomllib  # type: ignore[no-redef]
+    try:
+        return tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError, RecursionError) as exc:
+        raise ConfigError(f"cannot read the run config {path}: {exc}") from None

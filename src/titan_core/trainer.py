@@ -501,3 +501,7 @@ class Trainer:
             export_safetensors(self.model_parts, self.run_dir / "export" / "model.safetensors", dtype=dtype,
                                is_rank0=self.is_rank0)
         self.metrics.close()
+        if self.is_rank0 and self.config.metrics.report:
+            from .report import report_at_end
+
+            report_at_end(self.run_dir)

@@ -46,6 +46,16 @@ def test_convert_both_ways_on_an_fsdp2_checkpoint(tmp_path: Path) -> None:
     assert json.loads((tmp_path / "out_hf" / "config.json").read_text()) == \
         json.loads((tmp_path / "run" / "export" / "hf" / "config.json").read_text())
 
+    # titan-generate reads the same sharded checkpoint on one process: the export's greedy tokens.
+    from titan_core.sampling import Sampling, sample
+    from titan_core.whole_model import load_hf_folder, load_titan_checkpoint
+
+    greedy = Sampling(max_new_tokens=8)
+    sharded = sample(load_titan_checkpoint(step).model, [5, 17, 300, 42], greedy)
+    assert sharded == sample(load_hf_folder(tmp_path / "out_hf", spec_name=None, what="test").model, [5, 17, 300, 42],
+                             greedy)
+    assert len(sharded) == 8
+
     from_hf = convert("from-hf", str(tmp_path / "out_hf"), str(tmp_path / "ckpt"))
     assert from_hf.code == 0, from_hf.text
     titan_ckpt = tmp_path / "ckpt" / "step-000000"

@@ -26,17 +26,26 @@ def is_titan_checkpoint(path: Path) -> bool:
     return (Path(path) / layout.IDENTITY_FILE).is_file()
 
 
+def newest_checkpoint(folder: Path) -> tuple[Path, str] | None:
+    """For a run folder (or its checkpoints/ folder): its newest ``step-N`` checkpoint and which of the
+    two ``folder`` is ("a run folder" / "a folder of checkpoints"); None when it is neither."""
+    folder = Path(folder)
+    for holder, kind in ((folder / "checkpoints", "a run folder"), (folder, "a folder of checkpoints")):
+        steps = sorted(p for p in holder.glob("step-*") if is_titan_checkpoint(p)) if holder.is_dir() else []
+        if steps:
+            return steps[-1], kind
+    return None
+
+
 def run_folder_hint(folder: Path) -> str:
     """For a titan run folder (or its checkpoints/ folder) given where a checkpoint belongs: which to name.
 
     "" when ``folder`` is neither; otherwise a sentence naming the newest ``step-N`` in it.
     """
-    folder = Path(folder)
-    for holder, kind in ((folder / "checkpoints", "a run folder"), (folder, "a folder of checkpoints")):
-        steps = sorted(p for p in holder.glob("step-*") if is_titan_checkpoint(p)) if holder.is_dir() else []
-        if steps:
-            return f" {folder} is {kind}: name one of its checkpoints, e.g. the newest, {steps[-1]}."
-    return ""
+    found = newest_checkpoint(folder)
+    if found is None:
+        return ""
+    return f" {folder} is {found[1]}: name one of its checkpoints, e.g. the newest, {found[0]}."
 
 
 def saved_param_shapes(path: Path) -> dict[str, tuple[int, ...]]:

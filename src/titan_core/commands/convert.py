@@ -12,14 +12,12 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import traceback
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ..errors import ConfigError, TitanError
-from ..os_errors import describe_os_error
-from ..signals import Terminated, sigterm_raises
+from ..errors import ConfigError
+from .tool_main import run_tool
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -75,30 +73,13 @@ def _require_new_folder(out: Path, source: Path) -> None:
                           f"(titan-convert never changes its input).")
 
 
-def _read_toml(path: Path | None) -> dict[str, Any]:
-    if path is None:
-        return {}
-    try:
-        import tomllib
-    except ImportError:  # Python 3.10
-        import tomli as tomllib  # type: ignore[no-redef]
-    try:
-        return tomllib.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
-        raise ConfigError(f"cannot read the run config {path}: {exc}") from None
-
-
 def to_hf(args: argparse.Namespace) -> int:
     import torch
 
-    from .. import discovery
-    from ..checkpoint.identity import read_record
-    from ..checkpoint.weights import is_titan_checkpoint, load_model_weights, run_folder_hint
+    from ..checkpoint.weights import is_titan_checkpoint, run_folder_hint
     from ..hf.export import export_hf
     from ..hf.folder import is_hf_folder
-    from ..hf.model_args import checkpoint_model_args, run_config_of
-    from ..ties import declared_ties, retie_weights
-    from ..tokenizer import build_tokenizer
+    from ..whole_model import load_titan_checkpoint
 
     ckpt: Path = args.checkpoint
     if is_hf_folder(ckpt):
@@ -110,17 +91,8 @@ def to_hf(args: argparse.Namespace) -> int:
         raise ConfigError(f"{ckpt} is not a titan checkpoint (no titan_checkpoint.json); to-hf reads a step-N "
                           f"folder such as runs/x/checkpoints/step-000100.{hint}")
     _require_new_folder(args.out, ckpt)
-    identity = read_record(ckpt).identity
-    run_config = _read_toml(args.config or run_config_of(ckpt))
-    spec = discovery.load_train_spec(identity.spec)
-    tokenizer = build_tokenizer(str(run_config.get("data", {}).get("tokenizer", "builtin")))
-    model_args = checkpoint_model_args(ckpt, spec=spec, flavor=identity.flavor, run_config=run_config,
-                                       vocab_size=tokenizer.vocab_size)
-    with torch.device("meta"):
-        model = spec.model_cls(model_args)
-    model.to_empty(device="cpu")
-    retie_weights(model, declared_ties(model))
-    load_model_weights(ckpt, [model])
+    whole = load_titan_checkpoint(ckpt, config=args.config)
+    spec, model, model_args, tokenizer = whole.spec, whole.model, whole.model_args, whole.tokenizer
     total = sum(p.numel() * p.element_size() for p in model.parameters())
     bar = ProgressBar("writing", total, mode=args.progress)
     export_hf([model], args.out, spec=spec, model_args=model_args, tokenizer=tokenizer,
@@ -208,23 +180,8 @@ class _NoData:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
-    try:
-        with sigterm_raises():  # like Ctrl+C: one line and 143; OUT appears only whole (written beside it, renamed)
-            return to_hf(args) if args.command == "to-hf" else from_hf(args)
-    except (TitanError, OSError) as exc:
-        error = describe_os_error(exc) if isinstance(exc, OSError) else exc
-        if args.traceback:
-            traceback.print_exc()
-        print(f"titan-convert: error: {error}", file=sys.stderr)
-        if not args.traceback:
-            print("(run with --traceback to see where it happened)", file=sys.stderr)
-        return error.exit_code
-    except KeyboardInterrupt:
-        print("titan-convert: interrupted", file=sys.stderr)
-        return 130
-    except Terminated:
-        print("titan-convert: stopped by SIGTERM", file=sys.stderr)
-        return 143
+    # like Ctrl+C: one line and 143; OUT appears only whole (written beside it, renamed)
+    return run_tool("titan-convert", to_hf if args.command == "to-hf" else from_hf, args)
 
 
 if __name__ == "__main__":  # pragma: no cover

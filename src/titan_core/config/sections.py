@@ -133,6 +133,7 @@ class MetricsSection(Section):
     wandb: bool = Field(False, description="Also log to Weights & Biases (respects WANDB_MODE=offline).")
     wandb_project: str = Field("titan", description="W&B project name.")
     peak_tflops: float | None = Field(None, gt=0, description="Peak bf16 TFLOP/s for MFU; default from a table of known GPUs.")
+    report: bool = Field(True, description="When training ends, write report.html (charts of metrics.jsonl, see titan-report) and report-loss.png into the run folder; a failure to draw is a warning, never an error.")
 
 
 class CompileSection(Section):

@@ -15,6 +15,8 @@ Features:
   * an output head that is its own matrix, or tied to the embedding (``tie_embeddings``,
     as in Llama 3.2 1B/3B; declared through ``tied_weights()`` so the core keeps the tie
     through ``to_empty`` and parallelism); no biases anywhere;
+  * an optional key/value cache for sampling (``forward(tokens, cache=...)``, the contract
+    of ``titan_core.KVCache``): new tokens only, positions continuing from the cache;
   * a forward that tolerates the pipeline splitter removing ``tok_embeddings``,
     ``norm``, ``output`` or some ``layers`` (a stage then passes hidden states on);
   * buildable on the meta device; weights are filled per parameter name from a seeded
@@ -42,6 +44,8 @@ from . import cpu_attention
 
 if TYPE_CHECKING:  # imported where used: flex_attention is not needed to build or run the other kernels
     from torch.nn.attention.flex_attention import BlockMask
+
+    from titan_core.kv_cache import KVCache, LayerCache
 
 ATTENTION_KERNELS = ("auto", "sdpa", "flex")
 
@@ -214,15 +218,18 @@ class Attention(nn.Module):
         self.wo = nn.Linear(args.n_heads * args.head_dim, args.dim, bias=False)
 
     def forward(self, x: torch.Tensor, freqs_cis: torch.Tensor, *, starts: torch.Tensor | None = None,
-                block_mask: BlockMask | None = None) -> torch.Tensor:
+                block_mask: BlockMask | None = None, cache: LayerCache | None = None) -> torch.Tensor:
         """``starts`` [b, s]: each token's document start (None: one sequence, causal);
-        ``block_mask``: the same mask built for FlexAttention, which then runs."""
+        ``block_mask``: the same mask built for FlexAttention, which then runs;
+        ``cache`` (sampling only): this layer's keys and values of the earlier positions."""
         bs, seqlen, _ = x.shape
         # Head counts come from the (possibly tensor-parallel sharded) weights, not args.
         q = self.wq(x).view(bs, seqlen, -1, self.head_dim)
         k = self.wk(x).view(bs, seqlen, -1, self.head_dim)
         v = self.wv(x).view(bs, seqlen, -1, self.head_dim)
         q, k = apply_rope(q, freqs_cis), apply_rope(k, freqs_cis)
+        if cache is not None:
+            return self._cached(q, k, v, cache)
         if block_mask is None and self.kernel == "auto" and cpu_attention.supports(q, k, v):
             # Takes and returns the [b, s, h, d] layout, so no transposes at all.
             out, _ = cpu_attention.causal_attention(q, k, v, starts)
@@ -243,6 +250,21 @@ class Attention(nn.Module):
             # supports it and is as fast as repeating them, without the copies).
             out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
         # The kernel's output is laid out [b, s, h, d], so this reshape is a view.
+        return self.wo(out.transpose(1, 2).reshape(bs, seqlen, -1))
+
+    def _cached(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: LayerCache) -> torch.Tensor:
+        """Sampling: the new queries attend to every cached key and to the new keys up to their own."""
+        bs, seqlen = q.shape[:2]
+        k, v = cache.append(k, v)
+        past = k.shape[1] - seqlen
+        # SDPA's is_causal aligns the mask to the top left, right only without a past; one new
+        # query sees every key; several new queries after a past need the mask shifted by it.
+        mask = None
+        if past and seqlen > 1:
+            mask = torch.ones(seqlen, k.shape[1], dtype=torch.bool, device=q.device).tril(diagonal=past)
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=not past and seqlen > 1,
+                                             enable_gqa=k.shape[1] != q.shape[1])
         return self.wo(out.transpose(1, 2).reshape(bs, seqlen, -1))
 
 
@@ -270,8 +292,8 @@ class TransformerBlock(nn.Module):
         self.feed_forward = FeedForward(args.dim, args.ffn_hidden_dim)
 
     def forward(self, x: torch.Tensor, freqs_cis: torch.Tensor, *, starts: torch.Tensor | None = None,
-                block_mask: BlockMask | None = None) -> torch.Tensor:
-        h = x + self.attention(self.attention_norm(x), freqs_cis, starts=starts, block_mask=block_mask)
+                block_mask: BlockMask | None = None, cache: LayerCache | None = None) -> torch.Tensor:
+        h = x + self.attention(self.attention_norm(x), freqs_cis, starts=starts, block_mask=block_mask, cache=cache)
         return h + self.feed_forward(self.ffn_norm(h))
 
 
@@ -326,13 +348,23 @@ class Transformer(nn.Module):
         # Non-persistent: derived from args, so not saved; recomputed by init_buffers().
         self.register_buffer("freqs_cis", rope_table(args), persistent=False)
 
-    def forward(self, tokens: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor | None = None, *,
+                cache: KVCache | None = None) -> torch.Tensor:
         """``positions`` (int [b, s], optional): each token's position in its document, 0 at every
         document's first token. Given, a row holds several documents back to back: none attends
-        to another, and RoPE uses these positions. None: one sequence per row, plain causal."""
+        to another, and RoPE uses these positions. None: one sequence per row, plain causal.
+        ``cache`` (sampling only, one sequence per row): ``tokens`` are the new tokens, at positions
+        from ``cache.offset``."""
         # Without tok_embeddings this is a later pipeline stage: the input is hidden states.
         h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens
         freqs_cis, starts, block_mask = self.freqs_cis, None, None
+        if cache is not None:
+            if positions is not None:
+                raise ValueError("a KV cache samples one sequence per row: pass positions or cache, not both")
+            end = cache.offset + h.shape[1]
+            if end > freqs_cis.shape[0]:
+                raise ValueError(f"position {end} exceeds the rotary table's max_seq_len {freqs_cis.shape[0]}")
+            freqs_cis = freqs_cis[cache.offset:end]
         if positions is not None:
             if positions.dim() != 2 or positions.shape[0] != tokens.shape[0]:
                 raise ValueError(f"positions {tuple(positions.shape)} are not [batch, seq] for tokens {tuple(tokens.shape)}")
@@ -341,8 +373,9 @@ class Transformer(nn.Module):
             # FlexAttention on request, and by default on CUDA, where SDPA would take a dense mask.
             if self.args.attention_kernel == "flex" or (self.args.attention_kernel == "auto" and h.device.type == "cuda"):
                 block_mask = _document_block_mask(starts)  # built once, for every layer
-        for layer in self.layers.values():
-            h = layer(h, freqs_cis, starts=starts, block_mask=block_mask)
+        for name, layer in self.layers.items():
+            h = layer(h, freqs_cis, starts=starts, block_mask=block_mask,
+                      cache=None if cache is None else cache.layer(name))
         if self.norm is not None:
             h = self.norm(h)
         return self.output(h) if self.output is not None else h

@@ -1,0 +1,60 @@
+"""``titan-report RUN_DIR... [--out FILE.html]``: runs as one self-contained HTML page, plus a PNG of the loss.
+
+One run: ``RUN_DIR/report.html`` by default (the file the run itself writes when it ends).
+Several runs are overlaid on the same charts, with the settings that differ listed; they
+need ``--out``. The PNG (``FILE-loss.png`` beside the page) needs matplotlib (``plot`` extra);
+without it the page is still written, and the message says how to get the PNG.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from ..errors import ConfigError
+from .tool_main import run_tool
+
+PROG = "titan-report"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=PROG, description="Draw runs (metrics.jsonl, config.toml) as one self-contained "
+                                                      "HTML page and a PNG of the loss.")
+    p.add_argument("run_dirs", nargs="+", type=Path, metavar="RUN_DIR", help="titan run folders (job.run_dir)")
+    p.add_argument("--out", type=Path, default=None,
+                   help="the HTML file to write (default with one run: RUN_DIR/report.html; required with several)")
+    p.add_argument("--traceback", action="store_true", help="show Python tracebacks for errors")
+    return p
+
+
+def report(args: argparse.Namespace) -> int:
+    from ..report import REPORT_FILE, write_report
+
+    runs: list[Path] = args.run_dirs
+    out: Path | None = args.out
+    if out is None:
+        if len(runs) > 1:
+            raise ConfigError(f"{len(runs)} runs are overlaid on one page: name it with --out FILE.html.")
+        out = runs[0] / REPORT_FILE
+    if out.suffix.lower() not in (".html", ".htm"):
+        raise ConfigError(f"--out {out} must end in .html (the PNG of the loss is written beside it).")
+    if out.is_dir():
+        raise ConfigError(f"--out {out} is a folder; name the HTML file to write, e.g. {out / REPORT_FILE}.")
+    written = write_report(runs, out)
+    print(f"[{PROG}] wrote {written.html}", flush=True)
+    if written.png is not None:
+        print(f"[{PROG}] wrote {written.png}", flush=True)
+    else:
+        print(f"[{PROG}] warning: {written.note}", file=sys.stderr, flush=True)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
+    return run_tool(PROG, report, args)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,37 @@
+"""The error handling every one-shot console tool shares (titan-convert, titan-generate, titan-report).
+
+A bad input is one line ``<prog>: error: ...`` and the error's exit code (2), with the
+traceback only under ``--traceback``; Ctrl+C exits 130 and SIGTERM 143, each with one line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import traceback
+from collections.abc import Callable
+
+from ..errors import TitanError
+from ..os_errors import describe_os_error
+from ..signals import Terminated, sigterm_raises
+
+
+def run_tool(prog: str, command: Callable[[argparse.Namespace], int], args: argparse.Namespace) -> int:
+    """``command(args)``, with the project's exits for user errors and signals (see the module docstring)."""
+    try:
+        with sigterm_raises():
+            return command(args)
+    except (TitanError, OSError) as exc:
+        error = describe_os_error(exc) if isinstance(exc, OSError) else exc
+        if args.traceback:
+            traceback.print_exc()
+        print(f"{prog}: error: {error}", file=sys.stderr)
+        if not args.traceback:
+            print("(run with --traceback to see where it happened)", file=sys.stderr)
+        return error.exit_code
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr)
+        return 130
+    except Terminated:
+        print(f"{prog}: stopped by SIGTERM", file=sys.stderr)
+        return 143

@@ -1,0 +1,80 @@
+"""A whole model on one process, from a titan checkpoint (any layout it was saved from) or a
+Hugging Face folder: what ``titan-convert to-hf`` and ``titan-generate`` start from.
+
+The checkpoint is checked as a resume checks it (complete, identity file, checksums,
+shapes) and DCP reshards it into one plain model; nothing but the weights is read.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+
+@dataclass
+class WholeModel:
+    model: nn.Module
+    spec: Any  # the TrainSpec
+    model_args: Any
+    tokenizer: Any
+
+
+def _finish(model: nn.Module) -> None:
+    """Non-persistent buffers (e.g. a rotary table) hold garbage after ``to_empty``: recompute them."""
+    init_buffers = getattr(model, "init_buffers", None)
+    if init_buffers is not None:
+        init_buffers()
+
+
+def load_titan_checkpoint(checkpoint: Path, *, config: Path | None = None) -> WholeModel:
+    """The model of ``checkpoint`` (a step-N folder) in float32 on the CPU; ``config``: the run's
+    config.toml (default: two levels up, where titan-train writes it)."""
+    from . import discovery
+    from .checkpoint.identity import read_record
+    from .checkpoint.weights import load_model_weights
+    from .hf.model_args import checkpoint_model_args, run_config_of
+    from .run_files import read_run_config
+    from .ties import declared_ties, retie_weights
+    from .tokenizer import build_tokenizer
+
+    identity = read_record(checkpoint).identity
+    run_config = read_run_config(config or run_config_of(checkpoint))
+    spec = discovery.load_train_spec(identity.spec)
+    data = run_config.get("data", {})
+    tokenizer = build_tokenizer(str(data.get("tokenizer", "builtin") if isinstance(data, dict) else "builtin"))
+    model_args = checkpoint_model_args(checkpoint, spec=spec, flavor=identity.flavor, run_config=run_config,
+                                       vocab_size=tokenizer.vocab_size)
+    with torch.device("meta"):
+        model = spec.model_cls(model_args)
+    model.to_empty(device="cpu")
+    retie_weights(model, declared_ties(model))
+    load_model_weights(checkpoint, [model])
+    _finish(model)
+    return WholeModel(model, spec, model_args, tokenizer)
+
+
+def load_hf_folder(folder_path: Path, *, spec_name: str | None, what: str) -> WholeModel:
+    """The model of a Hugging Face folder through the spec's adapter (default: the only installed spec)."""
+    from . import discovery
+    from .hf.adapter import adapter_of
+    from .hf.folder import open_hf_folder
+    from .hf.initial_load import check_hf_fits, load_hf_weights
+    from .hf.tokenizer_folder import load_tokenizer_folder
+    from .ties import declared_ties, retie_weights
+
+    spec = discovery.load_train_spec(spec_name or discovery.default_spec_name())
+    folder = open_hf_folder(folder_path, what=what)
+    model_args = adapter_of(spec, purpose=what).model_args_from_hf(folder.config)
+    check_hf_fits(folder, spec=spec, model_args=model_args, what=what)  # before any weight is allocated
+    with torch.device("meta"):
+        model = spec.model_cls(model_args)
+    model.to_empty(device="cpu")
+    ties = declared_ties(model)
+    retie_weights(model, ties)
+    load_hf_weights(folder, spec=spec, model_parts=[model], model_args=model_args, ties=ties, what=what)
+    _finish(model)
+    return WholeModel(model, spec, model_args, load_tokenizer_folder(folder_path))
