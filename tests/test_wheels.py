@@ -18,7 +18,7 @@ import pytest
 
 from conftest import REPO, Wheels, run_ok
 
-DISTS = [REPO, REPO / "plugins/titan-llama", REPO / "plugins/titan-float8", REPO / "plugins/titan-mx-prototype"]
+DISTS = [REPO, REPO / "plugins/titan-llama", REPO / "plugins/titan-qwen3", REPO / "plugins/titan-float8", REPO / "plugins/titan-mx-prototype"]
 
 
 def _package(root: Path, dist: str, module: str, entry: str, body: str) -> Path:

@@ -85,6 +85,10 @@ _LAZY: dict[str, str] = {
     "StopRequested": "signals",
     "PeerLost": "peer_failure",
     "default_parallelize_fn": "parallel",
+    "MoE": "moe",
+    "MoEMonitor": "moe",
+    "GroupedExperts": "moe",
+    "TopKRouter": "moe",
 }
 
 __all__ = ["PLUGIN_API_VERSION", "__version__", *_LAZY]
@@ -149,6 +153,12 @@ if TYPE_CHECKING:
     )
     from .loss import cross_entropy_loss as cross_entropy_loss
     from .metrics import MetricsLogger as MetricsLogger
+    from .moe import (
+        GroupedExperts as GroupedExperts,
+        MoE as MoE,
+        MoEMonitor as MoEMonitor,
+        TopKRouter as TopKRouter,
+    )
     from .optim import (
         LRSchedulersContainer as LRSchedulersContainer,
         OptimizersContainer as OptimizersContainer,
