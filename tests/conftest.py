@@ -153,7 +153,7 @@ def assert_user_error(result: CliResult, *fragments: str, code: int = 2) -> None
     assert "Traceback (most recent call last)" not in result.text, result.text
 
 
-SMALL_RUN = ["training.seq_len=64", "training.local_batch_size=4", "metrics.log_freq=1", "lr_scheduler.warmup_steps=2"]
+SMALL_RUN = ["model.spec=llama3", "training.seq_len=64", "training.local_batch_size=4", "metrics.log_freq=1", "lr_scheduler.warmup_steps=2"]
 
 
 def trained(run_dir: Path, *pairs: str) -> tuple[Any, list[float]]:
