@@ -75,7 +75,7 @@ def _reference(folder: Path) -> torch.nn.Module:
 def test_hf_to_titan_logits_match(tmp_path: Path, case: dict) -> None:
     folder = open_hf_folder(tiny_hf_qwen3(tmp_path / "hf", **case), what="test")
     if case["moe"]:  # the file holds one tensor per expert, as published checkpoints do
-        assert "model.layers.0.mlp.experts.5.down_proj.weight" in folder.tensors
+        assert any(k.endswith("mlp.experts.5.down_proj.weight") for k in folder.tensors)
     args = ADAPTER.model_args_from_hf(folder.config)
     assert args.n_kv_heads == case["n_kv_heads"] and args.tie_embeddings == case["tied"]
     model = Transformer(args)
@@ -107,7 +107,8 @@ def test_titan_to_hf_logits_match(tmp_path: Path, case: dict) -> None:
     save_file({k: v.contiguous() for k, v in tensors.items()}, str(out / "model.safetensors"), metadata={"format": "pt"})
     (out / "config.json").write_text(json.dumps(ADAPTER.hf_config(base)))
     if case["moe"]:
-        assert "model.layers.1.mlp.experts.0.gate_proj.weight" in tensors
+        assert sum(k.endswith("mlp.experts.0.gate_proj.weight") for k in tensors) == \
+            sum(layer.moe is not None for layer in model.layers.values()) > 0
         assert not any("expert_bias" in k for k in tensors)
     with torch.no_grad():
         ours, theirs = model.eval()(_tokens()), _reference(out)(_tokens()).logits

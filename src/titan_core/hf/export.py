@@ -31,6 +31,7 @@ from torch.distributed.tensor import DTensor
 from ..checkpoint import states
 from ..errors import CheckpointError, ConfigError
 from .adapter import adapter_of
+from .stacks import unstack
 from .folder import INDEX, SINGLE
 from .tokenizer_json import write_hf_tokenizer
 
