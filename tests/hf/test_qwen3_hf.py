@@ -40,11 +40,12 @@ CASES = [
 ]
 
 
-def tiny_hf_qwen3(folder: Path, *, moe: bool, tied: bool, n_kv_heads: int, seed: int = 0, **moe_kw: Any) -> Path:
+def tiny_hf_qwen3(folder: Path, *, moe: bool, tied: bool, n_kv_heads: int, seed: int = 0, vocab: int = VOCAB,
+                  **moe_kw: Any) -> Path:
     """A random (transformers-initialised, then perturbed) Qwen3 / Qwen3-MoE saved with save_pretrained."""
     from transformers import Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
-    common: dict[str, Any] = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_attention_heads=4,
+    common: dict[str, Any] = dict(vocab_size=vocab, hidden_size=64, intermediate_size=96, num_attention_heads=4,
                                   num_key_value_heads=n_kv_heads, head_dim=24, max_position_embeddings=128,
                                   tie_word_embeddings=tied, rms_norm_eps=1e-6, rope_theta=10000.0)
     torch.manual_seed(seed)

@@ -91,8 +91,12 @@ def test_grouped_linear_fallback_equals_one_matmul_per_expert() -> None:
 
 
 def test_aux_loss_is_one_when_even_and_reaches_the_router() -> None:
-    probs = torch.full((8, 4), 0.25)
-    assert load_balancing_loss(probs, torch.tensor([4, 4, 4, 4]), top_k=2).item() == pytest.approx(1.0)
+    even = torch.tensor([[[0, 1], [2, 3]], [[1, 3], [0, 2]]])  # 2 sequences of 2 tokens, 2 choices each
+    assert load_balancing_loss(torch.full((2, 2, 4), 0.25), even).item() == pytest.approx(1.0)
+    # All on expert 0 with all the probability there: E * 1/2 * 1 (half the choices are the second pick).
+    skewed = torch.tensor([[[0, 1], [0, 1]]])
+    probs = torch.tensor([[[1.0, 0.0, 0.0, 0.0], [1.0, 0.0, 0.0, 0.0]]])
+    assert load_balancing_loss(probs, skewed).item() == pytest.approx(2.0)
     torch.manual_seed(0)
     moe = MoE(16, 8, num_experts=4, top_k=2, norm_topk_prob=True, aux_loss_coeff=0.5)
     monitor = MoEMonitor([moe])

@@ -1,8 +1,10 @@
 """Load balancing of experts: the auxiliary loss, DeepSeek-V3's bias update, and the load figures.
 
-* :func:`load_balancing_loss`: Switch-Transformer style, ``E * sum_e f_e * P_e`` with
-  ``f_e`` the share of routing choices that went to expert e and ``P_e`` its mean router
-  probability; 1.0 when perfectly even. It has a gradient through ``P`` only.
+* :func:`load_balancing_loss`: ``E * sum_e f_e * P_e`` with ``f_e`` the share of routing
+  choices that went to expert e and ``P_e`` its mean router probability (1.0 when perfectly
+  even; a gradient through ``P`` only), taken per sequence and averaged over the sequences
+  (DeepSeek-V3's sequence-wise form). Per sequence, it does not depend on how the batch is
+  split over data-parallel ranks: every layout trains on the same loss.
 * :func:`update_expert_bias`: the auxiliary-loss-free method (DeepSeek-V3, section 2.1.2):
   after each optimizer step every expert's routing bias moves by ``rate`` towards even
   load (up when under-loaded, down when over-loaded), then the biases are re-centred.
@@ -14,11 +16,19 @@ from __future__ import annotations
 import torch
 
 
-def load_balancing_loss(probs: torch.Tensor, counts: torch.Tensor, top_k: int) -> torch.Tensor:
-    """The auxiliary loss of one layer (not yet multiplied by its coefficient)."""
-    num_experts = probs.shape[-1]
-    share = counts.to(probs.dtype) / max(probs.shape[0] * top_k, 1)
-    return num_experts * (share * probs.mean(0)).sum()
+def load_balancing_loss(probs: torch.Tensor, experts: torch.Tensor) -> torch.Tensor:
+    """The auxiliary loss of one layer (not yet multiplied by its coefficient).
+
+    ``probs``: router probabilities [sequences, tokens, experts]; ``experts``: the chosen
+    expert ids [sequences, tokens, k].
+    """
+    n_seq, n_tok, num_experts = probs.shape
+    top_k = experts.shape[-1]
+    ones = torch.ones(experts.shape[0], n_tok * top_k, dtype=probs.dtype, device=probs.device)
+    counts = torch.zeros(n_seq, num_experts, dtype=probs.dtype, device=probs.device)
+    counts.scatter_add_(1, experts.reshape(n_seq, -1), ones)
+    share = counts / max(n_tok * top_k, 1)
+    return num_experts * (share * probs.mean(1)).sum(-1).mean()
 
 
 @torch.no_grad()

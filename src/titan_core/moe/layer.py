@@ -57,6 +57,8 @@ class MoE(nn.Module):
             combined = combined + self.shared_experts(flat)
         if self.training:
             self.tokens_per_expert = counts.detach()
-            self.aux_loss = (self.aux_loss_coeff * load_balancing_loss(probs, counts, top_k)
+            per_sequence = (-1, shape[-2]) if len(shape) == 3 else (1, -1)  # [batch, seq, dim], or one sequence
+            self.aux_loss = (self.aux_loss_coeff * load_balancing_loss(probs.reshape(*per_sequence, probs.shape[-1]),
+                                                                       experts.reshape(*per_sequence, top_k))
                              if self.aux_loss_coeff > 0 else None)
         return combined.reshape(shape)

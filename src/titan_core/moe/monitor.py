@@ -10,8 +10,8 @@ The trainer builds one :class:`MoEMonitor` over its model parts (it finds every
 * :meth:`MoEMonitor.after_step` after the optimizer step: the counts are summed over all
   ranks (every rank then applies the same bias update, whatever the layout), each block's
   ``expert_bias`` moves towards even load when its ``bias_update_rate`` is set, and the
-  step's figures are returned for the metrics line: ``moe_aux_loss`` (the mean of the
-  micro-batches' summed auxiliary losses), ``moe_load_imbalance`` (max/mean tokens per
+  step's figures are returned for the metrics line: ``moe_aux_loss`` (the mean over
+  micro-batches and ranks of the summed auxiliary losses), ``moe_load_imbalance`` (max/mean tokens per
   expert, averaged over the blocks) and ``moe_load_imbalance_max`` (the worst block).
 """
 
@@ -60,8 +60,11 @@ class MoEMonitor:
         if not present:
             return {}
         stacked = torch.stack([c if c is not None else torch.zeros_like(present[0]) for c in self._counts])
+        aux = torch.tensor([sum(self._aux) / len(self._aux) if self._aux else 0.0], device=stacked.device)
         if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
             dist.all_reduce(stacked)
+            dist.all_reduce(aux)  # every rank's figure (equal batches: the mean of means is the mean)
+            aux /= dist.get_world_size()
         for block, counts in zip(self.blocks, stacked):
             if block.bias_update_rate > 0:
                 update_expert_bias(block.router.expert_bias, counts, block.bias_update_rate)
@@ -69,7 +72,7 @@ class MoEMonitor:
         self.metrics = {"moe_load_imbalance": sum(imbalance) / len(imbalance),
                         "moe_load_imbalance_max": max(imbalance)}
         if self._aux:
-            self.metrics["moe_aux_loss"] = sum(self._aux) / len(self._aux)
+            self.metrics["moe_aux_loss"] = float(aux)
         self._counts = [None] * len(self.blocks)
         self._aux = []
         return self.metrics
