@@ -31,8 +31,8 @@ from torch.distributed.tensor import DTensor
 from ..checkpoint import states
 from ..errors import CheckpointError, ConfigError
 from .adapter import adapter_of
-from .stacks import unstack
 from .folder import INDEX, SINGLE
+from .stacks import unstack
 from .tokenizer_json import write_hf_tokenizer
 
 

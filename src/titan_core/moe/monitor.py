@@ -42,7 +42,8 @@ class MoEMonitor:
         for i, block in enumerate(self.blocks):
             counts = block.tokens_per_expert
             if counts is not None:
-                self._counts[i] = counts if self._counts[i] is None else self._counts[i] + counts
+                before = self._counts[i]
+                self._counts[i] = counts if before is None else before + counts
                 block.tokens_per_expert = None
             if block.aux_loss is not None:
                 total = block.aux_loss if total is None else total + block.aux_loss

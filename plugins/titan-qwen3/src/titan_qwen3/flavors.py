@@ -9,9 +9,12 @@ against the published totals.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from .model import Qwen3Args
 
-_QWEN3 = dict(vocab_size=151936, head_dim=128, rope_theta=1000000.0, norm_eps=1e-6, max_seq_len=40960)
+# What every published Qwen3 shares; each flavor replaces the rest.
+_QWEN3 = Qwen3Args(vocab_size=151936, head_dim=128, rope_theta=1000000.0, norm_eps=1e-6, max_seq_len=40960)
 
 qwen3_flavors: dict[str, Qwen3Args] = {
     # Dense, small enough for CPU tests: 8 query heads sharing 4 key/value heads.
@@ -27,15 +30,15 @@ qwen3_flavors: dict[str, Qwen3Args] = {
         max_seq_len=2048, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=256,
         moe_bias_update_rate=1e-3,
     ),
-    "0.6B": Qwen3Args(dim=1024, n_layers=28, n_heads=16, n_kv_heads=8, intermediate_size=3072,
-                      tie_embeddings=True, **_QWEN3),
-    "1.7B": Qwen3Args(dim=2048, n_layers=28, n_heads=16, n_kv_heads=8, intermediate_size=6144,
-                      tie_embeddings=True, **_QWEN3),
-    "4B": Qwen3Args(dim=2560, n_layers=36, n_heads=32, n_kv_heads=8, intermediate_size=9728,
-                    tie_embeddings=True, **_QWEN3),
-    "8B": Qwen3Args(dim=4096, n_layers=36, n_heads=32, n_kv_heads=8, intermediate_size=12288, **_QWEN3),
-    "30B-A3B": Qwen3Args(dim=2048, n_layers=48, n_heads=32, n_kv_heads=4, intermediate_size=6144,
-                         num_experts=128, num_experts_per_tok=8, moe_intermediate_size=768, **_QWEN3),
-    "235B-A22B": Qwen3Args(dim=4096, n_layers=94, n_heads=64, n_kv_heads=4, intermediate_size=12288,
-                           num_experts=128, num_experts_per_tok=8, moe_intermediate_size=1536, **_QWEN3),
+    "0.6B": replace(_QWEN3, dim=1024, n_layers=28, n_heads=16, n_kv_heads=8, intermediate_size=3072,
+                      tie_embeddings=True),
+    "1.7B": replace(_QWEN3, dim=2048, n_layers=28, n_heads=16, n_kv_heads=8, intermediate_size=6144,
+                      tie_embeddings=True),
+    "4B": replace(_QWEN3, dim=2560, n_layers=36, n_heads=32, n_kv_heads=8, intermediate_size=9728,
+                    tie_embeddings=True),
+    "8B": replace(_QWEN3, dim=4096, n_layers=36, n_heads=32, n_kv_heads=8, intermediate_size=12288),
+    "30B-A3B": replace(_QWEN3, dim=2048, n_layers=48, n_heads=32, n_kv_heads=4, intermediate_size=6144,
+                         num_experts=128, num_experts_per_tok=8, moe_intermediate_size=768),
+    "235B-A22B": replace(_QWEN3, dim=4096, n_layers=94, n_heads=64, n_kv_heads=4, intermediate_size=12288,
+                           num_experts=128, num_experts_per_tok=8, moe_intermediate_size=1536),
 }
