@@ -14,6 +14,9 @@ from typing import Any
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+# This checkout installs two specs (llama3, qwen3); commands that name none mean llama3, in this
+# process and in every titan process the tests start (they inherit the environment).
+os.environ.setdefault("TITAN_DEFAULT_SPEC", "llama3")
 
 
 @dataclass
