@@ -14,6 +14,9 @@ from typing import Any
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+# This checkout installs two specs (llama3, qwen3); commands that name none mean llama3, in this
+# process and in every titan process the tests start (they inherit the environment).
+os.environ.setdefault("TITAN_DEFAULT_SPEC", "llama3")
 
 
 @dataclass
@@ -153,7 +156,7 @@ def assert_user_error(result: CliResult, *fragments: str, code: int = 2) -> None
     assert "Traceback (most recent call last)" not in result.text, result.text
 
 
-SMALL_RUN = ["training.seq_len=64", "training.local_batch_size=4", "metrics.log_freq=1", "lr_scheduler.warmup_steps=2"]
+SMALL_RUN = ["model.spec=llama3", "training.seq_len=64", "training.local_batch_size=4", "metrics.log_freq=1", "lr_scheduler.warmup_steps=2"]
 
 
 def trained(run_dir: Path, *pairs: str) -> tuple[Any, list[float]]:

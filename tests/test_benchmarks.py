@@ -45,3 +45,13 @@ def test_attention_prints_fused_against_sdpa_for_each_head_shape() -> None:
     rows = re.findall(r"^(\d+) x (\d+)((?:\s+[\d.]+){7})$", out, re.M)
     assert [(int(h), int(d)) for h, d, _ in rows] == [(16, 16), (8, 32), (4, 64)], out
     assert all(float(x) > 0 for *_, numbers in rows for x in numbers.split()), out
+
+
+def test_moe_step_time_prints_both_models_and_their_ratio() -> None:
+    out = bench("moe_step_time.py", "--seq-len", "16", "--batch", "2", "--warmup", "1", "--steps", "1")
+    rows = {m.group(1): (int(m.group(2).replace(",", "")), int(m.group(3).replace(",", "")))
+            for m in re.finditer(r"^(dense \(debugmodel\)|MoE \(debugmoe\))\s+([\d,]+)\s+([\d,]+)\s+[\d.]+$", out, re.M)}
+    assert set(rows) == {"dense (debugmodel)", "MoE (debugmoe)"}, out
+    dense, moe = rows["dense (debugmodel)"], rows["MoE (debugmoe)"]
+    assert moe[0] > 2 * dense[0] and abs(moe[1] - dense[1]) < 0.01 * dense[1]  # same active parameters
+    assert re.search(r"^MoE / dense step time: [\d.]+x$", out, re.M), out

@@ -65,7 +65,7 @@ def test_compare_is_single_process_only(cli, monkeypatch: pytest.MonkeyPatch) ->
 
 
 def test_baseline_config_drops_only_the_converters(tmp_path: Path) -> None:
-    pairs = [("model.converters", "float8,mx"), ("float8.recipe", "rowwise"), ("training.seed", "7"),
+    pairs = [("model.spec", "llama3"), ("model.converters", "float8,mx"), ("float8.recipe", "rowwise"), ("training.seed", "7"),
              ("training.steps", "9"), ("llama3.n_layers", "2")]
     resolved = resolve_config(config_source=None, override_pairs=pairs)
     base = baseline_of(resolved, tmp_path / "baseline")

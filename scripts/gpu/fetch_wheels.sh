@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # Fill .whl/ with what scripts/gpu/checks.sh installs on a GPU machine that cannot reach a
-# package index: the four titan wheels built from this checkout, plus the packages the GPU image
+# package index: the five titan wheels built from this checkout, plus the packages the GPU image
 # (Python 3.12, its own CUDA torch) lacks. Run here, where pip can reach PyPI; needs .venv
 # (bash scripts/setup.sh). About 6 MiB.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 rm -rf .whl && mkdir .whl
 .venv/bin/python -m pip wheel -q --no-deps --wheel-dir .whl \
-  . plugins/titan-llama plugins/titan-float8 plugins/titan-mx-prototype
+  . plugins/titan-llama plugins/titan-qwen3 plugins/titan-float8 plugins/titan-mx-prototype
 # Versions pinned to what CI tests with; --no-deps because the image has torch, numpy, tiktoken,
 # safetensors and matplotlib already, and its torch must not be replaced.
 .venv/bin/python -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \

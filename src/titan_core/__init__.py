@@ -91,6 +91,10 @@ _LAZY: dict[str, str] = {
     "Sampling": "sampling",
     "sample": "sampling",
     "write_run_report": "report",
+    "MoE": "moe",
+    "MoEMonitor": "moe",
+    "GroupedExperts": "moe",
+    "TopKRouter": "moe",
 }
 
 __all__ = ["PLUGIN_API_VERSION", "__version__", *_LAZY]
@@ -157,6 +161,12 @@ if TYPE_CHECKING:
     from .kv_cache import KVCache as KVCache
     from .loss import IGNORE_INDEX as IGNORE_INDEX, cross_entropy_loss as cross_entropy_loss
     from .metrics import MetricsLogger as MetricsLogger
+    from .moe import (
+        GroupedExperts as GroupedExperts,
+        MoE as MoE,
+        MoEMonitor as MoEMonitor,
+        TopKRouter as TopKRouter,
+    )
     from .optim import (
         LRSchedulersContainer as LRSchedulersContainer,
         OptimizersContainer as OptimizersContainer,

@@ -182,8 +182,14 @@ def _load(group: Group, name: str, finish: Callable[[Any], T]) -> T:
     return cast(T, _loaded[key])
 
 
+DEFAULT_SPEC_ENV = "TITAN_DEFAULT_SPEC"
+
+
 def default_spec_name() -> str:
     """The spec of a run that names none (``model.spec`` unset): the only installed one.
+
+    With several installed, the one the environment variable ``TITAN_DEFAULT_SPEC`` names
+    (if it is one of them), else an error asking for ``--spec``.
 
     Installed means found through an entry point; specs registered in-process (tests,
     notebooks, ``--import``) are chosen by name.
@@ -193,6 +199,10 @@ def default_spec_name() -> str:
     how = "--model.spec=NAME (or --spec NAME, or model.spec in --config)"
     if len(installed) == 1:
         return installed[0]
+    # A machine (or CI) with several specs installed may name the one its bare commands mean.
+    preferred = os.environ.get(DEFAULT_SPEC_ENV)
+    if preferred in installed:
+        return str(preferred)
     if not installed:
         registered = sorted(set(found) - set(installed))
         also = f" Registered in this process: {', '.join(registered)}." if registered else ""

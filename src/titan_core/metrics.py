@@ -151,6 +151,9 @@ class MetricsLogger:
             f"lr {r['lr']:.2e}", f"tok/s {r['tokens_per_s']:,.0f}", f"step {r['step_time_s'] * 1000:.0f}ms",
             f"mem {mem:.2f}GiB",
         ]
+        if "moe_load_imbalance" in r:
+            aux = f", aux loss {r['moe_aux_loss']:.4f}" if "moe_aux_loss" in r else ""
+            parts.append(f"moe load max/mean {r['moe_load_imbalance']:.2f}{aux}")
         if "mfu" in r:
             parts.append(f"mfu {100 * r['mfu']:.1f}% (full-square attention {100 * r['mfu_full_attention']:.1f}%)")
         return " | ".join(parts)

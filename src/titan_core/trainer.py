@@ -212,6 +212,9 @@ class Trainer:
         else:
             self.model_parts = [self.parallelize(model)]
         check_ties(self.model_parts, self.ties, after="parallelize_fn")
+        from .moe import MoEMonitor
+
+        self.moe = MoEMonitor(self.model_parts)  # a no-op for a model without MoE blocks
         if self.dims.distributed:
             self.report_layout()
 
@@ -327,7 +330,8 @@ class Trainer:
             check_logits(logits, inputs, spec=self.spec.name)
             loss = token_weighted(self.loss_fn(logits, labels), valid=valid, global_valid=self.step_valid_tokens,
                                   dp=self.dims.dp)
-            loss.backward()
+            aux = self.moe.after_forward()  # MoE load-balancing loss: trained on, not reported in `loss`
+            (loss if aux is None else loss + aux / self.accum).backward()
         return _plain(loss)
 
     def pipeline_forward_backward(self, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -357,6 +361,7 @@ class Trainer:
         if not (math.isfinite(global_loss) and math.isfinite(grad_norm)):
             return self.handle_nonfinite(global_loss, grad_norm)
         self.optimizer.step()
+        self.moe.after_step()  # MoE routing-bias update and load figures (self.moe.metrics)
         self.lr_schedulers.step()
         return StepResult(global_loss, grad_norm, skipped=False)
 
@@ -428,7 +433,7 @@ class Trainer:
                 self.metrics.log_step(
                     step=self.step, loss=result.loss, grad_norm=result.grad_norm, lr=self.lr_schedulers.get_last_lr(),
                     tokens=tokens_per_device, step_time=time.perf_counter() - start,
-                    extra={"skipped_steps": self.skipped_steps, "tokens_seen": self.tokens_seen},
+                    extra={"skipped_steps": self.skipped_steps, "tokens_seen": self.tokens_seen, **self.moe.metrics},
                 )
             with no_interrupt():  # Ctrl+C waits for the save to be published: never half a checkpoint
                 self.checkpointer.maybe_save(self.step, tokens_seen=self.tokens_seen, last=last)

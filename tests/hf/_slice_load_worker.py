@@ -47,7 +47,7 @@ def run_layout(folder: Path, run_dir: Path, name: str, pairs: list[tuple[str, st
     from titan_core.config.resolve import resolve_config
     from titan_core.hf.initial_load import load_initial_weights
 
-    base = [("checkpoint.initial_load", str(folder)), ("training.seq_len", "32"), ("training.local_batch_size", "4"),
+    base = [("model.spec", "llama3"), ("checkpoint.initial_load", str(folder)), ("training.seq_len", "32"), ("training.local_batch_size", "4"),
             ("job.run_dir", str(run_dir / name))]
     trainer = Trainer(resolve_config(config_source=None, override_pairs=base + pairs, world_size=int(os.environ["WORLD_SIZE"])))
     trainer.init_distributed()

@@ -56,7 +56,7 @@ def test_convert_both_ways_on_an_fsdp2_checkpoint(tmp_path: Path) -> None:
                              greedy)
     assert len(sharded) == 8
 
-    from_hf = convert("from-hf", str(tmp_path / "out_hf"), str(tmp_path / "ckpt"))
+    from_hf = convert("from-hf", "--spec", "llama3", str(tmp_path / "out_hf"), str(tmp_path / "ckpt"))
     assert from_hf.code == 0, from_hf.text
     titan_ckpt = tmp_path / "ckpt" / "step-000000"
     assert (titan_ckpt / "titan_checkpoint.json").is_file()

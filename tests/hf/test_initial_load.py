@@ -32,7 +32,7 @@ def first_batch(run_dir: Path, *pairs: str) -> tuple[torch.Tensor, torch.Tensor]
     from titan_core import Trainer
     from titan_core.config.resolve import resolve_config
 
-    overrides = [tuple(p.split("=", 1)) for p in (*SMALL, f"job.run_dir={run_dir}", *pairs)]
+    overrides = [tuple(p.split("=", 1)) for p in ("model.spec=llama3", *SMALL, f"job.run_dir={run_dir}", *pairs)]
     trainer = Trainer(resolve_config(config_source=None, override_pairs=overrides))  # type: ignore[arg-type]
     trainer.init_distributed()
     trainer.build_tokenizer_and_data()

@@ -32,6 +32,7 @@ from ..checkpoint import states
 from ..errors import CheckpointError, ConfigError
 from .adapter import adapter_of
 from .folder import INDEX, SINGLE
+from .stacks import unstack
 from .tokenizer_json import write_hf_tokenizer
 
 
@@ -107,7 +108,8 @@ def export_hf(model_parts: list[nn.Module], out_dir: Path, *, spec: Any, model_a
     for key in keys:  # same order on every rank of a stage: the gathers line up
         full = _full(sharded[key], dtype)
         if owner[key] == rank:
-            mine.update((name, t.contiguous()) for name, t in adapter.to_hf({key: full}, model_args).items())
+            hf = unstack(adapter, adapter.to_hf({key: full}, model_args))  # stacked experts: one tensor each
+            mine.update((name, t.contiguous()) for name, t in hf.items())
         if on_tensor is not None:
             on_tensor(full.numel() * full.element_size())
         del full

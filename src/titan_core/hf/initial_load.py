@@ -28,6 +28,7 @@ from ..metrics import progress
 from .adapter import adapter_of, hf_key_of, row_map
 from .folder import HFFolder, open_hf_folder
 from .initial_shape import WHAT, source_kind
+from .stacks import stack_folder
 
 
 def _local_params(model_parts: list[nn.Module]) -> dict[str, nn.Parameter]:
@@ -88,6 +89,7 @@ def load_hf_weights(folder: HFFolder, *, spec: Any, model_parts: list[nn.Module]
     from ..checkpoint import collect_param_shapes
 
     adapter = adapter_of(spec, purpose=f"{what} of a Hugging Face folder")
+    folder = stack_folder(folder, adapter, what=what)  # per-expert tensors -> the model's stacked ones
     expected = collect_param_shapes(model_parts)  # the whole model, every stage
     plan = plan_hf_load(folder, adapter=adapter, expected=expected, model_args=model_args, ties=ties, what=what)
     params = _local_params(model_parts)
@@ -159,7 +161,8 @@ def check_hf_fits(folder: HFFolder, *, spec: Any, model_args: Any, what: str = W
     with torch.device("meta"):
         model = spec.model_cls(model_args)
     expected = full_shapes(model_state(merged_view([model])))
-    plan_hf_load(folder, adapter=adapter_of(spec, purpose=f"{what} of a Hugging Face folder"), expected=expected,
+    adapter = adapter_of(spec, purpose=f"{what} of a Hugging Face folder")
+    plan_hf_load(stack_folder(folder, adapter, what=what), adapter=adapter, expected=expected,
                  model_args=model_args, ties=declared_ties(model), what=what)
 
 
@@ -194,7 +197,10 @@ def plan_hf_load(folder: HFFolder, *, adapter: Any, expected: dict[str, tuple[in
                             f"the model's weights are floating-point")
         else:
             plan[name] = native
-    missing = sorted(set(expected) - set(plan.values()) - aliases)
+    # A native tensor to_hf drops (a MoE routing bias: training state with no Hugging Face
+    # counterpart) keeps its initial value.
+    missing = sorted(k for k in set(expected) - set(plan.values()) - aliases
+                     if not _no_hf_counterpart(adapter, k, expected[k], model_args))
     if missing:
         problems.append(f"{len(missing)} model tensor(s) are in no file, e.g. {missing[0]}")
     if problems:
@@ -223,6 +229,13 @@ def _local_region(param: torch.Tensor) -> tuple[tuple[int, int], ...] | None:
     if tuple(shape) != tuple(param.to_local().shape) or len(offset) != len(shape):
         return None
     return tuple((o, o + n) for o, n in zip(offset, shape))
+
+
+def _no_hf_counterpart(adapter: Any, native: str, shape: tuple[int, ...], model_args: Any) -> bool:
+    try:
+        return hf_key_of(adapter, native, tuple(shape), torch.float32, model_args, to_hf=True) is None
+    except (KeyError, ValueError, RuntimeError):
+        return False
 
 
 def _hf_shape(adapter: Any, native: str, shape: tuple[int, ...], model_args: Any) -> tuple[int, ...] | None:

@@ -1,0 +1,24 @@
+"""The qwen3 spec's own config section ``[qwen3]``: model knobs a user may change per run.
+
+A field left ``None`` keeps the flavor's value.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class Qwen3Section(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    norm_eps: float | None = Field(None, gt=0, description="RMSNorm epsilon (default: the flavor's).")
+    max_seq_len: int | None = Field(None, gt=0, description="Longest sequence the RoPE table covers (default: the flavor's).")
+    rope_theta: float | None = Field(None, gt=0, description="RoPE base frequency (default: the flavor's).")
+    n_layers: int | None = Field(None, gt=0, description="Number of transformer blocks (default: the flavor's).")
+    vocab_size: int | None = Field(None, gt=0, description="Vocabulary size (default: the flavor's, or the tokenizer's).")
+    moe_aux_loss_coeff: float | None = Field(
+        None, ge=0, description="MoE flavors: coefficient of the auxiliary load-balancing loss added to the training "
+        "loss (0: none; default: the flavor's).")
+    moe_bias_update_rate: float | None = Field(
+        None, ge=0, description="MoE flavors: step of the auxiliary-loss-free routing-bias update after each optimizer "
+        "step (DeepSeek-V3; 0: off; default: the flavor's).")

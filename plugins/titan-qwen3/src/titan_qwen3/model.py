@@ -1,0 +1,269 @@
+"""Qwen3 and Qwen3-MoE decoder-only transformers, in one file.
+
+Features:
+  * pre-norm residual blocks (RMSNorm before attention and before the MLP) and a final norm;
+  * grouped-query attention with an explicit ``head_dim`` (not dim / heads: Qwen3 uses 128
+    everywhere), and QK-norm: an RMSNorm over each head's channels of q and k before RoPE;
+  * rotary embeddings in the "rotate half" layout (channel i turns with channel
+    i + head_dim/2), the layout of the published weights, so they load without permutation;
+  * dense layers: a SwiGLU MLP; sparse layers (Qwen3-MoE): ``titan_core.moe.MoE``, a top-k
+    softmax router (``norm_topk_prob`` renormalises the k weights) over experts stored as
+    stacked weights, with optional shared experts. Which layers are sparse follows Hugging
+    Face: layer i is sparse when ``num_experts > 0``, i is not in ``mlp_only_layers`` and
+    (i + 1) is a multiple of ``decoder_sparse_step``;
+  * an output head of its own or tied to the embedding (``tie_embeddings``);
+  * buildable on the meta device; weights filled per parameter name (``init_parameter``).
+
+Nothing here knows about parallelism.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from titan_core.moe import MoE
+
+
+@dataclass(frozen=True)
+class Qwen3Args:
+    """Shape of a Qwen3 model (dense when ``num_experts == 0``). Frozen: derive with ``dataclasses.replace``."""
+
+    dim: int = 1024
+    n_layers: int = 28
+    n_heads: int = 16
+    n_kv_heads: int = 8
+    head_dim: int = 128
+    vocab_size: int | None = None  # None: filled from the tokenizer by the core
+    intermediate_size: int = 3072  # the dense MLP's hidden size
+    norm_eps: float = 1e-6
+    rope_theta: float = 1000000.0
+    max_seq_len: int = 4096  # length of the rotary table
+    tie_embeddings: bool = False
+    # Mixture of experts (Qwen3-MoE); 0 experts: every layer dense.
+    num_experts: int = 0
+    num_experts_per_tok: int = 8
+    moe_intermediate_size: int = 768  # each expert's hidden size
+    norm_topk_prob: bool = True
+    decoder_sparse_step: int = 1
+    mlp_only_layers: tuple[int, ...] = ()
+    shared_expert_intermediate_size: int = 0  # 0: no shared experts
+    # Load balancing: the auxiliary loss's coefficient, and DeepSeek-V3's bias update rate.
+    moe_aux_loss_coeff: float = 0.0
+    moe_bias_update_rate: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.n_heads % self.n_kv_heads:
+            raise ValueError(f"Qwen3Args: n_heads={self.n_heads} is not divisible by n_kv_heads={self.n_kv_heads}")
+        if self.head_dim % 2:
+            raise ValueError(f"Qwen3Args: head_dim={self.head_dim} must be even for rotary embeddings")
+        if self.num_experts and not 1 <= self.num_experts_per_tok <= self.num_experts:
+            raise ValueError(f"Qwen3Args: num_experts_per_tok={self.num_experts_per_tok} must be between 1 and "
+                             f"num_experts={self.num_experts}")
+        if self.decoder_sparse_step < 1:
+            raise ValueError(f"Qwen3Args: decoder_sparse_step={self.decoder_sparse_step} must be 1 or more")
+
+    def is_sparse(self, layer_id: int) -> bool:
+        """Whether layer ``layer_id`` is a MoE layer (Hugging Face's rule)."""
+        return (self.num_experts > 0 and layer_id not in self.mlp_only_layers
+                and (layer_id + 1) % self.decoder_sparse_step == 0)
+
+
+def rope_table(args: Qwen3Args, device: torch.device | None = None) -> torch.Tensor:
+    """cos and sin of pos * freq for every position below ``max_seq_len``: [2, max_seq_len, head_dim]."""
+    freqs = 1.0 / (args.rope_theta ** (torch.arange(0, args.head_dim, 2, device=device, dtype=torch.float32)
+                                       / args.head_dim))
+    angles = torch.outer(torch.arange(args.max_seq_len, device=device, dtype=torch.float32), freqs)
+    angles = torch.cat([angles, angles], dim=-1)  # rotate-half: both halves turn at the same speeds
+    return torch.stack([angles.cos(), angles.sin()])
+
+
+def apply_rope(x: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+    """Rotate ``x`` [b, s, heads, head_dim]: channel i with channel i + head_dim/2."""
+    seqlen = x.shape[1]
+    if seqlen > table.shape[1]:
+        raise ValueError(f"sequence length {seqlen} exceeds the rotary table's max_seq_len {table.shape[1]}")
+    cos, sin = table[0, :seqlen, None, :], table[1, :seqlen, None, :]
+    first, second = x.chunk(2, dim=-1)
+    rotated = torch.cat([-second, first], dim=-1)
+    return (x.float() * cos + rotated.float() * sin).type_as(x)
+
+
+class RMSNorm(nn.Module):
+    """x / sqrt(mean(x^2) + eps) * weight over the last dimension, computed in float32."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.type_as(x)
+
+
+class Attention(nn.Module):
+    """Causal grouped-query attention with per-head QK-norm and rotary embeddings."""
+
+    def __init__(self, args: Qwen3Args) -> None:
+        super().__init__()
+        self.head_dim = args.head_dim
+        self.wq = nn.Linear(args.dim, args.n_heads * args.head_dim, bias=False)
+        self.wk = nn.Linear(args.dim, args.n_kv_heads * args.head_dim, bias=False)
+        self.wv = nn.Linear(args.dim, args.n_kv_heads * args.head_dim, bias=False)
+        self.wo = nn.Linear(args.n_heads * args.head_dim, args.dim, bias=False)
+        self.q_norm = RMSNorm(args.head_dim, args.norm_eps)
+        self.k_norm = RMSNorm(args.head_dim, args.norm_eps)
+
+    def forward(self, x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
+        bs, seqlen, _ = x.shape
+        # Head counts come from the weights (a sharded weight holds fewer heads), not from args.
+        q = self.q_norm(self.wq(x).view(bs, seqlen, -1, self.head_dim))
+        k = self.k_norm(self.wk(x).view(bs, seqlen, -1, self.head_dim))
+        v = self.wv(x).view(bs, seqlen, -1, self.head_dim)
+        q, k = apply_rope(q, rope), apply_rope(k, rope)
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=k.shape[1] != q.shape[1])
+        return self.wo(out.transpose(1, 2).reshape(bs, seqlen, -1))
+
+
+class FeedForward(nn.Module):
+    """SwiGLU: w2(silu(w1 x) * w3 x); also the shared experts of a MoE layer."""
+
+    def __init__(self, dim: int, hidden_dim: int) -> None:
+        super().__init__()
+        self.w1 = nn.Linear(dim, hidden_dim, bias=False)
+        self.w2 = nn.Linear(hidden_dim, dim, bias=False)
+        self.w3 = nn.Linear(dim, hidden_dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class TransformerBlock(nn.Module):
+    """x + attention(norm(x)), then h + mlp(norm(h)); the MLP is ``feed_forward`` (dense) or ``moe``."""
+
+    def __init__(self, args: Qwen3Args, layer_id: int) -> None:
+        super().__init__()
+        self.attention_norm = RMSNorm(args.dim, args.norm_eps)
+        self.attention = Attention(args)
+        self.ffn_norm = RMSNorm(args.dim, args.norm_eps)
+        self.feed_forward: FeedForward | None = None
+        self.moe: MoE | None = None
+        if args.is_sparse(layer_id):
+            shared = (FeedForward(args.dim, args.shared_expert_intermediate_size)
+                      if args.shared_expert_intermediate_size else None)
+            self.moe = MoE(args.dim, args.moe_intermediate_size, args.num_experts, args.num_experts_per_tok,
+                           norm_topk_prob=args.norm_topk_prob, aux_loss_coeff=args.moe_aux_loss_coeff,
+                           bias_update_rate=args.moe_bias_update_rate, shared_experts=shared)
+        else:
+            self.feed_forward = FeedForward(args.dim, args.intermediate_size)
+
+    def forward(self, x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
+        h = x + self.attention(self.attention_norm(x), rope)
+        mlp = self.moe if self.moe is not None else self.feed_forward
+        assert mlp is not None  # one of the two is built
+        return h + mlp(self.ffn_norm(h))
+
+
+def _trunc_normal(tensor: torch.Tensor, std: float, generator: torch.Generator) -> None:
+    nn.init.trunc_normal_(tensor, mean=0.0, std=std, a=-3 * std, b=3 * std, generator=generator)
+
+
+class Transformer(nn.Module):
+    """Token ids [b, s] -> logits [b, s, vocab]."""
+
+    rope: torch.Tensor  # cos/sin table, a non-persistent buffer
+
+    def __init__(self, args: Qwen3Args) -> None:
+        super().__init__()
+        if args.vocab_size is None:
+            raise ValueError("Qwen3Args.vocab_size is None: fill it (from the tokenizer) before building the model")
+        self.args = args
+        self.tok_embeddings = nn.Embedding(args.vocab_size, args.dim)
+        # Keyed "0".."n-1" so that checkpoint keys keep the layer ids.
+        self.layers = nn.ModuleDict({str(i): TransformerBlock(args, i) for i in range(args.n_layers)})
+        self.norm = RMSNorm(args.dim, args.norm_eps)
+        self.output = nn.Linear(args.dim, args.vocab_size, bias=False)
+        if args.tie_embeddings:
+            self.output.weight = self.tok_embeddings.weight
+        self.register_buffer("rope", rope_table(args), persistent=False)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        h = self.tok_embeddings(tokens)
+        for layer in self.layers.values():
+            h = layer(h, self.rope)
+        return self.output(self.norm(h))
+
+    def tied_weights(self) -> list[tuple[str, str]]:
+        """(source, alias) parameter names that are one tensor; the core keeps them tied."""
+        return [("tok_embeddings.weight", "output.weight")] if self.args.tie_embeddings else []
+
+    def init_parameter(self, fqn: str, tensor: torch.Tensor, generator: torch.Generator) -> None:
+        """Fill ``tensor`` (full-shaped, plain) with the initial value of parameter ``fqn``."""
+        parts = fqn.split(".")
+        owner, leaf = (parts[-2] if len(parts) >= 2 else ""), parts[-1]
+        if owner == "tok_embeddings":
+            nn.init.normal_(tensor, mean=0.0, std=0.02, generator=generator)
+        elif owner.endswith("norm"):
+            nn.init.ones_(tensor)
+        elif owner in ("wq", "wk", "wv", "w1", "w3", "gate") or (owner == "experts" and leaf in ("w1", "w3")):
+            _trunc_normal(tensor, 0.02, generator)
+        elif owner in ("wo", "w2") or (owner == "experts" and leaf == "w2"):
+            # Writes into the residual stream: deeper layers start smaller.
+            layer_id = int(parts[parts.index("layers") + 1])
+            _trunc_normal(tensor, 0.02 / math.sqrt(2 * (layer_id + 1)), generator)
+        elif owner == "output":
+            _trunc_normal(tensor, self.args.dim**-0.5, generator)
+        else:
+            raise ValueError(f"Transformer.init_parameter: no init rule for parameter {fqn!r}")
+
+    def init_buffers(self) -> None:
+        """Recompute the rotary table on its device and start every router unbiased (after ``to_empty``)."""
+        self.rope = rope_table(self.args, self.rope.device)
+        for module in self.modules():
+            if isinstance(module, MoE):
+                module.router.init_buffers()
+
+    def init_weights(self, seed: int = 0) -> None:
+        """Initialise a plain model in place; the same seed gives the same weights anywhere."""
+        from titan_core import init_model_weights
+
+        init_model_weights(self, seed=seed)
+
+
+def parameter_counts(args: Qwen3Args) -> tuple[int, int]:
+    """(total, active per token) parameters, embedding and head included (a tied head counted once)."""
+    if args.vocab_size is None:
+        raise ValueError("parameter_counts: Qwen3Args.vocab_size is None; fill it first")
+    d, hd = args.dim, args.head_dim
+    attention = d * hd * (2 * args.n_heads + 2 * args.n_kv_heads) + 2 * hd + 2 * d  # + QK-norms, block norms
+    expert = 3 * d * args.moe_intermediate_size
+    shared = 3 * d * args.shared_expert_intermediate_size
+    total = active = args.vocab_size * d * (1 if args.tie_embeddings else 2) + d
+    for i in range(args.n_layers):
+        total += attention
+        active += attention
+        if args.is_sparse(i):
+            router = d * args.num_experts
+            total += router + args.num_experts * expert + shared
+            active += router + args.num_experts_per_tok * expert + shared
+        else:
+            total += 3 * d * args.intermediate_size
+            active += 3 * d * args.intermediate_size
+    return total, active
+
+
+def flops_per_token(args: Qwen3Args, seq_len: int, *, full_attention: bool = False) -> float:
+    """Training FLOPs per token: 6 x active non-embedding parameters (head included) + attention's matmuls."""
+    if args.vocab_size is None:
+        raise ValueError("flops_per_token: Qwen3Args.vocab_size is None; fill it from the tokenizer first")
+    _, active = parameter_counts(args)
+    non_embedding = active - args.vocab_size * args.dim * (0 if args.tie_embeddings else 1)
+    keys_per_query = seq_len if full_attention else (seq_len + 1) / 2
+    return 6.0 * non_embedding + 12.0 * args.n_layers * args.n_heads * args.head_dim * keys_per_query

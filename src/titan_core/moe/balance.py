@@ -1,0 +1,46 @@
+"""Load balancing of experts: the auxiliary loss, DeepSeek-V3's bias update, and the load figures.
+
+* :func:`load_balancing_loss`: ``E * sum_e f_e * P_e`` with ``f_e`` the share of routing
+  choices that went to expert e and ``P_e`` its mean router probability (1.0 when perfectly
+  even; a gradient through ``P`` only), taken per sequence and averaged over the sequences
+  (DeepSeek-V3's sequence-wise form). Per sequence, it does not depend on how the batch is
+  split over data-parallel ranks: every layout trains on the same loss.
+* :func:`update_expert_bias`: the auxiliary-loss-free method (DeepSeek-V3, section 2.1.2):
+  after each optimizer step every expert's routing bias moves by ``rate`` towards even
+  load (up when under-loaded, down when over-loaded), then the biases are re-centred.
+* :func:`load_imbalance`: max / mean tokens per expert (1.0 is perfectly even).
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def load_balancing_loss(probs: torch.Tensor, experts: torch.Tensor) -> torch.Tensor:
+    """The auxiliary loss of one layer (not yet multiplied by its coefficient).
+
+    ``probs``: router probabilities [sequences, tokens, experts]; ``experts``: the chosen
+    expert ids [sequences, tokens, k].
+    """
+    n_seq, n_tok, num_experts = probs.shape
+    top_k = experts.shape[-1]
+    ones = torch.ones(experts.shape[0], n_tok * top_k, dtype=probs.dtype, device=probs.device)
+    counts = torch.zeros(n_seq, num_experts, dtype=probs.dtype, device=probs.device)
+    counts.scatter_add_(1, experts.reshape(n_seq, -1), ones)
+    share = counts / max(n_tok * top_k, 1)
+    return num_experts * (share * probs.mean(1)).sum(-1).mean()
+
+
+@torch.no_grad()
+def update_expert_bias(bias: torch.Tensor, counts: torch.Tensor, rate: float) -> None:
+    """Move ``bias`` (in place) by ``rate`` towards even load, given the step's ``counts``."""
+    load = counts.to(torch.float32)
+    bias.add_(rate * torch.sign(load.mean() - load))
+    bias.sub_(bias.mean())
+
+
+def load_imbalance(counts: torch.Tensor) -> float:
+    """max / mean tokens per expert; 1.0 when even (and when nothing was routed)."""
+    load = counts.to(torch.float64)
+    mean = float(load.mean())
+    return float(load.max()) / mean if mean > 0 else 1.0

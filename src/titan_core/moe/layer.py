@@ -1,0 +1,64 @@
+"""A sparse MoE block: route, dispatch tokens to their experts, compute, combine.
+
+Dispatch sorts the (token, choice) pairs by expert so every expert's tokens are one
+contiguous block (what a grouped GEMM wants); combine scales each expert output by its
+router weight and adds it back to its token's row. Optional shared experts (a dense
+SwiGLU every token goes through) are added on top.
+
+Each training forward leaves two things for the trainer (``titan_core.moe.monitor``) to
+pick up before backward: ``aux_loss``, the load-balancing loss already multiplied by its
+coefficient (None when the coefficient is 0), and ``tokens_per_expert``, this forward's
+load. They are overwritten by every forward, so activation checkpointing's recompute in
+backward does nothing to them that matters.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .balance import load_balancing_loss
+from .experts import GroupedExperts
+from .router import TopKRouter
+
+
+class MoE(nn.Module):
+    """[batch, seq, dim] -> [batch, seq, dim] through ``top_k`` of ``num_experts`` SwiGLU experts."""
+
+    aux_loss: torch.Tensor | None
+    tokens_per_expert: torch.Tensor | None
+
+    def __init__(self, dim: int, hidden_dim: int, num_experts: int, top_k: int, *, norm_topk_prob: bool,
+                 aux_loss_coeff: float = 0.0, bias_update_rate: float = 0.0,
+                 shared_experts: nn.Module | None = None) -> None:
+        super().__init__()
+        self.router = TopKRouter(dim, num_experts, top_k, norm_topk_prob=norm_topk_prob)
+        self.experts = GroupedExperts(dim, hidden_dim, num_experts)
+        self.shared_experts = shared_experts
+        self.aux_loss_coeff = aux_loss_coeff
+        self.bias_update_rate = bias_update_rate
+        self.aux_loss = None
+        self.tokens_per_expert = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        flat = x.reshape(-1, shape[-1])
+        weights, experts, probs = self.router(flat)
+        top_k = experts.shape[-1]
+        choices = experts.flatten()
+        counts = torch.bincount(choices, minlength=self.router.num_experts)
+        # Stable sort: within an expert the tokens keep their order, so results do not
+        # depend on the sort's tie-breaking.
+        order = torch.argsort(choices, stable=True)
+        token_of = order // top_k
+        out = self.experts(flat[token_of], counts) * weights.flatten()[order].unsqueeze(-1)
+        combined = torch.zeros_like(flat).index_add_(0, token_of, out.to(flat.dtype))
+        if self.shared_experts is not None:
+            combined = combined + self.shared_experts(flat)
+        if self.training:
+            self.tokens_per_expert = counts.detach()
+            per_sequence = (-1, shape[-2]) if len(shape) == 3 else (1, -1)  # [batch, seq, dim], or one sequence
+            self.aux_loss = (self.aux_loss_coeff * load_balancing_loss(probs.reshape(*per_sequence, probs.shape[-1]),
+                                                                       experts.reshape(*per_sequence, top_k))
+                             if self.aux_loss_coeff > 0 else None)
+        return combined.reshape(shape)
