@@ -11,6 +11,7 @@ import traceback
 from collections.abc import Sequence
 
 from .errors import TitanError
+from .launch_env import world_size_from_env
 
 EPILOG = """\
 config values:
@@ -72,8 +73,6 @@ def run(args: argparse.Namespace, rest: list[str], argv: list[str]) -> int:
         from .commands.list_plugins import print_plugin_list
 
         return print_plugin_list(with_traceback=args.traceback)
-    from .distributed import world_size_from_env
-
     world_size = args.nproc_per_node or world_size_from_env()
     from .config.resolve import resolve_config
 

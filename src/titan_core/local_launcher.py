@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
-from .distributed import LAUNCHER_ENV
+from .launch_env import LAUNCHER_ENV
 from .worker_errors import INTERRUPTED, ErrorInbox
 
 __all__ = ["PEER_LOST_EXIT", "launch"]

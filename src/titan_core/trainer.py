@@ -25,6 +25,7 @@ from .discovery import CONVERTERS, SPECS
 from .errors import NonFiniteError
 from .grad_norm import clip_grad_norm
 from .init import init_model_weights
+from .launch_env import rank_env
 from .layout import describe_parameter_layout
 from .loss import cross_entropy_loss
 from .metrics import MetricsLogger, model_flops_per_token, progress
@@ -65,7 +66,7 @@ class Trainer:
         # Derived once by resolve_config (parallel degrees, device, backend, model args).
         self.dims: ParallelDims = resolved.dims
         self.device: torch.device = resolved.device
-        self.is_rank0 = distributed.rank_env()[0] == 0  # init_distributed confirms it from the process group
+        self.is_rank0 = rank_env()[0] == 0  # init_distributed confirms it from the process group
         self.step = 0
         self.tokens_seen = 0
         self.skipped_steps = 0

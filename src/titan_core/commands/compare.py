@@ -23,6 +23,7 @@ from .. import distributed, signals
 from ..config.job import build_job_model
 from ..config.resolve import ResolvedConfig
 from ..errors import ConfigError
+from ..launch_env import world_size_from_env
 from ..metrics import progress
 
 __all__ = ["LossCurve", "baseline_of", "compare_baseline", "format_comparison", "relative_gap", "with_run_dir"]
@@ -155,10 +156,10 @@ def compare_baseline(resolved: ResolvedConfig) -> int:
             "converters were requested. Add them with --converters NAME[,NAME...] (or model.converters); "
             "titan-train --list shows the installed ones."
         )
-    if resolved.world_size > 1 or distributed.world_size_from_env() > 1:
+    if resolved.world_size > 1 or world_size_from_env() > 1:
         raise ConfigError(
             f"--compare-baseline runs both trainings in one process and supports a single process only, but "
-            f"this run has world size {max(resolved.world_size, distributed.world_size_from_env())}. Drop "
+            f"this run has world size {max(resolved.world_size, world_size_from_env())}. Drop "
             f"--nproc-per-node (and torchrun), or train each configuration separately and compare their "
             f"metrics.jsonl."
         )

@@ -12,8 +12,9 @@ from typing import Any
 
 import torch
 
-from ..distributed import pick_device, rank_env, resolve_backend
+from ..distributed import pick_device, resolve_backend
 from ..errors import ConfigError
+from ..launch_env import rank_env
 from ..protocols import Tokenizer, TrainSpec
 from .job import JobConfig
 
