@@ -10,6 +10,7 @@ import sys
 import traceback
 from collections.abc import Sequence
 
+from .console import rank_prefix
 from .errors import TitanError
 from .launch_env import world_size_from_env
 
@@ -156,8 +157,6 @@ def _report(exc: TitanError, *, with_traceback: bool, cause: BaseException | Non
 
     if hand_to_launcher(str(exc), hint=not with_traceback):  # --nproc-per-node prints each message once
         return exc.exit_code
-    from .metrics import rank_prefix
-
     print(f"{rank_prefix()}titan-train: error: {exc}", file=sys.stderr)
     if not with_traceback:
         print("(run with --traceback to see where it happened)", file=sys.stderr)

@@ -16,8 +16,8 @@ import os
 import secrets
 from pathlib import Path
 
+from .console import progress
 from .errors import TitanError
-from .metrics import progress
 
 SUPERSEDED_FILE = "metrics.superseded.jsonl"
 

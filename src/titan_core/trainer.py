@@ -21,6 +21,7 @@ from . import distributed
 from .config.job import JobConfig, accumulation_steps
 from .config.resolve import ResolvedConfig
 from .config.toml_out import dumps
+from .console import progress
 from .discovery import CONVERTERS, SPECS
 from .errors import NonFiniteError
 from .grad_norm import clip_grad_norm
@@ -28,7 +29,7 @@ from .init import init_model_weights
 from .launch_env import rank_env
 from .layout import describe_parameter_layout
 from .loss import cross_entropy_loss
-from .metrics import MetricsLogger, model_flops_per_token, progress
+from .metrics import MetricsLogger, model_flops_per_token
 from .optim import LRSchedulersContainer, OptimizersContainer
 from .out_of_memory import out_of_memory_named
 from .parallel_dims import ParallelDims

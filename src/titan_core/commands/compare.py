@@ -22,9 +22,9 @@ from pathlib import Path
 from .. import distributed, signals
 from ..config.job import build_job_model
 from ..config.resolve import ResolvedConfig
+from ..console import progress
 from ..errors import ConfigError
 from ..launch_env import world_size_from_env
-from ..metrics import progress
 
 __all__ = ["LossCurve", "baseline_of", "compare_baseline", "format_comparison", "relative_gap", "with_run_dir"]
 

@@ -23,8 +23,8 @@ import torch
 from torch import nn
 from torch.distributed.tensor import DTensor, distribute_tensor
 
+from ..console import progress
 from ..errors import ConfigError
-from ..metrics import progress
 from .adapter import adapter_of, hf_key_of, row_map
 from .folder import HFFolder, open_hf_folder
 from .initial_shape import WHAT, source_kind
