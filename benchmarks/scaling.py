@@ -113,7 +113,7 @@ def worker(overrides: list[str], out_dir: Path) -> None:
     import torch
 
     from titan_core import distributed, launch_env
-    from titan_core.config.resolve import resolve_config
+    from titan_core.plan.resolve import resolve_config
     from titan_core.trainer import Trainer
 
     torch.set_num_threads(1)

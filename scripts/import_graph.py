@@ -171,6 +171,8 @@ def main() -> int:
     parser.add_argument("--list", action="store_true", help="print every function-level import")
     parser.add_argument("--edges", action="store_true", help="print every edge between units")
     parser.add_argument("--any", action="store_true", help="print every parameter annotated Any")
+    parser.add_argument("--modules", action="store_true",
+                        help="also check module-level imports between modules for cycles (an import-time crash risk)")
     args = parser.parse_args()
 
     files = sorted(PKG.rglob("*.py"))
@@ -179,6 +181,7 @@ def main() -> int:
     graph: dict[str, set[str]] = defaultdict(set)
     why: dict[tuple[str, str], list[str]] = defaultdict(list)
     function_level: list[str] = []
+    top_graph: dict[str, set[str]] = defaultdict(set)  # module -> modules its top level imports
     any_count = 0
     any_where: list[str] = []
     for path in files:
@@ -196,6 +199,13 @@ def main() -> int:
             if in_function and lineno not in seen_lines:
                 seen_lines.add(lineno)
                 function_level.append(f"{path.relative_to(ROOT)}:{lineno}: {lines[lineno - 1].strip()}")
+            if not in_function and dest != mod:
+                # importing a submodule runs its packages' __init__ first
+                parts = dest.split(".")
+                for i in range(2, len(parts) + 1):
+                    parent = ".".join(parts[:i])
+                    if parent != mod and not mod.startswith(parent + "."):
+                        top_graph[mod].add(parent)
             a, b = unit(mod), unit(dest)
             if a != b and a != "titan_core" and b != "titan_core":
                 graph[a].add(b)
@@ -221,6 +231,11 @@ def main() -> int:
     if args.any:
         for line in any_where:
             print(f"  {line}")
+    if args.modules:
+        module_cycles = strongly_connected(top_graph)
+        print(f"cycles between modules through module-level imports: {len(module_cycles)}")
+        for comp in module_cycles:
+            print(f"  {', '.join(comp)}")
     return 0
 
 

@@ -61,7 +61,7 @@ _LAZY: dict[str, str] = {
     "Trainer": "trainer",
     "cross_entropy_loss": "loss",
     "TiktokenTokenizer": "tokenizer",
-    "build_tokenizer": "tokenizer",
+    "build_tokenizer": "plan.tokenizer",
     "build_dataloader": "data",
     "init_model_weights": "init",
     "retie_weights": "ties",
@@ -156,6 +156,7 @@ if TYPE_CHECKING:
     from .parallel import default_parallelize_fn as default_parallelize_fn
     from .parallel_dims import ParallelDims as ParallelDims
     from .peer_failure import PeerLost as PeerLost
+    from .plan.tokenizer import build_tokenizer as build_tokenizer
     from .protocols import (
         EmptyConfig as EmptyConfig,
         ModelConverter as ModelConverter,
@@ -198,8 +199,5 @@ if TYPE_CHECKING:
         declared_ties as declared_ties,
         retie_weights as retie_weights,
     )
-    from .tokenizer import (
-        TiktokenTokenizer as TiktokenTokenizer,
-        build_tokenizer as build_tokenizer,
-    )
+    from .tokenizer import TiktokenTokenizer as TiktokenTokenizer
     from .trainer import Trainer as Trainer

@@ -75,7 +75,7 @@ def run(args: argparse.Namespace, rest: list[str], argv: list[str]) -> int:
 
         return print_plugin_list(with_traceback=args.traceback)
     world_size = args.nproc_per_node or world_size_from_env()
-    from .config.resolve import resolve_config
+    from .plan.resolve import resolve_config
 
     resolved = resolve_config(config_source=args.config, override_pairs=_override_pairs(args, rest), world_size=world_size)
     if args.print_config:

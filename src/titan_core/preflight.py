@@ -10,7 +10,7 @@ fail here, once.
 
 from __future__ import annotations
 
-from .config.resolve import ResolvedConfig
+from .plan.resolve import ResolvedConfig
 
 
 def preflight(resolved: ResolvedConfig) -> None:

@@ -19,7 +19,6 @@ from torch import nn
 
 from . import distributed
 from .config.job import JobConfig, accumulation_steps
-from .config.resolve import ResolvedConfig
 from .config.toml_out import dumps
 from .console import progress
 from .discovery import CONVERTERS, SPECS
@@ -32,7 +31,9 @@ from .loss import cross_entropy_loss
 from .metrics import MetricsLogger, model_flops_per_token
 from .optim import LRSchedulersContainer, OptimizersContainer
 from .out_of_memory import out_of_memory_named
+from .parallel import spec_parallelize_fn
 from .parallel_dims import ParallelDims
+from .plan.resolve import ResolvedConfig
 from .plugin_calls import check_logits, plugin_call
 from .precision import autocast_for, resolve_compute_dtype
 from .protocols import ModelConverter, RunContext, TensorParallelStyles
@@ -185,7 +186,7 @@ class Trainer:
     def parallelize(self, part: nn.Module) -> nn.Module:
         c = self.config
         with plugin_call(SPECS, self.spec.name, "parallelize_fn"):
-            out = self.spec.resolved_parallelize_fn()(
+            out = spec_parallelize_fn(self.spec)(
                 part, parallel_dims=self.dims, mesh=self.mesh, training=c.training, parallelism=c.parallelism,
                 compile=c.compile, activation_checkpoint=c.activation_checkpoint, tp_styles=self.tp_styles(),
             )

@@ -21,10 +21,10 @@ from pathlib import Path
 
 from .. import distributed, signals
 from ..config.job import build_job_model
-from ..config.resolve import ResolvedConfig
 from ..console import progress
 from ..errors import ConfigError
 from ..launch_env import world_size_from_env
+from ..plan.resolve import ResolvedConfig
 
 __all__ = ["LossCurve", "baseline_of", "compare_baseline", "format_comparison", "relative_gap", "with_run_dir"]
 

@@ -97,8 +97,8 @@ def to_hf(args: argparse.Namespace) -> int:
     from ..hf.export import export_hf
     from ..hf.folder import is_hf_folder
     from ..hf.model_args import checkpoint_model_args, run_config_of
+    from ..plan.tokenizer import build_tokenizer
     from ..ties import declared_ties, retie_weights
-    from ..tokenizer import build_tokenizer
 
     ckpt: Path = args.checkpoint
     if is_hf_folder(ckpt):

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..config.resolve import ResolvedConfig
+from ..plan.resolve import ResolvedConfig
 
 
 def dry_run(resolved: ResolvedConfig) -> int:

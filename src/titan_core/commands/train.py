@@ -6,10 +6,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .. import distributed, signals
-from ..config.resolve import ResolvedConfig
 from ..launch_env import rank_env, world_size_from_env
 from ..out_of_memory import out_of_memory_named
 from ..peer_failure import lost_peer
+from ..plan.resolve import ResolvedConfig
 
 if TYPE_CHECKING:
     from ..run_lock import RunLock

@@ -109,7 +109,7 @@ def choose_flavor(spec_name: str) -> str:
     """The flavor the checks train: ``debugmodel`` (the docs ask every spec for one), else the flavor the
     spec's own ``defaults`` pick, else the one with the fewest parameters (counted on the meta device)."""
     from .. import discovery
-    from ..config.resolve import resolve_config
+    from ..plan.resolve import resolve_config
 
     if spec_name == "tiny":
         from . import tiny_spec  # noqa: F401
@@ -205,8 +205,8 @@ def check_import(t: Target) -> str:
 # ---- converter checks -----------------------------------------------------------------------------
 def check_config(t: Target) -> str:
     """Config defaults validate; a misspelled key is refused with a did-you-mean."""
-    from ..config.resolve import resolve_config
     from ..discovery import load_converter
+    from ..plan.resolve import resolve_config
 
     cls = load_converter(t.name)
     cls.Config()  # the defaults alone must validate
@@ -243,7 +243,7 @@ def _under(name: str, roots: set[str]) -> bool:
 
 def check_select_convert(t: Target) -> str:
     """``select`` names existing modules only; ``convert`` changes exactly those (on meta)."""
-    from ..config.resolve import resolve_config
+    from ..plan.resolve import resolve_config
     from ..trainer import Trainer
 
     if t.spec_name == "tiny":
@@ -307,7 +307,7 @@ def check_train(t: Target) -> str:
 
 def check_hooks(t: Target) -> str:
     """Optimizer hooks run exactly once per step (in this process, 3 steps)."""
-    from ..config.resolve import resolve_config
+    from ..plan.resolve import resolve_config
     from ..trainer import Trainer
 
     if t.spec_name == "tiny":
@@ -452,7 +452,7 @@ def check_compile(t: Target) -> str:
 
 # ---- spec checks ----------------------------------------------------------------------------------
 def _spec_model(t: Target, *, device: str = "meta", seq_len: int | None = None) -> tuple[Any, Any, Any]:
-    from ..config.resolve import resolve_config
+    from ..plan.resolve import resolve_config
 
     if t.spec_name == "tiny":
         from . import tiny_spec  # noqa: F401

@@ -12,11 +12,12 @@ from typing import Any
 
 import torch
 
+from ..config.job import JobConfig
 from ..distributed import pick_device, resolve_backend
 from ..errors import ConfigError
 from ..launch_env import rank_env
 from ..protocols import Tokenizer, TrainSpec
-from .job import JobConfig
+from .tokenizer import build_tokenizer
 
 
 def run_device_and_backend(config: JobConfig) -> tuple[torch.device, str]:
@@ -30,8 +31,6 @@ def run_tokenizer(spec: TrainSpec, config: JobConfig) -> Tokenizer:
     """The spec's tokenizer, or the core's for ``data.tokenizer``."""
     if spec.build_tokenizer_fn is not None:
         return spec.build_tokenizer_fn(config.data)
-    from ..tokenizer import build_tokenizer
-
     return build_tokenizer(config.data.tokenizer)
 
 
