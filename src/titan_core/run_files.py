@@ -18,6 +18,7 @@ from pathlib import Path
 
 from .console import progress
 from .errors import TitanError
+from .os_errors import describe_os_error
 
 SUPERSEDED_FILE = "metrics.superseded.jsonl"
 
@@ -41,7 +42,6 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
         if not isinstance(exc, OSError):
             raise
         # Name the file the user knows (not the temporary one): "disk full while writing .../config.toml".
-        from .os_errors import describe_os_error
 
         raise describe_os_error(OSError(exc.errno, exc.strerror, str(path))) from exc
 

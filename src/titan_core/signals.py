@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from types import FrameType
 from typing import Any, NoReturn
 
+from .checkpoint.layout import step_dirname
 from .errors import TitanError
 
 __all__ = ["StopRequested", "Terminated", "handlers_installed", "no_interrupt", "requested_signal", "sigterm_raises",
@@ -92,7 +93,6 @@ def no_interrupt() -> Iterator[None]:
 
 def stop_after_signal(trainer: Any, signum: int) -> NoReturn:
     """Save (when configured), close the metrics, and raise StopRequested with one line saying where it saved."""
-    from .checkpoint.layout import step_dirname
 
     name = signal.Signals(signum).name
     c = trainer.config.checkpoint

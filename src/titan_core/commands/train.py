@@ -10,6 +10,8 @@ from ..launch_env import rank_env, world_size_from_env
 from ..out_of_memory import out_of_memory_named
 from ..peer_failure import lost_peer
 from ..plan.resolve import ResolvedConfig
+from ..run_lock import acquire_run_lock, lock_held_by_launcher
+from ..trainer import Trainer
 
 if TYPE_CHECKING:
     from ..run_lock import RunLock
@@ -17,7 +19,6 @@ if TYPE_CHECKING:
 
 def _take_run_folder(run_dir: Path) -> RunLock | None:
     """Rank 0 owns the run folder for the life of the run (the --nproc-per-node launcher holds it for its workers)."""
-    from ..run_lock import acquire_run_lock, lock_held_by_launcher
 
     rank, _, _ = rank_env()
     if rank != 0 or lock_held_by_launcher(run_dir):
@@ -26,8 +27,6 @@ def _take_run_folder(run_dir: Path) -> RunLock | None:
 
 
 def train(resolved: ResolvedConfig) -> int:
-    from ..trainer import Trainer
-
     distributed.die_with_launcher()
     lock = _take_run_folder(Path(resolved.config.job.run_dir))
     trainer = Trainer(resolved)

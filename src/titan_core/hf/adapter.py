@@ -46,7 +46,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
-from ..errors import ConfigError
+from ..errors import ConfigError, PluginError
 
 
 @runtime_checkable
@@ -93,7 +93,6 @@ def row_map(adapter: StateDictAdapter, hf_key: str, hf_shape: tuple[int, ...], n
     key, or the tensor has no rows (0-d). A map that cannot be right (wrong length, rows
     outside the tensor, other dims changed) is the adapter's bug: a PluginError.
     """
-    from ..errors import PluginError
 
     fn = getattr(adapter, "from_hf_rows", None)
     if fn is None or not hf_shape or len(native_shape) != len(hf_shape):

@@ -30,6 +30,7 @@ from torch.distributed.tensor import DTensor
 
 from ..checkpoint import states
 from ..errors import CheckpointError, ConfigError
+from ..os_errors import describe_os_error, io_errno
 from .adapter import adapter_of
 from .folder import INDEX, SINGLE
 from .tokenizer_json import write_hf_tokenizer
@@ -131,7 +132,6 @@ def export_hf(model_parts: list[nn.Module], out_dir: Path, *, spec: Any, model_a
                 if names[0] in mine:
                     save_file({n: mine[n] for n in names}, str(tmp / file), metadata={"format": "pt"})
         except Exception as exc:  # safetensors reports a full disk as its own exception type
-            from ..os_errors import describe_os_error, io_errno
 
             code = io_errno(exc)
             if code is None:

@@ -17,6 +17,7 @@ from ..distributed import pick_device, resolve_backend
 from ..errors import ConfigError
 from ..launch_env import rank_env
 from ..protocols import Tokenizer, TrainSpec
+from ..weights.shape import initial_model_args, shape_source
 from .tokenizer import build_tokenizer
 
 
@@ -37,7 +38,6 @@ def run_tokenizer(spec: TrainSpec, config: JobConfig) -> Tokenizer:
 def check_seq_len(config: JobConfig, args: Any, spec_name: str) -> None:
     """training.seq_len within the model's ``max_seq_len`` (when its args declare one), so that
     the config is refused before anything runs rather than at the first forward."""
-    from ..hf.initial_shape import shape_source
 
     limit = getattr(args, "max_seq_len", None)
     if isinstance(limit, int) and config.training.seq_len > limit:
@@ -70,7 +70,6 @@ def run_model_args(spec: TrainSpec, config: JobConfig, *, tokenizer: Tokenizer,
     length, pipelining support and the spec's own layout rules (``validate_fn``), so
     every path that builds the model sees the same args and the same refusals.
     """
-    from ..hf.initial_shape import initial_model_args
 
     args, shape_note = initial_model_args(spec, config, tokenizer=tokenizer)
     check_seq_len(config, args, spec.name)

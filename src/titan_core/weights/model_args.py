@@ -16,8 +16,10 @@ from typing import Any
 import torch
 
 from ..errors import ConfigError
-
-HF_CONFIG_IN_CHECKPOINT = "hf_config.json"
+from ..hf.adapter import adapter_of
+from ..hf.folder import is_hf_folder, open_hf_folder
+from .source import HF_CONFIG_IN_CHECKPOINT, RECORDED
+from .titan_checkpoint import saved_param_shapes
 
 
 def run_config_of(checkpoint: Path) -> Path | None:
@@ -28,11 +30,6 @@ def run_config_of(checkpoint: Path) -> Path | None:
 def checkpoint_model_args(checkpoint: Path, *, spec: Any, flavor: str, run_config: dict[str, Any],
                           vocab_size: int) -> Any:
     """Model args for ``checkpoint`` (see the module docstring); ConfigError when none fits its shapes."""
-    from ..checkpoint.weights import saved_param_shapes
-    from .adapter import adapter_of
-    from .folder import is_hf_folder, open_hf_folder
-    from .initial_shape import RECORDED
-
     section_model = spec.config_model
     raw_section = run_config.get(spec.name, {}) if isinstance(run_config.get(spec.name, {}), dict) else {}
     section = section_model.model_validate(raw_section) if section_model is not None else None

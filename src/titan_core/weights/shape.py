@@ -14,31 +14,13 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
-from .adapter import adapter_of
-from .folder import is_hf_folder, open_hf_folder
-from .model_args import HF_CONFIG_IN_CHECKPOINT
-
-WHAT = "checkpoint.initial_load"
-# The config.json a run's shape came from, as it was when the run started (in the run folder).
-RECORDED = "initial_load_config.json"
-
-
-def source_kind(path: Path) -> str:
-    from ..checkpoint.weights import is_titan_checkpoint, run_folder_hint
-
-    if is_hf_folder(path):
-        return "hf"
-    if is_titan_checkpoint(path):
-        return "titan"
-    if not path.exists():
-        raise ConfigError(f"{WHAT}: {path} does not exist; give a Hugging Face model folder or a titan checkpoint "
-                          f"folder (e.g. runs/x/checkpoints/step-000100).")
-    hint = run_folder_hint(path)
-    if hint:  # a run folder where one of its checkpoints belongs
-        raise ConfigError(f"{WHAT}: {path} is not a checkpoint folder.{hint}")
-    # open_hf_folder names what a would-be HF folder lacks (no config.json, no safetensors ...).
-    open_hf_folder(path, what=WHAT)
-    raise AssertionError("unreachable")  # pragma: no cover
+from ..hf.adapter import adapter_of
+from ..hf.export import check_hf_export
+from ..hf.folder import is_hf_folder, open_hf_folder
+from ..run_files import atomic_write_text
+from .load import check_hf_fits
+from .source import HF_CONFIG_IN_CHECKPOINT, RECORDED, WHAT, source_kind
+from .titan_checkpoint import is_titan_checkpoint
 
 
 def shape_file(config: Any) -> Path | None:
@@ -48,7 +30,6 @@ def shape_file(config: Any) -> Path | None:
     leaves in a titan checkpoint. A source that is neither (or does not exist) gives None
     here; loading it is what reports it.
     """
-    from ..checkpoint.weights import is_titan_checkpoint
 
     source = config.checkpoint.initial_load
     if not source:
@@ -89,8 +70,6 @@ def config_json_model_args(spec: Any, config: Any) -> Any | None:
     adapter = adapter_of(spec, purpose=f"{WHAT} of a Hugging Face folder")
     args = adapter.model_args_from_hf(hf_dict)
     if folder is not None:
-        from .initial_load import check_hf_fits
-
         # Now (dry run included), from the headers: not after the model is built at this shape.
         check_hf_fits(folder, spec=spec, model_args=args)
     section = getattr(config, spec.name, None)
@@ -115,8 +94,6 @@ def initial_model_args(spec: Any, config: Any, *, tokenizer: Any) -> tuple[Any, 
     """
     vocab_size = tokenizer.vocab_size
     if config.checkpoint.export_at_end and config.checkpoint.export_format == "hf":
-        from .export import check_hf_export
-
         check_hf_export(spec, tokenizer)  # now, not after training
     source = config.checkpoint.initial_load
     if source:
@@ -152,7 +129,6 @@ def record_shape_file(config: Any, run_dir: Path) -> None:
     Only the shapes of the weights are in the run's checkpoints; RoPE theta, the norm's
     epsilon and the RoPE scaling are not. A resume compares against this copy.
     """
-    from ..run_files import atomic_write_text
 
     file = shape_file(config)
     if file is not None:

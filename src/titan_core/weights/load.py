@@ -23,11 +23,15 @@ import torch
 from torch import nn
 from torch.distributed.tensor import DTensor, distribute_tensor
 
+from ..checkpoint import collect_param_shapes
+from ..checkpoint.states import full_shapes, merged_view, model_state
 from ..console import progress
 from ..errors import ConfigError
-from .adapter import adapter_of, hf_key_of, row_map
-from .folder import HFFolder, open_hf_folder
-from .initial_shape import WHAT, source_kind
+from ..hf.adapter import adapter_of, hf_key_of, row_map
+from ..hf.folder import HFFolder, open_hf_folder
+from ..ties import declared_ties
+from .source import WHAT, source_kind
+from .titan_checkpoint import load_model_weights
 
 
 def _local_params(model_parts: list[nn.Module]) -> dict[str, nn.Parameter]:
@@ -60,8 +64,6 @@ def load_initial_weights(source: str, *, spec: Any, model_parts: list[nn.Module]
         return None
     path = Path(source)
     if source_kind(path) == "titan":
-        from ..checkpoint.weights import load_model_weights
-
         step = load_model_weights(path, model_parts)
         progress(f"initial weights: the model of {path} (its step {step}); optimizer state not loaded, "
                  f"training starts at step 0", is_rank0=is_rank0)
@@ -85,7 +87,6 @@ def load_hf_weights(folder: HFFolder, *, spec: Any, model_parts: list[nn.Module]
     or the whole tensor when the adapter gives none. ``on_tensor`` is called with the
     bytes read for each tensor (a progress bar).
     """
-    from ..checkpoint import collect_param_shapes
 
     adapter = adapter_of(spec, purpose=f"{what} of a Hugging Face folder")
     expected = collect_param_shapes(model_parts)  # the whole model, every stage
@@ -153,9 +154,6 @@ def check_hf_fits(folder: HFFolder, *, spec: Any, model_args: Any, what: str = W
     Run before a model is materialised, so a config.json whose shape the tensors do not have
     (a huge vocab_size, say) is refused naming the tensor, not by the allocator.
     """
-    from ..checkpoint.states import full_shapes, merged_view, model_state
-    from ..ties import declared_ties
-
     with torch.device("meta"):
         model = spec.model_cls(model_args)
     expected = full_shapes(model_state(merged_view([model])))
