@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
 from ._metadata import entry_points_of
 from ._version import PLUGIN_API_VERSION
 from .errors import PluginError, did_you_mean
-from .protocols import ModelConverter, TrainSpec
 
 if TYPE_CHECKING:
     from .protocols import ModelConverter, TrainSpec
@@ -209,6 +208,7 @@ def default_spec_name() -> str:
 
 def load_train_spec(name: str) -> TrainSpec:
     """The TrainSpec called ``name``; a zero-argument factory is called once."""
+    from .protocols import TrainSpec  # start-up: --list reads entry points without torch (protocols imports it)
 
     def finish(obj: Any) -> TrainSpec:
         spec = obj if isinstance(obj, TrainSpec) else obj() if callable(obj) else obj
@@ -242,6 +242,7 @@ def _require_dataclass_flavors(name: str, spec: Any) -> None:
 
 def load_converter(name: str) -> type[ModelConverter[Any]]:
     """The ModelConverter class called ``name``."""
+    from .protocols import ModelConverter  # start-up: as in load_train_spec
 
     def finish(obj: Any) -> type[ModelConverter[Any]]:
         if not (isinstance(obj, type) and issubclass(obj, ModelConverter)):

@@ -18,7 +18,6 @@ from collections.abc import Iterator
 from types import FrameType
 from typing import Any, NoReturn
 
-from .checkpoint.layout import step_dirname
 from .errors import TitanError
 
 __all__ = ["StopRequested", "Terminated", "handlers_installed", "no_interrupt", "requested_signal", "sigterm_raises",
@@ -100,6 +99,8 @@ def stop_after_signal(trainer: Any, signum: int) -> NoReturn:
         with no_interrupt():
             trainer.checkpointer.maybe_save(trainer.step, tokens_seen=trainer.tokens_seen, last=True)
             trainer.checkpointer.wait()
+        from .checkpoint.layout import step_dirname  # start-up: the CLIs import this module; checkpoint/ imports torch
+
         where = f"checkpoint saved to {trainer.checkpointer.folder / step_dirname(trainer.step)}"
     elif c.enable:
         where = "no checkpoint saved (checkpoint.save_on_sigterm=false)"
