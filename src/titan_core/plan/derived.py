@@ -35,7 +35,7 @@ def run_tokenizer(spec: TrainSpec, config: JobConfig) -> Tokenizer:
     return build_tokenizer(config.data.tokenizer)
 
 
-def check_seq_len(config: JobConfig, args: Any, spec_name: str) -> None:
+def check_seq_len(config: JobConfig, args: object, spec_name: str) -> None:
     """training.seq_len within the model's ``max_seq_len`` (when its args declare one), so that
     the config is refused before anything runs rather than at the first forward."""
 
@@ -48,7 +48,7 @@ def check_seq_len(config: JobConfig, args: Any, spec_name: str) -> None:
         )
 
 
-def check_vocab(args: Any, tokenizer: Tokenizer, spec_name: str) -> None:
+def check_vocab(args: object, tokenizer: Tokenizer, spec_name: str) -> None:
     """The model's embedding (when its args declare ``vocab_size``) holds every token id the tokenizer
     gives; otherwise the first forward fails with an IndexError deep in the embedding."""
     model_vocab = getattr(args, "vocab_size", None)

@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -34,6 +34,9 @@ from ..metrics import call_flops_fn
 from ..plan.resolve import resolve_config
 from ..trainer import Trainer
 from . import runs
+
+if TYPE_CHECKING:
+    from ..protocols import TrainSpec
 
 SEQ_LEN = 64
 BATCH = 4  # the global batch of every run: layouts with 2 data-parallel ranks take 2 each
@@ -322,7 +325,7 @@ def check_hooks(t: Target) -> str:
         return wrapper
 
     class Counting(cls):  # type: ignore[valid-type, misc]
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
+        def __init__(self, *args: object, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
             # A hook the converter set on the instance (only for some settings) shadows the methods below.
             for hook in ("pre", "post"):
@@ -562,12 +565,12 @@ class Check:
     applies: Callable[[Any], str | None] = lambda spec: None  # a reason to skip, or None
 
 
-def _no_tp(spec: Any) -> str | None:
+def _no_tp(spec: TrainSpec) -> str | None:
     has = spec.tp_plan_fn is not None or spec.parallelize_fn is not None
     return None if has else "no TP plan"
 
 
-def _no_pp(spec: Any) -> str | None:
+def _no_pp(spec: TrainSpec) -> str | None:
     return None if spec.pipelining_fn is not None else "no pipelining_fn"
 
 

@@ -17,7 +17,7 @@ import dataclasses
 import math
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -32,6 +32,10 @@ from ..hf.folder import HFFolder, open_hf_folder
 from ..ties import declared_ties
 from .source import WHAT, source_kind
 from .titan_checkpoint import load_model_weights
+
+if TYPE_CHECKING:
+    from ..hf.adapter import StateDictAdapter
+    from ..protocols import TrainSpec
 
 
 def _local_params(model_parts: list[nn.Module]) -> dict[str, nn.Parameter]:
@@ -54,7 +58,7 @@ class HFLoadStats:
 
 
 @torch.no_grad()
-def load_initial_weights(source: str, *, spec: Any, model_parts: list[nn.Module], model_args: Any,
+def load_initial_weights(source: str, *, spec: TrainSpec, model_parts: list[nn.Module], model_args: object,
                          ties: list[tuple[str, str]], is_rank0: bool) -> HFLoadStats | None:
     """Overwrite the freshly initialised weights with ``source``'s (a collective when distributed).
 
@@ -76,7 +80,7 @@ def load_initial_weights(source: str, *, spec: Any, model_parts: list[nn.Module]
 
 
 @torch.no_grad()
-def load_hf_weights(folder: HFFolder, *, spec: Any, model_parts: list[nn.Module], model_args: Any,
+def load_hf_weights(folder: HFFolder, *, spec: TrainSpec, model_parts: list[nn.Module], model_args: object,
                     ties: list[tuple[str, str]], on_tensor: Callable[[int], None] | None = None,
                     what: str = WHAT) -> HFLoadStats:
     """Check every name and shape (no data read), then read each rank's own slices into its parameters.
@@ -148,7 +152,7 @@ def _raise_on_every_rank(problem: str | None) -> None:
         raise ConfigError(problem)
 
 
-def check_hf_fits(folder: HFFolder, *, spec: Any, model_args: Any, what: str = WHAT) -> None:
+def check_hf_fits(folder: HFFolder, *, spec: TrainSpec, model_args: object, what: str = WHAT) -> None:
     """:func:`plan_hf_load` against a ``meta`` model of ``model_args``: no weight memory, no collective.
 
     Run before a model is materialised, so a config.json whose shape the tensors do not have
@@ -161,7 +165,7 @@ def check_hf_fits(folder: HFFolder, *, spec: Any, model_args: Any, what: str = W
                  model_args=model_args, ties=declared_ties(model), what=what)
 
 
-def plan_hf_load(folder: HFFolder, *, adapter: Any, expected: dict[str, tuple[int, ...]], model_args: Any,
+def plan_hf_load(folder: HFFolder, *, adapter: StateDictAdapter, expected: dict[str, tuple[int, ...]], model_args: object,
                  ties: list[tuple[str, str]], what: str = WHAT) -> dict[str, str]:
     """Hugging Face name -> native name for every tensor the model takes; ConfigError listing what does not fit.
 
@@ -223,7 +227,7 @@ def _local_region(param: torch.Tensor) -> tuple[tuple[int, int], ...] | None:
     return tuple((o, o + n) for o, n in zip(offset, shape))
 
 
-def _hf_shape(adapter: Any, native: str, shape: tuple[int, ...], model_args: Any) -> tuple[int, ...] | None:
+def _hf_shape(adapter: StateDictAdapter, native: str, shape: tuple[int, ...], model_args: object) -> tuple[int, ...] | None:
     try:
         mapped = hf_key_of(adapter, native, tuple(shape), torch.float32, model_args, to_hf=True)
     except (KeyError, ValueError, RuntimeError):

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -21,13 +21,16 @@ from ..hf.folder import is_hf_folder, open_hf_folder
 from .source import HF_CONFIG_IN_CHECKPOINT, RECORDED
 from .titan_checkpoint import saved_param_shapes
 
+if TYPE_CHECKING:
+    from ..protocols import TrainSpec
+
 
 def run_config_of(checkpoint: Path) -> Path | None:
     candidate = Path(checkpoint).resolve().parent.parent / "config.toml"
     return candidate if candidate.is_file() else None
 
 
-def checkpoint_model_args(checkpoint: Path, *, spec: Any, flavor: str, run_config: dict[str, Any],
+def checkpoint_model_args(checkpoint: Path, *, spec: TrainSpec, flavor: str, run_config: dict[str, Any],
                           vocab_size: int) -> Any:
     """Model args for ``checkpoint`` (see the module docstring); ConfigError when none fits its shapes."""
     section_model = spec.config_model

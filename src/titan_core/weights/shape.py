@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError
 from ..hf.adapter import adapter_of
@@ -22,8 +22,14 @@ from .load import check_hf_fits
 from .source import HF_CONFIG_IN_CHECKPOINT, RECORDED, WHAT, source_kind
 from .titan_checkpoint import is_titan_checkpoint
 
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
-def shape_file(config: Any) -> Path | None:
+    from ..config.job import JobConfig
+    from ..protocols import Tokenizer, TrainSpec
+
+
+def shape_file(config: JobConfig) -> Path | None:
     """The ``config.json`` this run's model shape comes from; None when it is the flavor's.
 
     An HF folder's ``config.json``, or the ``hf_config.json`` that ``titan-convert from-hf``
@@ -41,19 +47,19 @@ def shape_file(config: Any) -> Path | None:
     return carried if carried.is_file() and is_titan_checkpoint(path) else None
 
 
-def shape_source(config: Any) -> str:
+def shape_source(config: JobConfig) -> str:
     """``flavor NAME``, or ``shape from FILE`` when an ``initial_load`` gives the shape (for messages)."""
     file = shape_file(config)
     return f"flavor {config.model.flavor}" if file is None else f"shape from {file}"
 
 
-def model_label(spec: Any, config: Any) -> str:
+def model_label(spec: TrainSpec, config: JobConfig) -> str:
     """How the run log names its model: ``spec/flavor``, or the spec and the config.json its shape came from."""
     file = shape_file(config)
     return f"{spec.name}/{config.model.flavor}" if file is None else f"{spec.name} (shape from {file})"
 
 
-def config_json_model_args(spec: Any, config: Any) -> Any | None:
+def config_json_model_args(spec: TrainSpec, config: JobConfig) -> Any | None:
     """The model args from the ``initial_load``'s config.json (None: the flavor gives them).
 
     The spec section's runtime fields apply on top; any other field it sets must agree
@@ -84,7 +90,7 @@ def config_json_model_args(spec: Any, config: Any) -> Any | None:
     return dataclasses.replace(args, **{k: v for k, v in chosen.items() if k in adapter.runtime_fields})
 
 
-def initial_model_args(spec: Any, config: Any, *, tokenizer: Any) -> tuple[Any, str | None]:
+def initial_model_args(spec: TrainSpec, config: JobConfig, *, tokenizer: Tokenizer) -> tuple[Any, str | None]:
     """(the model args of this run, a line saying where their shape came from): from
     config.json for an HF ``initial_load``, else the flavor's (and no line).
 
@@ -123,7 +129,7 @@ def _read_json(path: Path) -> dict[str, Any]:
     return data
 
 
-def record_shape_file(config: Any, run_dir: Path) -> None:
+def record_shape_file(config: JobConfig, run_dir: Path) -> None:
     """Keep the config.json this run's shape comes from in its run folder (rank 0, on a fresh start).
 
     Only the shapes of the weights are in the run's checkpoints; RoPE theta, the norm's
@@ -135,7 +141,7 @@ def record_shape_file(config: Any, run_dir: Path) -> None:
         atomic_write_text(Path(run_dir) / RECORDED, file.read_text(encoding="utf-8"))
 
 
-def check_shape_file_unchanged(spec: Any, config: Any, model_args: Any, run_dir: Path) -> None:
+def check_shape_file_unchanged(spec: TrainSpec, config: JobConfig, model_args: DataclassInstance, run_dir: Path) -> None:
     """On a resume: the config.json of ``initial_load`` must still give the model the run was trained with.
 
     An edited file (another rope_theta, say) would otherwise change the model under the run's
