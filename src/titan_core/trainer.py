@@ -31,7 +31,6 @@ from .grad_norm import clip_grad_norm
 from .hf.export import export_hf
 from .init import init_model_weights
 from .launch_env import rank_env
-from .layout import describe_parameter_layout
 from .loss import cross_entropy_loss
 from .memory_estimate import check_model_fits, local_ranks_from_env
 from .metrics import MetricsLogger, model_flops_per_token
@@ -40,6 +39,7 @@ from .optimizer_settings import settings_checked
 from .out_of_memory import out_of_memory_named
 from .parallel import spec_parallelize_fn
 from .parallel_dims import ParallelDims
+from .parameter_layout import describe_parameter_layout
 from .plan.resolve import ResolvedConfig
 from .plugin_calls import check_logits, plugin_call
 from .precision import autocast_for, resolve_compute_dtype

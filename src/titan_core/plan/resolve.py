@@ -9,11 +9,11 @@ import torch
 from pydantic import BaseModel, ValidationError
 
 from .. import discovery
-from ..config.errors import describe
 from ..config.finite import refuse_nonfinite
 from ..config.job import JobConfig, build_job_model
+from ..config.layers import Layer, load_config_source, merge
+from ..config.messages import describe
 from ..config.overrides import overrides_layer, typed_value
-from ..config.sources import Layer, load_config_source, merge
 from ..errors import ConfigError, did_you_mean
 from ..parallel_dims import ParallelDims
 from ..protocols import ModelConverter, Tokenizer, TrainSpec
