@@ -83,8 +83,8 @@ def worker(folder: Path, run_dir: Path) -> None:
     from torch.distributed.tensor import DTensor
 
     from titan_core import Trainer
-    from titan_core.config.resolve import resolve_config
-    from titan_core.hf.initial_load import load_initial_weights
+    from titan_core.plan.resolve import resolve_config
+    from titan_core.weights.load import load_initial_weights
 
     pairs = [("checkpoint.initial_load", str(folder)), ("parallelism.dp_shard", "2"), ("training.seq_len", "32"),
              ("training.local_batch_size", "1"), ("job.run_dir", str(run_dir)),

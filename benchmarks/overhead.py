@@ -60,7 +60,7 @@ def reference_flops(reps=1):
     return max(grid[best_setting], matmul_flops(*best_setting, reps=reps))
 
 from titan_core import Trainer
-from titan_core.config.resolve import resolve_config
+from titan_core.plan.resolve import resolve_config
 overrides = [("training.seq_len", str(args["seq_len"])), ("training.local_batch_size", str(args["batch"])),
              ("training.steps", "1000"), ("metrics.log_freq", "1000000"), ("job.run_dir", args["run_dir"]),
              ("llama3.vocab_size", str(args["vocab"])), ("lr_scheduler.warmup_steps", "2"),

@@ -112,14 +112,14 @@ def state_bytes(trainer: Any) -> dict[str, int]:
 def worker(overrides: list[str], out_dir: Path) -> None:
     import torch
 
-    from titan_core import distributed
-    from titan_core.config.resolve import resolve_config
+    from titan_core import distributed, launch_env
+    from titan_core.plan.resolve import resolve_config
     from titan_core.trainer import Trainer
 
     torch.set_num_threads(1)
     register_scaling_spec()
     pairs = [tuple(o[2:].split("=", 1)) for o in overrides]
-    resolved = resolve_config(config_source=None, override_pairs=pairs, world_size=distributed.world_size_from_env())
+    resolved = resolve_config(config_source=None, override_pairs=pairs, world_size=launch_env.world_size_from_env())
     trainer = Trainer(resolved)
     trainer.setup()
     trainer.train()  # the last step's gradients are kept: zero_grad runs at the start of a step

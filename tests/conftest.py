@@ -162,7 +162,7 @@ SMALL_RUN = ["model.spec=llama3", "training.seq_len=64", "training.local_batch_s
 def trained(run_dir: Path, *pairs: str) -> tuple[Any, list[float]]:
     """(Trainer, losses) of a small in-process run; ``pairs`` are ``section.key=value`` overrides."""
     from titan_core import Trainer
-    from titan_core.config.resolve import resolve_config
+    from titan_core.plan.resolve import resolve_config
 
     overrides = [tuple(p.split("=", 1)) for p in (*SMALL_RUN, f"job.run_dir={run_dir}", *pairs)]
     trainer = Trainer(resolve_config(config_source=None, override_pairs=overrides))  # type: ignore[arg-type]

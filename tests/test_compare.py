@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from titan_core.commands.compare import LossCurve, baseline_of, format_comparison, relative_gap
-from titan_core.config.resolve import resolve_config
+from titan_core.plan.resolve import resolve_config
 
 from conftest import assert_user_error, run_cli
 

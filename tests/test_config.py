@@ -13,7 +13,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-from titan_core.config.resolve import resolve_config
+from titan_core.plan.resolve import resolve_config
 
 from conftest import assert_user_error
 

@@ -20,7 +20,7 @@ from titan_core.data import build_dataloader
 from titan_core.data.corpus import MAX_BYTES, SNAPSHOT_PATH, builtin_documents
 from titan_core.data.packing import clear_cache, is_validation_doc, tokenized_source
 from titan_core.errors import ConfigError
-from titan_core.tokenizer import build_tokenizer
+from titan_core.plan.tokenizer import build_tokenizer
 
 from conftest import REPO
 

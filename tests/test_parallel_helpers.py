@@ -26,7 +26,7 @@ from titan_core import (
     default_parallelize_fn,
 )
 from titan_core.init import init_model_weights
-from titan_core.parallel import apply_activation_checkpointing, apply_tensor_parallel
+from titan_core.parallel import apply_activation_checkpointing, apply_tensor_parallel, spec_parallelize_fn
 from titan_core.testing.tiny_spec import TINY_SPEC, TinyArgs, TinyTransformer
 
 MM = "aten.mm.default"
@@ -69,7 +69,7 @@ class _Count(TorchDispatchMode):
 def _backward_mm(**ac: Any) -> tuple[int, dict[str, torch.Tensor]]:
     torch.manual_seed(0)
     model = TinyTransformer(TinyArgs(vocab_size=32))
-    _parallelize(model, TINY_SPEC.resolved_parallelize_fn(), **ac)
+    _parallelize(model, spec_parallelize_fn(TINY_SPEC), **ac)
     init_model_weights(model, seed=1)
     tokens = torch.randint(0, 32, (2, 8), generator=torch.Generator().manual_seed(2))
     loss = nn.functional.cross_entropy(model(tokens).flatten(0, 1), tokens.flatten())

@@ -14,7 +14,7 @@ from torch import nn
 from titan_core import EmptyConfig, ModelConverter, ParallelDims, discovery
 from titan_core.converters import apply_converters
 from titan_core.data.packing import clear_cache, pack_documents, tokenized_source
-from titan_core.tokenizer import build_tokenizer
+from titan_core.plan.tokenizer import build_tokenizer
 
 DIMS = ParallelDims.resolve(dp_replicate=1, dp_shard=1, tp=1, pp=1, world_size=1)
 TOK = build_tokenizer("builtin")

@@ -51,7 +51,7 @@ def _stand_in_ci(root: Path, *, pytest_rc: int = 0, ruff_rc: int = 0, mypy_rc: i
     (root / "scripts/setup.sh").write_text("exit 0\n")
     (root / "scripts/install_chromium.sh").write_text("exit 0\n")
     (root / ".venv/bin").mkdir(parents=True)
-    for tool, rc in (("python", pytest_rc), ("ruff", ruff_rc), ("mypy", mypy_rc), ("titan-plugin", 0)):
+    for tool, rc in (("python", pytest_rc), ("ruff", ruff_rc), ("mypy", mypy_rc), ("lint-imports", 0), ("titan-plugin", 0)):
         (root / ".venv/bin" / tool).write_text(f"#!/bin/sh\necho \"ran {tool}: $*\"\nexit {rc}\n")
         (root / ".venv/bin" / tool).chmod(0o755)
 
@@ -61,8 +61,9 @@ def test_ci_lints_and_type_checks_before_the_tests(tmp_path: Path) -> None:
     result = subprocess.run(["bash", str(tmp_path / ".ci/run")], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
     ran = [line.split(":")[0].removeprefix("ran ") for line in result.stdout.splitlines() if line.startswith("ran ")]
-    # the tree, then the two scaffolds as generated (titan-plugin new prints nothing here), then the tests
-    assert ran == ["ruff", "mypy", "ruff", "mypy", "python"]
+    # the tree and its import contracts, then the two scaffolds as generated (titan-plugin new prints
+    # nothing here), then the tests
+    assert ran == ["ruff", "mypy", "lint-imports", "ruff", "mypy", "python"]
     assert "ran ruff: check src plugins tests examples benchmarks scripts" in result.stdout
     assert "ran mypy: --strict " in result.stdout
 

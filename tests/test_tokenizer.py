@@ -11,12 +11,12 @@ import pytest
 import tiktoken
 
 from titan_core.errors import ConfigError
+from titan_core.plan.tokenizer import build_tokenizer
 from titan_core.tokenizer import (
     BUILTIN_PATH,
     LLAMA3_PATTERN,
     TiktokenTokenizer,
     _builtin,
-    build_tokenizer,
     llama3_special_tokens,
     read_bpe_ranks,
     write_bpe_ranks,

@@ -143,7 +143,7 @@ def test_requested_plugins_from_wheels(fresh_venv: Path) -> None:
 
 @pytest.mark.slow
 def test_builtin_tokenizer_and_corpus_ship_in_the_wheel(fresh_venv: Path) -> None:
-    code = ("from titan_core.tokenizer import build_tokenizer; print(build_tokenizer('builtin').vocab_size); "
+    code = ("from titan_core.plan.tokenizer import build_tokenizer; print(build_tokenizer('builtin').vocab_size); "
             "from titan_core.data.corpus import builtin_documents, SNAPSHOT_PATH; "
             "print(len(builtin_documents()), SNAPSHOT_PATH)")
     out = subprocess.run([str(fresh_venv / "bin/python"), "-c", code], capture_output=True, text=True, cwd=fresh_venv.parent)

@@ -63,7 +63,7 @@ _LAZY: dict[str, str] = {
     "IGNORE_INDEX": "loss",
     "split_documents": "data.documents",
     "TiktokenTokenizer": "tokenizer",
-    "build_tokenizer": "tokenizer",
+    "build_tokenizer": "plan.tokenizer",
     "build_dataloader": "data",
     "init_model_weights": "init",
     "retie_weights": "ties",
@@ -174,6 +174,7 @@ if TYPE_CHECKING:
     from .parallel import default_parallelize_fn as default_parallelize_fn
     from .parallel_dims import ParallelDims as ParallelDims
     from .peer_failure import PeerLost as PeerLost
+    from .plan.tokenizer import build_tokenizer as build_tokenizer
     from .protocols import (
         EmptyConfig as EmptyConfig,
         ModelConverter as ModelConverter,
@@ -218,8 +219,5 @@ if TYPE_CHECKING:
         declared_ties as declared_ties,
         retie_weights as retie_weights,
     )
-    from .tokenizer import (
-        TiktokenTokenizer as TiktokenTokenizer,
-        build_tokenizer as build_tokenizer,
-    )
+    from .tokenizer import TiktokenTokenizer as TiktokenTokenizer
     from .trainer import Trainer as Trainer

@@ -9,8 +9,20 @@ import argparse
 import sys
 import traceback
 from collections.abc import Sequence
+from pathlib import Path
 
+from . import discovery
+from .commands.launch import relaunch
+from .commands.list_plugins import print_plugin_list
+from .config.environment import check_environment
+from .config.overrides import parse_override_args
+from .config.toml_out import dumps
+from .console import rank_prefix
 from .errors import TitanError
+from .launch_env import world_size_from_env
+from .os_errors import describe_os_error
+from .signals import StopRequested
+from .worker_errors import INTERRUPTED, hand_to_launcher, under_launcher
 
 EPILOG = """\
 config values:
@@ -54,8 +66,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _override_pairs(args: argparse.Namespace, rest: list[str]) -> list[tuple[str, str]]:
-    from .config.overrides import parse_override_args
-
     pairs: list[tuple[str, str]] = []
     for flag, key in (("spec", "model.spec"), ("flavor", "model.flavor"), ("converters", "model.converters")):
         value = getattr(args, flag)
@@ -65,22 +75,14 @@ def _override_pairs(args: argparse.Namespace, rest: list[str]) -> list[tuple[str
 
 
 def run(args: argparse.Namespace, rest: list[str], argv: list[str]) -> int:
-    from . import discovery
-
     discovery.import_modules(args.imports)
     if args.list:
-        from .commands.list_plugins import print_plugin_list
-
         return print_plugin_list(with_traceback=args.traceback)
-    from .distributed import world_size_from_env
-
     world_size = args.nproc_per_node or world_size_from_env()
-    from .config.resolve import resolve_config
+    from .plan.resolve import resolve_config  # start-up: --help and --list stay without torch
 
     resolved = resolve_config(config_source=args.config, override_pairs=_override_pairs(args, rest), world_size=world_size)
     if args.print_config:
-        from .config.toml_out import dumps
-
         print(dumps(resolved.config.model_dump(mode="json")), end="")
         return 0
     if args.schema:
@@ -88,27 +90,21 @@ def run(args: argparse.Namespace, rest: list[str], argv: list[str]) -> int:
 
         print(json.dumps(resolved.job_model.model_json_schema(), indent=2))
         return 0
-    from .config.environment import check_environment
-
     check_environment(resolved.config)
     if args.dry_run:
-        from .commands.dry_run import dry_run
+        from .commands.dry_run import dry_run  # start-up: each command imports only what it runs
 
         return dry_run(resolved)
     if args.compare_baseline:
-        from .commands.compare import compare_baseline
+        from .commands.compare import compare_baseline  # start-up: as above
 
         return compare_baseline(resolved)
     if args.nproc_per_node and world_size_from_env() == 1:
-        from .commands.launch import relaunch
-        from .preflight import preflight
+        from .preflight import preflight  # start-up: as above
 
         preflight(resolved)  # one message here rather than one per worker, after each built the model
-
-        from pathlib import Path
-
         return relaunch(args.nproc_per_node, argv, run_dir=Path(resolved.config.job.run_dir))
-    from .commands.train import train
+    from .commands.train import train  # start-up: as above
 
     return train(resolved)
 
@@ -125,12 +121,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except TitanError as exc:
         return _report(exc, with_traceback=args.traceback)
     except OSError as exc:  # the run folder, config.toml, metrics.jsonl, exports: a message naming the file
-        from .os_errors import describe_os_error
 
         return _report(describe_os_error(exc), with_traceback=args.traceback, cause=exc)
     except KeyboardInterrupt:
-        from .worker_errors import INTERRUPTED, under_launcher
-
         if _is_rank0() and not under_launcher():  # the launcher prints it once for all its workers
             print(INTERRUPTED, file=sys.stderr)
         return 130
@@ -148,17 +141,13 @@ def _report(exc: TitanError, *, with_traceback: bool, cause: BaseException | Non
         traceback.print_exception(cause or exc)
     if getattr(exc, "quiet", False):
         return exc.exit_code
-    from .signals import StopRequested
 
     if isinstance(exc, StopRequested):
         print(str(exc), file=sys.stderr, flush=True)
         return exc.exit_code
-    from .worker_errors import hand_to_launcher
 
     if hand_to_launcher(str(exc), hint=not with_traceback):  # --nproc-per-node prints each message once
         return exc.exit_code
-    from .metrics import rank_prefix
-
     print(f"{rank_prefix()}titan-train: error: {exc}", file=sys.stderr)
     if not with_traceback:
         print("(run with --traceback to see where it happened)", file=sys.stderr)

@@ -218,7 +218,7 @@ def default_spec_name() -> str:
 
 def load_train_spec(name: str) -> TrainSpec:
     """The TrainSpec called ``name``; a zero-argument factory is called once."""
-    from .protocols import TrainSpec
+    from .protocols import TrainSpec  # start-up: --list reads entry points without torch (protocols imports it)
 
     def finish(obj: Any) -> TrainSpec:
         spec = obj if isinstance(obj, TrainSpec) else obj() if callable(obj) else obj
@@ -252,7 +252,7 @@ def _require_dataclass_flavors(name: str, spec: Any) -> None:
 
 def load_converter(name: str) -> type[ModelConverter[Any]]:
     """The ModelConverter class called ``name``."""
-    from .protocols import ModelConverter
+    from .protocols import ModelConverter  # start-up: as in load_train_spec
 
     def finish(obj: Any) -> type[ModelConverter[Any]]:
         if not (isinstance(obj, type) and issubclass(obj, ModelConverter)):

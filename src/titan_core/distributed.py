@@ -10,10 +10,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from .errors import ConfigError
-
-# Set by titan-train --nproc-per-node in its workers (its own pid).
-LAUNCHER_ENV = "TITAN_LAUNCHER_PID"
+from .launch_env import LAUNCHER_ENV, rank_env
+from .rendezvous import join_process_group
 
 
 @dataclass(frozen=True)
@@ -46,45 +44,6 @@ def die_with_launcher() -> None:
         ctypes.CDLL(None).prctl(pr_set_pdeathsig, signal.SIGKILL)
 
 
-def world_size_from_env() -> int:
-    """The world size torchrun announced (1 outside torchrun): known before any process group."""
-    return env_int("WORLD_SIZE", 1, minimum=1)
-
-
-_MAX_PROCESSES = 2**24  # far beyond any job; bounds what torch's store and gloo are handed
-
-
-def env_int(name: str, default: int, *, minimum: int = 0) -> int:
-    """An integer from the launcher's environment, checked: garbage there is a clear error, not a traceback."""
-    raw = os.environ.get(name)
-    if raw is None:
-        return default
-    try:
-        value = int(raw.strip())
-    except ValueError:
-        value = None
-    if value is None or value < minimum or value > _MAX_PROCESSES:
-        bound = f">= {minimum}" if value is None or value < minimum else f"up to {_MAX_PROCESSES}"
-        raise ConfigError(
-            f"environment variable {name}={raw!r} is not an integer {bound}. It is set by the launcher "
-            f"(torchrun or titan-train --nproc-per-node); unset it to run a single process, or launch through "
-            f"one of those."
-        )
-    return value
-
-
-def rank_env() -> tuple[int, int, int]:
-    """(rank, local_rank, world_size) from the environment, each checked against the others."""
-    world_size = world_size_from_env()
-    rank = env_int("RANK", 0)
-    local_rank = env_int("LOCAL_RANK", 0)
-    env_int("LOCAL_WORLD_SIZE", 1, minimum=1)  # read by the memory check: garbage there is the same error
-    if rank >= world_size:
-        raise ConfigError(f"environment variable RANK={rank} must be below WORLD_SIZE={world_size}; "
-                          f"launch through torchrun or titan-train --nproc-per-node, which set both.")
-    return rank, local_rank, world_size
-
-
 def pick_device(preference: str, local_rank: int) -> torch.device:
     """``training.device`` for the process with this local rank (``auto`` = CUDA when available)."""
     if preference == "cuda" or (preference == "auto" and torch.cuda.is_available()):
@@ -109,8 +68,6 @@ def init_process_group(*, backend: str, device: torch.device, init_timeout_s: fl
     if device.type == "cuda":
         torch.cuda.set_device(device)
     if world_size > 1 and not dist.is_initialized():
-        from .rendezvous import join_process_group
-
         join_process_group(backend, init_timeout_s=init_timeout_s, collective_timeout_s=collective_timeout_s)
     rank = dist.get_rank() if dist.is_initialized() else 0
     return ProcessInfo(rank, world_size, backend, device)

@@ -14,6 +14,8 @@ import torch
 from torch import nn
 from torch.distributed.tensor import DTensor, distribute_tensor
 
+from .errors import PluginError
+
 
 def parameter_generator(seed: int, fqn: str) -> torch.Generator:
     """The generator for parameter ``fqn``; model plugins use the same scheme in init_weights."""
@@ -39,8 +41,6 @@ def _fill_parameters(model: nn.Module, seed: int) -> None:
     # Part of the model contract (see TrainSpec), which nn.Module's own typing cannot know.
     init_parameter: Callable[[str, torch.Tensor, torch.Generator], None] | None = getattr(model, "init_parameter", None)
     if init_parameter is None:
-        from .errors import PluginError
-
         # A model written for another trainer often has init_weights() instead: say what the contract wants.
         raise PluginError(
             f"model class {type(model).__name__} has no init_parameter(fqn, tensor, generator) method. The core "

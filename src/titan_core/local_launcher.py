@@ -29,7 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
-from .distributed import LAUNCHER_ENV
+from .launch_env import LAUNCHER_ENV
+from .run_lock import HELD_BY_LAUNCHER_ENV
 from .worker_errors import INTERRUPTED, ErrorInbox
 
 __all__ = ["PEER_LOST_EXIT", "launch"]
@@ -78,8 +79,6 @@ def _describe_exit(code: int) -> str:
 
 
 def _worker_env(nproc: int, port: int, run_dir: Path | None) -> dict[str, str]:
-    from .run_lock import HELD_BY_LAUNCHER_ENV
-
     env = {**os.environ, "WORLD_SIZE": str(nproc), "LOCAL_WORLD_SIZE": str(nproc), "GROUP_RANK": "0",
            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "TORCHELASTIC_USE_AGENT_STORE": "True",
            LAUNCHER_ENV: str(os.getpid())}

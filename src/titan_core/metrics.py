@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import resource
-import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -174,18 +173,3 @@ class MetricsLogger:
         if self._wandb is not None:
             self._wandb.finish()
             self._wandb = None
-
-
-def progress(message: str, *, is_rank0: bool) -> None:
-    """A short status line so nobody stares at a silent terminal during set-up."""
-    if is_rank0:
-        print(f"{rank_prefix()}[titan] {message}", file=sys.stderr, flush=True)
-
-
-def rank_prefix() -> str:
-    """``[rank3] `` in a multi-process run, so interleaved output says who wrote it."""
-    import os
-
-    world, rank = os.environ.get("WORLD_SIZE", "1").strip(), os.environ.get("RANK", "?").strip()
-    # Used while reporting errors, including a garbage WORLD_SIZE: never raise here.
-    return f"[rank{rank[:8]}] " if world.isdigit() and int(world) > 1 else ""

@@ -15,6 +15,7 @@ import re
 from collections.abc import Iterator
 
 from .errors import TitanError
+from .launch_env import LAUNCHER_ENV, world_size_from_env
 
 __all__ = ["PeerLost", "is_collective_failure", "lost_peer"]
 
@@ -36,7 +37,6 @@ def is_collective_failure(exc: BaseException) -> bool:
     """A failed collective of a multi-process run (a peer died or timed out)."""
     import torch.distributed as dist
 
-    from .distributed import world_size_from_env
 
     if world_size_from_env() <= 1:
         return False
@@ -48,7 +48,6 @@ def is_collective_failure(exc: BaseException) -> bool:
 @contextlib.contextmanager
 def lost_peer(parallelism: object) -> Iterator[None]:
     """Turn a failed collective (multi-process runs only) into PeerLost."""
-    from .distributed import LAUNCHER_ENV
 
     try:
         yield

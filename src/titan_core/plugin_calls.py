@@ -12,7 +12,11 @@ import contextlib
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
+from . import discovery
 from .errors import PluginError, TitanError
+from .out_of_memory import PluginOutOfMemory, is_out_of_memory, out_of_memory_error
+from .peer_failure import is_collective_failure
+from .signals import interrupted_by_signal
 
 if TYPE_CHECKING:
     from .discovery import Group
@@ -22,7 +26,6 @@ __all__ = ["plugin_call", "plugin_label"]
 
 def plugin_label(group: Group, name: str) -> str:
     """``converter "mx" (titan-mx-prototype 0.1.0)``; in-process registrations say so."""
-    from . import discovery
 
     kind = "spec" if group == discovery.SPECS else "converter"
     try:
@@ -44,10 +47,6 @@ def plugin_call(group: Group, name: str, method: str) -> Iterator[None]:
     except (TitanError, GeneratorExit):
         raise
     except BaseException as exc:  # SystemExit, a BaseException subclass of its own: still the plugin's
-        from .out_of_memory import PluginOutOfMemory, is_out_of_memory, out_of_memory_error
-        from .peer_failure import is_collective_failure
-        from .signals import interrupted_by_signal
-
         if is_collective_failure(exc):  # a collective inside the plugin's code lost a peer: not the plugin's fault
             raise
         if is_out_of_memory(exc):  # the run's shape is too big for the device, not a bug in the plugin

@@ -7,8 +7,10 @@ import sys
 import traceback
 from collections.abc import Sequence
 
+from .discovery import import_modules
 from .errors import TitanError
 from .os_errors import describe_os_error
+from .scaffold import write_package
 from .signals import Terminated, sigterm_raises
 
 
@@ -61,14 +63,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     if args.command == "check":
-        from .commands.plugin_check import check
-        from .discovery import import_modules
+        from .commands.plugin_check import check  # start-up: `titan-plugin new` needs no torch
 
         import_modules(args.imports)
         imports = [flag for module in args.imports for flag in ("--import", module)]
         return check(args.names, fast=args.fast, spec=args.spec, compile=args.compile, kind=args.kind,
                      extra_flags=[*imports, *args.flags], flavor=args.flavor)
-    from .scaffold import write_package
 
     path = write_package(args.kind, args.name, args.dir)
     print(f"wrote {args.kind} plugin {args.name} to {path}\nnext: pip install {path} && "

@@ -10,19 +10,18 @@ fail here, once.
 
 from __future__ import annotations
 
-from .config.resolve import ResolvedConfig
+from .discovery import CONVERTERS
+from .plan.resolve import ResolvedConfig
+from .plugin_calls import plugin_call
+from .trainer import Trainer
 
 
 def preflight(resolved: ResolvedConfig) -> None:
     """Raise the error a worker would raise for the converters, before any worker starts."""
     if not resolved.converters:
         return
-    from .trainer import Trainer
 
     trainer = Trainer(resolved)
-    from .discovery import CONVERTERS
-    from .plugin_calls import plugin_call
-
     for name, conv in trainer.build_converters():
         with plugin_call(CONVERTERS, name, "compatible_with()"):
             conv.compatible_with(resolved.spec)

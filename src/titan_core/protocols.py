@@ -145,15 +145,6 @@ class TrainSpec:
     state_dict_adapter: StateDictAdapter | None = None
     plugin_api_version: str = PLUGIN_API_VERSION
 
-    def resolved_parallelize_fn(self) -> ParallelizeFn:
-        """``parallelize_fn``, or the default one built from ``tp_plan_fn`` and ``selective_ac_save_ops``."""
-        if self.parallelize_fn is not None:
-            return self.parallelize_fn
-        from .parallel.default import default_parallelize_fn
-
-        return default_parallelize_fn(self.tp_plan_fn, selective_save_ops=self.selective_ac_save_ops,
-                                      spec_name=f"spec {self.name}")
-
     def model_args(self, flavor: str, section: BaseModel | None, vocab_size: int | None) -> Any:
         """The flavor's args with the spec section's non-None fields and the vocab applied."""
         args = self.flavors[flavor]

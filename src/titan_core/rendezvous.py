@@ -15,6 +15,7 @@ import time
 import torch.distributed as dist
 
 from .errors import TitanError
+from .launch_env import env_int, rank_env
 
 __all__ = ["RendezvousError", "join_process_group"]
 
@@ -47,7 +48,6 @@ def _wait_for_everyone(store: dist.Store, *, rank: int, world_size: int, timeout
 
 
 def join_process_group(backend: str, *, init_timeout_s: float, collective_timeout_s: float) -> None:
-    from .distributed import env_int, rank_env
 
     rank, _, world_size = rank_env()
     host = os.environ.get("MASTER_ADDR", "127.0.0.1")

@@ -17,8 +17,9 @@ import secrets
 from pathlib import Path
 from typing import Any
 
+from .console import progress
 from .errors import ConfigError, TitanError
-from .metrics import progress
+from .os_errors import describe_os_error
 
 SUPERSEDED_FILE = "metrics.superseded.jsonl"
 
@@ -42,7 +43,6 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
         if not isinstance(exc, OSError):
             raise
         # Name the file the user knows (not the temporary one): "disk full while writing .../config.toml".
-        from .os_errors import describe_os_error
 
         raise describe_os_error(OSError(exc.errno, exc.strerror, str(path))) from exc
 

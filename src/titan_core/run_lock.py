@@ -30,6 +30,7 @@ import socket
 from dataclasses import dataclass
 from pathlib import Path
 
+from .console import progress
 from .errors import TitanError
 
 __all__ = ["LOCK_NAME", "RunFolderBusy", "RunLock", "acquire_run_lock"]
@@ -116,8 +117,6 @@ def acquire_run_lock(run_dir: Path) -> RunLock:
             os.close(fd)
             raise
         os.close(fd)
-        from .metrics import progress
-
         progress(f"warning: the filesystem of {run_dir} does not support file locks ({exc.strerror}); "
                  f"running without the one-run-per-folder lock", is_rank0=True)
         return RunLock(path, None)

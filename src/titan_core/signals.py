@@ -92,7 +92,6 @@ def no_interrupt() -> Iterator[None]:
 
 def stop_after_signal(trainer: Any, signum: int) -> NoReturn:
     """Save (when configured), close the metrics, and raise StopRequested with one line saying where it saved."""
-    from .checkpoint.layout import step_dirname
 
     name = signal.Signals(signum).name
     c = trainer.config.checkpoint
@@ -100,6 +99,8 @@ def stop_after_signal(trainer: Any, signum: int) -> NoReturn:
         with no_interrupt():
             trainer.checkpointer.maybe_save(trainer.step, tokens_seen=trainer.tokens_seen, last=True)
             trainer.checkpointer.wait()
+        from .checkpoint.layout import step_dirname  # start-up: the CLIs import this module; checkpoint/ imports torch
+
         where = f"checkpoint saved to {trainer.checkpointer.folder / step_dirname(trainer.step)}"
     elif c.enable:
         where = "no checkpoint saved (checkpoint.save_on_sigterm=false)"

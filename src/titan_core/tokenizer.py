@@ -1,6 +1,7 @@
 """Byte-level BPE tokenizers on tiktoken, in Llama 3's file format and conventions.
 
-Two sources, picked by ``data.tokenizer`` through :func:`build_tokenizer`:
+Two sources, picked by ``data.tokenizer`` through ``build_tokenizer`` (``plan/tokenizer.py``, which also
+reads Hugging Face folders):
 
 * ``"builtin"``: a 2048-token byte-level BPE trained by the project on the
   built-in corpus (``scripts/make_builtin_tokenizer.py``). It ships inside the
@@ -27,14 +28,10 @@ import functools
 import hashlib
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import tiktoken
 
 from .errors import ConfigError
-
-if TYPE_CHECKING:
-    from .hf.tokenizer_folder import HFTokenizersTokenizer
 
 # Llama 3's pre-tokenizer split pattern (contractions, letter runs, 1-3 digits,
 # punctuation runs, newlines, whitespace); tiktoken compiles it in Rust.
@@ -235,15 +232,3 @@ def _builtin() -> TiktokenTokenizer:
     tok = TiktokenTokenizer.from_file(BUILTIN_PATH, special_tokens=BUILTIN_SPECIAL_TOKENS)
     tok.name = "builtin"
     return tok
-
-
-def build_tokenizer(source: str) -> TiktokenTokenizer | HFTokenizersTokenizer:
-    """``"builtin"`` (cached per process), a Llama-3-format ``tokenizer.model``, or a Hugging Face folder."""
-    if source == "builtin":
-        return _builtin()
-    path = Path(source).expanduser()
-    if path.is_dir():  # a Hugging Face model folder
-        from .hf.tokenizer_folder import load_tokenizer_folder
-
-        return load_tokenizer_folder(path)
-    return TiktokenTokenizer.from_file(path)

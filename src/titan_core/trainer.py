@@ -18,26 +18,42 @@ import torch
 from torch import nn
 
 from . import distributed
+from .checkpoint import CheckpointManager, RunIdentity, collect_param_shapes, export_safetensors
 from .config.job import JobConfig, accumulation_steps
-from .config.resolve import ResolvedConfig
 from .config.toml_out import dumps
+from .console import progress
+from .converters import apply_converters, register_converter_hooks
+from .cpu_allocator import keep_freed_memory_in_heap
+from .data import build_dataloader
+from .data.documents import split_documents
 from .discovery import CONVERTERS, SPECS
-from .errors import NonFiniteError
+from .errors import ConfigError, NonFiniteError
 from .grad_norm import clip_grad_norm
+from .hf.export import export_hf
 from .init import init_model_weights
-from .layout import describe_parameter_layout
+from .launch_env import rank_env
 from .loss import cross_entropy_loss
-from .metrics import MetricsLogger, model_flops_per_token, progress
+from .memory_estimate import check_model_fits, local_ranks_from_env
+from .metrics import MetricsLogger, model_flops_per_token
+from .moe import MoEMonitor
 from .optim import LRSchedulersContainer, OptimizersContainer
+from .optimizer_settings import settings_checked
 from .out_of_memory import out_of_memory_named
+from .parallel import spec_parallelize_fn
 from .parallel_dims import ParallelDims
+from .parameter_layout import describe_parameter_layout
+from .plan.resolve import ResolvedConfig
 from .plugin_calls import check_logits, plugin_call
 from .precision import autocast_for, resolve_compute_dtype
 from .protocols import ModelConverter, RunContext, TensorParallelStyles
-from .run_files import atomic_write_text, supersede_metrics
+from .report import report_at_end
+from .run_files import atomic_write_text, require_writable, supersede_metrics
 from .signals import no_interrupt, requested_signal, stop_after_signal
 from .ties import check_ties, declared_ties, retie_weights
 from .token_loss import count_valid, global_valid_tokens, token_weighted
+from .tp_styles import resolve_tp_styles
+from .weights.load import load_initial_weights
+from .weights.shape import check_shape_file_unchanged, model_label, record_shape_file
 
 # A micro-batch as the step runs it: inputs, labels, and the document positions (data.document_masking).
 MicroBatch = tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]
@@ -69,7 +85,7 @@ class Trainer:
         # Derived once by resolve_config (parallel degrees, device, backend, model args).
         self.dims: ParallelDims = resolved.dims
         self.device: torch.device = resolved.device
-        self.is_rank0 = distributed.rank_env()[0] == 0  # init_distributed confirms it from the process group
+        self.is_rank0 = rank_env()[0] == 0  # init_distributed confirms it from the process group
         self.step = 0
         self.step_valid_tokens = 0  # valid labels of the current step over all data-parallel ranks
         self.pp_batch_rows = 0  # rows of the micro-batch the pipeline schedule is running
@@ -95,8 +111,6 @@ class Trainer:
                                                    init_timeout_s=p.init_timeout_s,
                                                    collective_timeout_s=p.collective_timeout_s)
         if self.proc.world_size != self.dims.world_size:
-            from .errors import ConfigError
-
             raise ConfigError(f"the config was resolved for {self.dims.world_size} process(es) but this run has "
                               f"{self.proc.world_size}; resolve it with world_size={self.proc.world_size}.")
         self.mesh: Any  # DeviceMesh, or None in a single-process run
@@ -104,8 +118,6 @@ class Trainer:
         self.mesh, self.dp_flat_mesh = self.dims.build_meshes(self.device.type) if self.dims.distributed else (None, None)
         self.dp_rank = self.dp_flat_mesh.get_local_rank() if self.dp_flat_mesh is not None else 0
         if self.device.type == "cpu" and t.cpu_malloc_tuning:
-            from .cpu_allocator import keep_freed_memory_in_heap
-
             keep_freed_memory_in_heap()
         torch.manual_seed(t.seed)
         if t.deterministic:
@@ -120,8 +132,6 @@ class Trainer:
         progress(f"device {self.device}, {n} process{'es' if n > 1 else ''}, {precision}", is_rank0=self.is_rank0)
 
     def build_tokenizer_and_data(self) -> None:
-        from .data import build_dataloader
-
         d, t = self.config.data, self.config.training
         progress(f"loading tokenizer ({d.tokenizer}) and data ({d.source})", is_rank0=self.is_rank0)
         self.tokenizer = self.resolved.tokenizer
@@ -139,8 +149,6 @@ class Trainer:
         self.val_dataloader = loader("validation") if self.config.validation.enable else None
 
     def build_model(self) -> nn.Module:
-        from .hf.initial_shape import model_label
-
         self.model_args = self.resolved.model_args  # the flavor's, or config.json's with initial_load
         if self.resolved.model_shape_note:
             progress(self.resolved.model_shape_note, is_rank0=self.is_rank0)
@@ -152,7 +160,6 @@ class Trainer:
         n_params = sum(p.numel() for p in model.parameters())
         progress(f"model {model_label(self.spec, self.config)}: {n_params:,} parameters", is_rank0=self.is_rank0)
         self.n_params = n_params
-        from .memory_estimate import check_model_fits, local_ranks_from_env
 
         p = self.config.parallelism
         # A dry run (before any launcher) counts the ranks the run would put on this machine.
@@ -174,22 +181,18 @@ class Trainer:
         return [(name, conv) for (name, _), conv in zip(self.converter_classes, self.converters)]
 
     def apply_converters(self, model: nn.Module) -> None:
-        from .converters import apply_converters
-
         named = self.build_converters()
         self.conversion_table = apply_converters(model, named, self.spec)
         if self.is_rank0 and named:
             print(self.conversion_table.format(), flush=True)
 
     def tp_styles(self) -> TensorParallelStyles:
-        from .tp_styles import resolve_tp_styles
-
         return resolve_tp_styles([(name, conv) for (name, _), conv in zip(self.converter_classes, self.converters)])
 
     def parallelize(self, part: nn.Module) -> nn.Module:
         c = self.config
         with plugin_call(SPECS, self.spec.name, "parallelize_fn"):
-            out = self.spec.resolved_parallelize_fn()(
+            out = spec_parallelize_fn(self.spec)(
                 part, parallel_dims=self.dims, mesh=self.mesh, training=c.training, parallelism=c.parallelism,
                 compile=c.compile, activation_checkpoint=c.activation_checkpoint, tp_styles=self.tp_styles(),
             )
@@ -212,7 +215,6 @@ class Trainer:
         else:
             self.model_parts = [self.parallelize(model)]
         check_ties(self.model_parts, self.ties, after="parallelize_fn")
-        from .moe import MoEMonitor
 
         self.moe = MoEMonitor(self.model_parts)  # a no-op for a model without MoE blocks
         if self.dims.distributed:
@@ -248,12 +250,9 @@ class Trainer:
         check_ties(self.model_parts, self.ties, after="to_empty and init")
 
     def build_optimizers(self) -> None:
-        from .converters import register_converter_hooks
-
         c = self.config
         build_opt = self.spec.build_optimizers_fn or OptimizersContainer
         build_lr = self.spec.build_lr_schedulers_fn or LRSchedulersContainer
-        from .optimizer_settings import settings_checked
 
         spec_fn = self.spec.build_optimizers_fn  # plugin code is named as such; the core's as a settings error
         with (plugin_call(SPECS, self.spec.name, "build_optimizers_fn") if spec_fn else
@@ -265,8 +264,6 @@ class Trainer:
         register_converter_hooks(self.optimizer, self.converters, self.model_parts)
 
     def build_checkpointer(self) -> None:
-        from .checkpoint import CheckpointManager, RunIdentity, collect_param_shapes
-
         c = self.config
         identity = RunIdentity(
             spec=self.spec.name, flavor=c.model.flavor, converters=tuple(c.model.converters),
@@ -302,7 +299,6 @@ class Trainer:
         that cross a document boundary ignored (data/documents.py)."""
         if not self.config.data.document_masking:
             return inputs, labels, None
-        from .data.documents import split_documents
 
         positions, labels = split_documents(inputs, labels, eos_id=self.tokenizer.eos_id, bos_id=self.tokenizer.bos_id)
         return inputs, labels, positions
@@ -391,11 +387,9 @@ class Trainer:
         if resumed is not None:
             self.step, self.tokens_seen = resumed.step, resumed.tokens_seen
             progress(f"resuming from {resumed.path} at step {resumed.step}", is_rank0=self.is_rank0)
-            from .hf.initial_shape import check_shape_file_unchanged
 
             check_shape_file_unchanged(self.spec, self.config, self.model_args, self.run_dir)
         else:  # the run's own checkpoints take precedence over checkpoint.initial_load
-            from .hf.initial_load import load_initial_weights
 
             load_initial_weights(self.config.checkpoint.initial_load, spec=self.spec, model_parts=self.model_parts,
                                  model_args=self.model_args, ties=self.ties, is_rank0=self.is_rank0)
@@ -403,8 +397,6 @@ class Trainer:
             self.require_writable_run_files()
             atomic_write_text(self.run_dir / "config.toml", dumps(self.config.model_dump(mode="json")))
             if resumed is None:
-                from .hf.initial_shape import record_shape_file
-
                 record_shape_file(self.config, self.run_dir)
             supersede_metrics(self.metrics.path, start_step=self.step)  # one record per step after a resume
             if self.converters:
@@ -444,7 +436,6 @@ class Trainer:
 
     def require_writable_run_files(self) -> None:
         """Every file and folder the run writes is writable, checked before it writes the first one."""
-        from .run_files import require_writable
 
         c = self.config.checkpoint
         export = [self.run_dir / "export"] if c.export_at_end else []
@@ -494,19 +485,14 @@ class Trainer:
     def finish(self) -> None:
         self.checkpointer.wait()
         if self.config.checkpoint.export_at_end and self.config.checkpoint.export_format == "hf":
-            from .hf.export import export_hf
-
             export_hf(self.model_parts, self.run_dir / "export" / "hf", spec=self.spec, model_args=self.model_args,
                       tokenizer=self.tokenizer, dtype=getattr(torch, self.config.checkpoint.export_dtype),
                       shard_gb=self.config.checkpoint.export_shard_gb, is_rank0=self.is_rank0)
         elif self.config.checkpoint.export_at_end:
-            from .checkpoint import export_safetensors
-
             dtype = getattr(torch, self.config.checkpoint.export_dtype)
             export_safetensors(self.model_parts, self.run_dir / "export" / "model.safetensors", dtype=dtype,
                                is_rank0=self.is_rank0)
         self.metrics.close()
         if self.is_rank0 and self.config.metrics.report:
-            from .report import report_at_end
 
             report_at_end(self.run_dir)

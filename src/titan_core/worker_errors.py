@@ -24,6 +24,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from .launch_env import LAUNCHER_ENV
+
 __all__ = ["ERRORS_ENV", "INTERRUPTED", "ErrorInbox", "hand_to_launcher", "under_launcher"]
 
 ERRORS_ENV = "TITAN_LAUNCHER_ERRORS"
@@ -35,10 +37,8 @@ INTERRUPTED = "titan-train: interrupted (SIGINT); checkpoints already published 
 
 def _launcher_folder() -> Path | None:
     raw = os.environ.get(ERRORS_ENV, "")
-    if not raw:  # not under the launcher: decided without importing torch (distributed.py does)
+    if not raw:  # not under the launcher
         return None
-    from .distributed import LAUNCHER_ENV
-
     if os.environ.get(LAUNCHER_ENV, "").strip() != str(os.getppid()):
         return None
     try:

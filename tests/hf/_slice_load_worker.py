@@ -44,8 +44,8 @@ def run_layout(folder: Path, run_dir: Path, name: str, pairs: list[tuple[str, st
     import dataclasses
 
     from titan_core import Trainer
-    from titan_core.config.resolve import resolve_config
-    from titan_core.hf.initial_load import load_initial_weights
+    from titan_core.plan.resolve import resolve_config
+    from titan_core.weights.load import load_initial_weights
 
     base = [("model.spec", "llama3"), ("checkpoint.initial_load", str(folder)), ("training.seq_len", "32"), ("training.local_batch_size", "4"),
             ("job.run_dir", str(run_dir / name))]

@@ -384,7 +384,7 @@ def fp16_weights(f: Path) -> None:
 
 def tok_folder(f: Path) -> None:
     from titan_core.hf.tokenizer_json import write_hf_tokenizer
-    from titan_core.tokenizer import build_tokenizer
+    from titan_core.plan.tokenizer import build_tokenizer
 
     write_hf_tokenizer(build_tokenizer("builtin"), f)
 

@@ -30,7 +30,7 @@ def hf_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def first_batch(run_dir: Path, *pairs: str) -> tuple[torch.Tensor, torch.Tensor]:
     from titan_core import Trainer
-    from titan_core.config.resolve import resolve_config
+    from titan_core.plan.resolve import resolve_config
 
     overrides = [tuple(p.split("=", 1)) for p in ("model.spec=llama3", *SMALL, f"job.run_dir={run_dir}", *pairs)]
     trainer = Trainer(resolve_config(config_source=None, override_pairs=overrides))  # type: ignore[arg-type]

@@ -9,7 +9,8 @@ import pytest
 
 from titan_core.hf.tokenizer_folder import HFTokenizersTokenizer
 from titan_core.hf.tokenizer_json import write_hf_tokenizer
-from titan_core.tokenizer import BUILTIN_PATH, LLAMA3_NUM_SPECIAL_TOKENS, build_tokenizer
+from titan_core.plan.tokenizer import build_tokenizer
+from titan_core.tokenizer import BUILTIN_PATH, LLAMA3_NUM_SPECIAL_TOKENS
 
 from conftest import assert_user_error
 

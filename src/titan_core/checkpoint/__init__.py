@@ -14,10 +14,10 @@ The trainer's whole use::
 
 from __future__ import annotations
 
-from .export import export_safetensors
 from .identity import ResumeInfo, RunIdentity
 from .manager import CheckpointManager
 from .reading import read_checkpoint_tensors
+from .safetensors_export import export_safetensors
 from .states import collect_param_shapes
 
 __all__ = [

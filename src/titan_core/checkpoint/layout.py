@@ -24,6 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..errors import CheckpointError
+from ..os_errors import describe_os_error
 from .tensor_index import INDEX_FILE
 
 LEGACY_METADATA_FILE = ".metadata"  # DCP's pickled index: written by titan-core before it stored JSON
@@ -187,7 +188,5 @@ def ensure_folder(folder: Path) -> None:
     try:  # an existing folder that cannot be written would fail only at the first save, after training
         tempfile.TemporaryFile(dir=folder).close()
     except OSError as exc:
-        from ..os_errors import describe_os_error
-
         what = describe_os_error(OSError(exc.errno, exc.strerror, str(folder)))
         raise CheckpointError(f"cannot save checkpoints into the checkpoint folder: {what}") from exc

@@ -21,9 +21,13 @@ from pathlib import Path
 
 from .. import distributed, signals
 from ..config.job import build_job_model
-from ..config.resolve import ResolvedConfig
+from ..console import progress
 from ..errors import ConfigError
-from ..metrics import progress
+from ..launch_env import world_size_from_env
+from ..plan.resolve import ResolvedConfig
+from ..run_files import atomic_write_bytes, atomic_write_text
+from ..run_lock import acquire_run_lock
+from ..trainer import Trainer
 
 __all__ = ["LossCurve", "baseline_of", "compare_baseline", "format_comparison", "relative_gap", "with_run_dir"]
 
@@ -91,8 +95,6 @@ def format_comparison(converted: LossCurve, baseline: LossCurve) -> str:
 
 
 def write_jsonl(path: Path, curves: list[LossCurve]) -> None:
-    from ..run_files import atomic_write_text
-
     atomic_write_text(path, "".join(json.dumps({"run": curve.run, "step": step, "loss": loss}) + "\n"
                                     for curve in curves for step, loss in zip(curve.steps, curve.losses)))
 
@@ -116,7 +118,6 @@ def plot_curves(path: Path, curves: list[LossCurve], title: str, labels: dict[st
     fig.tight_layout()
     import io
 
-    from ..run_files import atomic_write_bytes
 
     buffer = io.BytesIO()  # drawn in memory, then published whole: never half a PNG
     fig.savefig(buffer, format="png")
@@ -136,7 +137,6 @@ def require_matplotlib() -> None:
 
 def train_once(resolved: ResolvedConfig, run: str) -> LossCurve:
     """One full Trainer run; its losses by step."""
-    from ..trainer import Trainer
 
     trainer = Trainer(resolved)
     trainer.setup()
@@ -155,16 +155,15 @@ def compare_baseline(resolved: ResolvedConfig) -> int:
             "converters were requested. Add them with --converters NAME[,NAME...] (or model.converters); "
             "titan-train --list shows the installed ones."
         )
-    if resolved.world_size > 1 or distributed.world_size_from_env() > 1:
+    if resolved.world_size > 1 or world_size_from_env() > 1:
         raise ConfigError(
             f"--compare-baseline runs both trainings in one process and supports a single process only, but "
-            f"this run has world size {max(resolved.world_size, distributed.world_size_from_env())}. Drop "
+            f"this run has world size {max(resolved.world_size, world_size_from_env())}. Drop "
             f"--nproc-per-node (and torchrun), or train each configuration separately and compare their "
             f"metrics.jsonl."
         )
     require_matplotlib()  # before training: a missing extra must not cost the two finished runs
     root = Path(resolved.config.job.run_dir)
-    from ..run_lock import acquire_run_lock
 
     lock = acquire_run_lock(root)  # both runs write below root: one comparison per folder at a time
     runs = [("converted", with_run_dir(resolved, root / "converted")), ("baseline", baseline_of(resolved, root / "baseline"))]

@@ -16,7 +16,21 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from .. import discovery
+from ..checkpoint import CheckpointManager, RunIdentity, collect_param_shapes
+from ..checkpoint.identity import read_record, write_record
+from ..checkpoint.integrity import file_digest
+from ..config.sections import CheckpointSection, LRSchedulerSection, OptimizerSection
 from ..errors import ConfigError
+from ..hf.adapter import adapter_of
+from ..hf.export import export_hf
+from ..hf.folder import is_hf_folder, open_hf_folder
+from ..optim import LRSchedulersContainer, OptimizersContainer
+from ..ties import declared_ties, retie_weights
+from ..weights.load import check_hf_fits, load_hf_weights
+from ..weights.source import HF_CONFIG_IN_CHECKPOINT
+from ..weights.titan_checkpoint import is_titan_checkpoint, run_folder_hint
+from ..whole_model import load_titan_checkpoint
 from .tool_main import run_tool
 
 
@@ -76,11 +90,6 @@ def _require_new_folder(out: Path, source: Path) -> None:
 def to_hf(args: argparse.Namespace) -> int:
     import torch
 
-    from ..checkpoint.weights import is_titan_checkpoint, run_folder_hint
-    from ..hf.export import export_hf
-    from ..hf.folder import is_hf_folder
-    from ..whole_model import load_titan_checkpoint
-
     ckpt: Path = args.checkpoint
     if is_hf_folder(ckpt):
         raise ConfigError(f"{ckpt} is already a Hugging Face folder; to-hf reads a titan checkpoint "
@@ -103,17 +112,6 @@ def to_hf(args: argparse.Namespace) -> int:
 
 def from_hf(args: argparse.Namespace) -> int:
     import torch
-
-    from .. import discovery
-    from ..checkpoint import CheckpointManager, RunIdentity, collect_param_shapes
-    from ..checkpoint.weights import is_titan_checkpoint
-    from ..config.sections import CheckpointSection, LRSchedulerSection, OptimizerSection
-    from ..hf.adapter import adapter_of
-    from ..hf.folder import open_hf_folder
-    from ..hf.initial_load import check_hf_fits, load_hf_weights
-    from ..hf.model_args import HF_CONFIG_IN_CHECKPOINT
-    from ..optim import LRSchedulersContainer, OptimizersContainer
-    from ..ties import declared_ties, retie_weights
 
     if is_titan_checkpoint(args.hf_dir):
         raise ConfigError(f"{args.hf_dir} is a titan checkpoint; from-hf reads a Hugging Face folder "
@@ -148,9 +146,6 @@ def from_hf(args: argparse.Namespace) -> int:
     (step_dir / HF_CONFIG_IN_CHECKPOINT).write_text(json.dumps(folder.config, indent=2), encoding="utf-8")
     # A checkpoint holds exactly the files its manifest lists: list the shape file with its digest.
     import dataclasses
-
-    from ..checkpoint.identity import read_record, write_record
-    from ..checkpoint.integrity import file_digest
 
     record = read_record(step_dir)
     files = {**record.files, HF_CONFIG_IN_CHECKPOINT: file_digest(step_dir / HF_CONFIG_IN_CHECKPOINT)}

@@ -15,13 +15,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..config.resolve import ResolvedConfig
+from ..plan.resolve import ResolvedConfig
+from ..trainer import Trainer
+from ..weights.shape import shape_source
 
 
 def dry_run(resolved: ResolvedConfig) -> int:
-    from ..hf.initial_shape import shape_source
-    from ..trainer import Trainer
-
     c, spec = resolved.config, resolved.spec
     trainer = Trainer(resolved)
     model = trainer.build_model()

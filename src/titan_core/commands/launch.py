@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..local_launcher import launch
+from ..run_lock import acquire_run_lock
+
 
 def _strip_nproc(argv: list[str]) -> list[str]:
     out: list[str] = []
@@ -23,9 +26,6 @@ def relaunch(nproc: int, argv: list[str], *, run_dir: Path | None = None) -> int
 
     The launcher holds the run folder's lock for its workers (taken before any starts).
     """
-    from ..local_launcher import launch
-    from ..run_lock import acquire_run_lock
-
     lock = acquire_run_lock(run_dir) if run_dir is not None else None
     try:
         return launch(nproc, _strip_nproc(argv), run_dir=run_dir)

@@ -6,6 +6,7 @@ import shutil
 import sys
 from collections.abc import Sequence
 
+from ..discovery import CONVERTERS, SPECS, discover
 from ..errors import ConfigError, did_you_mean
 from ..testing import CheckResult, Target
 from ..testing.checks import Check, run_all
@@ -13,7 +14,6 @@ from ..testing.checks import Check, run_all
 
 def kind_of(name: str) -> str:
     """``spec`` or ``converter``: which entry-point group (or in-process registry) has ``name``."""
-    from ..discovery import CONVERTERS, SPECS, discover
 
     specs, converters = discover(SPECS), discover(CONVERTERS)
     if name in specs and name in converters:
@@ -47,7 +47,6 @@ def format_table(name: str, kind: str, results: Sequence[CheckResult]) -> str:
 def check(names: Sequence[str], *, fast: bool, spec: str, compile: bool, kind: str | None,
           extra_flags: Sequence[str], flavor: str | None = None) -> int:
     """Check every name; print one table each; 1 if any check failed, else 0."""
-    from ..testing import tiny_spec  # noqa: F401  (the core's tiny model: the default spec for converters)
 
     kinds = {name: kind or kind_of(name) for name in names}  # every name known before anything runs
     failed = False

@@ -6,9 +6,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .. import distributed, signals
-from ..config.resolve import ResolvedConfig
+from ..launch_env import rank_env, world_size_from_env
 from ..out_of_memory import out_of_memory_named
 from ..peer_failure import lost_peer
+from ..plan.resolve import ResolvedConfig
+from ..run_lock import acquire_run_lock, lock_held_by_launcher
+from ..trainer import Trainer
 
 if TYPE_CHECKING:
     from ..run_lock import RunLock
@@ -16,17 +19,14 @@ if TYPE_CHECKING:
 
 def _take_run_folder(run_dir: Path) -> RunLock | None:
     """Rank 0 owns the run folder for the life of the run (the --nproc-per-node launcher holds it for its workers)."""
-    from ..run_lock import acquire_run_lock, lock_held_by_launcher
 
-    rank, _, _ = distributed.rank_env()
+    rank, _, _ = rank_env()
     if rank != 0 or lock_held_by_launcher(run_dir):
         return None
     return acquire_run_lock(run_dir)
 
 
 def train(resolved: ResolvedConfig) -> int:
-    from ..trainer import Trainer
-
     distributed.die_with_launcher()
     lock = _take_run_folder(Path(resolved.config.job.run_dir))
     trainer = Trainer(resolved)
@@ -41,7 +41,7 @@ def train(resolved: ResolvedConfig) -> int:
                   f"run folder {trainer.run_dir}", flush=True)
         clean = True
     finally:
-        if clean or not distributed.world_size_from_env() > 1:
+        if clean or not world_size_from_env() > 1:
             distributed.destroy()
         if lock is not None:
             lock.release()

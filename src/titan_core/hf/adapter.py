@@ -42,11 +42,14 @@ model parts hold whole, one at a time, and keeps its shard (peak: shard + one te
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import torch
 
-from ..errors import ConfigError
+from ..errors import ConfigError, PluginError
+
+if TYPE_CHECKING:
+    from ..protocols import TrainSpec
 
 
 @runtime_checkable
@@ -63,7 +66,7 @@ class StateDictAdapter(Protocol):
     #   -> torch.Tensor | None; see the module docstring and row_map().
 
 
-def adapter_of(spec: Any, *, purpose: str) -> StateDictAdapter:
+def adapter_of(spec: TrainSpec, *, purpose: str) -> StateDictAdapter:
     """The spec's adapter, or a ConfigError saying that ``purpose`` needs one."""
     adapter: StateDictAdapter | None = getattr(spec, "state_dict_adapter", None)
     if adapter is None:
@@ -74,7 +77,7 @@ def adapter_of(spec: Any, *, purpose: str) -> StateDictAdapter:
     return adapter
 
 
-def hf_key_of(adapter: StateDictAdapter, key: str, shape: tuple[int, ...], dtype: torch.dtype, model_args: Any,
+def hf_key_of(adapter: StateDictAdapter, key: str, shape: tuple[int, ...], dtype: torch.dtype, model_args: object,
               *, to_hf: bool) -> tuple[str, tuple[int, ...]] | None:
     """The name and shape one tensor gets on the other side, found with a meta tensor (no data read)."""
     fn = adapter.to_hf if to_hf else adapter.from_hf
@@ -86,14 +89,13 @@ def hf_key_of(adapter: StateDictAdapter, key: str, shape: tuple[int, ...], dtype
 
 
 def row_map(adapter: StateDictAdapter, hf_key: str, hf_shape: tuple[int, ...], native_shape: tuple[int, ...],
-            model_args: Any) -> torch.Tensor | None:
+            model_args: object) -> torch.Tensor | None:
     """Native row i of ``hf_key``'s tensor is Hugging Face row ``map[i]``; None: read the tensor whole.
 
     None when the adapter has no ``from_hf_rows``, raises ``NotImplementedError`` for this
     key, or the tensor has no rows (0-d). A map that cannot be right (wrong length, rows
     outside the tensor, other dims changed) is the adapter's bug: a PluginError.
     """
-    from ..errors import PluginError
 
     fn = getattr(adapter, "from_hf_rows", None)
     if fn is None or not hf_shape or len(native_shape) != len(hf_shape):

@@ -20,7 +20,7 @@ import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -30,13 +30,17 @@ from torch.distributed.tensor import DTensor
 
 from ..checkpoint import states
 from ..errors import CheckpointError, ConfigError
+from ..os_errors import describe_os_error, io_errno
 from .adapter import adapter_of
 from .folder import INDEX, SINGLE
 from .stacks import unstack
 from .tokenizer_json import write_hf_tokenizer
 
+if TYPE_CHECKING:
+    from ..protocols import Tokenizer, TrainSpec
 
-def check_hf_export(spec: Any, tokenizer: Any) -> None:
+
+def check_hf_export(spec: TrainSpec, tokenizer: Tokenizer) -> None:
     """Fail before training (not after it) when an hf export cannot be written."""
     adapter_of(spec, purpose="checkpoint.export_format=hf")
     if not hasattr(tokenizer, "mergeable_ranks"):
@@ -45,7 +49,7 @@ def check_hf_export(spec: Any, tokenizer: Any) -> None:
                           f"tokenizer or export_format=native.")
 
 
-def hf_config_json(spec: Any, model_args: Any, tokenizer: Any, dtype: torch.dtype) -> dict[str, Any]:
+def hf_config_json(spec: TrainSpec, model_args: object, tokenizer: Tokenizer, dtype: torch.dtype) -> dict[str, Any]:
     config = dict(adapter_of(spec, purpose="an hf config").hf_config(model_args))
     config.update(bos_token_id=tokenizer.bos_id, eos_token_id=tokenizer.eos_id,
                   torch_dtype=str(dtype).removeprefix("torch."))
@@ -79,7 +83,7 @@ def shard_file_names(count: int) -> list[str]:
     return [SINGLE] if count == 1 else [f"model-{i + 1:05d}-of-{count:05d}.safetensors" for i in range(count)]
 
 
-def export_hf(model_parts: list[nn.Module], out_dir: Path, *, spec: Any, model_args: Any, tokenizer: Any,
+def export_hf(model_parts: list[nn.Module], out_dir: Path, *, spec: TrainSpec, model_args: object, tokenizer: Tokenizer,
               dtype: torch.dtype, shard_gb: float, is_rank0: bool,
               on_tensor: Callable[[int], None] | None = None) -> None:
     """Write ``out_dir`` as a Hugging Face folder (a collective when a process group exists).
@@ -133,7 +137,6 @@ def export_hf(model_parts: list[nn.Module], out_dir: Path, *, spec: Any, model_a
                 if names[0] in mine:
                     save_file({n: mine[n] for n in names}, str(tmp / file), metadata={"format": "pt"})
         except Exception as exc:  # safetensors reports a full disk as its own exception type
-            from ..os_errors import describe_os_error, io_errno
 
             code = io_errno(exc)
             if code is None:
@@ -158,7 +161,7 @@ def export_hf(model_parts: list[nn.Module], out_dir: Path, *, spec: Any, model_a
               f"{'s' if len(files) > 1 else ''}) to {out_dir}", flush=True)
 
 
-def _write_metadata(folder: Path, *, spec: Any, model_args: Any, tokenizer: Any, dtype: torch.dtype,
+def _write_metadata(folder: Path, *, spec: TrainSpec, model_args: object, tokenizer: Any, dtype: torch.dtype,
                     shards: list[list[str]], files: list[str], total: int) -> None:
     config = hf_config_json(spec, model_args, tokenizer, dtype)
     (folder / "config.json").write_text(json.dumps(config, indent=2), encoding="utf-8")

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ..errors import ConfigError
+from .slice_reader import SliceReader
 
 if TYPE_CHECKING:
     from .slice_reader import SliceReader
@@ -38,7 +39,6 @@ class HFFolder:
 
     def reader(self) -> SliceReader:
         """A reader of row/column slices of this folder's tensors (a context manager)."""
-        from .slice_reader import SliceReader
 
         return SliceReader(self)
 

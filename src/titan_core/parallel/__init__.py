@@ -8,7 +8,7 @@ nothing here re-reads them from the config.
 
 from .checkpointing import apply_activation_checkpointing, checkpoint_module, resolve_ops, selective_context_fn
 from .compile import apply_compile
-from .default import TensorParallelPlanFn, default_parallelize_fn
+from .default import TensorParallelPlanFn, default_parallelize_fn, spec_parallelize_fn
 from .fsdp import apply_fsdp, reshard_policy
 from .tensor_parallel import apply_tensor_parallel
 
@@ -23,4 +23,5 @@ __all__ = [
     "reshard_policy",
     "resolve_ops",
     "selective_context_fn",
+    "spec_parallelize_fn",
 ]

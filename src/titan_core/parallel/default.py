@@ -26,7 +26,7 @@ from ..config.sections import (
 )
 from ..errors import ConfigError
 from ..parallel_dims import ParallelDims
-from ..protocols import TensorParallelStyles
+from ..protocols import TensorParallelStyles, TrainSpec
 from ..spec_factories import ParallelizeFn, TensorParallelPlanFn
 from .checkpointing import apply_activation_checkpointing
 from .compile import apply_compile
@@ -96,3 +96,13 @@ def default_parallelize_fn(
 
 
 __all__ = ["TensorParallelPlanFn", "default_parallelize_fn"]
+
+
+def spec_parallelize_fn(spec: TrainSpec) -> ParallelizeFn:
+    """The spec's ``parallelize_fn``, or the default one built from its ``tp_plan_fn`` and
+    ``selective_ac_save_ops``. Here rather than on ``TrainSpec``, so the contract module does not
+    import an implementation."""
+    if spec.parallelize_fn is not None:
+        return spec.parallelize_fn
+    return default_parallelize_fn(spec.tp_plan_fn, selective_save_ops=spec.selective_ac_save_ops,
+                                  spec_name=f"spec {spec.name}")

@@ -8,6 +8,7 @@ from pathlib import Path
 from string import Template
 
 from ..errors import ConfigError
+from . import converter_files, spec_files
 
 __all__ = ["write_package"]
 
@@ -24,7 +25,6 @@ def _names(name: str, kind: str) -> dict[str, str]:
 
 def write_package(kind: str, name: str, directory: str | Path) -> Path:
     """Write the package for a new ``kind`` ("converter" or "spec") called ``name`` into ``directory``."""
-    from . import converter_files, spec_files
 
     values = _names(name, kind)
     root = Path(directory)

@@ -20,7 +20,7 @@ def run_checks(target: Target, *, fast: bool = False) -> list[CheckResult]:
 
 def __getattr__(name: str) -> Any:
     if name in ("ConverterConformance", "TrainSpecConformance"):
-        from . import conformance
+        from . import conformance  # optional dependency: it needs pytest, the rest of the kit does not
 
         return getattr(conformance, name)
     raise AttributeError(f"module 'titan_core.testing' has no attribute {name!r}")

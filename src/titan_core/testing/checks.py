@@ -21,13 +21,22 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
+from .. import discovery
+from ..discovery import CONVERTERS, SPECS, discover, load_converter, load_train_spec
 from ..errors import TitanError
+from ..hf.adapter import row_map
+from ..init import init_model_weights
 from ..metrics import call_flops_fn
+from ..plan.resolve import resolve_config
+from ..trainer import Trainer
 from . import runs
+
+if TYPE_CHECKING:
+    from ..protocols import TrainSpec
 
 SEQ_LEN = 64
 BATCH = 4  # the global batch of every run: layouts with 2 data-parallel ranks take 2 each
@@ -95,12 +104,16 @@ class Target:
         return self.run(f"single{steps}", steps, f"--training.local_batch_size={BATCH}")
 
 
+def register_if_tiny(spec_name: str) -> None:
+    """Register the core's tiny model when a check asks for it, and only then: registered in every
+    process, it would be a second installed spec and ``model.spec`` could no longer default."""
+    if spec_name == "tiny":
+        from . import tiny_spec  # noqa: F401  (a side effect wanted only on request: it registers the spec)
+
+
 def checked_seq_len(spec_name: str, flavor: str) -> int:
     """SEQ_LEN, or the flavor's own ``max_seq_len`` where that is shorter (a toy model of 32 positions)."""
-    from .. import discovery
-
-    if spec_name == "tiny":
-        from . import tiny_spec  # noqa: F401
+    register_if_tiny(spec_name)
     limit = getattr(discovery.load_train_spec(spec_name).flavors.get(flavor), "max_seq_len", None)
     return min(SEQ_LEN, limit) if isinstance(limit, int) and limit > 0 else SEQ_LEN
 
@@ -108,11 +121,7 @@ def checked_seq_len(spec_name: str, flavor: str) -> int:
 def choose_flavor(spec_name: str) -> str:
     """The flavor the checks train: ``debugmodel`` (the docs ask every spec for one), else the flavor the
     spec's own ``defaults`` pick, else the one with the fewest parameters (counted on the meta device)."""
-    from .. import discovery
-    from ..config.resolve import resolve_config
-
-    if spec_name == "tiny":
-        from . import tiny_spec  # noqa: F401
+    register_if_tiny(spec_name)
     spec = discovery.load_train_spec(spec_name)
     flavors = list(spec.flavors)
     default = (spec.defaults.get("model") or {}).get("flavor")
@@ -178,7 +187,6 @@ def check_import(t: Target) -> str:
     hanging the kit (the checks after a failed import are not run, so nothing waits on it)."""
     import threading
 
-    from ..discovery import CONVERTERS, SPECS, discover, load_converter, load_train_spec
 
     outcome: dict[str, Any] = {}
 
@@ -205,16 +213,12 @@ def check_import(t: Target) -> str:
 # ---- converter checks -----------------------------------------------------------------------------
 def check_config(t: Target) -> str:
     """Config defaults validate; a misspelled key is refused with a did-you-mean."""
-    from ..config.resolve import resolve_config
-    from ..discovery import load_converter
-
     cls = load_converter(t.name)
     cls.Config()  # the defaults alone must validate
     fields = list(cls.Config.model_fields)
     typo = (fields[0][:-1] + fields[0][-1] * 2) if fields else "no_such_option"
     pairs = [("model.spec", t.spec_name), ("model.converters", t.name), (f"{t.name}.{typo}", "1")]
-    if t.spec_name == "tiny":
-        from . import tiny_spec  # noqa: F401  (registers the core's tiny model)
+    register_if_tiny(t.spec_name)
     try:
         resolve_config(config_source=None, override_pairs=pairs, world_size=1)
     except TitanError as exc:
@@ -243,11 +247,7 @@ def _under(name: str, roots: set[str]) -> bool:
 
 def check_select_convert(t: Target) -> str:
     """``select`` names existing modules only; ``convert`` changes exactly those (on meta)."""
-    from ..config.resolve import resolve_config
-    from ..trainer import Trainer
-
-    if t.spec_name == "tiny":
-        from . import tiny_spec  # noqa: F401
+    register_if_tiny(t.spec_name)
     resolved = resolve_config(config_source=None, override_pairs=[("model.spec", t.spec_name),
                               ("model.converters", t.name)], world_size=1)
     spec = resolved.spec
@@ -307,11 +307,7 @@ def check_train(t: Target) -> str:
 
 def check_hooks(t: Target) -> str:
     """Optimizer hooks run exactly once per step (in this process, 3 steps)."""
-    from ..config.resolve import resolve_config
-    from ..trainer import Trainer
-
-    if t.spec_name == "tiny":
-        from . import tiny_spec  # noqa: F401
+    register_if_tiny(t.spec_name)
     steps = 3
     resolved = resolve_config(config_source=None, world_size=1, override_pairs=[
         ("model.spec", t.spec_name), ("model.converters", t.name), ("model.flavor", t.flavor_name),
@@ -329,7 +325,7 @@ def check_hooks(t: Target) -> str:
         return wrapper
 
     class Counting(cls):  # type: ignore[valid-type, misc]
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
+        def __init__(self, *args: object, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
             # A hook the converter set on the instance (only for some settings) shadows the methods below.
             for hook in ("pre", "post"):
@@ -452,10 +448,7 @@ def check_compile(t: Target) -> str:
 
 # ---- spec checks ----------------------------------------------------------------------------------
 def _spec_model(t: Target, *, device: str = "meta", seq_len: int | None = None) -> tuple[Any, Any, Any]:
-    from ..config.resolve import resolve_config
-
-    if t.spec_name == "tiny":
-        from . import tiny_spec  # noqa: F401
+    register_if_tiny(t.spec_name)
     resolved = resolve_config(config_source=None, world_size=1, override_pairs=[
         ("model.spec", t.spec_name), ("model.flavor", t.flavor_name),
         ("training.seq_len", str(t.seq_len if seq_len is None else min(seq_len, t.seq_len)))])
@@ -514,7 +507,6 @@ def check_flops(t: Target) -> str:
     """flops_per_token within 10% of 3 x the forward matmul FLOPs counted on the model (short sequence)."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    from ..init import init_model_weights
 
     seq = 16  # short: the count sees matmuls, not every attention kernel, so keep attention's share small
     spec, args, model = _spec_model(t, device="cpu", seq_len=seq)
@@ -535,7 +527,6 @@ def check_flops(t: Target) -> str:
 
 def check_hf_roundtrip(t: Target) -> str:
     """to_hf then from_hf gives back every tensor, and from_hf_rows (if any) agrees with from_hf."""
-    from ..init import init_model_weights
 
     spec, args, model = _spec_model(t, device="cpu")
     adapter = spec.state_dict_adapter
@@ -554,7 +545,6 @@ def check_hf_roundtrip(t: Target) -> str:
     if bad or set(back) != set(native):
         raise Failed(f"round trip changed {bad[:5]} (keys back: {len(back)} of {len(native)})")
     # The optional row map must say what from_hf does: sharded loads read rows by it.
-    from ..hf.adapter import row_map
 
     for key, tensor in adapter.to_hf(native, args).items():
         out = adapter.from_hf({key: tensor}, args_back)
@@ -579,12 +569,12 @@ class Check:
     applies: Callable[[Any], str | None] = lambda spec: None  # a reason to skip, or None
 
 
-def _no_tp(spec: Any) -> str | None:
+def _no_tp(spec: TrainSpec) -> str | None:
     has = spec.tp_plan_fn is not None or spec.parallelize_fn is not None
     return None if has else "no TP plan"
 
 
-def _no_pp(spec: Any) -> str | None:
+def _no_pp(spec: TrainSpec) -> str | None:
     return None if spec.pipelining_fn is not None else "no pipelining_fn"
 
 
@@ -641,10 +631,7 @@ def run_check(t: Target, check: Check) -> CheckResult:
     start = time.perf_counter()
     try:
         if t.kind == "spec":
-            from ..discovery import load_train_spec
-
-            if t.spec_name == "tiny":
-                from . import tiny_spec  # noqa: F401
+            register_if_tiny(t.spec_name)
             reason = check.applies(load_train_spec(t.spec_name))
             if reason is not None:
                 return CheckResult(check.name, "skip", reason, time.perf_counter() - start)

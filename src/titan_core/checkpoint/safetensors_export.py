@@ -28,6 +28,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from ..errors import CheckpointError
+from ..os_errors import describe_os_error, io_errno
 from . import states
 
 
@@ -40,7 +41,6 @@ def _save_whole(tensors: dict[str, torch.Tensor], path: Path) -> None:
         os.replace(tmp, path)
     except BaseException as exc:
         tmp.unlink(missing_ok=True)
-        from ..os_errors import io_errno
 
         code = io_errno(exc)
         if code is not None:
@@ -81,8 +81,6 @@ def export_safetensors(model_parts: list[nn.Module], path: Path, *, dtype: torch
             path.parent.mkdir(parents=True, exist_ok=True)
             _save_whole(mine, path.parent / _shard_name(path, writers.index(rank), len(writers)))
     except OSError as exc:
-        from ..os_errors import describe_os_error
-
         error = f"cannot write the exported weights next to {path}: {describe_os_error(exc)}"
     if world > 1:
         errors: list[str | None] = [None] * world

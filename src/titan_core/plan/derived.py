@@ -12,10 +12,13 @@ from typing import Any
 
 import torch
 
-from ..distributed import pick_device, rank_env, resolve_backend
+from ..config.job import JobConfig
+from ..distributed import pick_device, resolve_backend
 from ..errors import ConfigError
+from ..launch_env import rank_env
 from ..protocols import Tokenizer, TrainSpec
-from .job import JobConfig
+from ..weights.shape import initial_model_args, shape_source
+from .tokenizer import build_tokenizer
 
 
 def run_device_and_backend(config: JobConfig) -> tuple[torch.device, str]:
@@ -29,15 +32,12 @@ def run_tokenizer(spec: TrainSpec, config: JobConfig) -> Tokenizer:
     """The spec's tokenizer, or the core's for ``data.tokenizer``."""
     if spec.build_tokenizer_fn is not None:
         return spec.build_tokenizer_fn(config.data)
-    from ..tokenizer import build_tokenizer
-
     return build_tokenizer(config.data.tokenizer)
 
 
-def check_seq_len(config: JobConfig, args: Any, spec_name: str) -> None:
+def check_seq_len(config: JobConfig, args: object, spec_name: str) -> None:
     """training.seq_len within the model's ``max_seq_len`` (when its args declare one), so that
     the config is refused before anything runs rather than at the first forward."""
-    from ..hf.initial_shape import shape_source
 
     limit = getattr(args, "max_seq_len", None)
     if isinstance(limit, int) and config.training.seq_len > limit:
@@ -48,7 +48,7 @@ def check_seq_len(config: JobConfig, args: Any, spec_name: str) -> None:
         )
 
 
-def check_vocab(args: Any, tokenizer: Tokenizer, spec_name: str) -> None:
+def check_vocab(args: object, tokenizer: Tokenizer, spec_name: str) -> None:
     """The model's embedding (when its args declare ``vocab_size``) holds every token id the tokenizer
     gives; otherwise the first forward fails with an IndexError deep in the embedding."""
     model_vocab = getattr(args, "vocab_size", None)
@@ -70,7 +70,6 @@ def run_model_args(spec: TrainSpec, config: JobConfig, *, tokenizer: Tokenizer,
     length, pipelining support and the spec's own layout rules (``validate_fn``), so
     every path that builds the model sees the same args and the same refusals.
     """
-    from ..hf.initial_shape import initial_model_args
 
     args, shape_note = initial_model_args(spec, config, tokenizer=tokenizer)
     check_seq_len(config, args, spec.name)

@@ -13,7 +13,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from ..errors import ConfigError
+from ..errors import ConfigError, did_you_mean
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -83,7 +83,6 @@ def _call_config_function(ref: str) -> Layer:
     fn = getattr(module, fn_name, None)
     if fn is None or not callable(fn):
         names = [n for n in dir(module) if not n.startswith("_") and callable(getattr(module, n))]
-        from ..errors import did_you_mean
 
         raise ConfigError(
             f"--config {ref}: module {module_name} has no function {fn_name!r}.{did_you_mean(fn_name, names)} "

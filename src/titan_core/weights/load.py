@@ -17,18 +17,26 @@ import dataclasses
 import math
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 from torch.distributed.tensor import DTensor, distribute_tensor
 
+from ..checkpoint import collect_param_shapes
+from ..checkpoint.states import full_shapes, merged_view, model_state
+from ..console import progress
 from ..errors import ConfigError
-from ..metrics import progress
-from .adapter import adapter_of, hf_key_of, row_map
-from .folder import HFFolder, open_hf_folder
-from .initial_shape import WHAT, source_kind
-from .stacks import stack_folder
+from ..hf.adapter import adapter_of, hf_key_of, row_map
+from ..hf.folder import HFFolder, open_hf_folder
+from ..hf.stacks import stack_folder
+from ..ties import declared_ties
+from .source import WHAT, source_kind
+from .titan_checkpoint import load_model_weights
+
+if TYPE_CHECKING:
+    from ..hf.adapter import StateDictAdapter
+    from ..protocols import TrainSpec
 
 
 def _local_params(model_parts: list[nn.Module]) -> dict[str, nn.Parameter]:
@@ -51,7 +59,7 @@ class HFLoadStats:
 
 
 @torch.no_grad()
-def load_initial_weights(source: str, *, spec: Any, model_parts: list[nn.Module], model_args: Any,
+def load_initial_weights(source: str, *, spec: TrainSpec, model_parts: list[nn.Module], model_args: object,
                          ties: list[tuple[str, str]], is_rank0: bool) -> HFLoadStats | None:
     """Overwrite the freshly initialised weights with ``source``'s (a collective when distributed).
 
@@ -61,8 +69,6 @@ def load_initial_weights(source: str, *, spec: Any, model_parts: list[nn.Module]
         return None
     path = Path(source)
     if source_kind(path) == "titan":
-        from ..checkpoint.weights import load_model_weights
-
         step = load_model_weights(path, model_parts)
         progress(f"initial weights: the model of {path} (its step {step}); optimizer state not loaded, "
                  f"training starts at step 0", is_rank0=is_rank0)
@@ -75,7 +81,7 @@ def load_initial_weights(source: str, *, spec: Any, model_parts: list[nn.Module]
 
 
 @torch.no_grad()
-def load_hf_weights(folder: HFFolder, *, spec: Any, model_parts: list[nn.Module], model_args: Any,
+def load_hf_weights(folder: HFFolder, *, spec: TrainSpec, model_parts: list[nn.Module], model_args: object,
                     ties: list[tuple[str, str]], on_tensor: Callable[[int], None] | None = None,
                     what: str = WHAT) -> HFLoadStats:
     """Check every name and shape (no data read), then read each rank's own slices into its parameters.
@@ -86,7 +92,6 @@ def load_hf_weights(folder: HFFolder, *, spec: Any, model_parts: list[nn.Module]
     or the whole tensor when the adapter gives none. ``on_tensor`` is called with the
     bytes read for each tensor (a progress bar).
     """
-    from ..checkpoint import collect_param_shapes
 
     adapter = adapter_of(spec, purpose=f"{what} of a Hugging Face folder")
     folder = stack_folder(folder, adapter, what=what)  # per-expert tensors -> the model's stacked ones
@@ -149,15 +154,12 @@ def _raise_on_every_rank(problem: str | None) -> None:
         raise ConfigError(problem)
 
 
-def check_hf_fits(folder: HFFolder, *, spec: Any, model_args: Any, what: str = WHAT) -> None:
+def check_hf_fits(folder: HFFolder, *, spec: TrainSpec, model_args: object, what: str = WHAT) -> None:
     """:func:`plan_hf_load` against a ``meta`` model of ``model_args``: no weight memory, no collective.
 
     Run before a model is materialised, so a config.json whose shape the tensors do not have
     (a huge vocab_size, say) is refused naming the tensor, not by the allocator.
     """
-    from ..checkpoint.states import full_shapes, merged_view, model_state
-    from ..ties import declared_ties
-
     with torch.device("meta"):
         model = spec.model_cls(model_args)
     expected = full_shapes(model_state(merged_view([model])))
@@ -166,7 +168,7 @@ def check_hf_fits(folder: HFFolder, *, spec: Any, model_args: Any, what: str = W
                  model_args=model_args, ties=declared_ties(model), what=what)
 
 
-def plan_hf_load(folder: HFFolder, *, adapter: Any, expected: dict[str, tuple[int, ...]], model_args: Any,
+def plan_hf_load(folder: HFFolder, *, adapter: StateDictAdapter, expected: dict[str, tuple[int, ...]], model_args: object,
                  ties: list[tuple[str, str]], what: str = WHAT) -> dict[str, str]:
     """Hugging Face name -> native name for every tensor the model takes; ConfigError listing what does not fit.
 
@@ -231,14 +233,14 @@ def _local_region(param: torch.Tensor) -> tuple[tuple[int, int], ...] | None:
     return tuple((o, o + n) for o, n in zip(offset, shape))
 
 
-def _no_hf_counterpart(adapter: Any, native: str, shape: tuple[int, ...], model_args: Any) -> bool:
+def _no_hf_counterpart(adapter: StateDictAdapter, native: str, shape: tuple[int, ...], model_args: object) -> bool:
     try:
         return hf_key_of(adapter, native, tuple(shape), torch.float32, model_args, to_hf=True) is None
     except (KeyError, ValueError, RuntimeError):
         return False
 
 
-def _hf_shape(adapter: Any, native: str, shape: tuple[int, ...], model_args: Any) -> tuple[int, ...] | None:
+def _hf_shape(adapter: StateDictAdapter, native: str, shape: tuple[int, ...], model_args: object) -> tuple[int, ...] | None:
     try:
         mapped = hf_key_of(adapter, native, tuple(shape), torch.float32, model_args, to_hf=True)
     except (KeyError, ValueError, RuntimeError):

@@ -11,44 +11,31 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError
-from .adapter import adapter_of
-from .folder import is_hf_folder, open_hf_folder
-from .model_args import HF_CONFIG_IN_CHECKPOINT
+from ..hf.adapter import adapter_of
+from ..hf.export import check_hf_export
+from ..hf.folder import is_hf_folder, open_hf_folder
+from ..run_files import atomic_write_text
+from .load import check_hf_fits
+from .source import HF_CONFIG_IN_CHECKPOINT, RECORDED, WHAT, source_kind
+from .titan_checkpoint import is_titan_checkpoint
 
-WHAT = "checkpoint.initial_load"
-# The config.json a run's shape came from, as it was when the run started (in the run folder).
-RECORDED = "initial_load_config.json"
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
-
-def source_kind(path: Path) -> str:
-    from ..checkpoint.weights import is_titan_checkpoint, run_folder_hint
-
-    if is_hf_folder(path):
-        return "hf"
-    if is_titan_checkpoint(path):
-        return "titan"
-    if not path.exists():
-        raise ConfigError(f"{WHAT}: {path} does not exist; give a Hugging Face model folder or a titan checkpoint "
-                          f"folder (e.g. runs/x/checkpoints/step-000100).")
-    hint = run_folder_hint(path)
-    if hint:  # a run folder where one of its checkpoints belongs
-        raise ConfigError(f"{WHAT}: {path} is not a checkpoint folder.{hint}")
-    # open_hf_folder names what a would-be HF folder lacks (no config.json, no safetensors ...).
-    open_hf_folder(path, what=WHAT)
-    raise AssertionError("unreachable")  # pragma: no cover
+    from ..config.job import JobConfig
+    from ..protocols import Tokenizer, TrainSpec
 
 
-def shape_file(config: Any) -> Path | None:
+def shape_file(config: JobConfig) -> Path | None:
     """The ``config.json`` this run's model shape comes from; None when it is the flavor's.
 
     An HF folder's ``config.json``, or the ``hf_config.json`` that ``titan-convert from-hf``
     leaves in a titan checkpoint. A source that is neither (or does not exist) gives None
     here; loading it is what reports it.
     """
-    from ..checkpoint.weights import is_titan_checkpoint
 
     source = config.checkpoint.initial_load
     if not source:
@@ -60,19 +47,19 @@ def shape_file(config: Any) -> Path | None:
     return carried if carried.is_file() and is_titan_checkpoint(path) else None
 
 
-def shape_source(config: Any) -> str:
+def shape_source(config: JobConfig) -> str:
     """``flavor NAME``, or ``shape from FILE`` when an ``initial_load`` gives the shape (for messages)."""
     file = shape_file(config)
     return f"flavor {config.model.flavor}" if file is None else f"shape from {file}"
 
 
-def model_label(spec: Any, config: Any) -> str:
+def model_label(spec: TrainSpec, config: JobConfig) -> str:
     """How the run log names its model: ``spec/flavor``, or the spec and the config.json its shape came from."""
     file = shape_file(config)
     return f"{spec.name}/{config.model.flavor}" if file is None else f"{spec.name} (shape from {file})"
 
 
-def config_json_model_args(spec: Any, config: Any) -> Any | None:
+def config_json_model_args(spec: TrainSpec, config: JobConfig) -> Any | None:
     """The model args from the ``initial_load``'s config.json (None: the flavor gives them).
 
     The spec section's runtime fields apply on top; any other field it sets must agree
@@ -89,8 +76,6 @@ def config_json_model_args(spec: Any, config: Any) -> Any | None:
     adapter = adapter_of(spec, purpose=f"{WHAT} of a Hugging Face folder")
     args = adapter.model_args_from_hf(hf_dict)
     if folder is not None:
-        from .initial_load import check_hf_fits
-
         # Now (dry run included), from the headers: not after the model is built at this shape.
         check_hf_fits(folder, spec=spec, model_args=args)
     section = getattr(config, spec.name, None)
@@ -105,7 +90,7 @@ def config_json_model_args(spec: Any, config: Any) -> Any | None:
     return dataclasses.replace(args, **{k: v for k, v in chosen.items() if k in adapter.runtime_fields})
 
 
-def initial_model_args(spec: Any, config: Any, *, tokenizer: Any) -> tuple[Any, str | None]:
+def initial_model_args(spec: TrainSpec, config: JobConfig, *, tokenizer: Tokenizer) -> tuple[Any, str | None]:
     """(the model args of this run, a line saying where their shape came from): from
     config.json for an HF ``initial_load``, else the flavor's (and no line).
 
@@ -115,8 +100,6 @@ def initial_model_args(spec: Any, config: Any, *, tokenizer: Any) -> tuple[Any, 
     """
     vocab_size = tokenizer.vocab_size
     if config.checkpoint.export_at_end and config.checkpoint.export_format == "hf":
-        from .export import check_hf_export
-
         check_hf_export(spec, tokenizer)  # now, not after training
     source = config.checkpoint.initial_load
     if source:
@@ -146,20 +129,19 @@ def _read_json(path: Path) -> dict[str, Any]:
     return data
 
 
-def record_shape_file(config: Any, run_dir: Path) -> None:
+def record_shape_file(config: JobConfig, run_dir: Path) -> None:
     """Keep the config.json this run's shape comes from in its run folder (rank 0, on a fresh start).
 
     Only the shapes of the weights are in the run's checkpoints; RoPE theta, the norm's
     epsilon and the RoPE scaling are not. A resume compares against this copy.
     """
-    from ..run_files import atomic_write_text
 
     file = shape_file(config)
     if file is not None:
         atomic_write_text(Path(run_dir) / RECORDED, file.read_text(encoding="utf-8"))
 
 
-def check_shape_file_unchanged(spec: Any, config: Any, model_args: Any, run_dir: Path) -> None:
+def check_shape_file_unchanged(spec: TrainSpec, config: JobConfig, model_args: DataclassInstance, run_dir: Path) -> None:
     """On a resume: the config.json of ``initial_load`` must still give the model the run was trained with.
 
     An edited file (another rope_theta, say) would otherwise change the model under the run's

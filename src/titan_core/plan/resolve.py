@@ -9,15 +9,15 @@ import torch
 from pydantic import BaseModel, ValidationError
 
 from .. import discovery
+from ..config.finite import refuse_nonfinite
+from ..config.job import JobConfig, build_job_model
+from ..config.layers import Layer, load_config_source, merge
+from ..config.messages import describe
+from ..config.overrides import overrides_layer, typed_value
 from ..errors import ConfigError, did_you_mean
 from ..parallel_dims import ParallelDims
 from ..protocols import ModelConverter, Tokenizer, TrainSpec
 from .derived import run_device_and_backend, run_model_args, run_tokenizer
-from .errors import describe
-from .finite import refuse_nonfinite
-from .job import JobConfig, build_job_model
-from .overrides import overrides_layer, typed_value
-from .sources import Layer, load_config_source, merge
 
 
 @dataclass(frozen=True)

@@ -14,12 +14,12 @@ import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint.api import CheckpointException
 
+from ..checkpoint import integrity, layout, states
+from ..checkpoint.identity import read_record
+from ..checkpoint.reading import open_checked_record
+from ..checkpoint.storage import CheckedLoadPlanner, IndexedReader
+from ..checkpoint.tensor_index import read_index
 from ..errors import CheckpointError
-from . import integrity, layout, states
-from .identity import read_record
-from .reading import open_checked_record
-from .storage import CheckedLoadPlanner, IndexedReader
-from .tensor_index import read_index
 
 
 def is_titan_checkpoint(path: Path) -> bool:

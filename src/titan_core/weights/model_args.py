@@ -11,13 +11,18 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from ..errors import ConfigError
+from ..hf.adapter import adapter_of
+from ..hf.folder import is_hf_folder, open_hf_folder
+from .source import HF_CONFIG_IN_CHECKPOINT, RECORDED
+from .titan_checkpoint import saved_param_shapes
 
-HF_CONFIG_IN_CHECKPOINT = "hf_config.json"
+if TYPE_CHECKING:
+    from ..protocols import TrainSpec
 
 
 def run_config_of(checkpoint: Path) -> Path | None:
@@ -25,14 +30,9 @@ def run_config_of(checkpoint: Path) -> Path | None:
     return candidate if candidate.is_file() else None
 
 
-def checkpoint_model_args(checkpoint: Path, *, spec: Any, flavor: str, run_config: dict[str, Any],
+def checkpoint_model_args(checkpoint: Path, *, spec: TrainSpec, flavor: str, run_config: dict[str, Any],
                           vocab_size: int) -> Any:
     """Model args for ``checkpoint`` (see the module docstring); ConfigError when none fits its shapes."""
-    from ..checkpoint.weights import saved_param_shapes
-    from .adapter import adapter_of
-    from .folder import is_hf_folder, open_hf_folder
-    from .initial_shape import RECORDED
-
     section_model = spec.config_model
     raw_section = run_config.get(spec.name, {}) if isinstance(run_config.get(spec.name, {}), dict) else {}
     section = section_model.model_validate(raw_section) if section_model is not None else None

@@ -1,0 +1,243 @@
+"""The figures issue 18 tracks for src/titan_core, measured with the stdlib ``ast``.
+
+- cycles between the direct children of ``titan_core`` (modules and subpackages), counting
+  imports inside functions too and leaving out ``if TYPE_CHECKING:`` imports;
+- function-level imports of ``titan_core`` modules inside ``titan_core`` (import statements);
+- parameters annotated ``Any`` in src (``*args`` / ``**kwargs`` not counted).
+
+    python scripts/import_graph.py            # the three figures and each cycle
+    python scripts/import_graph.py --list     # also every function-level import, with its reason
+    python scripts/import_graph.py --edges    # also every edge between units
+
+It only reads files, so it runs without the package installed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PKG = ROOT / "src" / "titan_core"
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(PKG.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+class Imports(ast.NodeVisitor):
+    """Every titan_core import in one module: (target module, in a function?, line)."""
+
+    def __init__(self, module: str, is_package: bool) -> None:
+        self.module = module
+        self.package = module if is_package else module.rpartition(".")[0]
+        self.found: list[tuple[str, bool, int]] = []
+        self.depth = 0
+
+    def visit_If(self, node: ast.If) -> None:
+        if is_type_checking(node.test):
+            for child in node.orelse:
+                self.visit(child)
+            return
+        self.generic_visit(node)
+
+    def _function(self, node: ast.AST) -> None:
+        self.depth += 1
+        self.generic_visit(node)
+        self.depth -= 1
+
+    visit_FunctionDef = visit_AsyncFunctionDef = visit_Lambda = _function
+
+    def visit_Import(self, node: ast.Import) -> None:
+        for alias in node.names:
+            if alias.name == "titan_core" or alias.name.startswith("titan_core."):
+                self.found.append((alias.name, self.depth > 0, node.lineno))
+
+    def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
+        if node.level:
+            base = self.package.split(".")
+            base = base[: len(base) - (node.level - 1)]
+            target = ".".join(base + ([node.module] if node.module else []))
+        else:
+            target = node.module or ""
+        if target != "titan_core" and not target.startswith("titan_core."):
+            return
+        # `from pkg import name`: name may be a submodule; record the most precise target.
+        for alias in node.names:
+            self.found.append((f"{target}.{alias.name}", self.depth > 0, node.lineno))
+
+
+def lazy_names() -> dict[str, str]:
+    """titan_core/__init__.py's public name -> defining module (its _LAZY table)."""
+    tree = ast.parse((PKG / "__init__.py").read_text())
+    for node in tree.body:
+        target = node.target if isinstance(node, ast.AnnAssign) else None
+        if isinstance(node, ast.Assign):
+            target = node.targets[0]
+        if isinstance(target, ast.Name) and target.id in ("_LAZY", "PUBLIC") and node.value is not None:
+            value = ast.literal_eval(node.value)
+            if isinstance(value, dict):
+                return {k: f"titan_core.{v}" for k, v in value.items()}
+    return {}
+
+
+def resolve(target: str, modules: set[str], lazy: dict[str, str]) -> str | None:
+    """The module an import target lands in (a name imported from a module -> that module)."""
+    if target.startswith("titan_core.") and target.count(".") == 1:
+        name = target.split(".", 1)[1]
+        if name in lazy and target not in modules:
+            return lazy[name]
+    while target and target not in modules:
+        target = target.rpartition(".")[0]
+    return target or None
+
+
+def unit(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "titan_core"
+
+
+def strongly_connected(graph: dict[str, set[str]]) -> list[list[str]]:
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    out: list[list[str]] = []
+    counter = [0]
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    sys.setrecursionlimit(10000)
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def any_params(tree: ast.AST) -> list[int]:
+    def is_any(ann: ast.expr | None) -> bool:
+        if ann is None:
+            return False
+        if isinstance(ann, ast.Constant) and isinstance(ann.value, str):
+            return ann.value.strip() in ("Any", "typing.Any")
+        return (isinstance(ann, ast.Name) and ann.id == "Any") or (
+            isinstance(ann, ast.Attribute) and ann.attr == "Any"
+        )
+
+    lines = []
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            a = node.args
+            for arg in [*a.posonlyargs, *a.args, *a.kwonlyargs]:
+                if is_any(arg.annotation):
+                    lines.append(arg.lineno)
+    return lines
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--list", action="store_true", help="print every function-level import")
+    parser.add_argument("--edges", action="store_true", help="print every edge between units")
+    parser.add_argument("--any", action="store_true", help="print every parameter annotated Any")
+    parser.add_argument("--modules", action="store_true",
+                        help="also check module-level imports between modules for cycles (an import-time crash risk)")
+    args = parser.parse_args()
+
+    files = sorted(PKG.rglob("*.py"))
+    modules = {module_name(p) for p in files}
+    lazy = lazy_names()
+    graph: dict[str, set[str]] = defaultdict(set)
+    why: dict[tuple[str, str], list[str]] = defaultdict(list)
+    function_level: list[str] = []
+    top_graph: dict[str, set[str]] = defaultdict(set)  # module -> modules its top level imports
+    any_count = 0
+    any_where: list[str] = []
+    for path in files:
+        source = path.read_text()
+        tree = ast.parse(source)
+        lines = source.splitlines()
+        mod = module_name(path)
+        visitor = Imports(mod, path.name == "__init__.py")
+        visitor.visit(tree)
+        seen_lines: set[int] = set()
+        for target, in_function, lineno in visitor.found:
+            dest = resolve(target, modules, lazy)
+            if dest is None:
+                continue
+            if in_function and lineno not in seen_lines:
+                seen_lines.add(lineno)
+                function_level.append(f"{path.relative_to(ROOT)}:{lineno}: {lines[lineno - 1].strip()}")
+            if not in_function and dest != mod:
+                # importing a submodule runs its packages' __init__ first
+                parts = dest.split(".")
+                for i in range(2, len(parts) + 1):
+                    parent = ".".join(parts[:i])
+                    if parent != mod and not mod.startswith(parent + "."):
+                        top_graph[mod].add(parent)
+            a, b = unit(mod), unit(dest)
+            if a != b and a != "titan_core" and b != "titan_core":
+                graph[a].add(b)
+                why[(a, b)].append(f"{mod} -> {dest}{' (in a function)' if in_function else ''}")
+        found = any_params(tree)
+        any_count += len(found)
+        any_where += [f"{path.relative_to(ROOT)}:{n}" for n in found]
+
+    cycles = strongly_connected(graph)
+    print(f"cycles between direct children of titan_core: {len(cycles)}"
+          f" (units in them: {sum(len(c) for c in cycles)})")
+    for comp in cycles:
+        print(f"  {len(comp)} units: {', '.join(comp)}")
+        if args.edges:
+            for a in comp:
+                for b in sorted(graph[a] & set(comp)):
+                    print(f"    {a} -> {b}: {'; '.join(why[(a, b)][:3])}")
+    print(f"function-level imports of titan_core modules inside titan_core: {len(function_level)}")
+    if args.list:
+        for line in function_level:
+            print(f"  {line}")
+    print(f"parameters annotated Any in src (not *args/**kwargs): {any_count}")
+    if args.any:
+        for line in any_where:
+            print(f"  {line}")
+    if args.modules:
+        module_cycles = strongly_connected(top_graph)
+        print(f"cycles between modules through module-level imports: {len(module_cycles)}")
+        for comp in module_cycles:
+            print(f"  {', '.join(comp)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,22 @@
+"""Status lines a rank prints to the terminal, marked with the rank in a multi-process run.
+
+Used from set-up, error reports and the launcher, so it imports nothing of the package.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+
+def progress(message: str, *, is_rank0: bool) -> None:
+    """A short status line so nobody stares at a silent terminal during set-up."""
+    if is_rank0:
+        print(f"{rank_prefix()}[titan] {message}", file=sys.stderr, flush=True)
+
+
+def rank_prefix() -> str:
+    """``[rank3] `` in a multi-process run, so interleaved output says who wrote it."""
+    world, rank = os.environ.get("WORLD_SIZE", "1").strip(), os.environ.get("RANK", "?").strip()
+    # Used while reporting errors, including a garbage WORLD_SIZE: never raise here.
+    return f"[rank{rank[:8]}] " if world.isdigit() and int(world) > 1 else ""
