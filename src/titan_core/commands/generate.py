@@ -57,7 +57,7 @@ def check_settings(args: argparse.Namespace) -> None:
 
 def resolve_source(path: Path) -> tuple[str, Path]:
     """("titan" | "hf", the folder to load) for SOURCE; ConfigError when it is none of the three kinds."""
-    from ..checkpoint.weights import is_titan_checkpoint, newest_checkpoint
+    from ..weights.titan_checkpoint import is_titan_checkpoint, newest_checkpoint
     from ..hf.folder import is_hf_folder
 
     if not path.exists():

@@ -54,7 +54,7 @@ def write_run_report(run_dir: Path) -> Written:
 def report_at_end(run_dir: Path) -> Path | None:
     """The trainer's last act on rank 0: the run's report, or a warning. Never raises an Exception: the
     run has finished and its checkpoints are saved, and a chart is not worth failing it for."""
-    from ..metrics import progress
+    from ..console import progress
 
     try:
         written = write_run_report(run_dir)
