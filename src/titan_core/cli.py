@@ -72,12 +72,18 @@ def run(args: argparse.Namespace, rest: list[str], argv: list[str]) -> int:
         from .commands.list_plugins import print_plugin_list
 
         return print_plugin_list(with_traceback=args.traceback)
+    from .launch_environment import check_launch_environment
+
+    check_launch_environment(args.nproc_per_node)
     from .distributed import world_size_from_env
 
     world_size = args.nproc_per_node or world_size_from_env()
     from .config.resolve import resolve_config
 
     resolved = resolve_config(config_source=args.config, override_pairs=_override_pairs(args, rest), world_size=world_size)
+    from .run_limits import apply_run_limits
+
+    apply_run_limits(resolved.config)
     if args.print_config:
         from .config.toml_out import dumps
 
@@ -104,10 +110,7 @@ def run(args: argparse.Namespace, rest: list[str], argv: list[str]) -> int:
         from .preflight import preflight
 
         preflight(resolved)  # one message here rather than one per worker, after each built the model
-
-        from pathlib import Path
-
-        return relaunch(args.nproc_per_node, argv, run_dir=Path(resolved.config.job.run_dir))
+        return relaunch(args.nproc_per_node, argv, config=resolved.config)
     from .commands.train import train
 
     return train(resolved)

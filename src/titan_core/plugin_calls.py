@@ -17,7 +17,22 @@ from .errors import PluginError, TitanError
 if TYPE_CHECKING:
     from .discovery import Group
 
-__all__ = ["plugin_call", "plugin_label"]
+__all__ = ["DEFAULT_PLUGIN_TIMEOUT_S", "plugin_call", "plugin_label", "set_plugin_timeout"]
+
+# model.plugin_timeout_s: how long one call into a plugin may take (a whole set-up step such as
+# convert() or parallelize_fn, or one forward). Set from the run's config by the Trainer.
+DEFAULT_PLUGIN_TIMEOUT_S = 1800.0
+_timeout_s: list[float] = [DEFAULT_PLUGIN_TIMEOUT_S]
+
+
+def set_plugin_timeout(seconds: float) -> None:
+    _timeout_s[0] = seconds
+
+
+def timeout_message(label: str, method: str, seconds: float, *, setting: str = "model.plugin_timeout_s") -> str:
+    return (f"{label} did not return from {method} within {seconds:g} s ({setting}); the plugin hangs "
+            f"(waits for something that never comes, or loops). Report it to the plugin's authors; if the call is "
+            f"only slow, raise --{setting}.")
 
 
 def plugin_label(group: Group, name: str) -> str:
@@ -38,9 +53,20 @@ def plugin_label(group: Group, name: str) -> str:
 
 @contextlib.contextmanager
 def plugin_call(group: Group, name: str, method: str) -> Iterator[None]:
-    """Re-raise anything but a TitanError from the block as a PluginError naming the plugin and ``method``."""
+    """Re-raise anything but a TitanError from the block as a PluginError naming the plugin and ``method``;
+    a call that outlives ``model.plugin_timeout_s`` is one such error too."""
+    from .deadlines import DeadlinePassed, call_deadline
+
+    seconds = _timeout_s[0]
+
+    def message() -> str:  # built only when needed: naming the plugin reads package metadata
+        return timeout_message(plugin_label(group, name), method, seconds)
+
     try:
-        yield
+        with call_deadline(seconds, f"{method} of {name}", message=message):
+            yield
+    except DeadlinePassed:
+        raise PluginError(message()) from None
     except (TitanError, GeneratorExit):
         raise
     except BaseException as exc:  # SystemExit, a BaseException subclass of its own: still the plugin's

@@ -164,9 +164,9 @@ def compare_baseline(resolved: ResolvedConfig) -> int:
         )
     require_matplotlib()  # before training: a missing extra must not cost the two finished runs
     root = Path(resolved.config.job.run_dir)
-    from ..run_lock import acquire_run_lock
+    from ..folder_locks import acquire_run_folders
 
-    lock = acquire_run_lock(root)  # both runs write below root: one comparison per folder at a time
+    lock = acquire_run_folders(resolved.config, run_folder_only=True)  # both runs write below root: one comparison per folder at a time
     runs = [("converted", with_run_dir(resolved, root / "converted")), ("baseline", baseline_of(resolved, root / "baseline"))]
     curves: list[LossCurve] = []
     title = f"{resolved.spec.name}/{resolved.config.model.flavor}: {','.join(names)} vs baseline"
