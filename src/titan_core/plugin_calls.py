@@ -13,11 +13,12 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from .errors import PluginError, TitanError
+from .signals import Terminated
 
 if TYPE_CHECKING:
     from .discovery import Group
 
-__all__ = ["DEFAULT_PLUGIN_TIMEOUT_S", "plugin_call", "plugin_label", "set_plugin_timeout"]
+__all__ = ["DEFAULT_PLUGIN_TIMEOUT_S", "plugin_call", "plugin_label", "plugin_timeout", "set_plugin_timeout"]
 
 # model.plugin_timeout_s: how long one call into a plugin may take (a whole set-up step such as
 # convert() or parallelize_fn, or one forward). Set from the run's config by the Trainer.
@@ -27,6 +28,10 @@ _timeout_s: list[float] = [DEFAULT_PLUGIN_TIMEOUT_S]
 
 def set_plugin_timeout(seconds: float) -> None:
     _timeout_s[0] = seconds
+
+
+def plugin_timeout() -> float:
+    return _timeout_s[0]
 
 
 def timeout_message(label: str, method: str, seconds: float, *, setting: str = "model.plugin_timeout_s") -> str:
@@ -67,7 +72,7 @@ def plugin_call(group: Group, name: str, method: str) -> Iterator[None]:
             yield
     except DeadlinePassed:
         raise PluginError(message()) from None
-    except (TitanError, GeneratorExit):
+    except (TitanError, GeneratorExit, Terminated):
         raise
     except BaseException as exc:  # SystemExit, a BaseException subclass of its own: still the plugin's
         from .out_of_memory import PluginOutOfMemory, is_out_of_memory, out_of_memory_error
@@ -82,11 +87,54 @@ def plugin_call(group: Group, name: str, method: str) -> Iterator[None]:
         if isinstance(exc, KeyboardInterrupt) and interrupted_by_signal():
             raise  # a real Ctrl+C that happened to land in plugin code
         first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ""
+        core = core_origin(exc)
+        if core is not None:  # the core's own code raised, called from (or around) the plugin's: say so
+            raise TitanError(
+                f"{core} raised {type(exc).__name__}: {first}, while {plugin_label(group, name)} ran {method}. "
+                f"The error comes from titan-core's own code, not from the plugin's: read it as a problem with "
+                f"the run's settings or the model's structure, and report it to titan-core if it is neither "
+                f"(--traceback shows where it happened)."
+            ) from exc
         raise PluginError(
             f"{plugin_label(group, name)} failed in {method}: {type(exc).__name__}: {first}. This is a problem "
             f"in the plugin or in how it is configured, not in your data: check the plugin's settings, update "
             f"it, or report it to its authors (--traceback shows where it failed)."
         ) from exc
+
+
+def core_origin(exc: BaseException) -> str | None:
+    """``titan-core's default_parallelize_fn (parallel/default.py:41)`` when the innermost frame of ``exc``'s
+    traceback outside torch and the standard library is titan-core's own code; None when it is the plugin's."""
+    import os
+    import sysconfig
+
+    import titan_core
+
+    core_dir = os.path.dirname(os.path.abspath(titan_core.__file__)) + os.sep
+    skip = [os.path.abspath(p) + os.sep for p in {sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["platstdlib"]}]
+    try:
+        import torch
+
+        skip.append(os.path.dirname(os.path.abspath(torch.__file__)) + os.sep)
+    except ImportError:  # pragma: no cover
+        pass
+    frames = []
+    tb = exc.__traceback__
+    while tb is not None:
+        name = os.path.basename(tb.tb_frame.f_code.co_filename)
+        if not (tb.tb_frame.f_code.co_filename.startswith(core_dir) and name in ("plugin_calls.py", "deadlines.py")):
+            frames.append(tb)
+        tb = tb.tb_next
+    # frames[0] is the block that called the plugin: what it raises itself checks what the plugin returned.
+    for frame in reversed(frames[1:]):
+        path = os.path.abspath(frame.tb_frame.f_code.co_filename)
+        if any(path.startswith(s) for s in skip):
+            continue
+        if path.startswith(core_dir):
+            rel = path[len(core_dir):]
+            return f"titan-core's {frame.tb_frame.f_code.co_name} ({rel}:{frame.tb_lineno})"
+        return None
+    return None
 
 
 def check_logits(logits: object, inputs: object, *, spec: str) -> None:

@@ -37,6 +37,7 @@ from .protocols import ModelConverter, RunContext, TensorParallelStyles
 from .run_files import atomic_write_text, supersede_metrics
 from .signals import no_interrupt, requested_signal, stop_after_signal
 from .ties import check_ties, declared_ties, retie_weights
+from .token_ids import check_batch_ids
 
 
 @dataclass
@@ -287,6 +288,7 @@ class Trainer:
 
     def forward_backward(self, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """One micro-batch; returns its (accumulation-scaled) loss, zero on non-last PP stages."""
+        check_batch_ids(inputs, self.model_args, self.tokenizer)  # the tokenizer's fault, not the model's
         inputs, labels = inputs.to(self.device), labels.to(self.device)
         if self.pipeline is not None:
             return self.pipeline_forward_backward(inputs, labels)

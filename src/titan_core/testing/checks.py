@@ -18,7 +18,7 @@ import math
 import shutil
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -241,6 +241,23 @@ def _under(name: str, roots: set[str]) -> bool:
     return any(name == r or name.startswith(r + ".") for r in roots)
 
 
+@contextlib.contextmanager
+def _bounded(t: Target, method: str) -> Iterator[None]:
+    """A call into the plugin under ``model.plugin_timeout_s`` (titan-plugin check --call-timeout): one that never
+    returns fails the check, naming it, instead of hanging the kit."""
+    from ..deadlines import DeadlinePassed, call_deadline
+    from ..plugin_calls import plugin_timeout, timeout_message
+
+    seconds = plugin_timeout()
+    label = f"{t.kind} {t.name!r}"
+    message = timeout_message(label, method, seconds, setting="titan-plugin check --call-timeout")
+    try:
+        with call_deadline(seconds, f"{method} of {label}", message=lambda: message):
+            yield
+    except DeadlinePassed:
+        raise Failed(message, "timed out") from None
+
+
 def check_select_convert(t: Target) -> str:
     """``select`` names existing modules only; ``convert`` changes exactly those (on meta)."""
     from ..config.resolve import resolve_config
@@ -254,16 +271,19 @@ def check_select_convert(t: Target) -> str:
     with torch.device("meta"):
         model = spec.model_cls(resolved.model_args)
     ((_, conv),) = Trainer(resolved).build_converters()
-    conv.compatible_with(spec)
+    with _bounded(t, "compatible_with()"):
+        conv.compatible_with(spec)
     objects_before = dict(model.named_modules())
     before = {name: _signature(m) for name, m in objects_before.items()}
-    selected = conv.select(model)
+    with _bounded(t, "select()"):
+        selected = conv.select(model)
     unknown = sorted(set(selected) - set(before))
     if unknown:
         raise Failed(f"select() named modules the model does not have: {unknown[:5]}")
     if not selected:
         raise Failed("select() chose no module of the model")
-    conv.convert(model, list(selected))
+    with _bounded(t, "convert()"):
+        conv.convert(model, list(selected))
     after = {name: _signature(m) for name, m in model.named_modules()}
     chosen = set(selected)
     # Modules added or removed outside the selected ones change the model's structure behind select()'s back.
