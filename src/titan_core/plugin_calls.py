@@ -106,12 +106,12 @@ def core_origin(exc: BaseException) -> str | None:
     """``titan-core's default_parallelize_fn (parallel/default.py:41)`` when the innermost frame of ``exc``'s
     traceback outside torch and the standard library is titan-core's own code; None when it is the plugin's."""
     import os
-    import sysconfig
 
     import titan_core
 
     core_dir = os.path.dirname(os.path.abspath(titan_core.__file__)) + os.sep
-    skip = [os.path.abspath(p) + os.sep for p in {sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["platstdlib"]}]
+    # The standard library's own folder (a venv's "platstdlib" would also cover its site-packages).
+    skip = [os.path.dirname(os.path.abspath(os.__file__)) + os.sep]
     try:
         import torch
 

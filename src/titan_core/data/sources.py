@@ -145,16 +145,20 @@ def read_documents(source: str, *, text_field: str = "text", hf_split: str = "tr
 
 
 PROGRESS_EVERY_S = 2.0
+PROGRESS_MIN_FILES = 100  # a folder with this many files says what it reads, and how long it took
 
 
 def _read_files(files: list[Path], *, text_field: str, source: str) -> list[str]:
-    """Every file's documents in order; a progress line every PROGRESS_EVERY_S seconds for a slow source."""
+    """Every file's documents in order; for a folder of many files (or a slow read) progress lines on stderr."""
     import os
     import time
 
     from ..metrics import progress
 
     is_rank0 = os.environ.get("RANK", "0").strip() in ("0", "")
+    many = len(files) >= PROGRESS_MIN_FILES
+    if many:
+        progress(f"reading data.source {source}: {len(files):,} files", is_rank0=is_rank0)
     docs: list[str] = []
     start = last = time.monotonic()
     for i, path in enumerate(files, 1):
@@ -164,7 +168,7 @@ def _read_files(files: list[Path], *, text_field: str, source: str) -> list[str]
             last = now
             progress(f"reading data.source {source}: {i:,} of {len(files):,} files, {len(docs):,} documents so far",
                      is_rank0=is_rank0)
-    if len(files) > 1 and time.monotonic() - start >= PROGRESS_EVERY_S:
+    if many or time.monotonic() - start >= PROGRESS_EVERY_S:
         progress(f"read data.source {source}: {len(files):,} files, {len(docs):,} documents in "
                  f"{time.monotonic() - start:.1f} s", is_rank0=is_rank0)
     return docs

@@ -171,6 +171,9 @@ def _compare(run: runs.Run, ref: runs.Run, key: str, t: Target) -> str:
 IMPORT_TIMEOUT_S = 300.0  # an import that compiles an extension may take minutes; one that never returns fails
 
 
+TIMED_OUT = "timed out"
+
+
 def check_import(t: Target) -> str:
     """The plugin imports and is what its entry point promises (its import time is the row's time).
 
@@ -193,7 +196,7 @@ def check_import(t: Target) -> str:
     thread.join(IMPORT_TIMEOUT_S)
     if thread.is_alive():
         raise Failed(f"importing the {t.kind} {t.name!r} did not finish within {IMPORT_TIMEOUT_S:.0f} s; an "
-                     f"entry point's import must not block (start servers, download or wait for input)", "timed out")
+                     f"entry point's import must not block (start servers, download or wait for input)", TIMED_OUT)
     if "error" in outcome:
         raise outcome["error"]
     obj = outcome["obj"]
@@ -255,7 +258,7 @@ def _bounded(t: Target, method: str) -> Iterator[None]:
         with call_deadline(seconds, f"{method} of {label}", message=lambda: message):
             yield
     except DeadlinePassed:
-        raise Failed(message, "timed out") from None
+        raise Failed(message, TIMED_OUT) from None
 
 
 def check_select_convert(t: Target) -> str:
@@ -647,6 +650,9 @@ def run_all(t: Target, *, fast: bool, announce: Callable[[Check], None] = lambda
     for check in checks_for(t, fast=fast):
         if results and results[0].name == IMPORT_CHECK.name and not results[0].ok:
             results.append(CheckResult(check.name, "skip", "not run: the import failed", 0.0))
+            continue
+        if any(r.figure == TIMED_OUT for r in results):  # every later check would wait out the same hang
+            results.append(CheckResult(check.name, "skip", "not run: a call into the plugin did not return", 0.0))
             continue
         announce(check)
         results.append(run_check(t, check))
