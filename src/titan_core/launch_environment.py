@@ -34,10 +34,10 @@ def check_launch_environment(nproc_per_node: int | None) -> None:
         )
     if world is not None and rank is None:
         try:
-            many = int(world.strip()) > 1
+            many = 1 < int(world.strip()) <= 2**24
         except ValueError:
-            return  # garbage in WORLD_SIZE has its own message (distributed.env_int)
-        if many:
+            many = False
+        if many:  # 1 is a single process; garbage has its own message (distributed.env_int)
             raise ConfigError(
                 f"environment variable WORLD_SIZE={world} is set but RANK is not, so this process cannot know which "
                 f"of the {world.strip()} processes it is (it would wait for the others as rank 0 until "

@@ -28,13 +28,14 @@ def _fields_error(path: Path, text_field: str, fields: dict[str, None]) -> Confi
     )
 
 
-def _text_of(path: Path, where: str, row: dict[str, Any], text_field: str) -> str | None:
+def _text_of(path: Path, where: str, row: dict[str, Any], text_field: str, line: int | None = None) -> str | None:
     value = row.get(text_field)
     if value is None or value == "":
         return None
     if not isinstance(value, str):
         raise ConfigError(
-            f'data file {path}: {where} field "{text_field}" holds {type(value).__name__}, not text; '
+            f'data file {path}: {where} field "{text_field}" holds {type(value).__name__}, not text'
+            f'{f" (line {line})" if line is not None else ""}; '
             "set --data.text_field to a string field, or fix that line."
         )
     return value
@@ -49,6 +50,7 @@ def read_jsonl(path: Path, *, text_field: str) -> list[str]:
                           f"remove it from data.source.") from None
     docs: list[str] = []
     fields: dict[str, None] = {}
+    row_index = -1  # rows counted as datasets counts them (blank lines are not rows)
     for number, line in enumerate(raw.split(b"\n"), 1):
         if not line.strip():
             continue
@@ -64,16 +66,19 @@ def read_jsonl(path: Path, *, text_field: str) -> list[str]:
             row = json.loads(text)
         except ValueError as e:
             raise ConfigError(
-                f"data file {path} line {number} is not valid JSON ({str(e)[:120]}); each line of a .jsonl file "
+                f"data file {path} could not be read as JSON: line {number} is not valid JSON ({str(e)[:120]}); "
+                f"each line of a .jsonl file "
                 f"is one JSON object, e.g. {{\"{text_field}\": \"...\"}}. Fix or remove that line."
             ) from None
         if not isinstance(row, dict):
             raise ConfigError(
-                f"data file {path} line {number} holds a JSON {type(row).__name__}, not an object; each line of a "
+                f"data file {path} could not be read as JSON rows: line {number} holds a JSON "
+                f"{type(row).__name__}, not an object; each line of a "
                 f".jsonl file is one JSON object, e.g. {{\"{text_field}\": \"...\"}}."
             )
+        row_index += 1
         fields.update(dict.fromkeys(row))
-        value = _text_of(path, f"line {number}", row, text_field)
+        value = _text_of(path, f"row {row_index}", row, text_field, line=number)
         if value is not None:
             docs.append(value)
     if fields and text_field not in fields:
