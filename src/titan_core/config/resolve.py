@@ -61,7 +61,7 @@ def _plugin_sections(spec: TrainSpec, converters: list[tuple[str, type[ModelConv
     if spec.config_model is not None:
         sections[spec.name] = spec.config_model
     for name, cls in converters:
-        if name in sections:  # the spec and a converter of one name: one section cannot be both
+        if name == spec.name and spec.config_model is not None:  # one section cannot be both the spec's and this
             from ..errors import PluginError
 
             raise PluginError(f'spec "{spec.name}" and converter "{name}" share the name, which is the config '
