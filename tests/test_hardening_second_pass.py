@@ -147,7 +147,7 @@ def test_a_second_run_touching_a_live_runs_folders_is_refused(live_run: tuple[su
     (live / ".lock").unlink()
     before = snapshot(live)
     results = run_all([(*TINY, *args, "--training.steps=2") for args, _ in cases])
-    for (args, fragment), proc in zip(cases, results):
+    for (_, fragment), proc in zip(cases, results):
         refused(proc, fragment)
     assert snapshot(live) == before
     assert not (tmp_path / "b").exists() and not (tmp_path / "c").exists()  # a refused run creates nothing
