@@ -9,7 +9,6 @@ import argparse
 import sys
 import traceback
 from collections.abc import Sequence
-from pathlib import Path
 
 from . import discovery
 from .commands.launch import relaunch
@@ -20,6 +19,7 @@ from .config.toml_out import dumps
 from .console import rank_prefix
 from .errors import TitanError
 from .launch_env import world_size_from_env
+from .launch_environment import check_launch_environment
 from .os_errors import describe_os_error
 from .signals import StopRequested
 from .worker_errors import INTERRUPTED, hand_to_launcher, under_launcher
@@ -78,10 +78,14 @@ def run(args: argparse.Namespace, rest: list[str], argv: list[str]) -> int:
     discovery.import_modules(args.imports)
     if args.list:
         return print_plugin_list(with_traceback=args.traceback)
+    check_launch_environment(args.nproc_per_node)
     world_size = args.nproc_per_node or world_size_from_env()
     from .plan.resolve import resolve_config  # start-up: --help and --list stay without torch
 
     resolved = resolve_config(config_source=args.config, override_pairs=_override_pairs(args, rest), world_size=world_size)
+    from .run_limits import apply_run_limits
+
+    apply_run_limits(resolved.config)
     if args.print_config:
         print(dumps(resolved.config.model_dump(mode="json")), end="")
         return 0
@@ -103,7 +107,7 @@ def run(args: argparse.Namespace, rest: list[str], argv: list[str]) -> int:
         from .preflight import preflight  # start-up: as above
 
         preflight(resolved)  # one message here rather than one per worker, after each built the model
-        return relaunch(args.nproc_per_node, argv, run_dir=Path(resolved.config.job.run_dir))
+        return relaunch(args.nproc_per_node, argv, config=resolved.config)
     from .commands.train import train  # start-up: as above
 
     return train(resolved)

@@ -152,6 +152,15 @@ def _check_api(info: PluginInfo, api_version: str) -> None:
         )
 
 
+def _refuse_core_section_name(info: PluginInfo) -> None:
+    from .section_names import refuse_core_section_name
+
+    version = f" {info.version}" if info.version and info.version != "-" else ""
+    refuse_core_section_name(
+        info.name, who=f'{_KIND[info.group]} "{info.name}" of {info.distribution}{version} ({info.target})',
+        fix=f"Rename its entry point in {info.distribution} (or disable it with {DISABLE_ENV}={info.distribution}).")
+
+
 def _import_target(info: PluginInfo) -> Any:
     if info.target == "<in-process>":
         return _registered[info.group][info.name][0]
@@ -176,6 +185,7 @@ def _load(group: Group, name: str, finish: Callable[[Any], T]) -> T:
     key = (group, name)
     if key not in _loaded:
         info = _resolve_one(group, name)
+        _refuse_core_section_name(info)
         obj = finish(_import_target(info))
         _check_api(info, str(getattr(obj, "plugin_api_version", PLUGIN_API_VERSION)))
         _loaded[key] = obj

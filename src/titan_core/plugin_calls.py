@@ -16,12 +16,31 @@ from . import discovery
 from .errors import PluginError, TitanError
 from .out_of_memory import PluginOutOfMemory, is_out_of_memory, out_of_memory_error
 from .peer_failure import is_collective_failure
-from .signals import interrupted_by_signal
+from .signals import Terminated, interrupted_by_signal
 
 if TYPE_CHECKING:
     from .discovery import Group
 
-__all__ = ["plugin_call", "plugin_label"]
+__all__ = ["DEFAULT_PLUGIN_TIMEOUT_S", "plugin_call", "plugin_label", "plugin_timeout", "set_plugin_timeout"]
+
+# model.plugin_timeout_s: how long one call into a plugin may take (a whole set-up step such as
+# convert() or parallelize_fn, or one forward). Set from the run's config by the Trainer.
+DEFAULT_PLUGIN_TIMEOUT_S = 1800.0
+_timeout_s: list[float] = [DEFAULT_PLUGIN_TIMEOUT_S]
+
+
+def set_plugin_timeout(seconds: float) -> None:
+    _timeout_s[0] = seconds
+
+
+def plugin_timeout() -> float:
+    return _timeout_s[0]
+
+
+def timeout_message(label: str, method: str, seconds: float, *, setting: str = "model.plugin_timeout_s") -> str:
+    return (f"{label} did not return from {method} within {seconds:g} s ({setting}); the plugin hangs "
+            f"(waits for something that never comes, or loops). Report it to the plugin's authors; if the call is "
+            f"only slow, raise --{setting}.")
 
 
 def plugin_label(group: Group, name: str) -> str:
@@ -41,10 +60,21 @@ def plugin_label(group: Group, name: str) -> str:
 
 @contextlib.contextmanager
 def plugin_call(group: Group, name: str, method: str) -> Iterator[None]:
-    """Re-raise anything but a TitanError from the block as a PluginError naming the plugin and ``method``."""
+    """Re-raise anything but a TitanError from the block as a PluginError naming the plugin and ``method``;
+    a call that outlives ``model.plugin_timeout_s`` is one such error too."""
+    from .deadlines import DeadlinePassed, call_deadline
+
+    seconds = _timeout_s[0]
+
+    def message() -> str:  # built only when needed: naming the plugin reads package metadata
+        return timeout_message(plugin_label(group, name), method, seconds)
+
     try:
-        yield
-    except (TitanError, GeneratorExit):
+        with call_deadline(seconds, f"{method} of {name}", message=message):
+            yield
+    except DeadlinePassed:
+        raise PluginError(message()) from None
+    except (TitanError, GeneratorExit, Terminated):
         raise
     except BaseException as exc:  # SystemExit, a BaseException subclass of its own: still the plugin's
         if is_collective_failure(exc):  # a collective inside the plugin's code lost a peer: not the plugin's fault
@@ -55,11 +85,54 @@ def plugin_call(group: Group, name: str, method: str) -> Iterator[None]:
         if isinstance(exc, KeyboardInterrupt) and interrupted_by_signal():
             raise  # a real Ctrl+C that happened to land in plugin code
         first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ""
+        core = core_origin(exc)
+        if core is not None:  # the core's own code raised, called from (or around) the plugin's: say so
+            raise TitanError(
+                f"{core} raised {type(exc).__name__}: {first}, while {plugin_label(group, name)} ran {method}. "
+                f"The error comes from titan-core's own code, not from the plugin's: read it as a problem with "
+                f"the run's settings or the model's structure, and report it to titan-core if it is neither "
+                f"(--traceback shows where it happened)."
+            ) from exc
         raise PluginError(
             f"{plugin_label(group, name)} failed in {method}: {type(exc).__name__}: {first}. This is a problem "
             f"in the plugin or in how it is configured, not in your data: check the plugin's settings, update "
             f"it, or report it to its authors (--traceback shows where it failed)."
         ) from exc
+
+
+def core_origin(exc: BaseException) -> str | None:
+    """``titan-core's default_parallelize_fn (parallel/default.py:41)`` when the innermost frame of ``exc``'s
+    traceback outside torch and the standard library is titan-core's own code; None when it is the plugin's."""
+    import os
+
+    import titan_core
+
+    core_dir = os.path.dirname(os.path.abspath(titan_core.__file__)) + os.sep
+    # The standard library's own folder (a venv's "platstdlib" would also cover its site-packages).
+    skip = [os.path.dirname(os.path.abspath(os.__file__)) + os.sep]
+    try:
+        import torch
+
+        skip.append(os.path.dirname(os.path.abspath(torch.__file__)) + os.sep)
+    except ImportError:  # pragma: no cover
+        pass
+    frames = []
+    tb = exc.__traceback__
+    while tb is not None:
+        name = os.path.basename(tb.tb_frame.f_code.co_filename)
+        if not (tb.tb_frame.f_code.co_filename.startswith(core_dir) and name in ("plugin_calls.py", "deadlines.py")):
+            frames.append(tb)
+        tb = tb.tb_next
+    # frames[0] is the block that called the plugin: what it raises itself checks what the plugin returned.
+    for frame in reversed(frames[1:]):
+        path = os.path.abspath(frame.tb_frame.f_code.co_filename)
+        if any(path.startswith(s) for s in skip):
+            continue
+        if path.startswith(core_dir):
+            rel = path[len(core_dir):]
+            return f"titan-core's {frame.tb_frame.f_code.co_name} ({rel}:{frame.tb_lineno})"
+        return None
+    return None
 
 
 def check_logits(logits: object, inputs: object, *, spec: str) -> None:

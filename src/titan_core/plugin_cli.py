@@ -7,7 +7,6 @@ import sys
 import traceback
 from collections.abc import Sequence
 
-from .discovery import import_modules
 from .errors import TitanError
 from .os_errors import describe_os_error
 from .scaffold import write_package
@@ -28,6 +27,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--kind", choices=["spec", "converter"], help="what NAME is, when both kinds have it")
     c.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
                    help="import MODULE first, here and in every training run (plugins registered in-process)")
+    c.add_argument("--call-timeout", type=float, default=300.0, metavar="SECONDS",
+                   help="longest one call into the plugin may take (select, convert, a forward, ...) before its "
+                        "check fails; passed to the training runs as --model.plugin_timeout_s (default 300)")
     c.add_argument("--flag", dest="flags", action="append", default=[], metavar="--SECTION.KEY=VALUE",
                    help="extra titan-train flag for every training run (repeatable)")
     n = sub.add_parser("new", help="write a new plugin package")
@@ -63,12 +65,22 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     if args.command == "check":
-        from .commands.plugin_check import check  # start-up: `titan-plugin new` needs no torch
+        import math
 
+        from .commands.plugin_check import check  # start-up: `titan-plugin new` needs no torch
+        from .discovery import import_modules
+        from .errors import ConfigError
+        from .plugin_calls import set_plugin_timeout
+
+        if not (math.isfinite(args.call_timeout) and 0 < args.call_timeout <= 604800):
+            raise ConfigError(f"--call-timeout {args.call_timeout!r}: give the seconds one plugin call may take, a "
+                              f"finite number above 0 (at most 604800, a week), e.g. --call-timeout 300.")
+        set_plugin_timeout(args.call_timeout)
         import_modules(args.imports)
         imports = [flag for module in args.imports for flag in ("--import", module)]
+        limit = [f"--model.plugin_timeout_s={args.call_timeout!r}"]
         return check(args.names, fast=args.fast, spec=args.spec, compile=args.compile, kind=args.kind,
-                     extra_flags=[*imports, *args.flags], flavor=args.flavor)
+                     extra_flags=[*imports, *limit, *args.flags], flavor=args.flavor)
 
     path = write_package(args.kind, args.name, args.dir)
     print(f"wrote {args.kind} plugin {args.name} to {path}\nnext: pip install {path} && "

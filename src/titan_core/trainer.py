@@ -50,6 +50,7 @@ from .report import report_at_end
 from .run_files import atomic_write_text, require_writable, supersede_metrics
 from .signals import no_interrupt, requested_signal, stop_after_signal
 from .ties import check_ties, declared_ties, retie_weights
+from .token_ids import check_batch_ids
 from .token_loss import count_valid, global_valid_tokens, token_weighted
 from .tp_styles import resolve_tp_styles
 from .weights.load import load_initial_weights
@@ -316,6 +317,7 @@ class Trainer:
                          positions: torch.Tensor | None = None) -> torch.Tensor:
         """One micro-batch; returns its loss weighted by its share of the step's valid tokens
         (token_loss.py), zero on non-last PP stages."""
+        check_batch_ids(inputs, self.model_args, self.tokenizer)  # the tokenizer's fault, not the model's
         valid = count_valid(labels)  # before the copy to the device: no sync
         inputs, labels = inputs.to(self.device), labels.to(self.device)
         if self.pipeline is not None:

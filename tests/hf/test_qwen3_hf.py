@@ -20,8 +20,8 @@ from safetensors.torch import load_file, save_file
 from test_convert import convert
 
 from titan_core.hf.folder import open_hf_folder
-from titan_core.weights.load import load_hf_weights
 from titan_core.hf.stacks import unstack
+from titan_core.weights.load import load_hf_weights
 from titan_qwen3.hf_adapter import Qwen3StateDictAdapter
 from titan_qwen3.model import Qwen3Args, Transformer
 from titan_qwen3.spec import qwen3_spec

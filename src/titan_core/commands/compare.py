@@ -26,7 +26,6 @@ from ..errors import ConfigError
 from ..launch_env import world_size_from_env
 from ..plan.resolve import ResolvedConfig
 from ..run_files import atomic_write_bytes, atomic_write_text
-from ..run_lock import acquire_run_lock
 from ..trainer import Trainer
 
 __all__ = ["LossCurve", "baseline_of", "compare_baseline", "format_comparison", "relative_gap", "with_run_dir"]
@@ -164,8 +163,9 @@ def compare_baseline(resolved: ResolvedConfig) -> int:
         )
     require_matplotlib()  # before training: a missing extra must not cost the two finished runs
     root = Path(resolved.config.job.run_dir)
+    from ..folder_locks import acquire_run_folders
 
-    lock = acquire_run_lock(root)  # both runs write below root: one comparison per folder at a time
+    lock = acquire_run_folders(resolved.config, run_folder_only=True)  # both runs write below root: one comparison per folder at a time
     runs = [("converted", with_run_dir(resolved, root / "converted")), ("baseline", baseline_of(resolved, root / "baseline"))]
     curves: list[LossCurve] = []
     title = f"{resolved.spec.name}/{resolved.config.model.flavor}: {','.join(names)} vs baseline"

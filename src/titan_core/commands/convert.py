@@ -4,7 +4,10 @@
     titan-convert from-hf HF_DIR OUT       a Hugging Face folder -> a titan checkpoint (OUT/step-000000)
 
 Both go through the spec's ``state_dict_adapter``; a folder of the wrong kind, an OUT
-that already holds files, or a model that does not fit is one message and exit 2.
+that already holds files, or a model that does not fit is one message and exit 2. OUT is
+written beside its place (``.OUT.partial``) and renamed into it when complete
+(``folder_publish``): an interrupted conversion leaves no OUT that looks complete, and the
+same command run again starts over cleanly.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from ..hf.adapter import adapter_of
 from ..hf.export import export_hf
 from ..hf.folder import is_hf_folder, open_hf_folder
 from ..optim import LRSchedulersContainer, OptimizersContainer
+from ..os_errors import describe_os_error
 from ..ties import declared_ties, retie_weights
 from ..weights.load import check_hf_fits, load_hf_weights
 from ..weights.source import HF_CONFIG_IN_CHECKPOINT
@@ -87,6 +91,33 @@ def _require_new_folder(out: Path, source: Path) -> None:
                           f"(titan-convert never changes its input).")
 
 
+def _read_toml(path: Path | None) -> dict[str, Any]:
+    """The run's config.toml, read and checked as titan-train reads --config (size, UTF-8, TOML, finite numbers)."""
+    if path is None:
+        return {}
+    from ..config.finite import refuse_nonfinite
+    from ..config.layers import load_config_source
+
+    try:
+        layer = load_config_source(str(path) if str(path).endswith(".toml") or "/" in str(path) else f"./{path}")
+    except OSError as exc:
+        raise ConfigError(f"cannot read the run config {path}: {describe_os_error(exc)}") from None
+    refuse_nonfinite(layer)
+    return layer
+
+
+def check_flags(args: argparse.Namespace) -> None:
+    """The flags get titan-train's checks: sizes finite, positive and representable."""
+    import math
+
+    from ..config.finite import FLOAT32_MAX
+
+    shard_gb = getattr(args, "shard_gb", None)
+    if shard_gb is not None and not (math.isfinite(shard_gb) and 1e-9 <= shard_gb <= FLOAT32_MAX):
+        raise ConfigError(f"--shard-gb {shard_gb!r}: give the largest safetensors file in GB, a finite number from "
+                          f"1e-9 up (e.g. --shard-gb 5); checkpoint.export_shard_gb takes the same values.")
+
+
 def to_hf(args: argparse.Namespace) -> int:
     import torch
 
@@ -135,13 +166,18 @@ def from_hf(args: argparse.Namespace) -> int:
     schedulers = LRSchedulersContainer(optimizer, LRSchedulerSection(warmup_steps=0), total_steps=1)
     identity = RunIdentity(spec=spec.name, flavor="from-hf", converters=(),
                            param_shapes=collect_param_shapes([model]))
+    from ..folder_publish import fresh_partial, publish
+
+    # Written beside OUT and published whole at the end: an interrupted conversion never leaves an
+    # OUT that looks complete (a step-000000 without its shape file), and a rerun starts it again.
+    work = fresh_partial(args.out)
     manager = CheckpointManager(
-        config=CheckpointSection(enable=True, folder=".", keep_latest_k=0), run_dir=args.out, model_parts=[model],
+        config=CheckpointSection(enable=True, folder=".", keep_latest_k=0), run_dir=work, model_parts=[model],
         optimizer=optimizer, lr_schedulers=schedulers, dataloader=_NoData(), identity=identity, is_rank0=True,
     )
     manager.maybe_save(0, tokens_seen=0, last=True)
     manager.wait()
-    step_dir = next(args.out.glob("step-*"))
+    step_dir = next(work.glob("step-*"))
     # The shape travels with the weights, so initial_load and to-hf need no flags.
     (step_dir / HF_CONFIG_IN_CHECKPOINT).write_text(json.dumps(folder.config, indent=2), encoding="utf-8")
     # A checkpoint holds exactly the files its manifest lists: list the shape file with its digest.
@@ -150,6 +186,8 @@ def from_hf(args: argparse.Namespace) -> int:
     record = read_record(step_dir)
     files = {**record.files, HF_CONFIG_IN_CHECKPOINT: file_digest(step_dir / HF_CONFIG_IN_CHECKPOINT)}
     write_record(step_dir, dataclasses.replace(record, files=files))
+    publish(work, args.out)
+    step_dir = args.out / step_dir.name
     print(f"[titan-convert] wrote the titan checkpoint {step_dir}; start a run from it with "
           f"--checkpoint.initial_load={step_dir}", flush=True)
     return 0
@@ -176,7 +214,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
     # like Ctrl+C: one line and 143; OUT appears only whole (written beside it, renamed)
-    return run_tool("titan-convert", to_hf if args.command == "to-hf" else from_hf, args)
+    return run_tool("titan-convert", _convert, args)
+
+
+def _convert(args: argparse.Namespace) -> int:
+    check_flags(args)
+    return to_hf(args) if args.command == "to-hf" else from_hf(args)
 
 
 if __name__ == "__main__":  # pragma: no cover

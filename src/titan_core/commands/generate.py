@@ -57,8 +57,8 @@ def check_settings(args: argparse.Namespace) -> None:
 
 def resolve_source(path: Path) -> tuple[str, Path]:
     """("titan" | "hf", the folder to load) for SOURCE; ConfigError when it is none of the three kinds."""
-    from ..weights.titan_checkpoint import is_titan_checkpoint, newest_checkpoint
     from ..hf.folder import is_hf_folder
+    from ..weights.titan_checkpoint import is_titan_checkpoint, newest_checkpoint
 
     if not path.exists():
         raise ConfigError(f"{path} does not exist; give a titan checkpoint (runs/x/checkpoints/step-N), a run folder "

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ..config.job import JobConfig
 
 from ..local_launcher import launch
-from ..run_lock import acquire_run_lock
 
 
 def _strip_nproc(argv: list[str]) -> list[str]:
@@ -21,12 +24,15 @@ def _strip_nproc(argv: list[str]) -> list[str]:
     return out
 
 
-def relaunch(nproc: int, argv: list[str], *, run_dir: Path | None = None) -> int:
+def relaunch(nproc: int, argv: list[str], *, config: JobConfig | None = None) -> int:
     """Run ``python -m titan_core <same args>`` as N workers; their exit code.
 
-    The launcher holds the run folder's lock for its workers (taken before any starts).
+    The launcher holds the locks of the folders the run writes for its workers (taken before any starts).
     """
-    lock = acquire_run_lock(run_dir) if run_dir is not None else None
+    from ..folder_locks import acquire_run_folders
+
+    run_dir = Path(config.job.run_dir) if config is not None else None
+    lock = acquire_run_folders(config) if config is not None else None
     try:
         return launch(nproc, _strip_nproc(argv), run_dir=run_dir)
     finally:

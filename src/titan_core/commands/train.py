@@ -10,25 +10,27 @@ from ..launch_env import rank_env, world_size_from_env
 from ..out_of_memory import out_of_memory_named
 from ..peer_failure import lost_peer
 from ..plan.resolve import ResolvedConfig
-from ..run_lock import acquire_run_lock, lock_held_by_launcher
+from ..run_lock import lock_held_by_launcher
 from ..trainer import Trainer
 
 if TYPE_CHECKING:
-    from ..run_lock import RunLock
+    from ..folder_locks import HeldFolders
 
 
-def _take_run_folder(run_dir: Path) -> RunLock | None:
-    """Rank 0 owns the run folder for the life of the run (the --nproc-per-node launcher holds it for its workers)."""
+def _take_run_folders(resolved: ResolvedConfig) -> HeldFolders | None:
+    """Rank 0 owns the folders the run writes for the life of the run (the --nproc-per-node launcher holds
+    them for its workers)."""
+    from ..folder_locks import acquire_run_folders
 
     rank, _, _ = rank_env()
-    if rank != 0 or lock_held_by_launcher(run_dir):
+    if rank != 0 or lock_held_by_launcher(Path(resolved.config.job.run_dir)):
         return None
-    return acquire_run_lock(run_dir)
+    return acquire_run_folders(resolved.config)
 
 
 def train(resolved: ResolvedConfig) -> int:
     distributed.die_with_launcher()
-    lock = _take_run_folder(Path(resolved.config.job.run_dir))
+    lock = _take_run_folders(resolved)
     trainer = Trainer(resolved)
     clean = False
     try:

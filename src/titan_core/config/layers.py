@@ -53,9 +53,18 @@ def load_config_source(source: str) -> Layer:
     )
 
 
+MAX_CONFIG_BYTES = 16 * 2**20  # a config is a few KB; more is a wrong file (a dataset, a checkpoint, /dev/zero)
+
+
 def _load_toml(path: Path) -> Layer:
-    if not path.is_file():
+    if not path.exists():
         raise ConfigError(f"--config {path}: no such file. Check the path (relative paths start at {Path.cwd()}).")
+    if not path.is_file():
+        raise ConfigError(f"--config {path}: not a regular file (a folder, pipe or device); pass a TOML config file.")
+    size = path.stat().st_size
+    if size > MAX_CONFIG_BYTES:
+        raise ConfigError(f"--config {path}: {size:,} bytes, more than a config file can be (at most "
+                          f"{MAX_CONFIG_BYTES // 2**20} MiB); pass the run's TOML config file.")
     try:
         text = path.read_text(encoding="utf-8").removeprefix("\ufeff")  # a BOM some editors write is not TOML
         return tomllib.loads(text)

@@ -37,6 +37,7 @@ class ModelSection(Section):
     spec: str | None = Field(None, description="TrainSpec name (entry point in titan.train_specs); unset: the only installed spec.")
     flavor: str = Field("debugmodel", description="Named model size from the spec's flavors.")
     converters: list[str] = Field(default_factory=list, description="ModelConverter names, applied in this order; later wins on overlap.")
+    plugin_timeout_s: float = Field(1800.0, gt=0, le=604800, description="Seconds one call into a plugin (a converter's __init__/select/convert, the spec's parallelize_fn, init or one forward) may take before the run stops naming it.")
 
     @model_validator(mode="after")
     def _no_duplicate_converters(self) -> ModelSection:
@@ -83,6 +84,7 @@ class DataSection(Section):
     text_field: str = Field("text", description="Field holding the text in .jsonl/.json/.parquet rows.")
     hf_split: str = Field("train", description='Split for an "hf:" dataset.')
     allow_download: bool = Field(False, description='Permit "hf:" sources to download (off by default: nothing is fetched at run time).')
+    hf_timeout_s: float = Field(60.0, gt=0, le=86400, description='Seconds an "hf:" source may go without delivering data (connecting, or between rows) before the run stops naming it.')
     tokenizer: str = Field("builtin", description='"builtin", a path to a Llama-3-format tokenizer.model (tiktoken BPE ranks), or a Hugging Face model folder (original/tokenizer.model, or tokenizer.json with the hf extra).')
     val_fraction: float = Field(0.05, ge=0, lt=1, description="Fraction of documents held out for validation.")
     document_masking: bool = Field(False, description="Keep the documents of a packed window apart: block-causal attention, positions restarting at each document (split after each EOS token), and the label across a boundary ignored. Needs a model whose forward accepts `positions`; not with pp > 1.")

@@ -19,18 +19,28 @@ Every user mistake raises :class:`ConfigError` naming the path and the fix.
 from __future__ import annotations
 
 import contextlib
+import os
 import tempfile
-from collections.abc import Iterable, Iterator
+import time
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from ..console import progress
 from ..errors import ConfigError
 from .corpus import builtin_documents
+from .deadline import stall_deadline
 
 SUPPORTED_SUFFIXES = (".txt", ".jsonl", ".json", ".parquet")
 HF_PREFIX = "hf:"
 HF_MAX_BYTES = 256 * 1024 * 1024
 _BUILDER = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
+# data.hf_timeout_s, set from the run's config (set_hf_timeout); the default is the field's.
+_HF_TIMEOUT_S = [60.0]
+
+
+def set_hf_timeout(seconds: float) -> None:
+    _HF_TIMEOUT_S[0] = seconds
 
 
 def _kind(path: Path) -> str:
@@ -131,11 +141,34 @@ def read_documents(source: str, *, text_field: str = "text", hf_split: str = "tr
         return list(builtin_documents())
     if source.startswith(HF_PREFIX):
         return _read_hub(source[len(HF_PREFIX):], text_field=text_field, split=hf_split, allow_download=allow_download)
-    docs: list[str] = []
-    for path in source_files(source):
-        docs.extend(_read_file(path, text_field=text_field))
+    docs = _read_files(source_files(source), text_field=text_field, source=source)
     if not docs:
         raise ConfigError(f'data.source "{source}" contains no documents (every file or row is empty); add text or pick another source.')
+    return docs
+
+
+PROGRESS_EVERY_S = 2.0
+PROGRESS_MIN_FILES = 100  # a folder with this many files says what it reads, and how long it took
+
+
+def _read_files(files: list[Path], *, text_field: str, source: str) -> list[str]:
+    """Every file's documents in order; for a folder of many files (or a slow read) progress lines on stderr."""
+    is_rank0 = os.environ.get("RANK", "0").strip() in ("0", "")
+    many = len(files) >= PROGRESS_MIN_FILES
+    if many:
+        progress(f"reading data.source {source}: {len(files):,} files", is_rank0=is_rank0)
+    docs: list[str] = []
+    start = last = time.monotonic()
+    for i, path in enumerate(files, 1):
+        docs.extend(_read_file(path, text_field=text_field))
+        now = time.monotonic()
+        if now - last >= PROGRESS_EVERY_S and i < len(files):
+            last = now
+            progress(f"reading data.source {source}: {i:,} of {len(files):,} files, {len(docs):,} documents so far",
+                     is_rank0=is_rank0)
+    if many or time.monotonic() - start >= PROGRESS_EVERY_S:
+        progress(f"read data.source {source}: {len(files):,} files, {len(docs):,} documents in "
+                 f"{time.monotonic() - start:.1f} s", is_rank0=is_rank0)
     return docs
 
 
@@ -152,7 +185,16 @@ def _read_file(path: Path, *, text_field: str) -> list[str]:
         if "\x00" in text:
             raise ConfigError(f"data file {path} looks binary (it contains NUL bytes); give a text file.")
         return [text] if text.strip() else []
-    return _read_table(path, builder=_BUILDER[path.suffix.lower()], text_field=text_field)
+    from .json_lines import read_json_list, read_jsonl
+
+    suffix = path.suffix.lower()
+    if suffix == ".jsonl":  # read directly: one datasets load per file made a folder of small files take minutes
+        return read_jsonl(path, text_field=text_field)
+    if suffix == ".json":
+        listed = read_json_list(path, text_field=text_field)
+        if listed is not None:
+            return listed
+    return _read_table(path, builder=_BUILDER[suffix], text_field=text_field)
 
 
 @contextlib.contextmanager
@@ -221,6 +263,15 @@ def _read_hub(name: str, *, text_field: str, split: str, allow_download: bool) -
             f'data.source "hf:{name}" needs a download from the Hugging Face hub, which is off by default; '
             "set --data.allow_download=true to permit it, or use a local file or folder."
         )
+    import datasets  # noqa: F401  (imported before the clock starts: a slow import is not a silent server)
+
+    # Every network read is bounded: a hub or proxy that accepts the connection and then never answers
+    # would otherwise hold the run (and every rank) forever, in silence.
+    return stall_deadline(lambda tick: _stream_hub(name, text_field=text_field, split=split, tick=tick),
+                          seconds=_HF_TIMEOUT_S[0], source=f"hf:{name}")
+
+
+def _stream_hub(name: str, *, text_field: str, split: str, tick: Callable[[int], None]) -> list[str]:
     with _quiet_datasets() as datasets:
         try:
             stream = datasets.load_dataset(name, split=split, streaming=True)
@@ -237,7 +288,13 @@ def _read_hub(name: str, *, text_field: str, split: str, allow_download: bool) -
                 f'hub dataset "{name}" has no field "{text_field}" (its fields: {", ".join(first)}); '
                 "set --data.text_field to the field that holds the text."
             )
-        docs = _texts((row[text_field] for row in stream), where=f"hf:{name}", text_field=text_field, max_bytes=HF_MAX_BYTES)
+
+        def rows() -> Iterator[Any]:
+            for i, row in enumerate(stream):
+                tick(i + 1)
+                yield row[text_field]
+
+        docs = _texts(rows(), where=f"hf:{name}", text_field=text_field, max_bytes=HF_MAX_BYTES)
     if not docs:
         raise ConfigError(f'hub dataset "{name}" split "{split}" contains no documents in field "{text_field}".')
     return docs

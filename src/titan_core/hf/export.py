@@ -9,15 +9,15 @@ and ``AutoTokenizer.from_pretrained`` load it with no code.
 
 Every rank gathers full tensors one at a time (a DTensor's ``full_tensor()`` gathers over
 its own mesh); the lowest rank holding a tensor keeps it and writes it. The folder is
-written next to its final place and renamed into it at the end, so a failed export
-never leaves a half-written ``hf/`` behind.
+written next to its final place and published whole at the end (``folder_publish``): a failed
+or interrupted export never leaves a half-written ``hf/`` behind, and files a user added to an
+earlier export (evaluation results, notes) are kept, never deleted.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -122,14 +122,17 @@ def export_hf(model_parts: list[nn.Module], out_dir: Path, *, spec: TrainSpec, m
                    for name, size in share.items())
     shards = plan_shards(sizes, int(shard_gb * 1e9))
     files = shard_file_names(len(shards))
-    tmp = out_dir.parent / f".{out_dir.name}.partial"
+    from ..folder_publish import fresh_partial, partial_of, publish
+
+    tmp = partial_of(out_dir)
     error: str | None = None
     if rank == 0:
         try:
-            shutil.rmtree(tmp, ignore_errors=True)
-            tmp.mkdir(parents=True)
+            fresh_partial(out_dir)
         except OSError as exc:
             error = f"cannot create {tmp}: {exc}"
+        except ConfigError as exc:
+            error = str(exc)
     error = next((e for e in gather(error) if e), None)
     if error is None:
         try:
@@ -148,9 +151,9 @@ def export_hf(model_parts: list[nn.Module], out_dir: Path, *, spec: TrainSpec, m
         try:
             _write_metadata(tmp, spec=spec, model_args=model_args, tokenizer=tokenizer, dtype=dtype,
                             shards=shards, files=files, total=sum(s for _, _, s in sizes))
-            if out_dir.exists():
-                shutil.rmtree(out_dir)
-            tmp.rename(out_dir)
+            publish(tmp, out_dir)  # files a user put in out_dir stay; nothing is deleted that we did not write
+        except ConfigError as exc:
+            error = str(exc)
         except OSError as exc:
             error = f"cannot finish the Hugging Face export in {out_dir}: {exc}"
     error = next((e for e in gather(error) if e), None)

@@ -63,6 +63,9 @@ def open_hf_folder(path: str | Path, *, what: str) -> HFFolder:
         raise ConfigError(f"{what}: cannot read {path / 'config.json'}: {exc}.") from None
     if not isinstance(config, dict):
         raise ConfigError(f"{what}: {path / 'config.json'} is not a JSON object.")
+    from .rope_fields import check_rope_fields
+
+    check_rope_fields(config, path / "config.json", what=what)
     files = _weight_files(path, what=what, fix=fix)
     tensors: dict[str, TensorInfo] = {}
     for file, expected in files.items():

@@ -61,6 +61,11 @@ def _plugin_sections(spec: TrainSpec, converters: list[tuple[str, type[ModelConv
     if spec.config_model is not None:
         sections[spec.name] = spec.config_model
     for name, cls in converters:
+        if name == spec.name and spec.config_model is not None:  # one section cannot be both the spec's and this
+            from ..errors import PluginError
+
+            raise PluginError(f'spec "{spec.name}" and converter "{name}" share the name, which is the config '
+                              f"section of each; rename one of them (their entry points) to use both in one run.")
         sections[name] = cls.Config
     return sections
 

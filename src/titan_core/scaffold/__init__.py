@@ -19,6 +19,9 @@ def _names(name: str, kind: str) -> dict[str, str]:
             f'"{name}" cannot name a {kind}: use lower-case letters, digits and "_", starting with a letter '
             f'(it becomes the entry-point name, the config section [{name}] and part of the package name).'
         )
+    from ..section_names import refuse_core_section_name
+
+    refuse_core_section_name(name, who=f'the new {kind}', fix="Choose another name.")
     cls = "".join(part.capitalize() for part in name.split("_"))
     return {"name": name, "Cls": cls, "cls": f"{cls}Converter", "pkg": f"titan_{name}", "dist": f"titan-{name.replace('_', '-')}"}
 

@@ -18,7 +18,7 @@ import math
 import shutil
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -180,6 +180,9 @@ def _compare(run: runs.Run, ref: runs.Run, key: str, t: Target) -> str:
 IMPORT_TIMEOUT_S = 300.0  # an import that compiles an extension may take minutes; one that never returns fails
 
 
+TIMED_OUT = "timed out"
+
+
 def check_import(t: Target) -> str:
     """The plugin imports and is what its entry point promises (its import time is the row's time).
 
@@ -201,7 +204,7 @@ def check_import(t: Target) -> str:
     thread.join(IMPORT_TIMEOUT_S)
     if thread.is_alive():
         raise Failed(f"importing the {t.kind} {t.name!r} did not finish within {IMPORT_TIMEOUT_S:.0f} s; an "
-                     f"entry point's import must not block (start servers, download or wait for input)", "timed out")
+                     f"entry point's import must not block (start servers, download or wait for input)", TIMED_OUT)
     if "error" in outcome:
         raise outcome["error"]
     obj = outcome["obj"]
@@ -245,6 +248,23 @@ def _under(name: str, roots: set[str]) -> bool:
     return any(name == r or name.startswith(r + ".") for r in roots)
 
 
+@contextlib.contextmanager
+def _bounded(t: Target, method: str) -> Iterator[None]:
+    """A call into the plugin under ``model.plugin_timeout_s`` (titan-plugin check --call-timeout): one that never
+    returns fails the check, naming it, instead of hanging the kit."""
+    from ..deadlines import DeadlinePassed, call_deadline
+    from ..plugin_calls import plugin_timeout, timeout_message
+
+    seconds = plugin_timeout()
+    label = f"{t.kind} {t.name!r}"
+    message = timeout_message(label, method, seconds, setting="titan-plugin check --call-timeout")
+    try:
+        with call_deadline(seconds, f"{method} of {label}", message=lambda: message):
+            yield
+    except DeadlinePassed:
+        raise Failed(message, TIMED_OUT) from None
+
+
 def check_select_convert(t: Target) -> str:
     """``select`` names existing modules only; ``convert`` changes exactly those (on meta)."""
     register_if_tiny(t.spec_name)
@@ -254,16 +274,19 @@ def check_select_convert(t: Target) -> str:
     with torch.device("meta"):
         model = spec.model_cls(resolved.model_args)
     ((_, conv),) = Trainer(resolved).build_converters()
-    conv.compatible_with(spec)
+    with _bounded(t, "compatible_with()"):
+        conv.compatible_with(spec)
     objects_before = dict(model.named_modules())
     before = {name: _signature(m) for name, m in objects_before.items()}
-    selected = conv.select(model)
+    with _bounded(t, "select()"):
+        selected = conv.select(model)
     unknown = sorted(set(selected) - set(before))
     if unknown:
         raise Failed(f"select() named modules the model does not have: {unknown[:5]}")
     if not selected:
         raise Failed("select() chose no module of the model")
-    conv.convert(model, list(selected))
+    with _bounded(t, "convert()"):
+        conv.convert(model, list(selected))
     after = {name: _signature(m) for name, m in model.named_modules()}
     chosen = set(selected)
     # Modules added or removed outside the selected ones change the model's structure behind select()'s back.
@@ -621,6 +644,9 @@ def run_all(t: Target, *, fast: bool, announce: Callable[[Check], None] = lambda
     for check in checks_for(t, fast=fast):
         if results and results[0].name == IMPORT_CHECK.name and not results[0].ok:
             results.append(CheckResult(check.name, "skip", "not run: the import failed", 0.0))
+            continue
+        if any(r.figure == TIMED_OUT for r in results):  # every later check would wait out the same hang
+            results.append(CheckResult(check.name, "skip", "not run: a call into the plugin did not return", 0.0))
             continue
         announce(check)
         results.append(run_check(t, check))
