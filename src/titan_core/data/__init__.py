@@ -13,8 +13,11 @@ from typing import Literal
 from ..config.sections import DataSection
 from ..errors import ConfigError
 from ..protocols import Tokenizer
-from .loader import TokenDataLoader
+import torch
+
+from .loader import TokenDataLoader, WindowSource
 from .packing import check_split, split_stream, tokenized_source
+from .shards import TOKENS_PREFIX, open_shard_set, split_windows
 
 __all__ = ["TokenDataLoader", "build_dataloader"]
 
@@ -47,8 +50,15 @@ def build_dataloader(
     """
     if split not in ("train", "validation"):
         raise ConfigError(f'data split "{split}" is unknown; use "train" or "validation".')
-    packed = tokenized_source(source, tokenizer, text_field=text_field, hf_split=hf_split, allow_download=allow_download)
-    stream, num_docs = split_stream(packed, split=split, val_fraction=val_fraction)
+    stream: torch.Tensor | WindowSource
+    if source.startswith(TOKENS_PREFIX):  # pre-tokenized shards, memory-mapped: nothing is tokenized here
+        stream = split_windows(open_shard_set(source[len(TOKENS_PREFIX):], tokenizer), split=split,
+                               val_fraction=val_fraction)
+        num_docs = stream.num_docs
+    else:
+        packed = tokenized_source(source, tokenizer, text_field=text_field, hf_split=hf_split,
+                                  allow_download=allow_download)
+        stream, num_docs = split_stream(packed, split=split, val_fraction=val_fraction)
     global_batch = local_batch_size * dp_world_size
     check_split(stream, split=split, source=source, num_docs=num_docs, val_fraction=val_fraction,
                 window=seq_len + 1, global_batch=global_batch)
