@@ -84,7 +84,7 @@ class MixSource(Section):
 
 
 class DataSection(Section):
-    source: str = Field("builtin", description='"builtin" (a fixed snapshot of CPython 3.11.7 docs and sources shipped in the wheel), a local .txt/.jsonl/.json/.parquet file or folder, or "hf:<name>" (opt-in hub download).')
+    source: str = Field("builtin", description='"builtin" (a fixed snapshot of CPython 3.11.7 docs and sources shipped in the wheel), a local .txt/.jsonl/.json/.parquet file or folder, "hf:<name>" (opt-in hub download), or "tokens:<dir>" (shards written by titan-data prepare; docs/data.md).')
     text_field: str = Field("text", description="Field holding the text in .jsonl/.json/.parquet rows.")
     hf_split: str = Field("train", description='Split for an "hf:" dataset.')
     allow_download: bool = Field(False, description='Permit "hf:" sources to download (off by default: nothing is fetched at run time).')
