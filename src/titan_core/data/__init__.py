@@ -10,11 +10,11 @@ from __future__ import annotations
 import logging
 from typing import Literal
 
+import torch
+
 from ..config.sections import DataSection
 from ..errors import ConfigError
 from ..protocols import Tokenizer
-import torch
-
 from .loader import TokenDataLoader, WindowSource
 from .mixture import MixtureDataLoader
 from .packing import check_split, split_stream, tokenized_source

@@ -70,7 +70,7 @@ def _json_file(path: Path, text_field: str) -> Iterator[str]:
 
 
 def _parquet(path: Path, text_field: str) -> Iterator[str]:
-    import pyarrow.parquet as pq
+    import pyarrow.parquet as pq  # type: ignore[import-untyped]
 
     try:
         pf = pq.ParquetFile(path)
