@@ -27,6 +27,7 @@ from typing import Protocol, runtime_checkable
 import torch
 
 from ..errors import ConfigError
+from .permutation import LazyOrder
 
 # Mixes (seed, epoch) into one generator seed; any fixed odd constant would do.
 _EPOCH_MIX = 0x9E3779B97F4A7C15
@@ -87,7 +88,8 @@ class TokenDataLoader:
         self.epoch = 0
         self.window_offset = 0  # global windows consumed in this epoch
         self._order_epoch = -1
-        self._order = torch.arange(self.num_windows)
+        self._order: torch.Tensor | LazyOrder = torch.arange(self.num_windows) if self._source is None else \
+            LazyOrder(self.num_windows, seed=seed, epoch=0, shuffle=False)
 
     @property
     def tokens_per_batch(self) -> int:
@@ -102,9 +104,11 @@ class TokenDataLoader:
     def batches_per_epoch(self) -> int:
         return self.num_windows // self.global_batch_size
 
-    def _epoch_order(self) -> torch.Tensor:
+    def _epoch_order(self) -> torch.Tensor | LazyOrder:
         if self._order_epoch != self.epoch:
-            if self.shuffle:
+            if self.shuffle and self._source is not None:  # shards: an order that holds no memory
+                self._order = LazyOrder(self.num_windows, seed=self.seed, epoch=self.epoch, shuffle=True)
+            elif self.shuffle:
                 self._order = epoch_order(self.num_windows, self.seed, self.epoch)
             self._order_epoch = self.epoch
         return self._order

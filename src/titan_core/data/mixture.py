@@ -22,6 +22,7 @@ import torch
 
 from ..errors import ConfigError
 from .loader import WindowSource, epoch_order
+from .permutation import LazyOrder
 
 _BATCH_MIX = 0x2545F4914F6CDD1D
 _MASK = (1 << 63) - 1
@@ -34,6 +35,7 @@ class _Windows:
         self.window = window
         self.num_windows = int(stream.numel()) // window
         self._source = stream if isinstance(stream, WindowSource) else None
+        self.lazy = self._source is not None
         self._table = None if isinstance(stream, WindowSource) else \
             stream[: self.num_windows * window].view(self.num_windows, window)
 
@@ -75,7 +77,7 @@ class MixtureDataLoader:
         self.name = name
         # Each source has its own window order, seeded from the run's seed and the source's name.
         self._seeds = [(seed * 1_000_003 + zlib.crc32(n.encode())) & _MASK for n in self.names]
-        self._orders: dict[tuple[int, int], torch.Tensor] = {}
+        self._orders: dict[int, tuple[int, torch.Tensor | LazyOrder]] = {}  # source -> (epoch, its order)
         self.batch = 0
         self.rows = [0] * len(sources)
 
@@ -103,12 +105,13 @@ class MixtureDataLoader:
         epoch, offset = divmod(position, n)
         if not self.shuffle:
             return offset
-        key = (k, epoch)
-        order = self._orders.get(key)
-        if order is None:
-            self._orders = {key: epoch_order(n, self._seeds[k], epoch)}  # one epoch per source is kept
-            order = self._orders[key]
-        return int(order[offset])
+        cached = self._orders.get(k)
+        if cached is None or cached[0] != epoch:
+            # shards: an order that holds no memory; text: torch.randperm, as the single-source loader
+            order = LazyOrder(n, seed=self._seeds[k], epoch=epoch, shuffle=True) if self.windows[k].lazy \
+                else epoch_order(n, self._seeds[k], epoch)
+            cached = self._orders[k] = (epoch, order)
+        return int(cached[1][offset])
 
     def __iter__(self) -> MixtureDataLoader:
         return self

@@ -48,7 +48,7 @@ DOCUMENTS_NAME = "documents.bin"
 VERIFIED_NAME = ".verified.json"
 MAX_INDEX_BYTES = 64 * 1024 * 1024
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,200}$")
-_CHUNK = 1 << 20  # document offsets read per chunk when a split is computed
+_CHUNK = 1 << 16  # document offsets read per chunk when a split is computed (bounded temporaries)
 _HASH_BLOCK = 8 << 20
 
 
