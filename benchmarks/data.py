@@ -139,6 +139,26 @@ def timed_run(shards: Path, run_dir: Path, extra: list[str]) -> tuple[float, flo
     return first, records[-1]["mem_peak_rss_gib"], records
 
 
+LOADER_ONLY = (
+    "import resource, sys, time\n"
+    "from titan_core.data import build_dataloader\n"
+    "from titan_core.tokenizer import build_tokenizer\n"
+    "tok = build_tokenizer('builtin')\n"
+    "rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
+    "start = time.perf_counter()\n"
+    "loader = build_dataloader(source='tokens:' + sys.argv[1], tokenizer=tok, seq_len=256, local_batch_size=4)\n"
+    "next(loader)\n"
+    "print(time.perf_counter() - start, (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss) / 1024)\n"
+)
+
+
+def loader_only(folder: Path) -> tuple[float, float]:
+    """(seconds to open the shard set, split it and read the first batch; MiB of peak RSS that added)."""
+    out = subprocess.run([sys.executable, "-c", LOADER_ONLY, str(folder)], capture_output=True, text=True, check=True)
+    seconds, mib = out.stdout.split()
+    return float(seconds), float(mib)
+
+
 def bench_startup(args: argparse.Namespace) -> None:
     extra = ["--llama3.n_layers=2", "--training.seq_len=256", "--training.local_batch_size=4", "--training.steps=5"]
     with tempfile.TemporaryDirectory(prefix="titan-bench-", dir=args.dir) as tmp:
@@ -146,10 +166,12 @@ def bench_startup(args: argparse.Namespace) -> None:
         write_synthetic(sets["small"], args.small)
         write_synthetic(sets["big"], args.big)
         results: dict[str, list[tuple[float, float]]] = {"small": [], "big": []}
+        loader: dict[str, list[tuple[float, float]]] = {"small": [], "big": []}
         for r in range(args.rounds):
             for name, folder in sets.items():
                 first, rss, _ = timed_run(folder, Path(tmp) / f"run-{name}-{r}", extra)
                 results[name].append((first, rss))
+                loader[name].append(loader_only(folder))
     print(f"5-step runs (debugmodel, 2 layers, batch 4 x 256), {args.rounds} rounds alternating; median-free: min")
     print(f"{'shard set':<28} {'to first step s':>16} {'peak RSS GiB':>13}")
     rows = {}
@@ -159,6 +181,9 @@ def bench_startup(args: argparse.Namespace) -> None:
         rows[name] = (first, rss)
         print(f"{f'{tokens:,} tokens':<28} {first:>16.2f} {rss:>13.3f}")
     print(f"big / small: start-up {rows['big'][0] / rows['small'][0]:.3f}x, peak RSS {rows['big'][1] / rows['small'][1]:.3f}x")
+    print("the data loader alone (open + check + split + first batch, in a fresh process; min of the rounds):")
+    for name, tokens in (("small", args.small), ("big", args.big)):
+        print(f"{f'{tokens:,} tokens':<28} {min(x[0] for x in loader[name]):>10.3f} s {min(x[1] for x in loader[name]):>8.1f} MiB")
 
 
 def bench_data_ms(args: argparse.Namespace) -> None:

@@ -45,3 +45,11 @@ def test_attention_prints_fused_against_sdpa_for_each_head_shape() -> None:
     rows = re.findall(r"^(\d+) x (\d+)((?:\s+[\d.]+){7})$", out, re.M)
     assert [(int(h), int(d)) for h, d, _ in rows] == [(16, 16), (8, 32), (4, 64)], out
     assert all(float(x) > 0 for *_, numbers in rows for x in numbers.split()), out
+
+
+def test_data_prepare_benchmark_prints_tokenizer_and_worker_rates() -> None:
+    out = bench("data.py", "prepare", "--mb", "0.3", "--rounds", "1")
+    rates = dict(re.findall(r"^(tokenizer alone, 1 core|prepare --workers [12])\s+([\d,]+)\s+[\d.]+$", out, re.M))
+    assert set(rates) == {"tokenizer alone, 1 core", "prepare --workers 1", "prepare --workers 2"}, out
+    assert all(int(r.replace(",", "")) > 0 for r in rates.values())
+    assert re.search(r"^2 workers / 1 worker: [\d.]+x$", out, re.M), out

@@ -2,7 +2,10 @@
 
 ``build_dataloader`` is the core's default ``build_dataloader_fn``. Modules:
 ``corpus`` (the built-in corpus), ``sources`` (files and hub), ``packing``
-(tokenize, split, cache) and ``loader`` (windows, order, DP sharding, state).
+(tokenize, split, cache) and ``loader`` (windows, order, DP sharding, state);
+``shards`` (``tokens:DIR``, memory-mapped), ``permutation`` (its window order),
+``prepare`` and ``doc_stream`` (``titan-data prepare``), ``mixture``
+(``data.mix``) and ``prefetch`` (the background thread). docs/data.md.
 """
 
 from __future__ import annotations
