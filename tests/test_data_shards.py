@@ -178,7 +178,9 @@ def test_sigterm_and_ctrl_c_stop_prepare_with_one_line_and_keep_what_is_finished
     big.write_text("words and more words " * 400_000)  # one long document: one task, many shards
     cmd = [sys.executable, "-m", "titan_core.commands.data_prepare", "prepare", str(big), "--tokenizer", "builtin",
            "--out", str(tmp_path / "out"), "--workers", "2"]
-    proc = subprocess.Popen(cmd, env={**os.environ, "PYTHONPATH": str(REPO)}, stderr=subprocess.PIPE, text=True)
+    # SIGINT's default restored: a shell running the tests in the background ignores it, and children inherit that
+    proc = subprocess.Popen(cmd, env={**os.environ, "PYTHONPATH": str(REPO)}, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 60
     while not (tmp_path / "out").exists() and time.monotonic() < deadline:  # inputs checked, tokenizing
         time.sleep(0.05)
