@@ -55,3 +55,11 @@ def test_moe_step_time_prints_both_models_and_their_ratio() -> None:
     dense, moe = rows["dense (debugmodel)"], rows["MoE (debugmoe)"]
     assert moe[0] > 2 * dense[0] and abs(moe[1] - dense[1]) < 0.01 * dense[1]  # same active parameters
     assert re.search(r"^MoE / dense step time: [\d.]+x$", out, re.M), out
+
+
+def test_data_prepare_benchmark_prints_tokenizer_and_worker_rates() -> None:
+    out = bench("data.py", "prepare", "--mb", "0.3", "--rounds", "1")
+    rates = dict(re.findall(r"^(tokenizer alone, 1 core|prepare --workers [12])\s+([\d,]+)\s+[\d.]+$", out, re.M))
+    assert set(rates) == {"tokenizer alone, 1 core", "prepare --workers 1", "prepare --workers 2"}, out
+    assert all(int(r.replace(",", "")) > 0 for r in rates.values())
+    assert re.search(r"^2 workers / 1 worker: [\d.]+x$", out, re.M), out

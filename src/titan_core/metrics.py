@@ -153,6 +153,11 @@ class MetricsLogger:
         if "moe_load_imbalance" in r:
             aux = f", aux loss {r['moe_aux_loss']:.4f}" if "moe_aux_loss" in r else ""
             parts.append(f"moe load max/mean {r['moe_load_imbalance']:.2f}{aux}")
+        if "data_ms" in r:
+            parts.insert(6, f"data {r['data_ms']:.1f}ms")
+        mix = {k.removeprefix("tokens_seen."): v for k, v in r.items() if k.startswith("tokens_seen.")}
+        if mix:  # tokens seen per source of a data mixture
+            parts.append("tokens " + " ".join(f"{name} {_short(v)}" for name, v in mix.items()))
         if "mfu" in r:
             parts.append(f"mfu {100 * r['mfu']:.1f}% (full-square attention {100 * r['mfu_full_attention']:.1f}%)")
         return " | ".join(parts)
@@ -173,3 +178,11 @@ class MetricsLogger:
         if self._wandb is not None:
             self._wandb.finish()
             self._wandb = None
+
+
+def _short(n: float) -> str:
+    for unit, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.2f}{unit}"
+    return f"{n:.0f}"
+

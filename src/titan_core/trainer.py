@@ -26,6 +26,7 @@ from .converters import apply_converters, register_converter_hooks
 from .cpu_allocator import keep_freed_memory_in_heap
 from .data import build_dataloader
 from .data.documents import split_documents
+from .data.mixture import source_tokens
 from .discovery import CONVERTERS, SPECS
 from .errors import ConfigError, NonFiniteError
 from .grad_norm import clip_grad_norm
@@ -139,14 +140,22 @@ class Trainer:
         build_loader = self.spec.build_dataloader_fn or build_dataloader
 
         def loader(split: Literal["train", "validation"]) -> Any:
-            return build_loader(
-                source=d.source, tokenizer=self.tokenizer, seq_len=t.seq_len, local_batch_size=t.local_batch_size,
+            common: dict[str, Any] = dict(
+                tokenizer=self.tokenizer, seq_len=t.seq_len, local_batch_size=t.local_batch_size,
                 dp_rank=self.dp_rank, dp_world_size=self.dims.dp, seed=t.seed, split=split,
                 val_fraction=d.val_fraction, text_field=d.text_field, hf_split=d.hf_split,
                 allow_download=d.allow_download,
             )
+            if d.mix:  # a weighted mixture replaces data.source (docs/data.md)
+                from .data import build_mixture_loader
 
-        self.dataloader = loader("train")
+                return build_mixture_loader(mix={n: (m.source, m.weight) for n, m in d.mix.items()}, **common)
+            return build_loader(source=d.source, **common)
+
+        from .data.prefetch import PrefetchingLoader
+
+        # The next batches are made in a thread while the step runs; its state is that of the consumed batches.
+        self.dataloader = PrefetchingLoader(loader("train"))
         self.val_dataloader = loader("validation") if self.config.validation.enable else None
 
     def build_model(self) -> nn.Module:
@@ -423,11 +432,13 @@ class Trainer:
             self.tokens_seen += tokens_per_step * self.dims.dp
             losses.append(result.loss)
             last = self.step == t.steps
+            data_ms = self.dataloader.wait_ms()  # time this step waited for its batches
             if self.metrics.should_log(self.step, last=last):
                 self.metrics.log_step(
                     step=self.step, loss=result.loss, grad_norm=result.grad_norm, lr=self.lr_schedulers.get_last_lr(),
                     tokens=tokens_per_device, step_time=time.perf_counter() - start,
-                    extra={"skipped_steps": self.skipped_steps, "tokens_seen": self.tokens_seen, **self.moe.metrics},
+                    extra={"skipped_steps": self.skipped_steps, "tokens_seen": self.tokens_seen, "data_ms": data_ms,
+                           **source_tokens(self.dataloader.state_dict(), t.seq_len), **self.moe.metrics},
                 )
             with no_interrupt():  # Ctrl+C waits for the save to be published: never half a checkpoint
                 self.checkpointer.maybe_save(self.step, tokens_seen=self.tokens_seen, last=last)
@@ -485,6 +496,7 @@ class Trainer:
         return torch.zeros((), device=self.device)
 
     def finish(self) -> None:
+        self.dataloader.close()
         self.checkpointer.wait()
         if self.config.checkpoint.export_at_end and self.config.checkpoint.export_format == "hf":
             export_hf(self.model_parts, self.run_dir / "export" / "hf", spec=self.spec, model_args=self.model_args,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from typing import Any
+from typing import Any, get_args, get_origin
 
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
@@ -66,13 +66,33 @@ def typed_value(annotation: Any, text: str) -> Any:
     return well_typed if well_typed is not None else candidates[0]
 
 
+def _nested_annotation(model: type[BaseModel] | None, keys: list[str]) -> Any:
+    """The type a dotted key path sets (``mix.web.weight`` -> MixSource.weight's), None when unknown."""
+    annotation: Any = model
+    for key in keys:
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            field = annotation.model_fields.get(key)
+            annotation = field.annotation if field is not None else None
+        elif get_origin(annotation) is dict:
+            annotation = get_args(annotation)[1]
+        else:
+            return None
+    return annotation
+
+
 def overrides_layer(pairs: list[tuple[str, str]], sections: dict[str, type[BaseModel]]) -> dict[str, dict[str, Any]]:
-    """Nested dict of typed values; unknown sections/keys are left for the validator to name."""
+    """Nested dict of typed values; unknown sections/keys are left for the validator to name.
+
+    A longer key (``--data.mix.web.weight=0.7``) sets a value inside a table of the section."""
     layer: dict[str, dict[str, Any]] = {}
     for dotted, text in pairs:
-        section, _, key = dotted.partition(".")
-        model = sections.get(section)
-        field = model.model_fields.get(key) if model is not None else None
-        value = typed_value(field.annotation, text) if field is not None else _toml_scalar(text)
-        layer.setdefault(section, {})[key] = value
+        section, *keys = dotted.split(".")
+        annotation = _nested_annotation(sections.get(section), keys)
+        value = typed_value(annotation, text) if annotation is not None else _toml_scalar(text)
+        table = layer.setdefault(section, {})
+        for key in keys[:-1]:
+            if not isinstance(table.get(key), dict):
+                table[key] = {}
+            table = table[key]
+        table[keys[-1]] = value
     return layer

@@ -79,8 +79,13 @@ class LRSchedulerSection(Section):
     min_lr_factor: float = Field(0.1, ge=0, le=1, description="LR at the end of decay, as a fraction of the peak.")
 
 
+class MixSource(Section):
+    source: str = Field(description='A data source as data.source: "builtin", a file or folder, "hf:<name>" or "tokens:<dir>" (titan-data prepare).')
+    weight: float = Field(gt=0, description="Relative share of the training rows (weights are normalised to sum to 1).")
+
+
 class DataSection(Section):
-    source: str = Field("builtin", description='"builtin" (a fixed snapshot of CPython 3.11.7 docs and sources shipped in the wheel), a local .txt/.jsonl/.json/.parquet file or folder, or "hf:<name>" (opt-in hub download).')
+    source: str = Field("builtin", description='"builtin" (a fixed snapshot of CPython 3.11.7 docs and sources shipped in the wheel), a local .txt/.jsonl/.json/.parquet file or folder, "hf:<name>" (opt-in hub download), or "tokens:<dir>" (shards written by titan-data prepare; docs/data.md).')
     text_field: str = Field("text", description="Field holding the text in .jsonl/.json/.parquet rows.")
     hf_split: str = Field("train", description='Split for an "hf:" dataset.')
     allow_download: bool = Field(False, description='Permit "hf:" sources to download (off by default: nothing is fetched at run time).')
@@ -88,6 +93,15 @@ class DataSection(Section):
     tokenizer: str = Field("builtin", description='"builtin", a path to a Llama-3-format tokenizer.model (tiktoken BPE ranks), or a Hugging Face model folder (original/tokenizer.model, or tokenizer.json with the hf extra).')
     val_fraction: float = Field(0.05, ge=0, lt=1, description="Fraction of documents held out for validation.")
     document_masking: bool = Field(False, description="Keep the documents of a packed window apart: block-causal attention, positions restarting at each document (split after each EOS token), and the label across a boundary ignored. Needs a model whose forward accepts `positions`; not with pp > 1.")
+    mix: dict[str, MixSource] = Field(default_factory=dict, description="Weighted mixture: [data.mix.NAME] source and weight; when set, data.source is not used (docs/data.md).")
+
+    @field_validator("mix")
+    @classmethod
+    def _mix_names(cls, value: dict[str, MixSource]) -> dict[str, MixSource]:
+        for name in value:
+            if not name.replace("_", "").isalnum() or not name.isascii():
+                raise ValueError(f'mixture source name "{name}": use letters, digits and _ only')
+        return value
 
 
 class ValidationSection(Section):

@@ -22,13 +22,31 @@ second and a few MB for the built-in corpus).
 
 from __future__ import annotations
 
+from typing import Protocol, runtime_checkable
+
 import torch
 
 from ..errors import ConfigError
+from .permutation import LazyOrder
 
 # Mixes (seed, epoch) into one generator seed; any fixed odd constant would do.
 _EPOCH_MIX = 0x9E3779B97F4A7C15
 _MASK = (1 << 63) - 1
+
+
+@runtime_checkable
+class WindowSource(Protocol):
+    """A split too large to hold in memory (``tokens:DIR``): it reads the windows it is asked for."""
+
+    def numel(self) -> int: ...
+
+    def read_windows(self, rows: torch.Tensor, window: int) -> torch.Tensor: ...
+
+
+def epoch_order(num_windows: int, seed: int, epoch: int) -> torch.Tensor:
+    """The seeded permutation of ``num_windows`` windows for ``epoch`` (the same on every rank)."""
+    gen = torch.Generator().manual_seed((seed * _EPOCH_MIX + epoch) & _MASK)
+    return torch.randperm(num_windows, generator=gen)
 
 
 class TokenDataLoader:
@@ -40,7 +58,7 @@ class TokenDataLoader:
 
     def __init__(
         self,
-        stream: torch.Tensor,
+        stream: torch.Tensor | WindowSource,
         *,
         seq_len: int,
         local_batch_size: int,
@@ -64,11 +82,14 @@ class TokenDataLoader:
         self.global_batch_size = local_batch_size * dp_world_size
         if self.num_windows < self.global_batch_size:
             raise ValueError(f"{name}: {self.num_windows} windows cannot fill a global batch of {self.global_batch_size}")
-        self._windows = stream[: self.num_windows * (seq_len + 1)].view(self.num_windows, seq_len + 1)
+        self._source = stream if isinstance(stream, WindowSource) else None
+        if not isinstance(stream, WindowSource):
+            self._windows = stream[: self.num_windows * (seq_len + 1)].view(self.num_windows, seq_len + 1)
         self.epoch = 0
         self.window_offset = 0  # global windows consumed in this epoch
         self._order_epoch = -1
-        self._order = torch.arange(self.num_windows)
+        self._order: torch.Tensor | LazyOrder = torch.arange(self.num_windows) if self._source is None else \
+            LazyOrder(self.num_windows, seed=seed, epoch=0, shuffle=False)
 
     @property
     def tokens_per_batch(self) -> int:
@@ -83,11 +104,12 @@ class TokenDataLoader:
     def batches_per_epoch(self) -> int:
         return self.num_windows // self.global_batch_size
 
-    def _epoch_order(self) -> torch.Tensor:
+    def _epoch_order(self) -> torch.Tensor | LazyOrder:
         if self._order_epoch != self.epoch:
-            if self.shuffle:
-                gen = torch.Generator().manual_seed((self.seed * _EPOCH_MIX + self.epoch) & _MASK)
-                self._order = torch.randperm(self.num_windows, generator=gen)
+            if self.shuffle and self._source is not None:  # shards: an order that holds no memory
+                self._order = LazyOrder(self.num_windows, seed=self.seed, epoch=self.epoch, shuffle=True)
+            elif self.shuffle:
+                self._order = epoch_order(self.num_windows, self.seed, self.epoch)
             self._order_epoch = self.epoch
         return self._order
 
@@ -101,7 +123,10 @@ class TokenDataLoader:
         start = self.window_offset + self.dp_rank * self.local_batch_size
         rows = self._epoch_order()[start : start + self.local_batch_size]
         self.window_offset += self.global_batch_size
-        batch = self._windows[rows].long()
+        if self._source is not None:  # only this rank's windows are read
+            batch = self._source.read_windows(rows, self.seq_len + 1)
+        else:
+            batch = self._windows[rows].long()
         return batch[:, :-1].contiguous(), batch[:, 1:].contiguous()
 
     def reset(self) -> None:

@@ -33,6 +33,7 @@ import torch
 
 from ..errors import ConfigError
 from ..spec_factories import BatchEncoder, Fingerprinted, Tokenizer
+from .loader import WindowSource
 from .sources import HF_PREFIX, read_documents, source_files
 
 _CACHE_ENTRIES = 4
@@ -129,7 +130,7 @@ def clear_cache() -> None:
     _cache.clear()
 
 
-def check_split(stream: torch.Tensor, *, split: str, source: str, num_docs: int, val_fraction: float, window: int, global_batch: int) -> None:
+def check_split(stream: torch.Tensor | WindowSource, *, split: str, source: str, num_docs: int, val_fraction: float, window: int, global_batch: int) -> None:
     """ConfigError when a split cannot fill one global batch of windows."""
     need = window * global_batch
     if stream.numel() >= need:

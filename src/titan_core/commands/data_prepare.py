@@ -1,0 +1,71 @@
+"""``titan-data``: corpus tools. ``titan-data prepare SOURCE... --tokenizer TOK --out DIR [--workers N]``
+tokenizes sources into memory-mappable shards for ``--data.source=tokens:DIR`` (docs/data.md).
+
+A bad input is one message and exit 2, before anything is written; Ctrl+C exits 130 and
+SIGTERM 143, keeping the finished shards (the same command continues from them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import traceback
+from collections.abc import Sequence
+from pathlib import Path
+
+from ..errors import TitanError
+from ..os_errors import describe_os_error
+from ..signals import Terminated, sigterm_raises
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="titan-data", description="Prepare corpora for titan-train.")
+    sub = p.add_subparsers(dest="command", required=True)
+    prep = sub.add_parser("prepare", help="tokenize sources into token shards + index.json (for tokens:DIR)")
+    prep.add_argument("sources", nargs="+", metavar="SOURCE",
+                      help="a .txt/.jsonl/.json/.parquet file or folder, builtin, or hf:<name> (as data.source)")
+    prep.add_argument("--tokenizer", required=True, help="as data.tokenizer: builtin or a tokenizer.model path")
+    prep.add_argument("--out", required=True, type=Path, help="the folder to write (new, or an unfinished prepare)")
+    prep.add_argument("--workers", type=int, default=1, help="tokenizer processes (default 1)")
+    prep.add_argument("--shard-tokens", type=int, default=1 << 26, help="tokens per shard file (default 2^26)")
+    prep.add_argument("--text-field", default="text", help="field holding the text in .jsonl/.json/.parquet rows")
+    prep.add_argument("--hf-split", default="train", help="split of an hf: dataset")
+    prep.add_argument("--allow-download", action="store_true", help="permit hf: sources to download")
+    prep.add_argument("--quiet", action="store_true", help="no progress line")
+    prep.add_argument("--traceback", action="store_true", help="show Python tracebacks for errors")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
+    from .prepare_shards import PrepareRequest, prepare
+
+    req = PrepareRequest(sources=list(args.sources), tokenizer=args.tokenizer, out=args.out, workers=args.workers,
+                         shard_tokens=args.shard_tokens, text_field=args.text_field, hf_split=args.hf_split,
+                         allow_download=args.allow_download, progress=not args.quiet)
+    try:
+        with sigterm_raises():
+            index = prepare(req)
+    except (TitanError, OSError) as exc:
+        error = describe_os_error(exc) if isinstance(exc, OSError) else exc
+        if args.traceback:
+            traceback.print_exc()
+        print(f"titan-data: error: {error}", file=sys.stderr)
+        if not args.traceback:
+            print("(run with --traceback to see where it happened)", file=sys.stderr)
+        return error.exit_code
+    except KeyboardInterrupt:
+        print(f"titan-data: interrupted; the finished shards in {args.out} are kept, the same command continues",
+              file=sys.stderr)
+        return 130
+    except Terminated:
+        print(f"titan-data: stopped by SIGTERM; the finished shards in {args.out} are kept, the same command "
+              "continues", file=sys.stderr)
+        return 143
+    print(f"{args.out}: {index['num_tokens']:,} tokens, {index['num_documents']:,} documents, "
+          f"{len(index['shards'])} shard(s), {index['dtype']}; train with --data.source=tokens:{args.out}")
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
