@@ -121,16 +121,22 @@ class Trainer:
         self.tokenizer = self.resolved.tokenizer
         build_loader = self.spec.build_dataloader_fn or build_dataloader
 
+        dp_rank, dp_world_size = self.data_shard()
+
         def loader(split: Literal["train", "validation"]) -> Any:
             return build_loader(
                 source=d.source, tokenizer=self.tokenizer, seq_len=t.seq_len, local_batch_size=t.local_batch_size,
-                dp_rank=self.dp_rank, dp_world_size=self.dims.dp, seed=t.seed, split=split,
+                dp_rank=dp_rank, dp_world_size=dp_world_size, seed=t.seed, split=split,
                 val_fraction=d.val_fraction, text_field=d.text_field, hf_split=d.hf_split,
                 allow_download=d.allow_download,
             )
 
         self.dataloader = loader("train")
         self.val_dataloader = loader("validation") if self.config.validation.enable else None
+
+    def data_shard(self) -> tuple[int, int]:
+        """(this rank's share, number of shares) of each global batch (fault tolerance adds replica groups)."""
+        return self.dp_rank, self.dims.dp
 
     def build_model(self) -> nn.Module:
         from .hf.initial_shape import model_label

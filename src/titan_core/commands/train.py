@@ -29,7 +29,12 @@ def train(resolved: ResolvedConfig) -> int:
 
     distributed.die_with_launcher()
     lock = _take_run_folder(Path(resolved.config.job.run_dir))
-    trainer = Trainer(resolved)
+    if resolved.config.fault_tolerance.enable:
+        from ..fault_tolerance.trainer import FaultTolerantTrainer
+
+        trainer: Trainer = FaultTolerantTrainer(resolved)
+    else:
+        trainer = Trainer(resolved)
     clean = False
     try:
         with signals.handlers_installed(), lost_peer(resolved.config.parallelism), \
