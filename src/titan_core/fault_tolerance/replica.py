@@ -71,8 +71,8 @@ class ReplicaGroup:
                               "--fault_tolerance.lighthouse=http://HOST:PORT (or TORCHFT_LIGHTHOUSE), or start "
                               "a local demo with --fault_tolerance.local_replicas=K.")
         self.config = ft
-        # torchft logs every quorum at INFO and warns about NCCL's flight recorder on gloo; keep the console readable.
-        logging.getLogger("torchft").setLevel(logging.ERROR)
+        # torchft logs every quorum, and every failed collective it recovers from (the step is retried); keep the console readable.
+        logging.getLogger("torchft").setLevel(logging.CRITICAL)
         warnings.filterwarnings("ignore", message="The given buffer is not writable")
         timeout = timedelta(seconds=ft.quorum_timeout_s)
         store_addr, store_port, self._own_store = self._group_store(group_world_size)

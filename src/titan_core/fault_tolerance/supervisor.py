@@ -145,6 +145,7 @@ class Supervisor:
 
     def run(self) -> int:
         lighthouse = self.start_lighthouse()
+        (self.run_dir / "lighthouse.pid").write_text(f"{lighthouse.pid}\n")
         old = {s: signal.signal(s, self.forward_signal) for s in (signal.SIGINT, signal.SIGTERM)}
         print(f"[ft] lighthouse on port {self.port} (pid {lighthouse.pid}); {self.k} replica groups, "
               f"min_replicas={self.ft.min_replicas}", flush=True)
@@ -177,7 +178,8 @@ class Supervisor:
                 if g.done is not None or rc is None:
                     continue
                 g.proc.wait()
-                if rc == 0 or self.stop_signal or self.lighthouse_lost or rc in (2, LIGHTHOUSE_LOST_EXIT):
+                finished = any(o.done == 0 for o in self.groups.values())  # the run is over: no restart
+                if rc == 0 or finished or self.stop_signal or self.lighthouse_lost or rc in (2, LIGHTHOUSE_LOST_EXIT):
                     g.done = rc
                     refused |= rc == 2
                 elif g.restarts < self.ft.max_restarts:
