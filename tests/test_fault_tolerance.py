@@ -14,7 +14,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from ft_helpers import kill_at, start, steps_logged, wait_step
 
 pytest.importorskip("torchft")

@@ -1,4 +1,4 @@
-"""The ``[fault_tolerance]`` section: torchft replica groups, the lighthouse, semi-sync training."""
+"""The ``[fault_tolerance]`` section: torchft replica groups, the lighthouse, the local supervisor."""
 
 from __future__ import annotations
 
@@ -18,10 +18,6 @@ class FaultToleranceSection(Section):
     quorum_timeout_s: float = Field(30.0, gt=0, description="Seconds to wait for a quorum (and for each cross-group collective) before giving up.")
     local_replicas: int = Field(0, ge=0, description="Local supervisor: start a lighthouse and this many replica groups on this machine (0: off).")
     max_restarts: int = Field(3, ge=0, description="Local supervisor: restarts allowed per replica group before the run fails.")
-    semi_sync: Literal["none", "diloco"] = Field("none", description="none: all-reduce gradients every step; diloco: local steps, then an outer step every sync_steps.")
-    sync_steps: int = Field(20, ge=1, description="DiLoCo: inner steps between two outer synchronisations.")
-    outer_lr: float = Field(0.7, gt=0, description="DiLoCo: learning rate of the outer SGD (Nesterov) optimizer.")
-    outer_momentum: float = Field(0.9, ge=0, lt=1, description="DiLoCo: momentum of the outer SGD optimizer.")
     save_replicas: Literal["all", "first"] = Field("all", description="Which replica groups save checkpoints: all, or only replica 0.")
 
     @model_validator(mode="after")

@@ -15,7 +15,7 @@ import socket
 import warnings
 from collections.abc import Callable
 from datetime import timedelta
-from typing import Any, cast
+from typing import Any
 
 import torch
 
@@ -40,9 +40,10 @@ LIGHTHOUSE_ENV = "TORCHFT_LIGHTHOUSE"
 
 def _safe_http_transport(timeout: timedelta) -> Any:
     """torchft's HTTP transport, but loading what a peer sends with ``weights_only=True``."""
+    import urllib.request
+
     from torch.distributed._serialization import _streaming_load
     from torchft.checkpointing.http_transport import HTTPTransport
-    import urllib.request
 
     class SafeHTTPTransport(HTTPTransport):  # type: ignore[misc]
         @classmethod
