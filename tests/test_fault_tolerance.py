@@ -103,3 +103,22 @@ def test_replica_with_another_config_is_refused_with_one_message(tmp_path: Path)
         good.communicate()
         lighthouse.kill()
         lighthouse.wait()
+
+
+def final_loss(run: Path, groups: int, last: int = 20) -> float:
+    """Mean loss over the last steps and every group (one step's loss on 4 windows is noisy)."""
+    values = [r["loss"] for i in range(groups) for r in steps_logged(run / f"replica_{i}")[-last:]]
+    return sum(values) / len(values)
+
+
+def test_diloco_reaches_the_synchronous_loss(tmp_path: Path) -> None:
+    common = ("--fault_tolerance.local_replicas=2", "--llama3.n_layers=2", "--training.seq_len=32",
+              "--training.steps=200", "--lr_scheduler.warmup_steps=10")
+    runs = {"sync": start(tmp_path / "sync", *common),
+            "diloco": start(tmp_path / "diloco", *common, "--fault_tolerance.semi_sync=diloco",
+                            "--fault_tolerance.sync_steps=10")}
+    for name, proc in runs.items():
+        out, _ = proc.communicate(timeout=400)
+        assert proc.returncode == 0, (name, out[-3000:])
+    sync, diloco = final_loss(tmp_path / "sync", 2), final_loss(tmp_path / "diloco", 2)
+    assert abs(diloco - sync) <= 0.02 * sync, (diloco, sync)

@@ -22,7 +22,8 @@ def fingerprint(config: JobConfig, model_parts: list[nn.Module]) -> dict[str, st
         "training.global_batch_size": str(c.training.global_batch_size), "training.steps": str(c.training.steps),
         "optimizer": repr(c.optimizer.model_dump()), "lr_scheduler": repr(c.lr_scheduler.model_dump()),
         "data.source": c.data.source, "data.tokenizer": c.data.tokenizer,
-        "fault_tolerance.group_size": str(ft.group_size),
+        "fault_tolerance.group_size": str(ft.group_size), "fault_tolerance.semi_sync": ft.semi_sync,
+        "fault_tolerance.sync_steps": str(ft.sync_steps), "fault_tolerance.outer_lr": str(ft.outer_lr),
     }
 
 

@@ -52,6 +52,13 @@ class FaultTolerantTrainer(Trainer):
         self.last_participants = 0
         self.rejoined_from: int | None = None
 
+    def build_optimizers(self) -> None:
+        super().build_optimizers()
+        from .diloco import OuterStep
+
+        self.outer = (OuterStep(self.model_parts, lr=self.ft.outer_lr, momentum=self.ft.outer_momentum)
+                      if self.ft.semi_sync == "diloco" else None)
+
     def data_shard(self) -> tuple[int, int]:
         # Group g's ranks read shares g*dp .. g*dp+dp-1 of a global batch shared by every group's ranks.
         rank, shares = super().data_shard()
@@ -72,6 +79,7 @@ class FaultTolerantTrainer(Trainer):
             "data": self.dataloader.state_dict(),
             "step": self.step,
             "tokens_seen": self.tokens_seen,
+            "outer": self.outer.state_dict() if self.outer is not None else {},
             "replica_id": self.ft.replica_id,
             "fingerprint": fingerprint(self.config, self.model_parts),
         }
@@ -86,6 +94,8 @@ class FaultTolerantTrainer(Trainer):
         self.optimizer.load_state_dict(state["optimizer"])
         self.lr_schedulers.load_state_dict(state["lr_schedulers"])
         self.dataloader.load_state_dict(state["data"])
+        if self.outer is not None:
+            self.outer.load_state_dict(state["outer"])
         self.step, self.tokens_seen = int(state["step"]), int(state["tokens_seen"])
         self.rejoined_from = int(state["replica_id"])
 
@@ -126,6 +136,35 @@ class FaultTolerantTrainer(Trainer):
                          f"attempts (last error: {self.replica.errored()}).")
 
     def attempt_step(self, batches: Iterator[tuple[torch.Tensor, torch.Tensor]]) -> StepResult | None:
+        if self.outer is None:
+            return self.attempt_sync_step(batches)
+        return self.attempt_diloco_step(batches)
+
+    def attempt_diloco_step(self, batches: Iterator[tuple[torch.Tensor, torch.Tensor]]) -> StepResult | None:
+        """An inner step on this group's data; every sync_steps, the outer step over the live groups.
+
+        The quorum still runs every step, so a restarted group rejoins at the next step. The groups
+        agree on should_commit, so when a group dies during a sync every group skips that outer
+        step alike (the inner step stands) and the next sync averages the longer stretch."""
+        assert self.outer is not None
+        sync = (self.step + 1) % self.ft.sync_steps == 0
+        self.optimizer.zero_grad()
+        loss = sum((self.forward_backward(*next(batches)) for _ in range(self.accum)), torch.zeros((), device=self.device))
+        grad_norm = clip_grad_norm(self.model_parts, self.config.training.max_norm, pp_group=None)
+        group_loss = self.global_average_loss(loss)
+        if not sync and not self.replica.commit():
+            return None  # nothing applied yet: the step is tried again
+        if not (math.isfinite(group_loss) and math.isfinite(grad_norm)):
+            return self.handle_nonfinite(group_loss, grad_norm)
+        self.optimizer.step()
+        self.lr_schedulers.step()
+        if sync:
+            self.replica.average(self.outer.pseudo_gradients())
+            if self.replica.commit():
+                self.outer.step()
+        return StepResult(group_loss, grad_norm, skipped=False)
+
+    def attempt_sync_step(self, batches: Iterator[tuple[torch.Tensor, torch.Tensor]]) -> StepResult | None:
         """One try at the step; None when the live groups did not all finish it (nothing was changed)."""
         self.optimizer.zero_grad()
         loss = sum((self.forward_backward(*next(batches)) for _ in range(self.accum)), torch.zeros((), device=self.device))
