@@ -28,7 +28,7 @@ class OuterStep:
         self.anchor = [p.detach().clone() for p in self.params]
         for a in self.anchor:
             a.grad = torch.zeros_like(a)
-        self.optimizer = torch.optim.SGD(self.anchor, lr=lr, momentum=momentum, nesterov=True)
+        self.optimizer = torch.optim.SGD(self.anchor, lr=lr, momentum=momentum, nesterov=momentum > 0)
 
     def pseudo_gradients(self) -> list[torch.Tensor]:
         """Last-sync weights minus the weights now, one tensor per parameter (averaged by the caller)."""
