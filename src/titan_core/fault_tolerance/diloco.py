@@ -30,6 +30,13 @@ class OuterStep:
             a.grad = torch.zeros_like(a)
         self.optimizer = torch.optim.SGD(self.anchor, lr=lr, momentum=momentum, nesterov=momentum > 0)
 
+    def restart_from_model(self) -> None:
+        """After a resume or an initial load the model's weights are the last-sync weights (the outer
+        momentum is not in checkpoints: it starts again from zero)."""
+        with torch.no_grad():
+            for a, p in zip(self.anchor, self.params):
+                a.copy_(p)
+
     def pseudo_gradients(self) -> list[torch.Tensor]:
         """Last-sync weights minus the weights now, one tensor per parameter (averaged by the caller)."""
         with torch.no_grad():

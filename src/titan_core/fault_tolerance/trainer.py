@@ -104,6 +104,8 @@ class FaultTolerantTrainer(Trainer):
         if not self.manager_synced:  # after a resume the quorum must see this group's real step
             self.replica.set_step(self.step)
             self.manager_synced = True
+            if self.outer is not None:  # the weights may have been loaded since the optimizers were built
+                self.outer.restart_from_model()
         try:
             self.replica.start_step()
         except ConfigError:
