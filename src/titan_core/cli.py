@@ -103,6 +103,10 @@ def run(args: argparse.Namespace, rest: list[str], argv: list[str]) -> int:
         from .commands.compare import compare_baseline  # start-up: as above
 
         return compare_baseline(resolved)
+    if resolved.config.fault_tolerance.local_replicas:
+        from .fault_tolerance.supervisor import supervise
+
+        return supervise(resolved.config, argv)
     if args.nproc_per_node and world_size_from_env() == 1:
         from .preflight import preflight  # start-up: as above
 

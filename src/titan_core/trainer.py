@@ -24,9 +24,10 @@ from .config.toml_out import dumps
 from .console import progress
 from .converters import apply_converters, register_converter_hooks
 from .cpu_allocator import keep_freed_memory_in_heap
-from .data import build_dataloader
+from .data import build_dataloader, build_mixture_loader
 from .data.documents import split_documents
 from .data.mixture import source_tokens
+from .data.prefetch import PrefetchingLoader
 from .discovery import CONVERTERS, SPECS
 from .errors import ConfigError, NonFiniteError
 from .grad_norm import clip_grad_norm
@@ -139,24 +140,26 @@ class Trainer:
         self.tokenizer = self.resolved.tokenizer
         build_loader = self.spec.build_dataloader_fn or build_dataloader
 
+        dp_rank, dp_world_size = self.data_shard()
+
         def loader(split: Literal["train", "validation"]) -> Any:
             common: dict[str, Any] = dict(
                 tokenizer=self.tokenizer, seq_len=t.seq_len, local_batch_size=t.local_batch_size,
-                dp_rank=self.dp_rank, dp_world_size=self.dims.dp, seed=t.seed, split=split,
+                dp_rank=dp_rank, dp_world_size=dp_world_size, seed=t.seed, split=split,
                 val_fraction=d.val_fraction, text_field=d.text_field, hf_split=d.hf_split,
                 allow_download=d.allow_download,
             )
             if d.mix:  # a weighted mixture replaces data.source (docs/data.md)
-                from .data import build_mixture_loader
-
                 return build_mixture_loader(mix={n: (m.source, m.weight) for n, m in d.mix.items()}, **common)
             return build_loader(source=d.source, **common)
-
-        from .data.prefetch import PrefetchingLoader
 
         # The next batches are made in a thread while the step runs; its state is that of the consumed batches.
         self.dataloader = PrefetchingLoader(loader("train"))
         self.val_dataloader = loader("validation") if self.config.validation.enable else None
+
+    def data_shard(self) -> tuple[int, int]:
+        """(this rank's share, number of shares) of each global batch (fault tolerance adds replica groups)."""
+        return self.dp_rank, self.dims.dp
 
     def build_model(self) -> nn.Module:
         self.model_args = self.resolved.model_args  # the flavor's, or config.json's with initial_load

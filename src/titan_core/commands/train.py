@@ -31,7 +31,12 @@ def _take_run_folders(resolved: ResolvedConfig) -> HeldFolders | None:
 def train(resolved: ResolvedConfig) -> int:
     distributed.die_with_launcher()
     lock = _take_run_folders(resolved)
-    trainer = Trainer(resolved)
+    if resolved.config.fault_tolerance.enable:
+        from ..fault_tolerance.trainer import FaultTolerantTrainer  # optional dependency: torchft
+
+        trainer: Trainer = FaultTolerantTrainer(resolved)
+    else:
+        trainer = Trainer(resolved)
     clean = False
     try:
         with signals.handlers_installed(), lost_peer(resolved.config.parallelism), \

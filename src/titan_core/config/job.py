@@ -25,6 +25,7 @@ from pydantic import (
 )
 
 from ..errors import ConfigError
+from ..fault_tolerance.config import FaultToleranceSection
 from ..parallel_dims import ParallelDims
 from .sections import (
     ActivationCheckpointSection,
@@ -65,6 +66,10 @@ class JobConfig(BaseModel):
     compile: CompileSection = Field(default_factory=CompileSection, description="torch.compile.")
     activation_checkpoint: ActivationCheckpointSection = Field(
         default_factory=ActivationCheckpointSection, description="Activation checkpointing."
+    )
+
+    fault_tolerance: FaultToleranceSection = Field(
+        default_factory=FaultToleranceSection, description="torchft replica groups (docs/fault-tolerance.md)."
     )
 
     _parallel_dims: ParallelDims | None = PrivateAttr(default=None)

@@ -1,0 +1,39 @@
+"""The ``[fault_tolerance]`` section: torchft replica groups, the lighthouse, the local supervisor."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from ..config.sections import Section
+
+
+class FaultToleranceSection(Section):
+    enable: bool = Field(False, description="Manage the data-parallel replicate dimension with torchft replica groups (needs titan-core[ft]).")
+    replica_id: int = Field(0, ge=0, description="This replica group's index, 0..group_size-1; it picks the group's share of each global batch.")
+    group_size: int = Field(1, ge=1, description="Number of replica groups the global batch is shared among.")
+    min_replicas: int = Field(1, ge=1, description="Fewest live replica groups a step may commit with.")
+    lighthouse: str = Field("", description="Address of the torchft lighthouse (http://host:port); empty: the TORCHFT_LIGHTHOUSE variable.")
+    quorum_timeout_s: float = Field(30.0, gt=0, description="Seconds to wait for a quorum (and for each cross-group collective) before giving up.")
+    local_replicas: int = Field(0, ge=0, description="Local supervisor: start a lighthouse and this many replica groups on this machine (0: off).")
+    max_restarts: int = Field(3, ge=0, description="Local supervisor: restarts allowed per replica group before the run fails.")
+    semi_sync: Literal["none", "diloco"] = Field("none", description="none: average gradients every step; diloco: local steps, an outer step every sync_steps.")
+    sync_steps: int = Field(20, ge=1, description="DiLoCo: inner steps between two synchronisations of the groups.")
+    outer_lr: float = Field(0.7, gt=0, description="DiLoCo: learning rate of the outer SGD (Nesterov) optimizer.")
+    outer_momentum: float = Field(0.9, ge=0, lt=1, description="DiLoCo: momentum of the outer SGD optimizer.")
+    save_replicas: Literal["all", "first"] = Field("all", description="Which replica groups save checkpoints: all, or only replica 0.")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> FaultToleranceSection:
+        if self.local_replicas:
+            # The supervisor numbers its children itself; group_size follows the count.
+            if self.group_size not in (1, self.local_replicas):
+                raise ValueError(f"group_size={self.group_size} differs from local_replicas={self.local_replicas}; "
+                                 "leave group_size unset with the local supervisor")
+            object.__setattr__(self, "group_size", self.local_replicas)
+        if self.replica_id >= self.group_size:
+            raise ValueError(f"replica_id={self.replica_id} is outside 0..{self.group_size - 1} (group_size={self.group_size})")
+        if self.min_replicas > self.group_size:
+            raise ValueError(f"min_replicas={self.min_replicas} is more than group_size={self.group_size}: no quorum could commit")
+        return self

@@ -1,0 +1,219 @@
+"""``titan-train --fault_tolerance.local_replicas=K``: a lighthouse and K replica groups on this machine.
+
+Each replica group is the same ``titan-train`` command as a child process, with its
+own ``replica_id`` and run folder (``<run_dir>/replica_<i>``). A group that dies is
+started again (up to ``max_restarts`` times) and rejoins from a live peer; the
+others keep training. One ``[ft]`` line per membership change. Exit codes:
+0 all groups finished; 2 a group refused its config; 5 the lighthouse was lost;
+6 a group died more than ``max_restarts`` times; 130/143 after SIGINT/SIGTERM.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+from ..config.job import JobConfig
+from ..errors import ConfigError
+from .replica import LIGHTHOUSE_LOST_EXIT
+
+GAVE_UP_EXIT = 6
+# Children see this and leave the one lighthouse message to the supervisor.
+SUPERVISED_ENV = "TITAN_FT_SUPERVISED"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _signal_name(rc: int) -> str:
+    if rc < 0:
+        try:
+            return signal.Signals(-rc).name
+        except ValueError:
+            return f"signal {-rc}"
+    return f"exit {rc}"
+
+
+def lighthouse_program() -> str:
+    """torchft's console script next to this interpreter (its Rust argument parser reads the OS argv)."""
+    beside = Path(sys.executable).parent / "torchft_lighthouse"
+    found = str(beside) if beside.exists() else shutil.which("torchft_lighthouse")
+    if found is None:
+        raise ConfigError("fault_tolerance.local_replicas needs torchft's torchft_lighthouse program, which is not "
+                          "installed; install titan-core[ft] (pip install 'titan-core[ft]').")
+    return found
+
+
+@dataclass
+class Group:
+    replica_id: int
+    proc: subprocess.Popen[str]
+    restarts: int = 0
+    started: float = field(default_factory=time.monotonic)
+    left: str | None = None  # why it died, until the others' first step without it is seen
+    done: int | None = None  # its final exit code
+
+
+class Supervisor:
+    def __init__(self, config: JobConfig, argv: list[str]) -> None:
+        self.ft = config.fault_tolerance
+        self.k = self.ft.local_replicas
+        self.run_dir = Path(config.job.run_dir)
+        self.argv = argv
+        self.port = _free_port()
+        self.groups: dict[int, Group] = {}
+        self.lock = threading.Lock()
+        self.live = self.k
+        self.stop_signal = 0
+        self.lighthouse_lost = False
+
+    # ---- processes --------------------------------------------------------------------------------
+    def start_lighthouse(self) -> subprocess.Popen[bytes]:
+        # A dead group stops heartbeating and leaves the quorum after heartbeat_timeout; a live but slow
+        # one (a loaded machine) is waited for up to the quorum timeout instead of being dropped and healed.
+        cmd = [lighthouse_program(), "--min_replicas", str(self.ft.min_replicas), "--bind", f"[::]:{self.port}",
+               "--join_timeout_ms", str(int(self.ft.quorum_timeout_s * 1000)), "--heartbeat_timeout_ms", "2000", "--quorum_tick_ms", "50"]
+        log = open(self.run_dir / "lighthouse.log", "w")  # noqa: SIM115 (the child keeps it)
+        return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                env={**os.environ, "RUST_LOG": os.environ.get("RUST_LOG", "info")})
+
+    def child_command(self, replica_id: int) -> list[str]:
+        return [sys.executable, "-m", "titan_core", *self.argv,
+                "--fault_tolerance.local_replicas=0", "--fault_tolerance.enable=true",
+                f"--fault_tolerance.group_size={self.k}", f"--fault_tolerance.replica_id={replica_id}",
+                f"--fault_tolerance.lighthouse=http://127.0.0.1:{self.port}",
+                f"--job.run_dir={self.run_dir / f'replica_{replica_id}'}"]
+
+    def start_group(self, replica_id: int) -> subprocess.Popen[str]:
+        env = {**os.environ, SUPERVISED_ENV: "1", "RUST_LOG": os.environ.get("RUST_LOG", "error"),
+               # K groups share this machine's cores (torch would give each group all of them).
+               "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // self.k)))}
+        proc = subprocess.Popen(self.child_command(replica_id), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True, env=env, start_new_session=True)
+        assert proc.stdout is not None
+        threading.Thread(target=self.forward, args=(replica_id, proc.stdout), daemon=True).start()
+        return proc
+
+    # ---- output -----------------------------------------------------------------------------------
+    def forward(self, replica_id: int, stream: IO[str]) -> None:
+        for line in stream:
+            if '"GET /checkpoint/' in line:  # torchft's HTTP server logs each transfer
+                continue
+            if line.startswith("[ft-status] "):
+                self.on_status(replica_id, line.split()[1:])
+            else:
+                print(f"[replica {replica_id}] {line}", end="", flush=True)
+
+    def on_status(self, replica_id: int, words: list[str]) -> None:
+        with self.lock:
+            if words[2] == "participants":  # "step N participants P of K"
+                step, n = int(words[1]), int(words[3])
+                if n < self.live:
+                    for g in self.groups.values():
+                        if g.left is not None:
+                            print(f"[ft] step {step}: replica {g.replica_id} left ({g.left}); "
+                                  f"{n} of {self.k} replicas training", flush=True)
+                            g.left = None
+                self.live = n
+            elif words[2] == "rejoined":  # "step N rejoined I from J"
+                g = self.groups[int(words[3])]
+                if not g.restarts:  # the first step's weight sync, not a rejoin
+                    return
+                after = time.monotonic() - g.started
+                self.live = min(self.k, self.live + 1)
+                print(f"[ft] step {words[1]}: replica {words[3]} rejoined from replica {words[5]} "
+                      f"({after:.1f}s after its restart); {self.live} of {self.k} replicas training", flush=True)
+
+    # ---- the loop ---------------------------------------------------------------------------------
+    def forward_signal(self, signum: int, _frame: object) -> None:
+        self.stop_signal = signum
+        for g in self.groups.values():
+            if g.done is None:
+                g.proc.send_signal(signum)
+
+    def run(self) -> int:
+        lighthouse = self.start_lighthouse()
+        (self.run_dir / "lighthouse.pid").write_text(f"{lighthouse.pid}\n")
+        old = {s: signal.signal(s, self.forward_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        print(f"[ft] lighthouse on port {self.port} (pid {lighthouse.pid}); {self.k} replica groups, "
+              f"min_replicas={self.ft.min_replicas}", flush=True)
+        try:
+            for i in range(self.k):
+                self.groups[i] = Group(i, self.start_group(i))
+            return self.watch(lighthouse)
+        finally:
+            for g in self.groups.values():
+                if g.proc.poll() is None:
+                    g.proc.kill()
+                    g.proc.wait()
+            if lighthouse.poll() is None:
+                lighthouse.terminate()
+                lighthouse.wait()
+            for s, h in old.items():
+                signal.signal(s, h)
+
+    def watch(self, lighthouse: subprocess.Popen[bytes]) -> int:
+        gave_up = refused = False
+        while any(g.done is None for g in self.groups.values()):
+            time.sleep(0.1)
+            if lighthouse.poll() is not None and not self.lighthouse_lost and not self.stop_signal:
+                self.lighthouse_lost = True
+                print(f"[ft] the lighthouse died ({_signal_name(lighthouse.returncode)}); every replica group stops "
+                      f"within fault_tolerance.quorum_timeout_s={self.ft.quorum_timeout_s:g}s. Run the same command "
+                      "again to resume from the groups' checkpoints.", file=sys.stderr, flush=True)
+            for g in self.groups.values():
+                rc = g.proc.poll()
+                if g.done is not None or rc is None:
+                    continue
+                g.proc.wait()
+                finished = any(o.done == 0 for o in self.groups.values())  # the run is over: no restart
+                if rc == 0 or finished or self.stop_signal or self.lighthouse_lost or rc in (2, LIGHTHOUSE_LOST_EXIT):
+                    g.done = rc
+                    refused |= rc == 2
+                elif g.restarts < self.ft.max_restarts:
+                    g.restarts += 1
+                    g.left = _signal_name(rc)
+                    g.proc, g.started = self.start_group(g.replica_id), time.monotonic()
+                    print(f"[ft] replica {g.replica_id} died ({g.left}); restart {g.restarts} of "
+                          f"{self.ft.max_restarts}", flush=True)
+                else:
+                    g.done = rc
+                    gave_up = True
+                    print(f"[ft] replica {g.replica_id} died ({_signal_name(rc)}) after {g.restarts} restarts "
+                          f"(fault_tolerance.max_restarts={self.ft.max_restarts}); stopping the run.",
+                          file=sys.stderr, flush=True)
+                    self.forward_signal(signal.SIGTERM, None)
+                    self.stop_signal = 0
+        if self.stop_signal:
+            return 128 + self.stop_signal
+        if self.lighthouse_lost:
+            return LIGHTHOUSE_LOST_EXIT
+        if refused:
+            return 2
+        if gave_up:
+            return GAVE_UP_EXIT
+        return 0 if all(g.done == 0 for g in self.groups.values()) else GAVE_UP_EXIT
+
+
+def supervise(config: JobConfig, argv: list[str]) -> int:
+    from ..run_lock import acquire_run_lock
+
+    run_dir = Path(config.job.run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    lock = acquire_run_lock(run_dir)
+    try:
+        return Supervisor(config, argv).run()
+    finally:
+        lock.release()

@@ -1,0 +1,189 @@
+"""The Trainer of one replica group: every step follows the torchft quorum.
+
+Per step: join the quorum (a group that is behind loads a live peer's state first) ->
+forward/backward on this group's share of the global batch -> average gradients
+over the live groups -> clip -> commit (torchft's should_commit) -> optimizer step.
+A step that does not commit (a peer died mid-step) is retried from the same data
+position, so a committed step never reads a window twice; the windows of a group
+that is down are the only ones skipped.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from ..errors import ConfigError, TitanError
+from ..grad_norm import clip_grad_norm
+from ..trainer import StepResult, Trainer
+from .fingerprint import check_same_run, fingerprint
+from .replica import LighthouseLost, ReplicaGroup
+
+# Uncommitted attempts of one step before the group gives up (each one already waited a quorum).
+MAX_STEP_ATTEMPTS = 20
+
+
+def status(line: str) -> None:
+    """A line the local supervisor reads (membership changes); also readable by a person."""
+    print(f"[ft-status] {line}", file=sys.stdout, flush=True)
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    from torch.distributed.tensor import DTensor
+
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+class FaultTolerantTrainer(Trainer):
+    """A Trainer whose data-parallel replicate dimension is the set of live torchft replica groups."""
+
+    def init_distributed(self) -> None:
+        super().init_distributed()
+        ft = self.config.fault_tolerance
+        self.ft = ft
+        self.replica = ReplicaGroup(ft, group_rank=self.proc.rank, group_world_size=self.proc.world_size,
+                                    state_dict=self.live_state, load_state_dict=self.load_live_state)
+        self.manager_synced = False
+        self.last_participants = 0
+        self.rejoined_from: int | None = None
+
+    def build_optimizers(self) -> None:
+        super().build_optimizers()
+        from .diloco import OuterStep
+
+        self.outer = (OuterStep(self.model_parts, lr=self.ft.outer_lr, momentum=self.ft.outer_momentum)
+                      if self.ft.semi_sync == "diloco" else None)
+
+    def data_shard(self) -> tuple[int, int]:
+        # Group g's ranks read shares g*dp .. g*dp+dp-1 of a global batch shared by every group's ranks.
+        rank, shares = super().data_shard()
+        return self.ft.replica_id * shares + rank, self.ft.group_size * shares
+
+    def build_checkpointer(self) -> None:
+        if self.ft.save_replicas == "first" and self.ft.replica_id != 0:
+            # Only replica 0 saves; this group resumes by healing from a live peer instead.
+            self.config.checkpoint.enable = False
+        super().build_checkpointer()
+
+    # ---- the state a rejoining group receives from a live peer -----------------------------------
+    def live_state(self) -> dict[str, Any]:
+        return {
+            "model": [{k: _local(v) for k, v in part.state_dict().items()} for part in self.model_parts],
+            "optimizer": self.optimizer.state_dict(),
+            "lr_schedulers": self.lr_schedulers.state_dict(),
+            "data": self.dataloader.state_dict(),
+            "step": self.step,
+            "tokens_seen": self.tokens_seen,
+            "outer": self.outer.state_dict() if self.outer is not None else {},
+            "replica_id": self.ft.replica_id,
+            "fingerprint": fingerprint(self.config, self.model_parts),
+        }
+
+    def load_live_state(self, state: dict[str, Any]) -> None:
+        check_same_run(mine=fingerprint(self.config, self.model_parts), theirs=state["fingerprint"],
+                       replica_id=self.ft.replica_id, peer=int(state["replica_id"]))
+        for part, sd in zip(self.model_parts, state["model"]):
+            with torch.no_grad():
+                for name, value in part.state_dict().items():
+                    _local(value).copy_(sd[name])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.lr_schedulers.load_state_dict(state["lr_schedulers"])
+        self.dataloader.load_state_dict(state["data"])
+        if self.outer is not None:
+            self.outer.load_state_dict(state["outer"])
+        self.step, self.tokens_seen = int(state["step"]), int(state["tokens_seen"])
+        self.rejoined_from = int(state["replica_id"])
+
+    # ---- one step ---------------------------------------------------------------------------------
+    def join_quorum(self) -> None:
+        if not self.manager_synced:  # after a resume the quorum must see this group's real step
+            self.replica.set_step(self.step)
+            self.manager_synced = True
+            if self.outer is not None:  # the weights may have been loaded since the optimizers were built
+                self.outer.restart_from_model()
+        try:
+            self.replica.start_step()
+        except ConfigError:
+            raise
+        except Exception as exc:  # torchft raises whatever its RPC layer raised
+            raise LighthouseLost(
+                f"replica {self.ft.replica_id}: no quorum at step {self.step + 1}: the lighthouse "
+                f"({self.ft.lighthouse or 'TORCHFT_LIGHTHOUSE'}) did not answer within fault_tolerance.quorum_timeout_s="
+                f"{self.ft.quorum_timeout_s:g}s ({type(exc).__name__}). Restart the lighthouse, then this group: it "
+                "resumes from its last checkpoint."
+            ) from exc
+        if self.rejoined_from is not None:
+            status(f"step {self.step + 1} rejoined {self.ft.replica_id} from {self.rejoined_from}")
+            self.rejoined_from = None
+
+    def train_step(self, batches: Iterator[tuple[torch.Tensor, torch.Tensor]]) -> StepResult:
+        for _ in range(MAX_STEP_ATTEMPTS):
+            self.join_quorum()
+            data_state = self.dataloader.state_dict()  # taken after a heal: the step's start position
+            result = self.attempt_step(batches)
+            if result is not None:
+                n = self.replica.participants
+                if n != self.last_participants:
+                    status(f"step {self.step + 1} participants {n} of {self.ft.group_size}")
+                    self.last_participants = n
+                return result
+            self.dataloader.load_state_dict(data_state)  # not committed: the same windows again
+            time.sleep(0.1)
+        raise TitanError(f"replica {self.ft.replica_id}: step {self.step + 1} did not commit in {MAX_STEP_ATTEMPTS} "
+                         f"attempts (last error: {self.replica.errored()}).")
+
+    def attempt_step(self, batches: Iterator[tuple[torch.Tensor, torch.Tensor]]) -> StepResult | None:
+        if self.outer is None:
+            return self.attempt_sync_step(batches)
+        return self.attempt_diloco_step(batches)
+
+    def attempt_diloco_step(self, batches: Iterator[tuple[torch.Tensor, torch.Tensor]]) -> StepResult | None:
+        """An inner step on this group's data; every sync_steps, the outer step over the live groups.
+
+        The quorum still runs every step, so a restarted group rejoins at the next step. The groups
+        agree on should_commit, so when a group dies during a sync every group skips that outer
+        step alike (the inner step stands) and the next sync averages the longer stretch."""
+        assert self.outer is not None
+        sync = (self.step + 1) % self.ft.sync_steps == 0
+        self.optimizer.zero_grad()
+        loss = sum((self.forward_backward(*next(batches)) for _ in range(self.accum)), torch.zeros((), device=self.device))
+        grad_norm = clip_grad_norm(self.model_parts, self.config.training.max_norm, pp_group=None)
+        group_loss = self.global_average_loss(loss)
+        if not sync and not self.replica.commit():
+            return None  # nothing applied yet: the step is tried again
+        if not (math.isfinite(group_loss) and math.isfinite(grad_norm)):
+            return self.handle_nonfinite(group_loss, grad_norm)
+        self.optimizer.step()
+        self.lr_schedulers.step()
+        if sync:
+            self.replica.average(self.outer.pseudo_gradients())
+            if self.replica.commit():
+                self.outer.step()
+        return StepResult(group_loss, grad_norm, skipped=False)
+
+    def attempt_sync_step(self, batches: Iterator[tuple[torch.Tensor, torch.Tensor]]) -> StepResult | None:
+        """One try at the step; None when the live groups did not all finish it (nothing was changed)."""
+        self.optimizer.zero_grad()
+        loss = sum((self.forward_backward(*next(batches)) for _ in range(self.accum)), torch.zeros((), device=self.device))
+        grads = [_local(p.grad) for part in self.model_parts for p in part.parameters() if p.grad is not None]
+        self.replica.average(grads)
+        grad_norm = clip_grad_norm(self.model_parts, self.config.training.max_norm, pp_group=None)
+        group_loss = torch.tensor([self.global_average_loss(loss)], dtype=torch.float32)
+        self.replica.average([group_loss])
+        if not self.replica.commit():
+            return None
+        global_loss = float(group_loss)
+        if not (math.isfinite(global_loss) and math.isfinite(grad_norm)):
+            return self.handle_nonfinite(global_loss, grad_norm)
+        self.optimizer.step()
+        self.lr_schedulers.step()
+        return StepResult(global_loss, grad_norm, skipped=False)
+
+    def finish(self) -> None:
+        super().finish()
+        self.replica.shutdown()

@@ -1,0 +1,120 @@
+"""Fault tolerance with torchft: replica groups that survive a lost group (real processes, gloo).
+
+The local supervisor starts a lighthouse and K groups; the tests SIGKILL a group or the
+lighthouse and check exit codes, the [ft] lines, and that every group ends bit-identical.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from ft_helpers import kill_at, start, steps_logged, wait_step
+
+pytest.importorskip("torchft")
+
+from titan_core.config.job import JobConfig  # noqa: E402
+
+
+def digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_section_checks_replica_ids_and_follows_the_supervisor() -> None:
+    cfg = JobConfig.model_validate({"fault_tolerance": {"local_replicas": 3}}, context={"world_size": 1})
+    assert cfg.fault_tolerance.group_size == 3
+    with pytest.raises(ValueError, match="replica_id=2 is outside 0..1"):
+        JobConfig.model_validate({"fault_tolerance": {"group_size": 2, "replica_id": 2}}, context={"world_size": 1})
+    with pytest.raises(ValueError, match="min_replicas=3 is more than group_size=2"):
+        JobConfig.model_validate({"fault_tolerance": {"group_size": 2, "min_replicas": 3}}, context={"world_size": 1})
+
+
+def test_killed_group_rejoins_and_all_groups_end_identical(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    sup = start(run, "--fault_tolerance.local_replicas=3", "--llama3.n_layers=2", "--training.steps=40",
+                "--checkpoint.export_at_end=true")
+    kill_at(sup, run, 1, 10)
+    out, _ = sup.communicate(timeout=300)
+    assert sup.returncode == 0, out[-3000:]
+    ft = [line for line in out.splitlines() if line.startswith("[ft]")]
+    died = [line for line in ft if " died " in line]
+    assert died == ["[ft] replica 1 died (SIGKILL); restart 1 of 3"], ft  # the survivors never restarted
+    assert any(line.startswith("[ft] step ") and "replica 1 left (SIGKILL); 2 of 3 replicas training" in line
+               for line in ft), ft
+    rejoined = [line for line in ft if "replica 1 rejoined from replica" in line]
+    assert len(rejoined) == 1 and rejoined[0].endswith("3 of 3 replicas training"), ft
+    # Every group holds the same bytes at the end.
+    exports = [run / f"replica_{i}" / "export" / "model.safetensors" for i in range(3)]
+    assert len({digest(p) for p in exports}) == 1
+    # The survivors committed the same losses at every step; the rejoined group matches them from its first step.
+    losses = [{r["step"]: r["loss"] for r in steps_logged(run / f"replica_{i}")} for i in range(3)]
+    assert sorted(losses[0]) == list(range(1, 41)) and losses[0] == losses[2]
+    assert losses[1] and all(losses[1][s] == losses[0][s] for s in losses[1])
+    assert min(losses[1]) > 10  # the restarted group started from its peer's step, not from step 1
+
+
+def test_lost_lighthouse_stops_the_groups_with_one_message_then_they_resume(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    args = ("--fault_tolerance.local_replicas=2", "--llama3.n_layers=2", "--training.seq_len=32",
+            "--training.steps=400", "--fault_tolerance.quorum_timeout_s=5", "--checkpoint.enable=true",
+            "--checkpoint.interval=2")
+    sup = start(run, *args)
+    wait_step(run / "replica_0", 4)
+    lighthouse = int((run / "lighthouse.pid").read_text())
+    os.kill(lighthouse, signal.SIGKILL)
+    killed = time.monotonic()
+    out, _ = sup.communicate(timeout=120)
+    assert time.monotonic() - killed < 5 + 10
+    assert sup.returncode == 5, out[-3000:]
+    assert out.count("the lighthouse died") == 1 and "Traceback" not in out, out[-3000:]
+    assert "no quorum" not in out  # the groups' own messages are left to the supervisor
+    again = start(run, *args[:-4], "--training.steps=6", "--checkpoint.enable=true", "--checkpoint.interval=2")
+    out, _ = again.communicate(timeout=300)
+    assert again.returncode == 0, out[-3000:]
+    assert "[replica 0] [titan] resuming from" in out and "[replica 1] [titan] resuming from" in out
+
+
+def test_replica_with_another_config_is_refused_with_one_message(tmp_path: Path) -> None:
+    from titan_core.fault_tolerance.supervisor import _free_port, lighthouse_program
+
+    port = _free_port()
+    lighthouse = subprocess.Popen([lighthouse_program(), "--min_replicas", "1", "--bind", f"[::]:{port}",
+                                   "--join_timeout_ms", "1000", "--heartbeat_timeout_ms", "1000"],
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    common = ("--fault_tolerance.enable=true", "--fault_tolerance.group_size=2", "--llama3.n_layers=2",
+              "--training.seq_len=32", f"--fault_tolerance.lighthouse=http://127.0.0.1:{port}", "--training.steps=2000")
+    good = start(tmp_path / "r0", *common, "--fault_tolerance.replica_id=0")
+    try:
+        wait_step(tmp_path / "r0", 2)
+        bad = start(tmp_path / "r1", *common, "--fault_tolerance.replica_id=1", "--training.seed=7")
+        out, _ = bad.communicate(timeout=120)
+        assert bad.returncode == 2, out[-3000:]
+        errors = [line for line in out.splitlines() if "titan-train: error" in line]
+        assert len(errors) == 1 and "replica 1 refused" in errors[0] and "training.seed is 7 here but 0 in replica 0" \
+            in errors[0], out[-3000:]
+        assert good.poll() is None  # the live group kept training
+    finally:
+        good.kill()
+        good.communicate()
+        lighthouse.kill()
+        lighthouse.wait()
+
+
+
+def test_diloco_groups_train_apart_and_agree_at_each_sync(tmp_path: Path) -> None:
+    # Not yet the issue's bar (within 2% of synchronous loss after 200 steps: measured ~20% worse, see the docs).
+    run = tmp_path / "run"
+    sup = start(run, "--fault_tolerance.local_replicas=2", "--llama3.n_layers=2", "--training.seq_len=32",
+                "--training.steps=20", "--fault_tolerance.semi_sync=diloco", "--fault_tolerance.sync_steps=5",
+                "--checkpoint.export_at_end=true")
+    out, _ = sup.communicate(timeout=300)
+    assert sup.returncode == 0, out[-3000:]
+    losses = [[r["loss"] for r in steps_logged(run / f"replica_{i}")] for i in range(2)]
+    assert len(losses[0]) == len(losses[1]) == 20 and losses[0] != losses[1]  # each group on its own data
+    exports = [run / f"replica_{i}" / "export" / "model.safetensors" for i in range(2)]
+    assert digest(exports[0]) == digest(exports[1])  # step 20 is a sync step: the same weights again
