@@ -82,6 +82,7 @@ class Trainer:
         self.build_optimizers()
         self.build_checkpointer()
         self.build_metrics()
+        self.build_profiler()
 
     def init_distributed(self) -> None:
         t, p = self.config.training, self.config.parallelism
@@ -254,11 +255,13 @@ class Trainer:
 
     def build_checkpointer(self) -> None:
         from .checkpoint import CheckpointManager, RunIdentity, collect_param_shapes
+        from .param_groups import run_layout
 
         c = self.config
         identity = RunIdentity(
             spec=self.spec.name, flavor=c.model.flavor, converters=tuple(c.model.converters),
             param_shapes=collect_param_shapes(self.model_parts),  # all pipeline stages' parameters
+            param_groups=None if self.spec.build_optimizers_fn else run_layout(self.model_parts, c.optimizer),
         )
         self.checkpointer = CheckpointManager(
             config=c.checkpoint, run_dir=self.run_dir, model_parts=self.model_parts, optimizer=self.optimizer,
@@ -272,6 +275,12 @@ class Trainer:
             self.config.metrics, run_dir=self.run_dir, is_rank0=self.is_rank0, device=self.device,
             flops_per_token=fpt, world_size=self.proc.world_size, run_config=self.config.model_dump(mode="json"),
         )
+
+    def build_profiler(self) -> None:
+        from .profiling import StepProfiler
+
+        self.profiler = StepProfiler(self.config.profiling, run_dir=self.run_dir, rank=self.proc.rank,
+                                     device=self.device, is_rank0=self.is_rank0)
 
     # ---- one step ------------------------------------------------------------------------------
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
@@ -291,11 +300,12 @@ class Trainer:
         if self.pipeline is not None:
             return self.pipeline_forward_backward(inputs, labels)
         with self.autocast(), self.loss_context():
-            with plugin_call(SPECS, self.spec.name, "the model's forward"):
+            with self.profiler.phase("forward"), plugin_call(SPECS, self.spec.name, "the model's forward"):
                 logits = self.model_parts[0](inputs)
             check_logits(logits, inputs, spec=self.spec.name)
             loss = self.loss_fn(logits, labels) / self.accum
-            loss.backward()
+            with self.profiler.phase("backward"):
+                loss.backward()
         return _plain(loss)
 
     def pipeline_forward_backward(self, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -314,15 +324,21 @@ class Trainer:
 
     def train_step(self, batches: Iterator[tuple[torch.Tensor, torch.Tensor]]) -> StepResult:
         self.optimizer.zero_grad()
-        loss = sum((self.forward_backward(*next(batches)) for _ in range(self.accum)), torch.zeros((), device=self.device))
+        loss = sum((self.forward_backward(*self.next_batch(batches)) for _ in range(self.accum)),
+                   torch.zeros((), device=self.device))
         pp_group = self.mesh["pp"].get_group() if self.dims.pp_enabled else None
         grad_norm = clip_grad_norm(self.model_parts, self.config.training.max_norm, pp_group=pp_group)
         global_loss = self.global_average_loss(loss)
         if not (math.isfinite(global_loss) and math.isfinite(grad_norm)):
             return self.handle_nonfinite(global_loss, grad_norm)
-        self.optimizer.step()
+        with self.profiler.phase("optimizer"):
+            self.optimizer.step()
         self.lr_schedulers.step()
         return StepResult(global_loss, grad_norm, skipped=False)
+
+    def next_batch(self, batches: Iterator[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
+        with self.profiler.phase("data"):
+            return next(batches)
 
     def global_average_loss(self, loss: torch.Tensor) -> float:
         """Mean over data-parallel ranks; non-last pipeline stages contribute zero, TP ranks repeat."""
@@ -378,6 +394,7 @@ class Trainer:
         progress("first step (building kernels, loading data) ...", is_rank0=self.is_rank0)
         while self.step < t.steps:
             start = time.perf_counter()
+            self.profiler.before_step(self.step + 1)
             try:
                 with out_of_memory_named(f"in step {self.step + 1}"):  # activations: not in the check before training
                     result = self.train_step(batches)
@@ -388,6 +405,7 @@ class Trainer:
             self.tokens_seen += tokens_per_step * self.dims.dp
             losses.append(result.loss)
             last = self.step == t.steps
+            self.profiler.after_step(self.step, last=last)
             if self.metrics.should_log(self.step, last=last):
                 self.metrics.log_step(
                     step=self.step, loss=result.loss, grad_norm=result.grad_norm, lr=self.lr_schedulers.get_last_lr(),
@@ -463,3 +481,4 @@ class Trainer:
             export_safetensors(self.model_parts, self.run_dir / "export" / "model.safetensors", dtype=dtype,
                                is_rank0=self.is_rank0)
         self.metrics.close()
+        self.profiler.close()
