@@ -38,7 +38,7 @@ def test_two_ranks_each_write_their_trace_and_rank0_prints_the_breakdown(tmp_pat
         names = {e["name"] for e in events if e["ph"] == "X"}
         # the trainer's phases, two profiled steps, and the FSDP2 collectives
         assert {"titan/forward", "titan/backward", "titan/optimizer", "titan/data"} <= names, sorted(names)[:50]
-        assert {"ProfilerStep#0", "ProfilerStep#1"} <= names or sum(n.startswith("ProfilerStep#") for n in names) == 2
+        assert sorted(n for n in names if n.startswith("titan/step#")) == ["titan/step#2", "titan/step#3"]
         assert any("c10d::" in n or "gloo" in n.lower() for n in names), sorted(names)[:80]
         breakdown = json.loads((folder / "breakdown.json").read_text())
         assert breakdown["steps"] == 2
@@ -52,10 +52,7 @@ def test_two_ranks_each_write_their_trace_and_rank0_prints_the_breakdown(tmp_pat
     assert run.err.count("profile of steps") == 1  # rank 0 only
 
 
-def test_profiling_off_writes_nothing_and_memory_snapshot_says_cuda_only(tmp_path: Path) -> None:
-    off = titan(tmp_path / "off", *TINY)
-    assert off.code == 0, off.text
-    assert not (tmp_path / "off" / "profile").exists()
+def test_memory_snapshot_says_cuda_only_and_the_folder_setting_is_used(tmp_path: Path) -> None:
     on = titan(tmp_path / "on", *TINY, "--profiling.enable=true", "--profiling.start_step=4",
                "--profiling.memory_snapshot=true", "--profiling.folder=traces")
     assert on.code == 0, on.text

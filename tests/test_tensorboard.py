@@ -39,6 +39,7 @@ def test_event_files_hold_the_same_scalars_as_metrics_jsonl(tmp_path: Path) -> N
         for step, value in by_step.items():
             assert got[step] == pytest.approx(value, rel=1e-6, abs=1e-7), (tag, step)  # float32 in event files
     assert sorted(expected["loss"]) == [1, 2, 4, 6] and sorted(expected["val_loss"]) == [3, 6]
+    assert not (run_dir / "profile").exists()  # profiling is off by default and writes nothing
 
 
 def test_a_missing_tensorboard_package_is_one_message(tmp_path: Path) -> None:

@@ -45,6 +45,7 @@ class StepProfiler:
         self.device = device
         self.is_rank0 = is_rank0
         self._prof: Any = None
+        self._step_range: Any = None  # the open titan/step#N range: one per profiled step in the trace
         self._done = False
         self.snapshots = config.enable and config.memory_snapshot and device.type == "cuda"
         if config.enable and config.memory_snapshot and device.type != "cuda" and is_rank0:
@@ -68,6 +69,8 @@ class StepProfiler:
     def before_step(self, step: int) -> None:
         """``step`` is the 1-based step about to run."""
         c = self.config
+        if self._prof is not None:
+            self._open_step(step)
         if not c.enable or self._done or self._prof is not None or step != c.start_step:
             return
         activities = [torch.profiler.ProfilerActivity.CPU]
@@ -76,12 +79,19 @@ class StepProfiler:
         self._prof = torch.profiler.profile(activities=activities, record_shapes=c.record_shapes,
                                             with_stack=False, profile_memory=False)
         self._prof.start()
+        self._open_step(step)
+
+    def _open_step(self, step: int) -> None:
+        self._step_range = torch.profiler.record_function(f"{_LABEL}step#{step}")
+        self._step_range.__enter__()
 
     def after_step(self, step: int, *, last: bool) -> None:
         """``step`` is the 1-based step that just finished; the window closes after its last step."""
         if self._prof is None:
             return
-        self._prof.step()
+        if self._step_range is not None:
+            self._step_range.__exit__(None, None, None)
+            self._step_range = None
         if step >= self.config.start_step + self.config.steps - 1 or last:
             self._finish(steps=step - self.config.start_step + 1)
 
