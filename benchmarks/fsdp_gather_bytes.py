@@ -4,9 +4,9 @@ Each variant is a real ``titan-train --nproc-per-node 2 --parallelism.dp_shard=2
 the llama3 debugmodel. An ``--import`` module (written to a temporary folder) wraps
 ``torch.distributed.all_gather_single`` and ``all_gather_into_tensor`` in every process and
 adds up the bytes of every output buffer they fill (numel x element size; a call nested in
-another is counted once). FSDP2 calls these for the parameter all-gathers; nothing else in a
-training step of this layout all-gathers, so the total is the parameter traffic. Each rank
-writes its total at exit; printed: bytes per step per rank for both dtypes, and the ratio
+another is counted once), rewriting a per-rank JSON file after each call. FSDP2 calls these
+for the parameter all-gathers; nothing else in a training step of this layout all-gathers, so
+the total is the parameter traffic (step 1 included). Printed: bytes per step per rank for both dtypes, and the ratio
 (expected 0.5: parameters are gathered in the compute dtype, while the float32 shards stay
 the master weights). Reduce-scatter traffic is not counted: gradients are reduced in float32
 in both runs.
@@ -26,7 +26,7 @@ import tempfile
 from pathlib import Path
 
 COUNTER = r'''
-import atexit, json, os, threading
+import json, os, threading
 import torch.distributed as dist
 
 _state = threading.local()
@@ -38,6 +38,7 @@ def _wrap(fn):
         if outer:
             _total["bytes"] += output.numel() * output.element_size()
             _total["calls"] += 1
+            _write()  # after every call: workers may leave with os._exit, which skips atexit
         _state.inside = True
         try:
             return fn(output, *args, **kwargs)
@@ -49,9 +50,10 @@ def _wrap(fn):
 dist.all_gather_single = _wrap(dist.all_gather_single)
 dist.all_gather_into_tensor = _wrap(dist.all_gather_into_tensor)
 
-@atexit.register
 def _write():
-    rank = os.environ.get("RANK", "0")
+    rank = os.environ.get("RANK")
+    if rank is None:  # the launcher imports this module too; only workers gather
+        return
     with open(os.path.join(os.environ["GATHER_BYTES_OUT"], f"rank{rank}.json"), "w") as f:
         json.dump(_total, f)
 '''

@@ -12,12 +12,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import REPO, titan
 from titan_core.config.sections import ParallelismSection
 from titan_core.parallel.fsdp import gather_dtype
 
-TINY = ("--spec", "llama3", "--flavor", "debugmodel", "--llama3.n_layers=1", "--llama3.dim=64", "--llama3.n_heads=4",
-        "--llama3.n_kv_heads=4", "--training.seq_len=16", "--training.local_batch_size=2", "--training.steps=50",
+from conftest import REPO, titan
+
+TINY = ("--spec", "llama3", "--flavor", "debugmodel", "--llama3.n_layers=1",
+        "--training.seq_len=16", "--training.local_batch_size=2", "--training.steps=50",
         "--metrics.log_freq=1", "--parallelism.dp_shard=2", "--lr_scheduler.warmup_steps=5")
 
 
@@ -47,8 +48,9 @@ def test_bf16_loss_stays_within_bf16_tolerance_of_fp32_over_50_steps(tmp_path: P
         assert len(losses[dtype]) == 50
     assert "bfloat16 autocast over float32 weights" in runs["bfloat16"].err
     fp32, bf16 = losses["float32"], losses["bfloat16"]
-    assert fp32[-1] < fp32[0] - 1.0  # it learns, so the comparison means something
+    assert fp32[-1] < fp32[0] - 0.5  # it learns, so the comparison means something
     # bf16 keeps 8 bits of mantissa (relative rounding 2^-9 ~ 0.2%); matmuls accumulate more.
     worst = max(abs(a - b) / a for a, b in zip(fp32, bf16))
+    print(f"worst relative loss difference bf16 vs fp32 over 50 steps: {worst:.4f}")
     assert worst < 0.02, (worst, fp32, bf16)
     assert bf16 != pytest.approx(fp32, rel=1e-6)  # bf16 really ran: the curves are not identical

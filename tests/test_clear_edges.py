@@ -6,8 +6,9 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
+
+import tomllib
 
 from conftest import REPO, assert_user_error, run_cli
 

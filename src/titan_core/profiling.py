@@ -54,7 +54,9 @@ class StepProfiler:
         if self.snapshots:
             self.folder.mkdir(parents=True, exist_ok=True)
             torch.cuda.memory._record_memory_history(max_entries=config.memory_snapshot_entries)
-            torch._C._cuda_attach_out_of_memory_observer(self._on_out_of_memory)
+            # torch's hook for "dump a snapshot on OOM" (documented with the memory visualizer; private, untyped)
+            attach: Any = getattr(torch._C, "_cuda_attach_out_of_memory_observer")  # noqa: B009
+            attach(self._on_out_of_memory)
 
     @property
     def active(self) -> bool:

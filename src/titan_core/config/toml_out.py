@@ -27,7 +27,8 @@ def _string(v: str) -> str:
     ``--config`` reads back the same path (config/sources.py)."""
     if not any("\udc80" <= c <= "\udcff" for c in v):
         return json.dumps(v)
-    parts, plain = [], []
+    parts: list[str] = []
+    plain: list[str] = []
     for c in v:
         if "\udc80" <= c <= "\udcff":
             parts.append(json.dumps("".join(plain))[1:-1])
