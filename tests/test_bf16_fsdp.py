@@ -49,8 +49,8 @@ def test_bf16_loss_stays_within_bf16_tolerance_of_fp32_over_50_steps(tmp_path: P
     assert "bfloat16 autocast over float32 weights" in runs["bfloat16"].err
     fp32, bf16 = losses["float32"], losses["bfloat16"]
     assert fp32[-1] < fp32[0] - 0.5  # it learns, so the comparison means something
-    # bf16 keeps 8 bits of mantissa (relative rounding 2^-9 ~ 0.2%); matmuls accumulate more.
+    # within one bf16 rounding step (2^-8 relative); measured: 3e-4 on this layout
     worst = max(abs(a - b) / a for a, b in zip(fp32, bf16))
     print(f"worst relative loss difference bf16 vs fp32 over 50 steps: {worst:.4f}")
-    assert worst < 0.02, (worst, fp32, bf16)
+    assert worst < 2**-8, (worst, fp32, bf16)
     assert bf16 != pytest.approx(fp32, rel=1e-6)  # bf16 really ran: the curves are not identical
