@@ -19,11 +19,12 @@ TINY = ("--spec", "llama3", "--flavor", "debugmodel", "--llama3.n_layers=1", "--
 def test_a_path_that_cannot_be_used_names_its_setting(tmp_path: Path) -> None:
     (tmp_path / "afile").write_text("x")
     assert_user_error(run_cli(*TINY, f"--job.run_dir={tmp_path / 'afile' / 'run'}"),
-                      f"cannot use {tmp_path / 'afile' / 'run'} (from job.run_dir)", "a path component is a file")
+                      f"cannot use {tmp_path / 'afile' / 'run'}: a path component is a file",
+                      "The path comes from job.run_dir.")
     result = run_cli(*TINY, f"--job.run_dir={tmp_path / 'run'}", "--profiling.enable=true", "--profiling.start_step=1",
                      f"--profiling.folder={tmp_path / 'afile' / 'prof'}")
-    assert_user_error(result, f"cannot use {tmp_path / 'afile' / 'prof' / 'rank0'} (from profiling.folder)",
-                      "a path component is a file, not a folder")
+    assert_user_error(result, f"cannot use {tmp_path / 'afile' / 'prof' / 'rank0'}: a path component is a file",
+                      "The path comes from profiling.folder.")
 
 
 def test_print_config_stays_toml_when_the_config_function_prints(tmp_path: Path) -> None:

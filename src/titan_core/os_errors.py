@@ -25,16 +25,18 @@ _ADVICE = {
 def describe_os_error(exc: OSError) -> TitanError:
     """A TitanError (exit 2) naming the file and the fix."""
     name = exc.filename if exc.filename is not None else "a file of the run"
+    setting = None
     if exc.filename is not None:
         from .path_settings import setting_for
 
         setting = setting_for(exc.filename)
-        name = f"{name} (from {setting})" if setting else name
     what, fix = _ADVICE.get(exc.errno or -1, (exc.strerror or str(exc), "check the path and its filesystem"))
     if exc.errno == errno.ENOSPC:
         message = f"disk full while writing {name}: {fix}. Checkpoints published before this are intact."
     else:
         message = f"cannot use {name}: {what} ([Errno {exc.errno}] {exc.strerror}); {fix}."
+    if setting:
+        message += f" The path comes from {setting}."
     return TitanError(message)
 
 
