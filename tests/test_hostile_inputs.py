@@ -426,9 +426,10 @@ IN_PROCESS = [
     InProcess("data.source is a FIFO", ("--data.source={run}/../data.txt", FRESH), "is a named pipe (FIFO), not a regular file",
               prepare=data_source_fifo),
     InProcess("data.source is a device", ("--data.source=/dev/zero", FRESH), "is a device, not a regular file"),
-    InProcess("--config is a FIFO", ("--config", "{run}/../cfg.toml"), "not a regular file (a folder, pipe or device)",
+    InProcess("--config is a FIFO", ("--config", "{run}/../cfg.toml"), "cfg.toml is a named pipe (FIFO), not a regular file",
               prepare=lambda mp, run: os.mkfifo(run.parent / "cfg.toml")),
-    InProcess("--config is /dev/zero", ("--config", "/dev/zero"), "no such file"),
+    InProcess("--config is /dev/zero", ("--config", "/dev/zero"), "--config /dev/zero is a device, not a regular file"),
+    InProcess("--config is a folder", ("--config", "{run}/.."), "is a folder, not a regular file"),
 ]
 
 

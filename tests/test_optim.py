@@ -29,7 +29,7 @@ def test_container_is_an_optimizer_over_all_trainable_parameters() -> None:
 
 def test_step_matches_one_plain_adamw_and_hooks_run_once() -> None:
     a_parts, b_parts = parts(), parts()
-    cfg = OptimizerSection(lr=0.01, weight_decay=0.1)
+    cfg = OptimizerSection(lr=0.01, weight_decay=0.1, no_decay_norms_biases_embeddings=False)  # one group, as plain AdamW
     container = OptimizersContainer(a_parts, cfg, device_type="cpu")
     plain = torch.optim.AdamW([p for m in b_parts for p in m.parameters() if p.requires_grad],
                               lr=0.01, betas=cfg.betas, eps=cfg.eps, weight_decay=0.1)

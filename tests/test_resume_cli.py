@@ -229,7 +229,12 @@ def test_keep_latest_k_2_keeps_exactly_two_complete_checkpoints(reference_single
      ("does not fit this model: parameter 'layers.2.", "exists in this model but not in the checkpoint")),
     (("--converters", "float8"),
      ("written with converters [] but this run uses ['float8']", "--checkpoint.allow_converter_change=true")),
-], ids=["flavor", "n_layers", "converters"])
+    (("--optimizer.param_groups=[{name='emb', patterns=['tok_embeddings.*'], lr_mult=0.5}]",),
+     ("written with other optimizer parameter groups: groups ['default', 'no_decay'] in the checkpoint but "
+      "['default', 'emb', 'no_decay'] now", "--checkpoint.resume=never")),
+    (("--optimizer.weight_decay=0.05",),
+     ("group 'default' has weight_decay=0.1 in the checkpoint but 0.05 now",)),
+], ids=["flavor", "n_layers", "converters", "param_groups", "weight_decay"])
 def test_resume_refuses_a_different_model(reference_single: tuple[Path, CliResult], tmp_path: Path,
                                           flags: tuple[str, ...], fragments: tuple[str, ...]) -> None:
     run_dir = copy_run(reference_single[0], tmp_path / "run")

@@ -86,8 +86,18 @@ def run(args: argparse.Namespace, rest: list[str], argv: list[str]) -> int:
     from .run_limits import apply_run_limits
 
     apply_run_limits(resolved.config)
+    from .path_settings import remember_paths
+
+    remember_paths(resolved.config)  # an error about a file then names the setting it came from
     if args.print_config:
-        print(dumps(resolved.config.model_dump(mode="json")), end="")
+        text = dumps(resolved.config.model_dump(mode="json"))
+        out = getattr(sys.stdout, "buffer", None)
+        if out is None:  # a text-only stream (in-process capture)
+            print(text, end="")
+            return 0
+        sys.stdout.flush()  # as bytes: a run folder whose name is not UTF-8 is printed as its own bytes
+        out.write(text.encode("utf-8", "surrogateescape"))
+        out.flush()
         return 0
     if args.schema:
         import json

@@ -113,6 +113,12 @@ class MetricsLogger:
         self.peak = peak_flops(device, config.peak_tflops)
         self.path = run_dir / "metrics.jsonl"
         self._wandb: Any = None
+        self._tensorboard: Any = None
+        if config.tensorboard:
+            from .tensorboard_writer import TensorBoardWriter, require_tensorboard
+
+            require_tensorboard()  # on every rank: a missing package stops all of them with one message
+            self._tensorboard = TensorBoardWriter(run_dir) if is_rank0 else None
         if is_rank0 and config.wandb:
             import wandb  # imported only when asked for: it is slow to import
 
@@ -173,8 +179,13 @@ class MetricsLogger:
             raise OSError(exc.errno, exc.strerror, str(self.path)) from exc
         if self._wandb is not None:
             self._wandb.log(record, step=int(record["step"]))
+        if self._tensorboard is not None:
+            self._tensorboard.write(record)
 
     def close(self) -> None:
+        if self._tensorboard is not None:
+            self._tensorboard.close()
+            self._tensorboard = None
         if self._wandb is not None:
             self._wandb.finish()
             self._wandb = None

@@ -11,6 +11,7 @@ from torch import nn
 from torch.optim.lr_scheduler import LambdaLR
 
 from .config.sections import LRSchedulerSection, OptimizerSection
+from .param_groups import torch_groups
 
 _OPTIMIZERS: dict[str, type[torch.optim.Optimizer]] = {
     "AdamW": torch.optim.AdamW,
@@ -48,9 +49,8 @@ class OptimizersContainer(torch.optim.Optimizer):
                 # plan that leaves some parameters whole (norms, embeddings) produces.
                 kwargs["foreach"] = False
         self.model_parts = model_parts
-        self.optimizers = [
-            cls([p for p in part.parameters() if p.requires_grad], **kwargs) for part in model_parts
-        ]
+        # Groups per part: weight decay and LR multiplier by role (param_groups.py).
+        self.optimizers = [cls(torch_groups(part, config), **kwargs) for part in model_parts]
         params = [p for opt in self.optimizers for g in opt.param_groups for p in g["params"]]
         super().__init__(params, dict(kwargs))
         # The container's groups ARE the inner groups: changing lr here changes it there.
@@ -86,11 +86,17 @@ def lr_multiplier(step: int, *, warmup: int, total: int, config: LRSchedulerSect
         start = total - decay_len
         if step < start:
             return 1.0
-        progress = (step - start) / decay_len
-        return 1.0 - (1.0 - floor) * min(1.0, progress)
+        return decay_curve(min(1.0, (step - start) / decay_len), shape=config.wsd_decay_shape, floor=floor)
     progress = min(1.0, (step - warmup) / decay_steps)
-    if config.decay_type == "linear":
+    return decay_curve(progress, shape=config.decay_type, floor=floor)
+
+
+def decay_curve(progress: float, *, shape: str, floor: float) -> float:
+    """From 1 at progress 0 down to ``floor`` at progress 1: linear, cosine or 1-sqrt."""
+    if shape == "linear":
         return 1.0 - (1.0 - floor) * progress
+    if shape == "1-sqrt":  # WSD's tail in Hagele et al. 2024: falls fast first, then flattens
+        return floor + (1.0 - floor) * (1.0 - math.sqrt(progress))
     return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
@@ -113,7 +119,13 @@ class LRSchedulersContainer:
             scheduler.step()
 
     def get_last_lr(self) -> float:
-        return float(self.schedulers[0].get_last_lr()[0])
+        """The scheduled LR (a group's lr_mult taken out: the first group may be scaled)."""
+        groups = self.schedulers[0].optimizer.param_groups
+        for lr, group in zip(self.schedulers[0].get_last_lr(), groups):
+            mult = float(group.get("lr_mult", 1.0))
+            if mult > 0:
+                return float(lr) / mult
+        return 0.0
 
     def state_dict(self) -> dict[str, Any]:
         # Every scheduler has the same step count; saving one keeps the state layout-free.

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import errno
+import stat
+from pathlib import Path
 
 from .errors import TitanError
 
@@ -25,11 +27,18 @@ _ADVICE = {
 def describe_os_error(exc: OSError) -> TitanError:
     """A TitanError (exit 2) naming the file and the fix."""
     name = exc.filename if exc.filename is not None else "a file of the run"
+    setting = None
+    if exc.filename is not None:
+        from .path_settings import setting_for
+
+        setting = setting_for(exc.filename)
     what, fix = _ADVICE.get(exc.errno or -1, (exc.strerror or str(exc), "check the path and its filesystem"))
     if exc.errno == errno.ENOSPC:
         message = f"disk full while writing {name}: {fix}. Checkpoints published before this are intact."
     else:
         message = f"cannot use {name}: {what} ([Errno {exc.errno}] {exc.strerror}); {fix}."
+    if setting:
+        message += f" The path comes from {setting}."
     return TitanError(message)
 
 
@@ -42,3 +51,20 @@ def io_errno(exc: BaseException) -> int | None:
 
     found = re.search(r"os error (\d+)", str(exc)) if type(exc).__name__ == "SafetensorError" else None
     return int(found.group(1)) if found else None
+
+
+def file_kind(path: Path) -> str:
+    """What a path that is not a regular file is, for messages (a FIFO, a socket, a device, ...)."""
+    try:
+        mode = path.lstat().st_mode
+    except OSError:
+        return "unreadable"
+    if stat.S_ISLNK(mode):
+        return "a dangling symbolic link"
+    if stat.S_ISFIFO(mode):
+        return "a named pipe (FIFO)"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    return "not a regular file"

@@ -16,6 +16,7 @@ import torch.distributed as dist
 
 from .errors import TitanError
 from .launch_env import env_int, rank_env
+from .waiting_notice import WaitingNotice
 
 __all__ = ["RendezvousError", "join_process_group"]
 
@@ -29,11 +30,12 @@ def _uses_launcher_store() -> bool:
     return os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "") == "True"
 
 
-def _wait_for_everyone(store: dist.Store, *, rank: int, world_size: int, timeout_s: float, where: str) -> None:
+def _wait_for_everyone(store: dist.Store, *, rank: int, world_size: int, timeout_s: float, where: str,
+                       notice: WaitingNotice) -> None:
     """A store-level head count within the init deadline: gloo's own mesh set-up would wait for a
     missing peer as long as a collective may take (collective_timeout_s), which is far too long here."""
     key = f"titan/joined/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
-    joined = store.add(key, 1)
+    joined = notice.joined = store.add(key, 1)
     deadline = time.monotonic() + timeout_s
     while joined < world_size:
         if time.monotonic() > deadline:
@@ -44,7 +46,7 @@ def _wait_for_everyone(store: dist.Store, *, rank: int, world_size: int, timeout
                 f"WORLD_SIZE to run a single process."
             )
         time.sleep(0.05)
-        joined = store.add(key, 0)
+        joined = notice.joined = store.add(key, 0)
 
 
 def join_process_group(backend: str, *, init_timeout_s: float, collective_timeout_s: float) -> None:
@@ -53,27 +55,13 @@ def join_process_group(backend: str, *, init_timeout_s: float, collective_timeou
     host = os.environ.get("MASTER_ADDR", "127.0.0.1")
     port = env_int("MASTER_PORT", 29500, minimum=1)
     is_master = rank == 0 and not _uses_launcher_store()
-    init = datetime.timedelta(seconds=init_timeout_s)
     where = f"{host}:{port}"
-    try:
-        store = dist.TCPStore(host, port, world_size=world_size, is_master=is_master, timeout=init,
-                              wait_for_workers=is_master)
-    except (dist.DistError, RuntimeError, OSError) as exc:
-        who = ("the other processes did not all connect" if is_master
-               else f"could not reach the rendezvous at {where}")
-        raise RendezvousError(
-            f"rendezvous gave up after {init_timeout_s:g} s (parallelism.init_timeout_s): {who} "
-            f"(rank {rank} of WORLD_SIZE={world_size}; {str(exc).splitlines()[0][:200]}). Start all "
-            f"{world_size} processes (titan-train --nproc-per-node N starts them for you), check MASTER_ADDR/"
-            f"MASTER_PORT, or unset WORLD_SIZE to run a single process."
-        ) from None
-    try:
-        _wait_for_everyone(store, rank=rank, world_size=world_size, timeout_s=init_timeout_s, where=where)
-    except dist.DistError as exc:  # the store's host went away while we waited
-        raise RendezvousError(
-            f"rendezvous failed: the store at {where} stopped answering ({str(exc).splitlines()[0][:200]}). "
-            f"The process hosting it (rank 0 or the launcher) has probably died; look for its error."
-        ) from None
+    role = (f"the other {world_size - 1} process(es) of WORLD_SIZE={world_size} to connect" if is_master
+            else "the rendezvous host (rank 0 or the launcher) to answer")
+    # Every wait below can last init_timeout_s: the notice says so after a few seconds.
+    with WaitingNotice(rank=rank, world_size=world_size, where=where, timeout_s=init_timeout_s, role=role) as notice:
+        store = _meet(host, port, rank=rank, world_size=world_size, is_master=is_master,
+                      init_timeout_s=init_timeout_s, notice=notice)
     try:
         # A prefix per restart: an elastic restart reusing the launcher's store must not read the last attempt's keys.
         attempt = dist.PrefixStore(f"titan/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/", store)
@@ -86,3 +74,30 @@ def join_process_group(backend: str, *, init_timeout_s: float, collective_timeou
             f"Start all {world_size} processes, or unset WORLD_SIZE to run a single process."
         ) from None
     store.set_timeout(datetime.timedelta(seconds=collective_timeout_s))
+
+
+def _meet(host: str, port: int, *, rank: int, world_size: int, is_master: bool, init_timeout_s: float,
+          notice: WaitingNotice) -> dist.TCPStore:
+    """The store, once every process has joined it (within init_timeout_s)."""
+    where = f"{host}:{port}"
+    try:
+        store = dist.TCPStore(host, port, world_size=world_size, is_master=is_master,
+                              timeout=datetime.timedelta(seconds=init_timeout_s), wait_for_workers=is_master)
+    except (dist.DistError, RuntimeError, OSError) as exc:
+        who = ("the other processes did not all connect" if is_master
+               else f"could not reach the rendezvous at {where}")
+        raise RendezvousError(
+            f"rendezvous gave up after {init_timeout_s:g} s (parallelism.init_timeout_s): {who} "
+            f"(rank {rank} of WORLD_SIZE={world_size}; {str(exc).splitlines()[0][:200]}). Start all "
+            f"{world_size} processes (titan-train --nproc-per-node N starts them for you), check MASTER_ADDR/"
+            f"MASTER_PORT, or unset WORLD_SIZE to run a single process."
+        ) from None
+    try:
+        _wait_for_everyone(store, rank=rank, world_size=world_size, timeout_s=init_timeout_s, where=where,
+                           notice=notice)
+    except dist.DistError as exc:  # the store's host went away while we waited
+        raise RendezvousError(
+            f"rendezvous failed: the store at {where} stopped answering ({str(exc).splitlines()[0][:200]}). "
+            f"The process hosting it (rank 0 or the launcher) has probably died; look for its error."
+        ) from None
+    return store

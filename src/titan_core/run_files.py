@@ -26,7 +26,8 @@ SUPERSEDED_FILE = "metrics.superseded.jsonl"
 
 def atomic_write_text(path: Path, text: str) -> None:
     """Write ``path`` so that a crash leaves either the old file or the new one, never half of it."""
-    atomic_write_bytes(path, text.encode("utf-8"))
+    # surrogateescape: a run folder whose name is not UTF-8 is written back as its own bytes (toml_out.py).
+    atomic_write_bytes(path, text.encode("utf-8", "surrogateescape"))
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:

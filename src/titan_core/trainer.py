@@ -43,6 +43,7 @@ from .optimizer_settings import settings_checked
 from .out_of_memory import out_of_memory_named
 from .parallel import spec_parallelize_fn
 from .parallel_dims import ParallelDims
+from .param_groups import run_layout
 from .parameter_layout import describe_parameter_layout
 from .plan.resolve import ResolvedConfig
 from .plugin_calls import check_logits, plugin_call
@@ -107,6 +108,7 @@ class Trainer:
         self.build_optimizers()
         self.build_checkpointer()
         self.build_metrics()
+        self.build_profiler()
 
     def init_distributed(self) -> None:
         t, p = self.config.training, self.config.parallelism
@@ -281,6 +283,7 @@ class Trainer:
         identity = RunIdentity(
             spec=self.spec.name, flavor=c.model.flavor, converters=tuple(c.model.converters),
             param_shapes=collect_param_shapes(self.model_parts),  # all pipeline stages' parameters
+            param_groups=None if self.spec.build_optimizers_fn else run_layout(self.model_parts, c.optimizer),
         )
         self.checkpointer = CheckpointManager(
             config=c.checkpoint, run_dir=self.run_dir, model_parts=self.model_parts, optimizer=self.optimizer,
@@ -294,6 +297,12 @@ class Trainer:
             self.config.metrics, run_dir=self.run_dir, is_rank0=self.is_rank0, device=self.device,
             flops_per_token=fpt, world_size=self.proc.world_size, run_config=self.config.model_dump(mode="json"),
         )
+
+    def build_profiler(self) -> None:
+        from .profiling import StepProfiler
+
+        self.profiler = StepProfiler(self.config.profiling, run_dir=self.run_dir, rank=self.proc.rank,
+                                     device=self.device, is_rank0=self.is_rank0)
 
     # ---- one step ------------------------------------------------------------------------------
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
@@ -335,13 +344,14 @@ class Trainer:
         if self.pipeline is not None:
             return self.pipeline_forward_backward(inputs, labels)
         with self.autocast(), self.loss_context():
-            with plugin_call(SPECS, self.spec.name, "the model's forward"):
+            with self.profiler.phase("forward"), plugin_call(SPECS, self.spec.name, "the model's forward"):
                 logits = self.model_parts[0](inputs, **self.model_kwargs(positions))
             check_logits(logits, inputs, spec=self.spec.name)
             loss = token_weighted(self.loss_fn(logits, labels), valid=valid, global_valid=self.step_valid_tokens,
                                   dp=self.dims.dp)
             aux = self.moe.after_forward()  # MoE load-balancing loss: trained on, not reported in `loss`
-            (loss if aux is None else loss + aux / self.accum).backward()
+            with self.profiler.phase("backward"):
+                (loss if aux is None else loss + aux / self.accum).backward()
         return _plain(loss)
 
     def pipeline_forward_backward(self, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -362,7 +372,7 @@ class Trainer:
     def train_step(self, batches: Iterator[tuple[torch.Tensor, torch.Tensor]]) -> StepResult:
         self.optimizer.zero_grad()
         # Every micro-batch is read first: the loss is a mean over the step's valid labels.
-        micro_batches = [self.prepare_batch(*next(batches)) for _ in range(self.accum)]
+        micro_batches = [self.prepare_batch(*self.next_batch(batches)) for _ in range(self.accum)]
         self.step_valid_tokens = self.count_step_tokens(micro_batches)
         loss = sum((self.forward_backward(*mb) for mb in micro_batches), torch.zeros((), device=self.device))
         pp_group = self.mesh["pp"].get_group() if self.dims.pp_enabled else None
@@ -370,10 +380,15 @@ class Trainer:
         global_loss = self.global_average_loss(loss)
         if not (math.isfinite(global_loss) and math.isfinite(grad_norm)):
             return self.handle_nonfinite(global_loss, grad_norm)
-        self.optimizer.step()
+        with self.profiler.phase("optimizer"):
+            self.optimizer.step()
         self.moe.after_step()  # MoE routing-bias update and load figures (self.moe.metrics)
         self.lr_schedulers.step()
         return StepResult(global_loss, grad_norm, skipped=False)
+
+    def next_batch(self, batches: Iterator[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
+        with self.profiler.phase("data"):
+            return next(batches)
 
     def global_average_loss(self, loss: torch.Tensor) -> float:
         """Mean over data-parallel ranks; non-last pipeline stages contribute zero, TP ranks repeat."""
@@ -425,6 +440,7 @@ class Trainer:
         progress("first step (building kernels, loading data) ...", is_rank0=self.is_rank0)
         while self.step < t.steps:
             start = time.perf_counter()
+            self.profiler.before_step(self.step + 1)
             try:
                 with out_of_memory_named(f"in step {self.step + 1}"):  # activations: not in the check before training
                     result = self.train_step(batches)
@@ -436,6 +452,7 @@ class Trainer:
             losses.append(result.loss)
             last = self.step == t.steps
             data_ms = self.dataloader.wait_ms()  # time this step waited for its batches
+            self.profiler.after_step(self.step, last=last)
             if self.metrics.should_log(self.step, last=last):
                 self.metrics.log_step(
                     step=self.step, loss=result.loss, grad_norm=result.grad_norm, lr=self.lr_schedulers.get_last_lr(),
@@ -510,6 +527,6 @@ class Trainer:
             export_safetensors(self.model_parts, self.run_dir / "export" / "model.safetensors", dtype=dtype,
                                is_rank0=self.is_rank0)
         self.metrics.close()
+        self.profiler.close()
         if self.is_rank0 and self.config.metrics.report:
-
             report_at_end(self.run_dir)

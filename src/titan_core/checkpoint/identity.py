@@ -35,14 +35,19 @@ class RunIdentity:
     flavor: str
     converters: tuple[str, ...]
     param_shapes: dict[str, tuple[int, ...]]
+    # Optimizer parameter groups (param_groups.layout); None: not recorded (older checkpoint, a spec's own optimizer).
+    param_groups: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out = {
             "spec": self.spec,
             "flavor": self.flavor,
             "converters": list(self.converters),
             "param_shapes": {k: list(v) for k, v in sorted(self.param_shapes.items())},
         }
+        if self.param_groups is not None:
+            out["param_groups"] = self.param_groups
+        return out
 
     @staticmethod
     def from_json(data: dict[str, Any]) -> RunIdentity:
@@ -51,7 +56,19 @@ class RunIdentity:
             flavor=str(data["flavor"]),
             converters=tuple(str(c) for c in data["converters"]),
             param_shapes={str(k): tuple(int(d) for d in v) for k, v in data["param_shapes"].items()},
+            param_groups=_groups_or_none(data.get("param_groups")),
         )
+
+
+def _groups_or_none(value: Any) -> dict[str, Any] | None:
+    if value is None:
+        return None
+    if not isinstance(value, dict) or not all(
+        isinstance(g, dict) and isinstance(g.get("params"), list) and {"weight_decay", "lr_mult"} <= set(g)
+        for g in value.values()
+    ):
+        raise ValueError("param_groups is not a mapping of group name -> {weight_decay, lr_mult, params}")
+    return value
 
 
 @dataclass(frozen=True)
@@ -160,7 +177,23 @@ def check_identity(saved: RunIdentity, current: RunIdentity, *, path: Path, allo
             f"state is then not loaded), or use the converters {list(saved.converters)}."
         )
     _check_shapes(saved.param_shapes, current.param_shapes, path=path)
+    if not converters_changed:  # with a converter change the optimizer state is not loaded anyway
+        _check_param_groups(saved.param_groups, current.param_groups, path=path)
     return converters_changed
+
+
+def _check_param_groups(saved: dict[str, Any] | None, current: dict[str, Any] | None, *, path: Path) -> None:
+    from ..param_groups import describe_difference
+
+    if saved is None or current is None:
+        return
+    difference = describe_difference(saved, current)
+    if difference is not None:
+        raise CheckpointError(
+            f"checkpoint {path} was written with other optimizer parameter groups: {difference}. Its optimizer "
+            f"state belongs to those groups; resume with the same [optimizer] weight_decay, "
+            f"no_decay_norms_biases_embeddings and param_groups, or start fresh with --checkpoint.resume=never."
+        )
 
 
 def _check_shapes(saved: dict[str, tuple[int, ...]], current: dict[str, tuple[int, ...]], *, path: Path) -> None:

@@ -38,13 +38,14 @@ from .sections import (
     ModelSection,
     OptimizerSection,
     ParallelismSection,
+    ProfilingSection,
     TrainingSection,
     ValidationSection,
 )
 
 CORE_SECTIONS: tuple[str, ...] = (
     "job", "model", "training", "optimizer", "lr_scheduler", "data", "validation",
-    "parallelism", "checkpoint", "metrics", "compile", "activation_checkpoint",
+    "parallelism", "checkpoint", "metrics", "compile", "activation_checkpoint", "profiling",
 )
 
 
@@ -67,6 +68,7 @@ class JobConfig(BaseModel):
     activation_checkpoint: ActivationCheckpointSection = Field(
         default_factory=ActivationCheckpointSection, description="Activation checkpointing."
     )
+    profiling: ProfilingSection = Field(default_factory=ProfilingSection, description="torch.profiler traces and memory snapshots.")
 
     fault_tolerance: FaultToleranceSection = Field(
         default_factory=FaultToleranceSection, description="torchft replica groups (docs/fault-tolerance.md)."

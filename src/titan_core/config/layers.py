@@ -6,6 +6,7 @@ field defaults < the spec's defaults < ``--config`` (TOML file or ``pkg.mod:fn``
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import sys
 from pathlib import Path
@@ -14,6 +15,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from ..errors import ConfigError, did_you_mean
+from ..os_errors import file_kind
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -57,17 +59,22 @@ MAX_CONFIG_BYTES = 16 * 2**20  # a config is a few KB; more is a wrong file (a d
 
 
 def _load_toml(path: Path) -> Layer:
-    if not path.exists():
-        raise ConfigError(f"--config {path}: no such file. Check the path (relative paths start at {Path.cwd()}).")
     if not path.is_file():
-        raise ConfigError(f"--config {path}: not a regular file (a folder, pipe or device); pass a TOML config file.")
+        if path.exists():  # a FIFO would block the read forever, a device never end: say what it is
+            kind = "a folder" if path.is_dir() else file_kind(path)
+            raise ConfigError(f"--config {path} is {kind}, not a regular file. Pass a TOML config file.")
+        raise ConfigError(f"--config {path}: no such file. Check the path (relative paths start at {Path.cwd()}).")
     size = path.stat().st_size
     if size > MAX_CONFIG_BYTES:
         raise ConfigError(f"--config {path}: {size:,} bytes, more than a config file can be (at most "
                           f"{MAX_CONFIG_BYTES // 2**20} MiB); pass the run's TOML config file.")
     try:
-        text = path.read_text(encoding="utf-8").removeprefix("\ufeff")  # a BOM some editors write is not TOML
-        return tomllib.loads(text)
+        raw = path.read_bytes()
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            text = _with_non_utf8_names(raw)
+        return tomllib.loads(text.removeprefix("\ufeff"))  # a BOM some editors write is not TOML
     except RecursionError:
         raise ConfigError(f"--config {path}: the TOML nests arrays or tables too deeply to be a config file. "
                           f"Pass a TOML config file.") from None
@@ -78,10 +85,24 @@ def _load_toml(path: Path) -> Layer:
         raise ConfigError(f"--config {path}: TOML syntax error: {exc}. Fix the file at that line.") from None
 
 
+def _with_non_utf8_names(raw: bytes) -> str:
+    """A config.toml that titan wrote for a run folder whose name is not UTF-8 holds the name's bytes
+    (config/toml_out.py); read them back as Python holds such names. Anything else that is not UTF-8
+    (a binary file) stays refused."""
+    text = raw.decode("utf-8", "surrogateescape")
+    try:
+        tomllib.loads(text)
+    except tomllib.TOMLDecodeError:
+        raise UnicodeDecodeError("utf-8", raw, 0, len(raw), "not UTF-8") from None
+    return text
+
+
 def _call_config_function(ref: str) -> Layer:
     module_name, _, fn_name = ref.partition(":")
+    # Whatever the module or function prints goes to stderr: stdout may be --print-config's TOML.
     try:
-        module = importlib.import_module(module_name)
+        with contextlib.redirect_stdout(sys.stderr):
+            module = importlib.import_module(module_name)
     except BaseException as exc:  # sys.exit() there is an error, not a quiet exit 0; so is any BaseException
         if isinstance(exc, GeneratorExit):
             raise
@@ -98,7 +119,8 @@ def _call_config_function(ref: str) -> Layer:
             f"Functions there: {', '.join(names) or 'none'}."
         )
     try:
-        result = fn()
+        with contextlib.redirect_stdout(sys.stderr):
+            result = fn()
     except BaseException as exc:  # sys.exit() there is an error, not a quiet exit 0; so is any BaseException
         if isinstance(exc, GeneratorExit):
             raise

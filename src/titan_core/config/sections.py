@@ -63,6 +63,22 @@ class TrainingSection(Section):
     skip_nonfinite_steps: bool = Field(False, description="Skip (and count) steps with a non-finite loss or grad norm instead of stopping.")
 
 
+class ParamGroupRule(Section):
+    """One optimizer parameter group: the parameters whose names match a pattern, with their own settings."""
+
+    name: str = Field(description="Group name, recorded in checkpoints (resuming with other groups is refused).")
+    patterns: list[str] = Field(min_length=1, description="fnmatch patterns over parameter names (e.g. 'tok_embeddings.*', '*.bias'); the first rule that matches a parameter takes it.")
+    weight_decay: float | None = Field(None, ge=0, description="This group's weight decay; unset = optimizer.weight_decay.")
+    lr_mult: float = Field(1.0, ge=0, description="This group's learning rate as a multiple of the scheduled LR.")
+
+    @field_validator("name")
+    @classmethod
+    def _reserved(cls, value: str) -> str:
+        if not value.strip() or value in ("default", "no_decay"):
+            raise ValueError(f"{value!r} is empty or reserved (default and no_decay are the built-in groups); choose another name")
+        return value
+
+
 class OptimizerSection(Section):
     name: Literal["AdamW", "Adam", "SGD"] = Field("AdamW", description="torch.optim optimizer class.")
     lr: float = Field(3e-3, ge=0, description="Peak learning rate (0 keeps the weights as loaded, e.g. to check a round trip).")
@@ -70,12 +86,23 @@ class OptimizerSection(Section):
     eps: float = Field(1e-8, gt=0, description="Adam epsilon.")
     weight_decay: float = Field(0.1, ge=0, description="Decoupled weight decay.")
     implementation: Literal["auto", "foreach", "for-loop", "fused"] = Field("auto", description="Kernel: auto = fused on CUDA, foreach elsewhere.")
+    no_decay_norms_biases_embeddings: bool = Field(True, description="Put norms and biases (parameters with fewer than 2 dims), embedding tables (nn.Embedding and weights tied to one) in the no_decay group (weight decay 0); false = decay every parameter.")
+    param_groups: list[ParamGroupRule] = Field(default_factory=list, description="Extra parameter groups, matched by name before the built-in default/no_decay split (TOML: [[optimizer.param_groups]] tables).")
+
+    @field_validator("param_groups")
+    @classmethod
+    def _unique_group_names(cls, value: list[ParamGroupRule]) -> list[ParamGroupRule]:
+        names = [rule.name for rule in value]
+        if len(set(names)) != len(names):
+            raise ValueError(f"group names {names} repeat; give each group its own name")
+        return value
 
 
 class LRSchedulerSection(Section):
     warmup_steps: int = Field(20, ge=0, description="Linear warmup steps from ~0 to the peak LR.")
     decay_type: Literal["linear", "cosine", "wsd", "constant"] = Field("cosine", description="Decay after warmup; wsd = constant then decay in the last decay_ratio of steps.")
     decay_ratio: float = Field(0.2, gt=0, le=1, description="For wsd: fraction of steps spent decaying.")
+    wsd_decay_shape: Literal["linear", "cosine", "1-sqrt"] = Field("linear", description="For wsd: shape of the decay tail (1-sqrt: 1 - sqrt(progress)).")
     min_lr_factor: float = Field(0.1, ge=0, le=1, description="LR at the end of decay, as a fraction of the peak.")
 
 
@@ -121,7 +148,7 @@ class ParallelismSection(Section):
     pp_split_points: list[str] = Field(default_factory=list, description="Layer names that start a new stage; empty = balanced automatic split.")
     loss_parallel: bool = Field(True, description="With tp > 1: compute the loss on vocab-sharded logits.")
     fsdp_reshard_after_forward: Literal["default", "always", "never"] = Field("default", description="FSDP2 reshard policy; default = always, except never for the last block.")
-    param_dtype: Literal["float32", "bfloat16"] = Field("float32", description="FSDP2 parameter dtype during compute.")
+    param_dtype: Literal["auto", "float32", "bfloat16"] = Field("auto", description="FSDP2 parameter dtype during compute (what is all-gathered); auto = the compute dtype (bfloat16 when training.dtype resolves to bfloat16). Master weights stay float32.")
     reduce_dtype: Literal["float32", "bfloat16"] = Field("float32", description="FSDP2 gradient reduce dtype.")
     backend: Literal["auto", "gloo", "nccl"] = Field("auto", description="Process-group backend; auto = nccl on CUDA, gloo on CPU.")
     init_timeout_s: float = Field(300.0, gt=0, le=86400, description="Seconds the rendezvous waits for every process to join before giving up.")
@@ -148,8 +175,19 @@ class MetricsSection(Section):
     log_freq: int = Field(10, gt=0, description="Print and record metrics every N steps.")
     wandb: bool = Field(False, description="Also log to Weights & Biases (respects WANDB_MODE=offline).")
     wandb_project: str = Field("titan", description="W&B project name.")
+    tensorboard: bool = Field(False, description="Also write TensorBoard event files (the same scalars as metrics.jsonl, rank 0) to job.run_dir/tensorboard; needs the tensorboard extra.")
     peak_tflops: float | None = Field(None, gt=0, description="Peak bf16 TFLOP/s for MFU; default from a table of known GPUs.")
     report: bool = Field(True, description="When training ends, write report.html (charts of metrics.jsonl, see titan-report) and report-loss.png into the run folder; a failure to draw is a warning, never an error.")
+
+
+class ProfilingSection(Section):
+    enable: bool = Field(False, description="Profile steps start_step .. start_step+steps-1 with torch.profiler: a trace per rank and a per-step breakdown line.")
+    start_step: int = Field(3, ge=1, description="First profiled step (1-based; later than 1 keeps start-up out of the trace).")
+    steps: int = Field(2, gt=0, description="Number of profiled steps.")
+    folder: str = Field("profile", description="Folder for traces (rank<R>/trace.json, Chrome/Perfetto JSON), relative to job.run_dir.")
+    record_shapes: bool = Field(False, description="Record operator input shapes in the trace (larger files).")
+    memory_snapshot: bool = Field(False, description="CUDA only: record the allocator history and write memory_snapshot.pickle next to the traces (and memory_snapshot_oom.pickle on out-of-memory).")
+    memory_snapshot_entries: int = Field(100000, gt=0, description="Allocator events kept for memory snapshots.")
 
 
 class CompileSection(Section):

@@ -12,10 +12,32 @@ def _value(v: Any) -> str:
     if isinstance(v, (int, float)):
         return repr(v)
     if isinstance(v, str):
-        return json.dumps(v)  # a JSON string is a valid TOML basic string
+        return _string(v)
     if isinstance(v, (list, tuple)):
         return "[" + ", ".join(_value(x) for x in v) + "]"
+    if isinstance(v, dict):  # an item of a list of tables (optimizer.param_groups): an inline table
+        return "{" + ", ".join(f"{json.dumps(k)} = {_value(x)}" for k, x in v.items() if x is not None) + "}"
     raise TypeError(f"cannot write {type(v).__name__} as TOML")
+
+
+def _string(v: str) -> str:
+    """A TOML basic string. A JSON string is one, except for the bytes of a file name that is not
+    UTF-8 (Python holds them as lone surrogates U+DC80..U+DCFF, and a \\udcXX escape is not TOML):
+    those stay raw, so the file written with surrogateescape holds the name's own bytes and
+    ``--config`` reads back the same path (config/sources.py)."""
+    if not any("\udc80" <= c <= "\udcff" for c in v):
+        return json.dumps(v)
+    parts: list[str] = []
+    plain: list[str] = []
+    for c in v:
+        if "\udc80" <= c <= "\udcff":
+            parts.append(json.dumps("".join(plain))[1:-1])
+            parts.append(c)
+            plain = []
+        else:
+            plain.append(c)
+    parts.append(json.dumps("".join(plain))[1:-1])
+    return '"' + "".join(parts) + '"'
 
 
 def _table(name: str, data: dict[str, Any], out: list[str]) -> None:

@@ -28,6 +28,7 @@ from typing import Any
 
 from ..console import progress
 from ..errors import ConfigError
+from ..os_errors import file_kind
 from .corpus import builtin_documents
 from .deadline import stall_deadline
 
@@ -43,24 +44,6 @@ def set_hf_timeout(seconds: float) -> None:
     _HF_TIMEOUT_S[0] = seconds
 
 
-def _kind(path: Path) -> str:
-    import stat
-
-    try:
-        mode = path.lstat().st_mode
-    except OSError:
-        return "unreadable"
-    if stat.S_ISLNK(mode):
-        return "a dangling symbolic link"
-    if stat.S_ISFIFO(mode):
-        return "a named pipe (FIFO)"
-    if stat.S_ISSOCK(mode):
-        return "a socket"
-    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
-        return "a device"
-    return "not a regular file"
-
-
 def source_files(source: str) -> list[Path]:
     """The files a local source names, sorted; ConfigError when there are none or one is unsupported."""
     path = Path(source).expanduser()
@@ -71,7 +54,7 @@ def source_files(source: str) -> list[Path]:
         )
     if not path.is_file() and not path.is_dir():
         raise ConfigError(
-            f'data.source "{source}" is {_kind(path)}, not a regular file or folder; point data.source at '
+            f'data.source "{source}" is {file_kind(path)}, not a regular file or folder; point data.source at '
             f".txt/.jsonl/.json/.parquet files (a pipe or device cannot be re-read for validation and resume)."
         )
     if path.is_file():
@@ -85,7 +68,7 @@ def source_files(source: str) -> list[Path]:
     # Nothing is silently left out: a dangling link or a pipe in the folder is an error, not a skip.
     odd = [p for p in visible if not p.is_file() and not p.is_dir()]
     if odd:
-        names = ", ".join(f"{p.relative_to(path).as_posix()} ({_kind(p)})" for p in odd[:3])
+        names = ", ".join(f"{p.relative_to(path).as_posix()} ({file_kind(p)})" for p in odd[:3])
         raise ConfigError(
             f'data.source folder "{source}" holds {len(odd)} entr{"y" if len(odd) == 1 else "ies"} that cannot be '
             f"read as data: {names}. Remove them, fix the links, or point data.source at another folder."

@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import torch
 from torch import nn
 
 from ..config.sections import (
@@ -76,7 +77,6 @@ def default_parallelize_fn(
         activation_checkpoint: ActivationCheckpointSection,
         tp_styles: TensorParallelStyles,
     ) -> nn.Module:
-        del training  # part of the protocol; nothing here depends on it
         if parallel_dims.tp_enabled:
             if tp_plan_fn is None:
                 raise ConfigError(
@@ -89,10 +89,20 @@ def default_parallelize_fn(
         apply_activation_checkpointing(blocks, activation_checkpoint, spec_save_ops=save_ops)
         if compile.enable:
             apply_compile(blocks.values(), fullgraph=fullgraph)
-        apply_fsdp(model, blocks.values(), parallel_dims=parallel_dims, mesh=mesh, parallelism=parallelism)
+        apply_fsdp(model, blocks.values(), parallel_dims=parallel_dims, mesh=mesh, parallelism=parallelism,
+                   compute_dtype=_compute_dtype(training, mesh))
         return model
 
     return parallelize
+
+
+def _compute_dtype(training: TrainingSection, mesh: Any) -> torch.dtype:
+    """The run's compute dtype, from the mesh's device (the model is still on meta here)."""
+    from ..precision import resolve_compute_dtype
+
+    if mesh is None:  # single process: no FSDP, the value is unused
+        return torch.float32
+    return resolve_compute_dtype(training.dtype, torch.device(mesh.device_type))
 
 
 __all__ = ["TensorParallelPlanFn", "default_parallelize_fn"]

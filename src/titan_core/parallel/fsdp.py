@@ -14,6 +14,15 @@ from ..parallel_dims import ParallelDims
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
+def gather_dtype(parallelism: ParallelismSection, compute_dtype: torch.dtype) -> torch.dtype:
+    """FSDP2's param_dtype: with bfloat16 compute, gathering float32 weights only to cast them
+    in autocast doubles the all-gather traffic; the float32 shards stay the master weights and
+    gradients are reduced in reduce_dtype (float32 by default), as torchtitan does."""
+    if parallelism.param_dtype == "auto":
+        return torch.bfloat16 if compute_dtype == torch.bfloat16 else torch.float32
+    return _DTYPES[parallelism.param_dtype]
+
+
 def reshard_policy(policy: str, *, is_last_block: bool, pp_enabled: bool) -> bool:
     """FSDP2 ``reshard_after_forward`` for one block under ``parallelism.fsdp_reshard_after_forward``.
 
@@ -35,6 +44,7 @@ def apply_fsdp(
     parallel_dims: ParallelDims,
     mesh: Any,
     parallelism: ParallelismSection,
+    compute_dtype: torch.dtype = torch.float32,
 ) -> None:
     """Shard (or replicate) every block, then ``model`` itself, over the data-parallel ranks.
 
@@ -42,14 +52,16 @@ def apply_fsdp(
     HSDP, 1-D dp_shard gives FSDP2. Without dp_shard the parameters are replicated
     (FSDP2's ``replicate``: whole parameters everywhere, gradients all-reduced), which
     composes with TP DTensors and pipeline schedules the way ``fully_shard`` does.
-    A no-op when there is only one data-parallel rank.
+    A no-op when there is only one data-parallel rank. ``compute_dtype`` (the run's
+    resolved training.dtype) is what ``parallelism.param_dtype=auto`` gathers in.
     """
     if parallel_dims.dp <= 1:
         return
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     dp_mesh = parallel_dims.dp_mesh(mesh)
-    mp = MixedPrecisionPolicy(param_dtype=_DTYPES[parallelism.param_dtype], reduce_dtype=_DTYPES[parallelism.reduce_dtype])
+    mp = MixedPrecisionPolicy(param_dtype=gather_dtype(parallelism, compute_dtype),
+                              reduce_dtype=_DTYPES[parallelism.reduce_dtype])
     blocks = list(blocks)
     if not parallel_dims.fsdp_enabled:
         from torch.distributed._composable.replicate_with_fsdp import replicate
