@@ -25,8 +25,8 @@ from pydantic import (
 )
 
 from ..errors import ConfigError
-from ..fault_tolerance.config import FaultToleranceSection
 from ..parallel_dims import ParallelDims
+from .fault_tolerance import FaultToleranceSection
 from .sections import (
     ActivationCheckpointSection,
     CheckpointSection,

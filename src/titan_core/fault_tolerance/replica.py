@@ -19,8 +19,8 @@ from typing import Any
 
 import torch
 
+from ..config.fault_tolerance import FaultToleranceSection
 from ..errors import ConfigError, TitanError
-from .config import FaultToleranceSection
 
 # Exit code of a replica group that lost (or never reached) the lighthouse (docs/fault-tolerance.md).
 LIGHTHOUSE_LOST_EXIT = 5

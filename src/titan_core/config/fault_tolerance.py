@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from ..config.sections import Section
+from .sections import Section
 
 
 class FaultToleranceSection(Section):
