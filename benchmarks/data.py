@@ -56,7 +56,7 @@ def _corpus(folder: Path, mb: float) -> tuple[Path, list[str]]:
 
 def bench_prepare(args: argparse.Namespace) -> None:
     from titan_core.commands.prepare_shards import PrepareRequest, prepare
-    from titan_core.tokenizer import build_tokenizer
+    from titan_core.plan.tokenizer import build_tokenizer
 
     tok = build_tokenizer("builtin")
     with tempfile.TemporaryDirectory(prefix="titan-bench-") as tmp:
@@ -89,7 +89,7 @@ def write_synthetic(folder: Path, tokens: int, *, shard_tokens: int = 1 << 26, d
     import numpy as np
 
     from titan_core.data.shards import FORMAT, VERSION, shard_name
-    from titan_core.tokenizer import build_tokenizer
+    from titan_core.plan.tokenizer import build_tokenizer
 
     tok = build_tokenizer("builtin")
     folder.mkdir(parents=True)
@@ -142,7 +142,7 @@ def timed_run(shards: Path, run_dir: Path, extra: list[str]) -> tuple[float, flo
 LOADER_ONLY = (
     "import resource, sys, time\n"
     "from titan_core.data import build_dataloader\n"
-    "from titan_core.tokenizer import build_tokenizer\n"
+    "from titan_core.plan.tokenizer import build_tokenizer\n"
     "tok = build_tokenizer('builtin')\n"
     "rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
     "start = time.perf_counter()\n"

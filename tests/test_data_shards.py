@@ -22,7 +22,8 @@ from titan_core.data.packing import pack_documents, split_stream
 from titan_core.data.prefetch import PrefetchingLoader
 from titan_core.data.sources import read_documents
 from titan_core.errors import ConfigError
-from titan_core.tokenizer import TiktokenTokenizer, build_tokenizer, read_bpe_ranks
+from titan_core.plan.tokenizer import build_tokenizer
+from titan_core.tokenizer import TiktokenTokenizer, read_bpe_ranks
 
 from conftest import REPO, CliResult, assert_user_error
 

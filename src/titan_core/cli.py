@@ -21,6 +21,7 @@ from .errors import TitanError
 from .launch_env import world_size_from_env
 from .launch_environment import check_launch_environment
 from .os_errors import describe_os_error
+from .path_settings import remember_paths
 from .signals import StopRequested
 from .worker_errors import INTERRUPTED, hand_to_launcher, under_launcher
 
@@ -86,7 +87,6 @@ def run(args: argparse.Namespace, rest: list[str], argv: list[str]) -> int:
     from .run_limits import apply_run_limits
 
     apply_run_limits(resolved.config)
-    from .path_settings import remember_paths
 
     remember_paths(resolved.config)  # an error about a file then names the setting it came from
     if args.print_config:

@@ -21,6 +21,8 @@ import time
 from collections.abc import Callable, Iterator
 from types import FrameType
 
+from .worker_errors import hand_to_launcher
+
 __all__ = ["GRACE_S", "DeadlinePassed", "call_deadline"]
 
 GRACE_S = 10.0
@@ -37,7 +39,6 @@ class DeadlinePassed(BaseException):
 
 def _hard_exit(message: str) -> None:
     """The watchdog's last resort: one message (once per --nproc-per-node run), exit 2, no cleanup to wait on."""
-    from .worker_errors import hand_to_launcher
 
     with contextlib.suppress(Exception):
         if not hand_to_launcher(message, hint=False):

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
 from ._metadata import entry_points_of
 from ._version import PLUGIN_API_VERSION
 from .errors import PluginError, did_you_mean
+from .section_names import refuse_core_section_name
 
 if TYPE_CHECKING:
     from .protocols import ModelConverter, TrainSpec
@@ -153,8 +154,6 @@ def _check_api(info: PluginInfo, api_version: str) -> None:
 
 
 def _refuse_core_section_name(info: PluginInfo) -> None:
-    from .section_names import refuse_core_section_name
-
     version = f" {info.version}" if info.version and info.version != "-" else ""
     refuse_core_section_name(
         info.name, who=f'{_KIND[info.group]} "{info.name}" of {info.distribution}{version} ({info.target})',

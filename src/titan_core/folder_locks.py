@@ -38,7 +38,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .errors import ConfigError
+from .hf.folder import is_hf_folder
 from .run_lock import RunFolderBusy, RunLock, _holder_text, acquire_run_lock
+from .weights.titan_checkpoint import is_titan_checkpoint
 
 if TYPE_CHECKING:
     from .config.job import JobConfig
@@ -71,8 +73,6 @@ def written_folders(config: JobConfig) -> list[WrittenFolder]:
 
 def _what_it_is(folder: Path) -> str | None:
     """Why ``folder`` must not receive a run's files: it is a checkpoint or a Hugging Face folder."""
-    from .hf.folder import is_hf_folder
-    from .weights.titan_checkpoint import is_titan_checkpoint
 
     if is_titan_checkpoint(folder):
         return "a titan checkpoint (it holds titan_checkpoint.json)"
@@ -83,7 +83,6 @@ def _what_it_is(folder: Path) -> str | None:
 
 def refuse_foreign_folders(folders: list[WrittenFolder]) -> None:
     """A checkpoint or Hugging Face folder (or a folder inside one) given as a folder the run writes."""
-    from .weights.titan_checkpoint import is_titan_checkpoint
 
     checkpoint_folders = {f.path for f in folders if f.role.startswith("checkpoint folder")}
     for folder in folders:

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from .config.sections import MetricsSection
+from .tensorboard_writer import TensorBoardWriter, require_tensorboard
 
 # Dense bf16 peak TFLOP/s (no sparsity) by a fragment of torch.cuda.get_device_name(), for MFU.
 # The longest matching fragment wins, so "H100 PCIe" is not read as an SXM H100, nor "L40S" as "L4".
@@ -115,8 +116,6 @@ class MetricsLogger:
         self._wandb: Any = None
         self._tensorboard: Any = None
         if config.tensorboard:
-            from .tensorboard_writer import TensorBoardWriter, require_tensorboard
-
             require_tensorboard()  # on every rank: a missing package stops all of them with one message
             self._tensorboard = TensorBoardWriter(run_dir) if is_rank0 else None
         if is_rank0 and config.wandb:

@@ -7,6 +7,7 @@ import stat
 from pathlib import Path
 
 from .errors import TitanError
+from .path_settings import setting_for
 
 __all__ = ["describe_os_error", "io_errno"]
 
@@ -29,8 +30,6 @@ def describe_os_error(exc: OSError) -> TitanError:
     name = exc.filename if exc.filename is not None else "a file of the run"
     setting = None
     if exc.filename is not None:
-        from .path_settings import setting_for
-
         setting = setting_for(exc.filename)
     what, fix = _ADVICE.get(exc.errno or -1, (exc.strerror or str(exc), "check the path and its filesystem"))
     if exc.errno == errno.ENOSPC:

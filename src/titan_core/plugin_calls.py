@@ -12,7 +12,10 @@ import contextlib
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
+import titan_core
+
 from . import discovery
+from .deadlines import DeadlinePassed, call_deadline
 from .errors import PluginError, TitanError
 from .out_of_memory import PluginOutOfMemory, is_out_of_memory, out_of_memory_error
 from .peer_failure import is_collective_failure
@@ -62,7 +65,6 @@ def plugin_label(group: Group, name: str) -> str:
 def plugin_call(group: Group, name: str, method: str) -> Iterator[None]:
     """Re-raise anything but a TitanError from the block as a PluginError naming the plugin and ``method``;
     a call that outlives ``model.plugin_timeout_s`` is one such error too."""
-    from .deadlines import DeadlinePassed, call_deadline
 
     seconds = _timeout_s[0]
 
@@ -105,7 +107,6 @@ def core_origin(exc: BaseException) -> str | None:
     traceback outside torch and the standard library is titan-core's own code; None when it is the plugin's."""
     import os
 
-    import titan_core
 
     core_dir = os.path.dirname(os.path.abspath(titan_core.__file__)) + os.sep
     # The standard library's own folder (a venv's "platstdlib" would also cover its site-packages).

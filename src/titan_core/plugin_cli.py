@@ -7,7 +7,8 @@ import sys
 import traceback
 from collections.abc import Sequence
 
-from .errors import TitanError
+from .discovery import import_modules
+from .errors import ConfigError, TitanError
 from .os_errors import describe_os_error
 from .scaffold import write_package
 from .signals import Terminated, sigterm_raises
@@ -68,8 +69,6 @@ def _run(args: argparse.Namespace) -> int:
         import math
 
         from .commands.plugin_check import check  # start-up: `titan-plugin new` needs no torch
-        from .discovery import import_modules
-        from .errors import ConfigError
         from .plugin_calls import set_plugin_timeout
 
         if not (math.isfinite(args.call_timeout) and 0 < args.call_timeout <= 604800):

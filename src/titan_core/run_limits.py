@@ -9,6 +9,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from .data.sources import set_hf_timeout
+from .plugin_calls import set_plugin_timeout
+
 if TYPE_CHECKING:
     from .config.job import JobConfig
 
@@ -17,8 +20,6 @@ __all__ = ["apply_run_limits"]
 
 def apply_run_limits(config: JobConfig) -> None:
     """``model.plugin_timeout_s`` and ``data.hf_timeout_s`` take effect in this process."""
-    from .data.sources import set_hf_timeout
-    from .plugin_calls import set_plugin_timeout
 
     set_plugin_timeout(config.model.plugin_timeout_s)
     set_hf_timeout(config.data.hf_timeout_s)

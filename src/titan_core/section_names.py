@@ -9,14 +9,13 @@ write one.
 
 from __future__ import annotations
 
+from .config.job import CORE_SECTIONS
 from .errors import PluginError
 
 __all__ = ["core_section_names", "refuse_core_section_name"]
 
 
 def core_section_names() -> tuple[str, ...]:
-    from .config.job import CORE_SECTIONS
-
     return CORE_SECTIONS
 
 

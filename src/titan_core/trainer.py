@@ -48,6 +48,7 @@ from .parameter_layout import describe_parameter_layout
 from .plan.resolve import ResolvedConfig
 from .plugin_calls import check_logits, plugin_call
 from .precision import autocast_for, resolve_compute_dtype
+from .profiling import StepProfiler
 from .protocols import ModelConverter, RunContext, TensorParallelStyles
 from .report import report_at_end
 from .run_files import atomic_write_text, require_writable, supersede_metrics
@@ -299,8 +300,6 @@ class Trainer:
         )
 
     def build_profiler(self) -> None:
-        from .profiling import StepProfiler
-
         self.profiler = StepProfiler(self.config.profiling, run_dir=self.run_dir, rank=self.proc.rank,
                                      device=self.device, is_rank0=self.is_rank0)
 

@@ -14,6 +14,18 @@ from typing import Any
 import torch
 from torch import nn
 
+from . import discovery
+from .checkpoint.identity import read_record
+from .hf.adapter import adapter_of
+from .hf.folder import open_hf_folder
+from .hf.tokenizer_folder import load_tokenizer_folder
+from .plan.tokenizer import build_tokenizer
+from .run_files import read_run_config
+from .ties import declared_ties, retie_weights
+from .weights.load import check_hf_fits, load_hf_weights
+from .weights.model_args import checkpoint_model_args, run_config_of
+from .weights.titan_checkpoint import load_model_weights
+
 
 @dataclass
 class WholeModel:
@@ -33,13 +45,6 @@ def _finish(model: nn.Module) -> None:
 def load_titan_checkpoint(checkpoint: Path, *, config: Path | None = None) -> WholeModel:
     """The model of ``checkpoint`` (a step-N folder) in float32 on the CPU; ``config``: the run's
     config.toml (default: two levels up, where titan-train writes it)."""
-    from . import discovery
-    from .checkpoint.identity import read_record
-    from .plan.tokenizer import build_tokenizer
-    from .run_files import read_run_config
-    from .ties import declared_ties, retie_weights
-    from .weights.model_args import checkpoint_model_args, run_config_of
-    from .weights.titan_checkpoint import load_model_weights
 
     identity = read_record(checkpoint).identity
     run_config = read_run_config(config or run_config_of(checkpoint))
@@ -59,12 +64,6 @@ def load_titan_checkpoint(checkpoint: Path, *, config: Path | None = None) -> Wh
 
 def load_hf_folder(folder_path: Path, *, spec_name: str | None, what: str) -> WholeModel:
     """The model of a Hugging Face folder through the spec's adapter (default: the only installed spec)."""
-    from . import discovery
-    from .hf.adapter import adapter_of
-    from .hf.folder import open_hf_folder
-    from .hf.tokenizer_folder import load_tokenizer_folder
-    from .ties import declared_ties, retie_weights
-    from .weights.load import check_hf_fits, load_hf_weights
 
     spec = discovery.load_train_spec(spec_name or discovery.default_spec_name())
     folder = open_hf_folder(folder_path, what=what)

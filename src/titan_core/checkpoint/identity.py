@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import CheckpointError
+from ..param_groups import describe_difference
 from .json_strict import unique_keys
 from .layout import IDENTITY_FILE
 
@@ -183,8 +184,6 @@ def check_identity(saved: RunIdentity, current: RunIdentity, *, path: Path, allo
 
 
 def _check_param_groups(saved: dict[str, Any] | None, current: dict[str, Any] | None, *, path: Path) -> None:
-    from ..param_groups import describe_difference
-
     if saved is None or current is None:
         return
     difference = describe_difference(saved, current)

@@ -23,6 +23,7 @@ from .. import distributed, signals
 from ..config.job import build_job_model
 from ..console import progress
 from ..errors import ConfigError
+from ..folder_locks import acquire_run_folders
 from ..launch_env import world_size_from_env
 from ..plan.resolve import ResolvedConfig
 from ..run_files import atomic_write_bytes, atomic_write_text
@@ -163,7 +164,6 @@ def compare_baseline(resolved: ResolvedConfig) -> int:
         )
     require_matplotlib()  # before training: a missing extra must not cost the two finished runs
     root = Path(resolved.config.job.run_dir)
-    from ..folder_locks import acquire_run_folders
 
     lock = acquire_run_folders(resolved.config, run_folder_only=True)  # both runs write below root: one comparison per folder at a time
     runs = [("converted", with_run_dir(resolved, root / "converted")), ("baseline", baseline_of(resolved, root / "baseline"))]

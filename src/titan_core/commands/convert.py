@@ -23,8 +23,11 @@ from .. import discovery
 from ..checkpoint import CheckpointManager, RunIdentity, collect_param_shapes
 from ..checkpoint.identity import read_record, write_record
 from ..checkpoint.integrity import file_digest
+from ..config.finite import FLOAT32_MAX, refuse_nonfinite
+from ..config.layers import load_config_source
 from ..config.sections import CheckpointSection, LRSchedulerSection, OptimizerSection
 from ..errors import ConfigError
+from ..folder_publish import fresh_partial, publish
 from ..hf.adapter import adapter_of
 from ..hf.export import export_hf
 from ..hf.folder import is_hf_folder, open_hf_folder
@@ -95,8 +98,6 @@ def _read_toml(path: Path | None) -> dict[str, Any]:
     """The run's config.toml, read and checked as titan-train reads --config (size, UTF-8, TOML, finite numbers)."""
     if path is None:
         return {}
-    from ..config.finite import refuse_nonfinite
-    from ..config.layers import load_config_source
 
     try:
         layer = load_config_source(str(path) if str(path).endswith(".toml") or "/" in str(path) else f"./{path}")
@@ -110,7 +111,6 @@ def check_flags(args: argparse.Namespace) -> None:
     """The flags get titan-train's checks: sizes finite, positive and representable."""
     import math
 
-    from ..config.finite import FLOAT32_MAX
 
     shard_gb = getattr(args, "shard_gb", None)
     if shard_gb is not None and not (math.isfinite(shard_gb) and 1e-9 <= shard_gb <= FLOAT32_MAX):
@@ -166,7 +166,6 @@ def from_hf(args: argparse.Namespace) -> int:
     schedulers = LRSchedulersContainer(optimizer, LRSchedulerSection(warmup_steps=0), total_steps=1)
     identity = RunIdentity(spec=spec.name, flavor="from-hf", converters=(),
                            param_shapes=collect_param_shapes([model]))
-    from ..folder_publish import fresh_partial, publish
 
     # Written beside OUT and published whole at the end: an interrupted conversion never leaves an
     # OUT that looks complete (a step-000000 without its shape file), and a rerun starts it again.

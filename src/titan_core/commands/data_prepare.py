@@ -16,6 +16,7 @@ from pathlib import Path
 from ..errors import TitanError
 from ..os_errors import describe_os_error
 from ..signals import Terminated, sigterm_raises
+from .prepare_shards import PrepareRequest, prepare
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -38,7 +39,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
-    from .prepare_shards import PrepareRequest, prepare
 
     req = PrepareRequest(sources=list(args.sources), tokenizer=args.tokenizer, out=args.out, workers=args.workers,
                          shard_tokens=args.shard_tokens, text_field=args.text_field, hf_split=args.hf_split,

@@ -16,6 +16,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ..errors import ConfigError
+from ..hf.folder import is_hf_folder
+from ..sampling import Sampling, sample, takes_cache
+from ..weights.titan_checkpoint import is_titan_checkpoint, newest_checkpoint
+from ..whole_model import load_hf_folder, load_titan_checkpoint
 from .tool_main import run_tool
 
 PROG = "titan-generate"
@@ -57,8 +61,6 @@ def check_settings(args: argparse.Namespace) -> None:
 
 def resolve_source(path: Path) -> tuple[str, Path]:
     """("titan" | "hf", the folder to load) for SOURCE; ConfigError when it is none of the three kinds."""
-    from ..hf.folder import is_hf_folder
-    from ..weights.titan_checkpoint import is_titan_checkpoint, newest_checkpoint
 
     if not path.exists():
         raise ConfigError(f"{path} does not exist; give a titan checkpoint (runs/x/checkpoints/step-N), a run folder "
@@ -80,8 +82,6 @@ def resolve_source(path: Path) -> tuple[str, Path]:
 def generate(args: argparse.Namespace) -> int:
     import torch
 
-    from ..sampling import Sampling, sample, takes_cache
-    from ..whole_model import load_hf_folder, load_titan_checkpoint
 
     check_settings(args)
     kind, folder = resolve_source(args.source)

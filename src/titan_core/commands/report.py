@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ..errors import ConfigError
+from ..report import REPORT_FILE, write_report
 from .tool_main import run_tool
 
 PROG = "titan-report"
@@ -30,8 +31,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def report(args: argparse.Namespace) -> int:
-    from ..report import REPORT_FILE, write_report
-
     runs: list[Path] = args.run_dirs
     out: Path | None = args.out
     if out is None:

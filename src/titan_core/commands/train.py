@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .. import distributed, signals
+from ..folder_locks import acquire_run_folders
 from ..launch_env import rank_env, world_size_from_env
 from ..out_of_memory import out_of_memory_named
 from ..peer_failure import lost_peer
@@ -20,7 +21,6 @@ if TYPE_CHECKING:
 def _take_run_folders(resolved: ResolvedConfig) -> HeldFolders | None:
     """Rank 0 owns the folders the run writes for the life of the run (the --nproc-per-node launcher holds
     them for its workers)."""
-    from ..folder_locks import acquire_run_folders
 
     rank, _, _ = rank_env()
     if rank != 0 or lock_held_by_launcher(Path(resolved.config.job.run_dir)):

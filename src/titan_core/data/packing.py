@@ -33,6 +33,7 @@ import torch
 
 from ..errors import ConfigError
 from ..spec_factories import BatchEncoder, Fingerprinted, Tokenizer
+from ..token_ids import check_tokenizer_ids
 from .loader import WindowSource
 from .sources import HF_PREFIX, read_documents, source_files
 
@@ -78,7 +79,6 @@ def pack_documents(docs: list[str], tokenizer: Tokenizer, *, chunk_docs: int = 1
     offsets = torch.zeros(len(docs) + 1, dtype=torch.int64)
     torch.cumsum(torch.tensor(lengths, dtype=torch.int64), 0, out=offsets[1:])
     tokens = torch.from_numpy(np.concatenate(pieces)) if pieces else torch.zeros(0, dtype=torch.int32)
-    from ..token_ids import check_tokenizer_ids
 
     check_tokenizer_ids(tokens, tokenizer)
     return PackedDocuments(tokens=tokens, offsets=offsets)

@@ -31,6 +31,7 @@ from ..errors import ConfigError
 from ..os_errors import file_kind
 from .corpus import builtin_documents
 from .deadline import stall_deadline
+from .json_lines import read_json_list, read_jsonl
 
 SUPPORTED_SUFFIXES = (".txt", ".jsonl", ".json", ".parquet")
 HF_PREFIX = "hf:"
@@ -168,7 +169,6 @@ def _read_file(path: Path, *, text_field: str) -> list[str]:
         if "\x00" in text:
             raise ConfigError(f"data file {path} looks binary (it contains NUL bytes); give a text file.")
         return [text] if text.strip() else []
-    from .json_lines import read_json_list, read_jsonl
 
     suffix = path.suffix.lower()
     if suffix == ".jsonl":  # read directly: one datasets load per file made a folder of small files take minutes

@@ -24,6 +24,7 @@ from typing import IO
 
 from ..config.job import JobConfig
 from ..errors import ConfigError
+from ..run_lock import acquire_run_lock
 from .replica import LIGHTHOUSE_LOST_EXIT
 
 GAVE_UP_EXIT = 6
@@ -208,8 +209,6 @@ class Supervisor:
 
 
 def supervise(config: JobConfig, argv: list[str]) -> int:
-    from ..run_lock import acquire_run_lock
-
     run_dir = Path(config.job.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     lock = acquire_run_lock(run_dir)

@@ -21,6 +21,7 @@ import torch
 from ..errors import ConfigError, TitanError
 from ..grad_norm import clip_grad_norm
 from ..trainer import StepResult, Trainer
+from .diloco import OuterStep
 from .fingerprint import check_same_run, fingerprint
 from .replica import LighthouseLost, ReplicaGroup
 
@@ -54,7 +55,6 @@ class FaultTolerantTrainer(Trainer):
 
     def build_optimizers(self) -> None:
         super().build_optimizers()
-        from .diloco import OuterStep
 
         self.outer = (OuterStep(self.model_parts, lr=self.ft.outer_lr, momentum=self.ft.outer_momentum)
                       if self.ft.semi_sync == "diloco" else None)

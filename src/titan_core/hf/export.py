@@ -30,6 +30,7 @@ from torch.distributed.tensor import DTensor
 
 from ..checkpoint import states
 from ..errors import CheckpointError, ConfigError
+from ..folder_publish import fresh_partial, partial_of, publish
 from ..os_errors import describe_os_error, io_errno
 from .adapter import adapter_of
 from .folder import INDEX, SINGLE
@@ -122,7 +123,6 @@ def export_hf(model_parts: list[nn.Module], out_dir: Path, *, spec: TrainSpec, m
                    for name, size in share.items())
     shards = plan_shards(sizes, int(shard_gb * 1e9))
     files = shard_file_names(len(shards))
-    from ..folder_publish import fresh_partial, partial_of, publish
 
     tmp = partial_of(out_dir)
     error: str | None = None

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ..errors import ConfigError
+from .rope_fields import check_rope_fields
 from .slice_reader import SliceReader
 
 if TYPE_CHECKING:
@@ -63,7 +64,6 @@ def open_hf_folder(path: str | Path, *, what: str) -> HFFolder:
         raise ConfigError(f"{what}: cannot read {path / 'config.json'}: {exc}.") from None
     if not isinstance(config, dict):
         raise ConfigError(f"{what}: {path / 'config.json'} is not a JSON object.")
-    from .rope_fields import check_rope_fields
 
     check_rope_fields(config, path / "config.json", what=what)
     files = _weight_files(path, what=what, fix=fix)

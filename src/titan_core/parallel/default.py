@@ -27,6 +27,7 @@ from ..config.sections import (
 )
 from ..errors import ConfigError
 from ..parallel_dims import ParallelDims
+from ..precision import resolve_compute_dtype
 from ..protocols import TensorParallelStyles, TrainSpec
 from ..spec_factories import ParallelizeFn, TensorParallelPlanFn
 from .checkpointing import apply_activation_checkpointing
@@ -98,7 +99,6 @@ def default_parallelize_fn(
 
 def _compute_dtype(training: TrainingSection, mesh: Any) -> torch.dtype:
     """The run's compute dtype, from the mesh's device (the model is still on meta here)."""
-    from ..precision import resolve_compute_dtype
 
     if mesh is None:  # single process: no FSDP, the value is unused
         return torch.float32

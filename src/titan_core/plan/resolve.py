@@ -14,7 +14,8 @@ from ..config.job import JobConfig, build_job_model
 from ..config.layers import Layer, load_config_source, merge
 from ..config.messages import describe
 from ..config.overrides import overrides_layer, typed_value
-from ..errors import ConfigError, did_you_mean
+from ..data.documents import check_document_masking
+from ..errors import ConfigError, PluginError, did_you_mean
 from ..parallel_dims import ParallelDims
 from ..protocols import ModelConverter, Tokenizer, TrainSpec
 from .derived import run_device_and_backend, run_model_args, run_tokenizer
@@ -62,7 +63,6 @@ def _plugin_sections(spec: TrainSpec, converters: list[tuple[str, type[ModelConv
         sections[spec.name] = spec.config_model
     for name, cls in converters:
         if name == spec.name and spec.config_model is not None:  # one section cannot be both the spec's and this
-            from ..errors import PluginError
 
             raise PluginError(f'spec "{spec.name}" and converter "{name}" share the name, which is the config '
                               f"section of each; rename one of them (their entry points) to use both in one run.")
@@ -150,8 +150,6 @@ def resolve_config(
             f"Flavors: {', '.join(spec.flavors)}."
         )
     if config.data.document_masking:
-        from ..data.documents import check_document_masking
-
         check_document_masking(spec_name=spec.name, model_cls=spec.model_cls, pp=config.parallelism.pp)
     device, backend = run_device_and_backend(config)
     tokenizer = run_tokenizer(spec, config)

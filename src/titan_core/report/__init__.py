@@ -11,6 +11,9 @@ import datetime
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..console import progress
+from ..run_files import atomic_write_bytes, atomic_write_text
+from .page import render
 from .png import MISSING, loss_png
 from .runs import read_run, run_names
 
@@ -30,8 +33,6 @@ def png_path_of(html: Path) -> Path:
 
 def write_report(run_dirs: list[Path], out: Path) -> Written:
     """Read every run, write ``out`` and the loss PNG beside it (atomically); ConfigError for a bad run folder."""
-    from ..run_files import atomic_write_bytes, atomic_write_text
-    from .page import render
 
     names = run_names(run_dirs)
     runs = [read_run(path, name=name) for path, name in zip(run_dirs, names)]
@@ -54,7 +55,6 @@ def write_run_report(run_dir: Path) -> Written:
 def report_at_end(run_dir: Path) -> Path | None:
     """The trainer's last act on rank 0: the run's report, or a warning. Never raises an Exception: the
     run has finished and its checkpoints are saved, and a chart is not worth failing it for."""
-    from ..console import progress
 
     try:
         written = write_run_report(run_dir)

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
+from ..run_files import read_run_config
 
 
 @dataclass
@@ -65,7 +66,6 @@ def _read_metrics(path: Path) -> tuple[dict[str, dict[float, float]], int]:
 
 def read_run(path: Path, *, name: str | None = None) -> RunData:
     """A run folder's metrics and settings; ConfigError when it is not a run folder."""
-    from ..run_files import read_run_config
 
     path = Path(path)
     if not path.is_dir():

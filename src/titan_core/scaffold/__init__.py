@@ -8,6 +8,7 @@ from pathlib import Path
 from string import Template
 
 from ..errors import ConfigError
+from ..section_names import refuse_core_section_name
 from . import converter_files, spec_files
 
 __all__ = ["write_package"]
@@ -19,7 +20,6 @@ def _names(name: str, kind: str) -> dict[str, str]:
             f'"{name}" cannot name a {kind}: use lower-case letters, digits and "_", starting with a letter '
             f'(it becomes the entry-point name, the config section [{name}] and part of the package name).'
         )
-    from ..section_names import refuse_core_section_name
 
     refuse_core_section_name(name, who=f'the new {kind}', fix="Choose another name.")
     cls = "".join(part.capitalize() for part in name.split("_"))

@@ -26,12 +26,14 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from .. import discovery
+from ..deadlines import DeadlinePassed, call_deadline
 from ..discovery import CONVERTERS, SPECS, discover, load_converter, load_train_spec
 from ..errors import TitanError
 from ..hf.adapter import row_map
 from ..init import init_model_weights
 from ..metrics import call_flops_fn
 from ..plan.resolve import resolve_config
+from ..plugin_calls import plugin_timeout, timeout_message
 from ..trainer import Trainer
 from . import runs
 
@@ -252,8 +254,6 @@ def _under(name: str, roots: set[str]) -> bool:
 def _bounded(t: Target, method: str) -> Iterator[None]:
     """A call into the plugin under ``model.plugin_timeout_s`` (titan-plugin check --call-timeout): one that never
     returns fails the check, naming it, instead of hanging the kit."""
-    from ..deadlines import DeadlinePassed, call_deadline
-    from ..plugin_calls import plugin_timeout, timeout_message
 
     seconds = plugin_timeout()
     label = f"{t.kind} {t.name!r}"
