@@ -64,7 +64,10 @@ def fresh_partial(final: Path) -> Path:
     final = Path(final)
     partial = partial_of(final)
     _remove_ours(partial, f"unfinished copy of {final}")
-    partial.mkdir(parents=True)
+    try:
+        partial.mkdir(parents=True)
+    except OSError as exc:  # name the folder the user asked for, not our hidden work folder beside it
+        raise OSError(exc.errno, exc.strerror, str(final)) from None
     (partial / PARTIAL_MARK).write_bytes(b"")
     return partial
 
