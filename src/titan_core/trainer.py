@@ -370,10 +370,7 @@ class Trainer:
 
     def train_step(self, batches: Iterator[tuple[torch.Tensor, torch.Tensor]]) -> StepResult:
         self.optimizer.zero_grad()
-        # Every micro-batch is read first: the loss is a mean over the step's valid labels.
-        micro_batches = [self.prepare_batch(*self.next_batch(batches)) for _ in range(self.accum)]
-        self.step_valid_tokens = self.count_step_tokens(micro_batches)
-        loss = sum((self.forward_backward(*mb) for mb in micro_batches), torch.zeros((), device=self.device))
+        loss = self.step_forward_backward(batches)
         pp_group = self.mesh["pp"].get_group() if self.dims.pp_enabled else None
         grad_norm = clip_grad_norm(self.model_parts, self.config.training.max_norm, pp_group=pp_group)
         global_loss = self.global_average_loss(loss)
@@ -384,6 +381,13 @@ class Trainer:
         self.moe.after_step()  # MoE routing-bias update and load figures (self.moe.metrics)
         self.lr_schedulers.step()
         return StepResult(global_loss, grad_norm, skipped=False)
+
+    def step_forward_backward(self, batches: Iterator[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+        """Forward and backward of every accumulation micro-batch; the step's loss on this rank."""
+        # Every micro-batch is read first: the loss is a mean over the step's valid labels.
+        micro_batches = [self.prepare_batch(*self.next_batch(batches)) for _ in range(self.accum)]
+        self.step_valid_tokens = self.count_step_tokens(micro_batches)
+        return sum((self.forward_backward(*mb) for mb in micro_batches), torch.zeros((), device=self.device))
 
     def next_batch(self, batches: Iterator[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
         with self.profiler.phase("data"):

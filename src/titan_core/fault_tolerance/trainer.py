@@ -151,7 +151,7 @@ class FaultTolerantTrainer(Trainer):
         assert self.outer is not None
         sync = (self.step + 1) % self.ft.sync_steps == 0
         self.optimizer.zero_grad()
-        loss = sum((self.forward_backward(*next(batches)) for _ in range(self.accum)), torch.zeros((), device=self.device))
+        loss = self.step_forward_backward(batches)  # per valid token of this group's share
         grad_norm = clip_grad_norm(self.model_parts, self.config.training.max_norm, pp_group=None)
         group_loss = self.global_average_loss(loss)
         if not sync and not self.replica.commit():
@@ -169,7 +169,7 @@ class FaultTolerantTrainer(Trainer):
     def attempt_sync_step(self, batches: Iterator[tuple[torch.Tensor, torch.Tensor]]) -> StepResult | None:
         """One try at the step; None when the live groups did not all finish it (nothing was changed)."""
         self.optimizer.zero_grad()
-        loss = sum((self.forward_backward(*next(batches)) for _ in range(self.accum)), torch.zeros((), device=self.device))
+        loss = self.step_forward_backward(batches)  # per valid token of this group's share
         grads = [_local(p.grad) for part in self.model_parts for p in part.parameters() if p.grad is not None]
         self.replica.average(grads)
         grad_norm = clip_grad_norm(self.model_parts, self.config.training.max_norm, pp_group=None)
