@@ -16,11 +16,14 @@ from torch import nn
 
 from . import discovery
 from .checkpoint.identity import read_record
+from .config.finite import refuse_nonfinite
+from .config.layers import load_config_source
+from .errors import ConfigError
 from .hf.adapter import adapter_of
 from .hf.folder import open_hf_folder
 from .hf.tokenizer_folder import load_tokenizer_folder
+from .os_errors import describe_os_error
 from .plan.tokenizer import build_tokenizer
-from .run_files import read_run_config
 from .ties import declared_ties, retie_weights
 from .weights.load import check_hf_fits, load_hf_weights
 from .weights.model_args import checkpoint_model_args, run_config_of
@@ -42,12 +45,25 @@ def _finish(model: nn.Module) -> None:
         init_buffers()
 
 
+def read_checked_run_config(path: Path | None) -> dict[str, Any]:
+    """The run's config.toml, read and checked as titan-train reads --config (regular file, size, UTF-8,
+    TOML, finite numbers): it comes from disk, like any other input."""
+    if path is None:
+        return {}
+    try:
+        layer = load_config_source(str(path) if str(path).endswith(".toml") or "/" in str(path) else f"./{path}")
+    except OSError as exc:
+        raise ConfigError(f"cannot read the run config {path}: {describe_os_error(exc)}") from None
+    refuse_nonfinite(layer)
+    return layer
+
+
 def load_titan_checkpoint(checkpoint: Path, *, config: Path | None = None) -> WholeModel:
     """The model of ``checkpoint`` (a step-N folder) in float32 on the CPU; ``config``: the run's
     config.toml (default: two levels up, where titan-train writes it)."""
 
     identity = read_record(checkpoint).identity
-    run_config = read_run_config(config or run_config_of(checkpoint))
+    run_config = read_checked_run_config(config or run_config_of(checkpoint))
     spec = discovery.load_train_spec(identity.spec)
     data = run_config.get("data", {})
     tokenizer = build_tokenizer(str(data.get("tokenizer", "builtin") if isinstance(data, dict) else "builtin"))

@@ -23,8 +23,7 @@ from .. import discovery
 from ..checkpoint import CheckpointManager, RunIdentity, collect_param_shapes
 from ..checkpoint.identity import read_record, write_record
 from ..checkpoint.integrity import file_digest
-from ..config.finite import FLOAT32_MAX, refuse_nonfinite
-from ..config.layers import load_config_source
+from ..config.finite import FLOAT32_MAX
 from ..config.sections import CheckpointSection, LRSchedulerSection, OptimizerSection
 from ..errors import ConfigError
 from ..folder_publish import fresh_partial, publish
@@ -32,7 +31,6 @@ from ..hf.adapter import adapter_of
 from ..hf.export import export_hf
 from ..hf.folder import is_hf_folder, open_hf_folder
 from ..optim import LRSchedulersContainer, OptimizersContainer
-from ..os_errors import describe_os_error
 from ..ties import declared_ties, retie_weights
 from ..weights.load import check_hf_fits, load_hf_weights
 from ..weights.source import HF_CONFIG_IN_CHECKPOINT
@@ -93,18 +91,6 @@ def _require_new_folder(out: Path, source: Path) -> None:
         raise ConfigError(f"{out} is inside the input folder {source}; choose an OUT folder outside it "
                           f"(titan-convert never changes its input).")
 
-
-def _read_toml(path: Path | None) -> dict[str, Any]:
-    """The run's config.toml, read and checked as titan-train reads --config (size, UTF-8, TOML, finite numbers)."""
-    if path is None:
-        return {}
-
-    try:
-        layer = load_config_source(str(path) if str(path).endswith(".toml") or "/" in str(path) else f"./{path}")
-    except OSError as exc:
-        raise ConfigError(f"cannot read the run config {path}: {describe_os_error(exc)}") from None
-    refuse_nonfinite(layer)
-    return layer
 
 
 def check_flags(args: argparse.Namespace) -> None:
