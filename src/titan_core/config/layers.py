@@ -91,10 +91,29 @@ def _with_non_utf8_names(raw: bytes) -> str:
     (a binary file) stays refused."""
     text = raw.decode("utf-8", "surrogateescape")
     try:
-        tomllib.loads(text)
+        parsed = tomllib.loads(text)
     except tomllib.TOMLDecodeError:
         raise UnicodeDecodeError("utf-8", raw, 0, len(raw), "not UTF-8") from None
+    # Only a path may hold such bytes (a file system name); text elsewhere (a description in
+    # Latin-1) is a file in the wrong encoding, refused as before.
+    if any(not key.endswith(_PATH_KEYS) for key in _keys_with_undecodable_bytes(parsed)):
+        raise UnicodeDecodeError("utf-8", raw, 0, len(raw), "not UTF-8")
     return text
+
+
+# Settings whose value is a file system path (job.run_dir, checkpoint.folder, data.source, ...).
+_PATH_KEYS = ("run_dir", "folder", "source", "tokenizer", "initial_load")
+
+
+def _keys_with_undecodable_bytes(value: object, key: str = "") -> list[str]:
+    """The dotted keys whose strings hold bytes that were not UTF-8 (decoded as lone surrogates)."""
+    if isinstance(value, dict):
+        return [k for name, v in value.items() for k in _keys_with_undecodable_bytes(v, f"{key}.{name}".lstrip("."))]
+    if isinstance(value, list):
+        return [k for v in value for k in _keys_with_undecodable_bytes(v, key)]
+    if isinstance(value, str) and any("\udc80" <= ch <= "\udcff" for ch in value):
+        return [key]
+    return []
 
 
 def _call_config_function(ref: str) -> Layer:
