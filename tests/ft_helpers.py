@@ -21,9 +21,12 @@ def env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": str(REPO)}
 
 
-def start(run_dir: Path, *args: str) -> subprocess.Popen[str]:
+def start(run_dir: Path, *args: str, log: Path | None = None) -> subprocess.Popen[str]:
+    """titan-train in its own session; its output piped, or written to ``log`` for a process nobody reads
+    while it runs (a full pipe would stall it: torchft logs every quorum)."""
+    out = subprocess.PIPE if log is None else log.open("w")
     return subprocess.Popen([str(BIN / "titan-train"), *SMALL, f"--job.run_dir={run_dir}", *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env(),
+                            stdout=out, stderr=subprocess.STDOUT, text=True, env=env(),
                             start_new_session=True)
 
 

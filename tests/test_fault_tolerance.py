@@ -88,7 +88,7 @@ def test_replica_with_another_config_is_refused_with_one_message(tmp_path: Path)
                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     common = ("--fault_tolerance.enable=true", "--fault_tolerance.group_size=2", "--llama3.n_layers=2",
               "--training.seq_len=32", f"--fault_tolerance.lighthouse=http://127.0.0.1:{port}", "--training.steps=2000")
-    good = start(tmp_path / "r0", *common, "--fault_tolerance.replica_id=0")
+    good = start(tmp_path / "r0", *common, "--fault_tolerance.replica_id=0", log=tmp_path / "r0.log")
     try:
         wait_step(tmp_path / "r0", 2)
         bad = start(tmp_path / "r1", *common, "--fault_tolerance.replica_id=1", "--training.seed=7")
