@@ -133,6 +133,11 @@ class Supervisor:
                 if not g.restarts:  # the first step's weight sync, not a rejoin
                     return
                 after = time.monotonic() - g.started
+                if g.left is not None:  # back before the others committed a step without it: still a change
+                    self.live = min(self.live, self.k - 1)
+                    print(f"[ft] step {words[1]}: replica {g.replica_id} left ({g.left}); "
+                          f"{self.live} of {self.k} replicas training", flush=True)
+                    g.left = None
                 self.live = min(self.k, self.live + 1)
                 print(f"[ft] step {words[1]}: replica {words[3]} rejoined from replica {words[5]} "
                       f"({after:.1f}s after its restart); {self.live} of {self.k} replicas training", flush=True)
