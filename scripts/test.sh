@@ -9,7 +9,7 @@ for arg in "$@"; do
   if [ "$arg" = "--fast" ]; then args+=(-m fast); else args+=("$arg"); fi
 done
 bash scripts/setup.sh || exit 1
-.venv/bin/python -m pytest -q ${args[@]+"${args[@]}"}
+.venv/bin/python -m pytest -q --durations=30 ${args[@]+"${args[@]}"}
 rc=$?
 if [ "$rc" -eq 5 ]; then
   echo "pytest collected no tests: failing" >&2

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 import torch
@@ -46,13 +45,22 @@ def _norm_of(grads: Sequence[torch.Tensor]) -> torch.Tensor:
     return norm.full_tensor() if isinstance(norm, DTensor) else norm  # a plain tensor either way
 
 
-def clip_grad_norm(model_parts: list[nn.Module], max_norm: float, *, pp_group: dist.ProcessGroup | None) -> float:
-    """Clip in place to ``max_norm`` (0 = only measure); returns the norm before clipping."""
+def clip_grad_norm_on_device(model_parts: list[nn.Module], max_norm: float, *,
+                             pp_group: dist.ProcessGroup | None) -> torch.Tensor:
+    """Clip in place to ``max_norm`` (0 = only measure); returns the norm before clipping, on the device.
+
+    Nothing is copied to the host: a non-finite norm scales the gradients to NaN or zero,
+    and the Trainer refuses or skips that step before or after it (finite_watch.py)."""
     norm = total_grad_norm(model_parts, pp_group=pp_group)
-    if max_norm > 0 and math.isfinite(float(norm)):
+    if max_norm > 0:
         params = [p for part in model_parts for p in part.parameters() if p.grad is not None]
         # foreach kernels take all DTensors or all plain tensors, not a mix.
         for group in ([p for p in params if isinstance(p.grad, DTensor)], [p for p in params if not isinstance(p.grad, DTensor)]):
             if group:
                 torch.nn.utils.clip_grads_with_norm_(group, max_norm, norm, foreach=True)
-    return float(norm)
+    return norm
+
+
+def clip_grad_norm(model_parts: list[nn.Module], max_norm: float, *, pp_group: dist.ProcessGroup | None) -> float:
+    """``clip_grad_norm_on_device``, with the norm read on the host."""
+    return float(clip_grad_norm_on_device(model_parts, max_norm, pp_group=pp_group))

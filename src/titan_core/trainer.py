@@ -30,7 +30,8 @@ from .data.mixture import source_tokens
 from .data.prefetch import PrefetchingLoader
 from .discovery import CONVERTERS, SPECS
 from .errors import ConfigError, NonFiniteError
-from .grad_norm import clip_grad_norm
+from .finite_watch import FiniteWatch
+from .grad_norm import clip_grad_norm_on_device
 from .hf.export import export_hf
 from .init import init_model_weights
 from .launch_env import rank_env
@@ -66,8 +67,9 @@ MicroBatch = tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]
 
 @dataclass
 class StepResult:
-    loss: float
-    grad_norm: float
+    # Tensors stay on the device until a logging step reads them (finite_watch.py); floats where read.
+    loss: torch.Tensor | float
+    grad_norm: torch.Tensor | float
     skipped: bool
 
 
@@ -96,6 +98,7 @@ class Trainer:
         self.pp_batch_rows = 0  # rows of the micro-batch the pipeline schedule is running
         self.tokens_seen = 0
         self.skipped_steps = 0
+        self.finite_watch = FiniteWatch(self.device)
         self.run_dir = Path(self.config.job.run_dir)
 
     # ---- set-up, in the architecture page's order -------------------------------------------
@@ -372,15 +375,48 @@ class Trainer:
         self.optimizer.zero_grad()
         loss = self.step_forward_backward(batches)
         pp_group = self.mesh["pp"].get_group() if self.dims.pp_enabled else None
-        grad_norm = clip_grad_norm(self.model_parts, self.config.training.max_norm, pp_group=pp_group)
-        global_loss = self.global_average_loss(loss)
-        if not (math.isfinite(global_loss) and math.isfinite(grad_norm)):
-            return self.handle_nonfinite(global_loss, grad_norm)
+        grad_norm = clip_grad_norm_on_device(self.model_parts, self.config.training.max_norm, pp_group=pp_group)
+        global_loss = self.global_loss_on_device(loss)
+        refused = self.check_finite(global_loss, grad_norm)
+        if refused is not None:
+            return refused
         with self.profiler.phase("optimizer"):
             self.optimizer.step()
         self.moe.after_step()  # MoE routing-bias update and load figures (self.moe.metrics)
         self.lr_schedulers.step()
         return StepResult(global_loss, grad_norm, skipped=False)
+
+    def reads_loss_at(self, step: int) -> bool:
+        """Whether ``step`` copies its loss and gradient norm to the host: the steps that log, save or
+        validate, and every step with training.skip_nonfinite_steps (it must decide before the update)."""
+        c, last = self.config, step == self.config.training.steps
+        validates = self.val_dataloader is not None and (step % c.validation.freq == 0 or last)
+        return (c.training.skip_nonfinite_steps or self.metrics.should_log(step, last=last) or validates
+                or self.checkpointer.saves_at(step, last=last))
+
+    def check_finite(self, loss: torch.Tensor, grad_norm: torch.Tensor) -> StepResult | None:
+        """On a reading step, stop (or skip) a non-finite step before its update. Other steps only note it
+        on the device; the next reading step stops the run naming it, before anything of it is saved."""
+        step = self.step + 1
+        if not self.reads_loss_at(step):
+            self.finite_watch.record(step, loss, grad_norm)
+            return None
+        self.stop_if_nonfinite_since_last_read()
+        loss_value, norm_value = float(loss), float(grad_norm)
+        if math.isfinite(loss_value) and math.isfinite(norm_value):
+            return None
+        return self.handle_nonfinite(loss_value, norm_value)
+
+    def stop_if_nonfinite_since_last_read(self) -> None:
+        bad = self.finite_watch.first_bad_step()
+        if bad:
+            raise NonFiniteError(
+                f"step {bad}: non-finite loss or gradient norm, found at step {self.step + 1} (the loss is read on "
+                f"the host only on logging, checkpoint and validation steps). Steps {bad} to {self.step} changed "
+                f"the weights in memory only: nothing of them was saved, the last checkpoint holds the last good "
+                f"state. Lower optimizer.lr, check the data, or set --training.skip_nonfinite_steps=true, which "
+                f"reads every step's loss and skips such steps."
+            )
 
     def step_forward_backward(self, batches: Iterator[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
         """Forward and backward of every accumulation micro-batch; the step's loss on this rank."""
@@ -394,11 +430,15 @@ class Trainer:
             return next(batches)
 
     def global_average_loss(self, loss: torch.Tensor) -> float:
+        """``global_loss_on_device``, read on the host."""
+        return float(self.global_loss_on_device(loss))
+
+    def global_loss_on_device(self, loss: torch.Tensor) -> torch.Tensor:
         """Mean over data-parallel ranks; non-last pipeline stages contribute zero, TP ranks repeat."""
         if not self.dims.distributed:
-            return float(loss)
+            return loss
         total = distributed.all_reduce_sum(loss.float())
-        return float(total) / (self.dims.dp * self.dims.tp)
+        return total.double() / (self.dims.dp * self.dims.tp)  # float64: the figure a host division gave
 
     def handle_nonfinite(self, loss: float, grad_norm: float) -> StepResult:
         if not self.config.training.skip_nonfinite_steps:
@@ -439,7 +479,7 @@ class Trainer:
         # TP and PP ranks share their data-parallel rank's batch, so each device's share is
         # 1/(tp*pp) of it; the logger's x world_size is then the true global token rate.
         tokens_per_device = tokens_per_step * self.dims.dp / self.dims.world_size
-        losses: list[float] = []
+        losses: list[torch.Tensor | float] = []  # read on the host at the end, not per step
         progress("first step (building kernels, loading data) ...", is_rank0=self.is_rank0)
         while self.step < t.steps:
             start = time.perf_counter()
@@ -458,7 +498,7 @@ class Trainer:
             self.profiler.after_step(self.step, last=last)
             if self.metrics.should_log(self.step, last=last):
                 self.metrics.log_step(
-                    step=self.step, loss=result.loss, grad_norm=result.grad_norm, lr=self.lr_schedulers.get_last_lr(),
+                    step=self.step, loss=float(result.loss), grad_norm=float(result.grad_norm), lr=self.lr_schedulers.get_last_lr(),
                     tokens=tokens_per_device, step_time=time.perf_counter() - start,
                     extra={"skipped_steps": self.skipped_steps, "tokens_seen": self.tokens_seen, "data_ms": data_ms,
                            **source_tokens(self.dataloader.state_dict(), t.seq_len), **self.moe.metrics},
@@ -468,7 +508,7 @@ class Trainer:
             self.maybe_validate(last=last)
             self.stop_if_signalled()
         self.finish()
-        return losses
+        return [float(loss) for loss in losses]
 
     def require_writable_run_files(self) -> None:
         """Every file and folder the run writes is writable, checked before it writes the first one."""
@@ -483,6 +523,7 @@ class Trainer:
         if self.dims.distributed:
             signum = distributed.all_reduce_max(signum, self.device)
         if signum:
+            self.stop_if_nonfinite_since_last_read()  # the save on SIGTERM must not hold an unread NaN step
             stop_after_signal(self, signum)
 
     @torch.no_grad()

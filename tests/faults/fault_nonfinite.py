@@ -16,7 +16,7 @@ from titan_core import Trainer
 
 AT_STEP = int(os.environ.get("TITAN_TEST_NONFINITE_AT_STEP", "0"))
 _train_step = Trainer.train_step
-_global_average_loss = Trainer.global_average_loss
+_global_loss_on_device = Trainer.global_loss_on_device
 
 
 def train_step(self: Any, batches: Any) -> Any:
@@ -27,10 +27,10 @@ def train_step(self: Any, batches: Any) -> Any:
         self._fault_nan_now = False
 
 
-def global_average_loss(self: Any, loss: Any) -> float:
-    value = _global_average_loss(self, loss)  # still all-reduced: the ranks stay in step
-    return float("nan") if getattr(self, "_fault_nan_now", False) else value
+def global_loss_on_device(self: Any, loss: Any) -> Any:
+    value = _global_loss_on_device(self, loss)  # still all-reduced: the ranks stay in step
+    return value * float("nan") if getattr(self, "_fault_nan_now", False) else value
 
 
 Trainer.train_step = train_step  # type: ignore[method-assign]
-Trainer.global_average_loss = global_average_loss  # type: ignore[method-assign]
+Trainer.global_loss_on_device = global_loss_on_device  # type: ignore[method-assign]

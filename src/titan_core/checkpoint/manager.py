@@ -137,11 +137,14 @@ class CheckpointManager:
 
     def maybe_save(self, step: int, *, tokens_seen: int, last: bool = False) -> None:
         """Save at every ``interval``-th step and at the last step (once per step)."""
+        if self.saves_at(step, last=last):
+            self._save(step, tokens_seen)
+
+    def saves_at(self, step: int, *, last: bool = False) -> bool:
+        """Whether ``maybe_save(step)`` would write a checkpoint."""
         if not self.config.enable or step == self._last_saved_step:
-            return
-        if step % self.config.interval and not last:
-            return
-        self._save(step, tokens_seen)
+            return False
+        return step % self.config.interval == 0 or last
 
     def wait(self) -> None:
         """Finish and publish a pending async save; raises its CheckpointError if it failed."""

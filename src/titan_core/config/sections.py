@@ -60,7 +60,7 @@ class TrainingSection(Section):
     dtype: Literal["auto", "float32", "bfloat16"] = Field("auto", description="Compute dtype: auto = bfloat16 autocast on CUDA, float32 on CPU.")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="Device: auto = CUDA when available.")
     cpu_malloc_tuning: bool = Field(True, description="On CPU with glibc, keep freed memory in the heap instead of re-mapping big buffers every step (faster).")
-    skip_nonfinite_steps: bool = Field(False, description="Skip (and count) steps with a non-finite loss or grad norm instead of stopping.")
+    skip_nonfinite_steps: bool = Field(False, description="Skip (and count) steps with a non-finite loss or grad norm instead of stopping. This reads every step's loss on the host (a wait for the accelerator); otherwise it is read only on logging, checkpoint and validation steps.")
 
 
 class ParamGroupRule(Section):

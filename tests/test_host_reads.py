@@ -1,0 +1,51 @@
+"""The loss and gradient norm are copied to the host only on the steps that need them.
+
+On an accelerator, ``float(loss)`` waits for the step to finish; the Trainer reads the
+loss and the gradient norm only on logging, checkpoint, validation and last steps, or on
+every step with ``training.skip_nonfinite_steps`` (finite_watch.py). A spy module
+(tests/faults/count_host_reads.py) records at which steps they were read, in real runs.
+A NaN on a step that is not read stops the run at the next reading step, naming it,
+with nothing of it saved.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from conftest import REPO, assert_user_error, run_cli
+
+FAULTS = str(Path(__file__).resolve().parent / "faults")
+COMMON = ("--spec", "llama3", "--flavor", "debugmodel", "--llama3.n_layers=1", "--training.seq_len=32",
+          "--training.local_batch_size=2", "--training.steps=10", "--metrics.log_freq=4", "--metrics.report=false")
+
+
+def read_steps(tmp_path: Path, *extra: str, nan_at: int = 0) -> tuple[set[int], object]:
+    reads = tmp_path / "reads.json"
+    env = {"PYTHONPATH": os.pathsep.join([str(REPO), FAULTS]), "TITAN_TEST_HOST_READS": str(reads),
+           "TITAN_TEST_NONFINITE_AT_STEP": str(nan_at)}
+    imports = ("--import", "count_host_reads") + (("--import", "fault_nonfinite") if nan_at else ())
+    result = run_cli(*COMMON, f"--job.run_dir={tmp_path / 'run'}", *imports, *extra, env=env)
+    return set(json.loads(reads.read_text())) if reads.exists() else set(), result
+
+
+def test_loss_is_read_only_on_logging_checkpoint_and_last_steps(tmp_path: Path) -> None:
+    steps, result = read_steps(tmp_path, "--checkpoint.enable=true", "--checkpoint.interval=6")
+    assert result.code == 0, result.text  # type: ignore[attr-defined]
+    assert steps == {1, 4, 6, 8, 10}  # log_freq 4 (and step 1), the save at 6, the last step
+
+
+def test_skip_nonfinite_steps_reads_every_step(tmp_path: Path) -> None:
+    steps, result = read_steps(tmp_path, "--training.skip_nonfinite_steps=true")
+    assert result.code == 0, result.text  # type: ignore[attr-defined]
+    assert steps == set(range(1, 11))
+
+
+def test_nan_on_an_unread_step_stops_at_the_next_read_naming_it_and_saves_nothing_of_it(tmp_path: Path) -> None:
+    _, result = read_steps(tmp_path, "--checkpoint.enable=true", "--checkpoint.interval=2", nan_at=3)
+    assert_user_error(result, "step 3: non-finite loss or gradient norm, found at step 4",  # type: ignore[arg-type]
+                      "the last checkpoint holds the last good state", code=3)
+    assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir()) == ["step-000002"]
+    logged = [json.loads(line)["step"] for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert logged == [1]
