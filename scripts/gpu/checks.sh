@@ -37,11 +37,12 @@ fi
 '| cuda', torch.cuda.is_available() and torch.cuda.get_device_name(), torch.cuda.is_available() and torch.cuda.get_device_capability())"
 
 # check NAME SECONDS ARGS...: one titan-train run into $RUNS/NAME; its exit code goes to $RUNS/NAME/rc.
+# SPEC=NAME before it picks another spec (default llama3).
 check() {
   local name=$1 seconds=$2; shift 2
   mkdir -p "$RUNS/$name"
   echo; echo "=== $name: titan-train $*"
-  timeout "$seconds" "$PYTHON" -m titan_core --spec llama3 --metrics.log_freq=1 --job.run_dir="$RUNS/$name" "$@" \
+  timeout "$seconds" "$PYTHON" -m titan_core --spec "${SPEC:-llama3}" --metrics.log_freq=1 --job.run_dir="$RUNS/$name" "$@" \
     2>&1 | tee "$RUNS/$name/console.txt"
   echo "${PIPESTATUS[0]}" > "$RUNS/$name/rc"
 }
@@ -57,6 +58,17 @@ check float8_compare 180 "${SMALL[@]}" --training.steps=20 --converters float8 -
 # (exit 2); with --mx.emulate=true both converters train.
 check float8_mx_as_typed 120 "${SMALL[@]}" --training.steps=5 --converters float8,mx
 check float8_mx_emulated 180 "${SMALL[@]}" --training.steps=10 --converters float8,mx --mx.emulate=true
+# Issues 19-22, small and quick: FlexAttention training on packed documents (the CUDA path of
+# data.document_masking), the MoE experts' torch._grouped_mm in bf16, CUDA memory snapshots
+# written next to the traces, and titan-generate on CUDA from the snapshot run's checkpoint.
+check doc_masking_flex 180 "${SMALL[@]}" --training.steps=20 --data.document_masking=true
+SPEC=qwen3 check qwen3_debugmoe_bf16 150 --flavor debugmoe --training.seq_len=512 --training.local_batch_size=8 --training.steps=20
+check memory_snapshot 150 "${SMALL[@]}" --training.steps=6 --profiling.enable=true --profiling.memory_snapshot=true \
+  --profiling.start_step=2 --profiling.steps=2 --checkpoint.enable=true --checkpoint.interval=6
+echo "=== memory_snapshot files:"; find "$RUNS/memory_snapshot" -name '*.pickle' -o -name '*.json' | grep -v checkpoints
+echo "=== generate_cuda: titan-generate on cuda"
+timeout 120 "$PYTHON" -m titan_core.commands.generate "$RUNS/memory_snapshot" --prompt "The quick brown fox" \
+  --max-new-tokens 16 --device cuda; echo "generate_cuda rc=$?"
 # Compiled, last because compiling takes the longest: the float8 speed-up needs fused casts.
 check bf16_1B_compiled 240 "${BIG[@]}" --training.steps=$STEPS --compile.enable=true
 check float8_tensorwise_1B_compiled 240 "${BIG[@]}" --training.steps=$STEPS --converters float8 --compile.enable=true
