@@ -9,7 +9,7 @@ nothing here re-reads them from the config.
 from .checkpointing import apply_activation_checkpointing, checkpoint_module, resolve_ops, selective_context_fn
 from .compile import apply_compile
 from .default import TensorParallelPlanFn, default_parallelize_fn, spec_parallelize_fn
-from .expert_parallel import apply_expert_parallel, check_expert_parallel, shard_experts
+from .expert_parallel import apply_expert_parallel, check_expert_parallel, check_experts_split, shard_experts
 from .fsdp import apply_fsdp, reshard_policy
 from .tensor_parallel import apply_tensor_parallel
 
@@ -21,6 +21,7 @@ __all__ = [
     "apply_fsdp",
     "apply_tensor_parallel",
     "check_expert_parallel",
+    "check_experts_split",
     "checkpoint_module",
     "default_parallelize_fn",
     "reshard_policy",

@@ -39,11 +39,9 @@ def dense_model_error(ep: int, what: str) -> ConfigError:
     )
 
 
-def apply_expert_parallel(model: nn.Module, ep_mesh: Any, *, what: str = "this model") -> list[str]:
-    """Split every experts module's stacked weights over ``ep_mesh`` and route tokens to them; returns their names."""
-    from torch.distributed.tensor import Shard, distribute_tensor
-
-    ep = ep_mesh.size()
+def check_experts_split(model: nn.Module, ep: int, *, what: str) -> list[tuple[str, GroupedExperts]]:
+    """The experts modules of ``model`` (on meta is enough), refused when there are none or ``ep``
+    does not divide a layer's experts. Also run by the launcher before any worker starts."""
     found = experts_modules(model)
     if not found:
         raise dense_model_error(ep, what)
@@ -54,6 +52,14 @@ def apply_expert_parallel(model: nn.Module, ep_mesh: Any, *, what: str = "this m
                 f"rank of an expert-parallel group holds an equal share of every MoE layer's experts. Choose an ep "
                 f"that divides {experts.num_experts}."
             )
+    return found
+
+
+def apply_expert_parallel(model: nn.Module, ep_mesh: Any, *, what: str = "this model") -> list[str]:
+    """Split every experts module's stacked weights over ``ep_mesh`` and route tokens to them; returns their names."""
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    found = check_experts_split(model, ep_mesh.size(), what=what)
     group = ep_mesh.get_group()
     for _, experts in found:
         for pname, param in list(experts.named_parameters(recurse=False)):
