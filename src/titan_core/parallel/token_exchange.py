@@ -39,6 +39,11 @@ class _AllToAll(torch.autograd.Function):
         return _exchange(grad, ctx.recv, ctx.send, ctx.group), None, None, None
 
 
+def _all_to_all(x: torch.Tensor, send: list[int], recv: list[int], group: dist.ProcessGroup) -> torch.Tensor:
+    out: torch.Tensor = _AllToAll.apply(x, send, recv, group)  # type: ignore[no-untyped-call]  # torch leaves apply untyped
+    return out
+
+
 def _exchange(x: torch.Tensor, send: list[int], recv: list[int], group: dist.ProcessGroup) -> torch.Tensor:
     out = x.new_empty((sum(recv), *x.shape[1:]))
     dist.all_to_all_single(out, x.contiguous(), output_split_sizes=recv, input_split_sizes=send, group=group)
@@ -62,7 +67,7 @@ def exchange_through_experts(x: torch.Tensor, counts: torch.Tensor, local_expert
     send = [int(n) for n in counts.view(ep, per_rank).sum(1).tolist()]
     recv = [int(n) for n in incoming.sum(1).tolist()]
 
-    arrived = _AllToAll.apply(x, send, recv, group)
+    arrived = _all_to_all(x, send, recv, group)
     # Arrived rows come in runs of (source, expert), source-major; the experts want them
     # expert-major. A stable sort on (expert, source) keeps each run's order.
     run = torch.repeat_interleave(torch.arange(ep * per_rank, device=x.device), incoming.flatten().to(x.device))
@@ -70,5 +75,4 @@ def exchange_through_experts(x: torch.Tensor, counts: torch.Tensor, local_expert
     out = local_experts(arrived[order], incoming.sum(0))
     back = torch.empty_like(order)
     back[order] = torch.arange(order.numel(), device=order.device)
-    returned: torch.Tensor = _AllToAll.apply(out[back], recv, send, group)
-    return returned
+    return _all_to_all(out[back], recv, send, group)
