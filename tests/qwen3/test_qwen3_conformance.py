@@ -19,9 +19,9 @@ class TestQwen3MoE(TrainSpecConformance):
 
 
 def test_the_kit_checks_ep_on_a_moe_flavor_and_skips_a_dense_one(tmp_path: Path) -> None:
-    """'EP 2 = 1 process' (not in the fast subset above): run on debugmoe cut to 2 layers, skipped on debugmodel."""
+    """'EP 2 = 1 process' (not in the fast subset above): run on debugmoe cut to 2 layers and 32 tokens, skipped on debugmodel."""
     check = next(c for c in SPEC_CHECKS if c.name == "EP 2 = 1 process")
-    moe = Target("spec", "qwen3", flavor="debugmoe", extra_flags=("--qwen3.n_layers=2",), workdir=tmp_path / "moe")
+    moe = Target("spec", "qwen3", flavor="debugmoe", extra_flags=("--qwen3.n_layers=2", "--training.seq_len=32"), workdir=tmp_path / "moe")
     result = run_check(moe, check)
     assert result.status == "pass", result.detail
     rel = float(result.figure.split("max rel diff ", 1)[1].split(",", 1)[0])
