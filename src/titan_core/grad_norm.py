@@ -22,14 +22,15 @@ def total_grad_norm(model_parts: list[nn.Module], *, pp_group: dist.ProcessGroup
         return torch.zeros(())
     # Each tensor's norm accumulates in float64: torch's float32 CPU norm sums sequentially
     # and loses ~1e-4 relative on a 0.5M-element gradient, more than the layouts differ by.
-    sharded = [g for g in grads if isinstance(g, DTensor)]
-    if sharded and len(sharded) < len(grads):
-        # A TP plan may leave some parameters plain (replicated on every tp rank, e.g. a
-        # norm without sequence parallelism): each kind is normed apart, then combined.
-        plain = [g for g in grads if not isinstance(g, DTensor)]
-        norm = torch.linalg.vector_norm(torch.stack([_norm_of(sharded), _norm_of(plain)]), 2.0)
-    else:
-        norm = _norm_of(grads)
+    # A DTensor norm reduces over its own mesh, and DTensors of different meshes do not mix in
+    # one op: a TP plan may leave some parameters plain (replicated on every tp rank, e.g. a
+    # norm without sequence parallelism), and EP's experts live on another mesh than the dense
+    # weights. Each kind is normed apart, then combined.
+    kinds: dict[object, list[torch.Tensor]] = {}
+    for g in grads:
+        kinds.setdefault(g.device_mesh if isinstance(g, DTensor) else None, []).append(g)
+    norms = [_norm_of(kind) for kind in kinds.values()]
+    norm = norms[0] if len(norms) == 1 else torch.linalg.vector_norm(torch.stack(norms), 2.0)
     if pp_group is not None:
         squared = norm.pow(2)
         dist.all_reduce(squared, op=dist.ReduceOp.SUM, group=pp_group)
@@ -54,10 +55,12 @@ def clip_grad_norm_on_device(model_parts: list[nn.Module], max_norm: float, *,
     norm = total_grad_norm(model_parts, pp_group=pp_group)
     if max_norm > 0:
         params = [p for part in model_parts for p in part.parameters() if p.grad is not None]
-        # foreach kernels take all DTensors or all plain tensors, not a mix.
-        for group in ([p for p in params if isinstance(p.grad, DTensor)], [p for p in params if not isinstance(p.grad, DTensor)]):
-            if group:
-                torch.nn.utils.clip_grads_with_norm_(group, max_norm, norm, foreach=True)
+        # foreach kernels take all plain tensors or all DTensors of one mesh, not a mix.
+        groups: dict[object, list[nn.Parameter]] = {}
+        for p in params:
+            groups.setdefault(p.grad.device_mesh if isinstance(p.grad, DTensor) else None, []).append(p)
+        for group in groups.values():
+            torch.nn.utils.clip_grads_with_norm_(group, max_norm, norm, foreach=True)
     return norm
 
 

@@ -13,7 +13,8 @@ class ParallelDims:
     """dp_replicate x dp_shard x tp x pp = world_size; builds the named device mesh.
 
     Mesh dimension names: ``pp``, ``dp_replicate``, ``dp_shard``, ``tp``, and the
-    flattened ``dp`` (all data-parallel ranks).
+    flattened ``dp`` (all data-parallel ranks). Expert parallelism (``ep``) adds no
+    ranks: it splits ``dp_shard`` into ``expert_dp_shard x ep`` (``expert_mesh``).
     """
 
     dp_replicate: int
@@ -21,10 +22,11 @@ class ParallelDims:
     tp: int
     pp: int
     world_size: int
+    ep: int = 1
 
     @staticmethod
-    def resolve(*, dp_replicate: int, dp_shard: int, tp: int, pp: int, world_size: int) -> ParallelDims:
-        """Fill ``dp_shard=-1`` from the world size and check that the degrees multiply to it."""
+    def resolve(*, dp_replicate: int, dp_shard: int, tp: int, pp: int, world_size: int, ep: int = 1) -> ParallelDims:
+        """Fill ``dp_shard=-1`` from the world size and check that the degrees multiply to it (and ep divides dp_shard)."""
         others = dp_replicate * tp * pp
         if dp_shard == -1:
             if world_size % others:
@@ -42,7 +44,9 @@ class ParallelDims:
                 f"x tp={tp} x pp={pp} = {product}, but the world size is {world_size}. Make the product equal the "
                 f"number of processes (dp_shard=-1 takes what the others leave)."
             )
-        return ParallelDims(dp_replicate, dp_shard, tp, pp, world_size)
+        if ep > 1:
+            _check_ep(ep, dp_shard=dp_shard, tp=tp, pp=pp)
+        return ParallelDims(dp_replicate, dp_shard, tp, pp, world_size, ep)
 
     @property
     def dp(self) -> int:
@@ -56,6 +60,15 @@ class ParallelDims:
     @property
     def dp_replicate_enabled(self) -> bool:
         return self.dp_replicate > 1
+
+    @property
+    def ep_enabled(self) -> bool:
+        return self.ep > 1
+
+    @property
+    def expert_dp_shard(self) -> int:
+        """The dp_shard ranks that hold the same experts under EP (FSDP2 shards those experts over them)."""
+        return self.dp_shard // self.ep
 
     @property
     def tp_enabled(self) -> bool:
@@ -86,6 +99,20 @@ class ParallelDims:
         mesh = init_device_mesh(device_type, shape, mesh_dim_names=names)
         return mesh, mesh[("dp_replicate", "dp_shard")]._flatten("dp")
 
+    def expert_meshes(self, mesh: Any) -> tuple[Any, Any]:
+        """(the ``ep`` mesh the experts are split over, the mesh FSDP2 shards each rank's experts over).
+
+        ``dp_shard`` unflattened into ``(expert_dp_shard, ep)``, ``ep`` innermost: an EP group
+        is ``ep`` consecutive ranks (on one machine when it can be). The expert FSDP2 mesh is
+        ``(dp_replicate, expert_dp_shard)`` for HSDP, else ``expert_dp_shard``. Both come from
+        the same root mesh as ``dp_mesh``, as FSDP2 requires of a parameter sharded on two meshes.
+        Creates process groups: every rank calls it, once per model part.
+        """
+        split = mesh._unflatten("dp_shard", (self.expert_dp_shard, self.ep), ("expert_dp_shard", "ep"))
+        if self.dp_replicate_enabled:
+            return split["ep"], split[("dp_replicate", "expert_dp_shard")]
+        return split["ep"], split["expert_dp_shard"]
+
     def dp_mesh(self, mesh: Any) -> Any:
         """The mesh FSDP2 / replication uses: (dp_replicate, dp_shard) for HSDP, else 1-D."""
         if self.dp_replicate_enabled and self.fsdp_enabled:
@@ -93,3 +120,19 @@ class ParallelDims:
         if self.dp_replicate_enabled:
             return mesh["dp_replicate"]
         return mesh["dp_shard"]
+
+
+def _check_ep(ep: int, *, dp_shard: int, tp: int, pp: int) -> None:
+    """EP groups are carved out of the dp_shard ranks; TP and PP do not compose with EP yet."""
+    if dp_shard % ep:
+        raise ConfigError(
+            f"parallelism.ep={ep} does not divide the data-parallel shard degree dp_shard={dp_shard}: the "
+            f"expert-parallel groups are carved out of the dp_shard ranks (dp_shard = ep x the ranks each expert "
+            f"is FSDP-sharded over). Choose an ep that divides {dp_shard}, or launch a multiple of {ep} "
+            f"data-parallel processes."
+        )
+    if tp > 1 or pp > 1:
+        raise ConfigError(
+            f"parallelism.ep={ep} with tp={tp} and pp={pp}: expert parallelism does not compose with tensor or "
+            f"pipeline parallelism yet. Set parallelism.tp=1 and parallelism.pp=1 with ep > 1, or ep=1."
+        )

@@ -10,14 +10,19 @@ fail here, once.
 
 from __future__ import annotations
 
-from .discovery import CONVERTERS
+import torch
+
+from .discovery import CONVERTERS, SPECS
+from .parallel import check_experts_split
 from .plan.resolve import ResolvedConfig
 from .plugin_calls import plugin_call
 from .trainer import Trainer
 
 
 def preflight(resolved: ResolvedConfig) -> None:
-    """Raise the error a worker would raise for the converters, before any worker starts."""
+    """Raise the error a worker would raise for the converters (and expert parallelism), before any worker starts."""
+    if resolved.dims.ep_enabled:
+        check_ep_fits(resolved)
     if not resolved.converters:
         return
 
@@ -27,3 +32,11 @@ def preflight(resolved: ResolvedConfig) -> None:
             conv.compatible_with(resolved.spec)
     if resolved.dims.tp_enabled:
         trainer.tp_styles()
+
+
+def check_ep_fits(resolved: ResolvedConfig) -> None:
+    """parallelism.ep on a model with experts that it divides: checked on the meta model."""
+    spec = resolved.spec
+    with plugin_call(SPECS, spec.name, "model_cls (meta build)"), torch.device("meta"):
+        model = spec.model_cls(resolved.model_args)
+    check_experts_split(model, resolved.dims.ep, what=f"spec {spec.name}, flavor {resolved.config.model.flavor}")

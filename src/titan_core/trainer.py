@@ -42,7 +42,7 @@ from .moe import MoEMonitor
 from .optim import LRSchedulersContainer, OptimizersContainer
 from .optimizer_settings import settings_checked
 from .out_of_memory import out_of_memory_named
-from .parallel import spec_parallelize_fn
+from .parallel import check_expert_parallel, spec_parallelize_fn
 from .parallel_dims import ParallelDims
 from .param_groups import run_layout
 from .parameter_layout import describe_parameter_layout
@@ -234,6 +234,7 @@ class Trainer:
         else:
             self.model_parts = [self.parallelize(model)]
         check_ties(self.model_parts, self.ties, after="parallelize_fn")
+        check_expert_parallel(self.model_parts, self.dims, what=f"spec {self.spec.name}")
 
         self.moe = MoEMonitor(self.model_parts)  # a no-op for a model without MoE blocks
         if self.dims.distributed:

@@ -90,7 +90,8 @@ class JobConfig(BaseModel):
         world_size = int((info.context or {}).get("world_size", before))
         p, t = self.parallelism, self.training
         # The one place the degrees are derived (and checked against the world size).
-        dims = ParallelDims.resolve(dp_replicate=p.dp_replicate, dp_shard=p.dp_shard, tp=p.tp, pp=p.pp, world_size=world_size)
+        dims = ParallelDims.resolve(dp_replicate=p.dp_replicate, dp_shard=p.dp_shard, tp=p.tp, pp=p.pp,
+                                    world_size=world_size, ep=p.ep)
         self._parallel_dims = dims
         per_step = t.local_batch_size * dims.dp
         if t.global_batch_size is not None and t.global_batch_size % per_step:

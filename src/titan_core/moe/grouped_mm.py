@@ -27,7 +27,8 @@ def grouped_linear(x: torch.Tensor, weight: torch.Tensor, counts: torch.Tensor) 
         offsets = torch.cumsum(counts, 0, dtype=torch.int32)
         return torch._grouped_mm(x, weight.transpose(-2, -1), offs=offsets)
     sizes = [int(n) for n in counts.tolist()]
-    outs = [block @ weight[e].T for e, block in enumerate(torch.split(x, sizes)) if sizes[e]]
-    if not outs:
-        return x.new_zeros((0, weight.shape[-2]))
-    return torch.cat(outs)
+    # Experts without rows still multiply (an empty block): the output then always depends on
+    # every weight, so backward takes the same path on every rank. Under expert parallelism a
+    # rank whose experts got no tokens would otherwise skip its all-to-all in backward and
+    # leave its peers waiting.
+    return torch.cat([block @ weight[e].T for e, block in enumerate(torch.split(x, sizes))])

@@ -6,6 +6,7 @@ checkpoints and the per-parameter init seeds do not depend on the layout.
 
 The order is fixed, and each step assumes the previous ones:
   1. TP shards the modules the plan names (parameters become DTensors on ``mesh["tp"]``);
+     EP (``parallelism.ep``) splits every ``titan_core.moe`` experts module over ``ep`` ranks;
   2. activation checkpointing wraps each block's forward;
   3. ``torch.compile`` compiles each block, checkpointing included;
   4. FSDP2 shards (or replicates, or HSDP) every block, then the part as a whole.
@@ -32,6 +33,7 @@ from ..protocols import TensorParallelStyles, TrainSpec
 from ..spec_factories import ParallelizeFn, TensorParallelPlanFn
 from .checkpointing import apply_activation_checkpointing
 from .compile import apply_compile
+from .expert_parallel import apply_expert_parallel
 from .fsdp import apply_fsdp
 from .tensor_parallel import apply_tensor_parallel
 
@@ -86,12 +88,16 @@ def default_parallelize_fn(
                 )
             plan = tp_plan_fn(model, styles=tp_styles, loss_parallel=parallelism.loss_parallel)
             apply_tensor_parallel(model, mesh["tp"], plan)
+        expert_mesh = None
+        if parallel_dims.ep_enabled:
+            ep_mesh, expert_mesh = parallel_dims.expert_meshes(mesh)
+            apply_expert_parallel(model, ep_mesh, what=spec_name)
         blocks = _blocks(model, blocks_attr)
         apply_activation_checkpointing(blocks, activation_checkpoint, spec_save_ops=save_ops)
         if compile.enable:
             apply_compile(blocks.values(), fullgraph=fullgraph)
         apply_fsdp(model, blocks.values(), parallel_dims=parallel_dims, mesh=mesh, parallelism=parallelism,
-                   compute_dtype=_compute_dtype(training, mesh))
+                   compute_dtype=_compute_dtype(training, mesh), expert_mesh=expert_mesh)
         return model
 
     return parallelize

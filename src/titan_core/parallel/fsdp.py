@@ -10,6 +10,7 @@ from torch import nn
 
 from ..config.sections import ParallelismSection
 from ..parallel_dims import ParallelDims
+from .expert_parallel import experts_modules, shard_experts
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -45,6 +46,7 @@ def apply_fsdp(
     mesh: Any,
     parallelism: ParallelismSection,
     compute_dtype: torch.dtype = torch.float32,
+    expert_mesh: Any = None,
 ) -> None:
     """Shard (or replicate) every block, then ``model`` itself, over the data-parallel ranks.
 
@@ -54,6 +56,8 @@ def apply_fsdp(
     composes with TP DTensors and pipeline schedules the way ``fully_shard`` does.
     A no-op when there is only one data-parallel rank. ``compute_dtype`` (the run's
     resolved training.dtype) is what ``parallelism.param_dtype=auto`` gathers in.
+    ``expert_mesh`` (with EP): the mesh the EP-split experts modules are sharded over, each
+    before its block (``expert_parallel.shard_experts``).
     """
     if parallel_dims.dp <= 1:
         return
@@ -73,6 +77,10 @@ def apply_fsdp(
     policy = parallelism.fsdp_reshard_after_forward
     for i, block in enumerate(blocks):
         reshard = reshard_policy(policy, is_last_block=i == len(blocks) - 1, pp_enabled=parallel_dims.pp_enabled)
+        if expert_mesh is not None:  # nested first: the block's FSDP2 then leaves the experts' weights alone
+            for _, experts in experts_modules(block):
+                shard_experts(experts, mesh=expert_mesh, mp_policy=mp, reshard_after_forward=reshard,
+                              dp=parallel_dims.dp)
         fully_shard(block, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=reshard)
     # The root holds what no block holds (embeddings, final norm, head): gathered for
     # the whole step unless the policy says always.

@@ -140,6 +140,8 @@ def resolve_config(
         config = job_model.model_validate(merged, context={"world_size": world_size})
     except ValidationError as exc:
         raise ConfigError(describe(exc, job_model)) from None
+    except ConfigError:  # the core's own checks (parallel degrees) say what is wrong themselves
+        raise
     except Exception as exc:  # a plugin's validator that crashed (pydantic passes anything but ValueError on)
         raise _validator_crash(exc, merged, plugin_sections) from exc
     refuse_nonfinite(config.model_dump(mode="python"))  # values pydantic converted (a TOML string "1e39")

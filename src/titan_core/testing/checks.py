@@ -442,6 +442,32 @@ def check_pp(t: Target) -> str:
     return _matches_reference(t, "pp2", 2, "--parallelism.pp=2", f"--training.local_batch_size={BATCH}")
 
 
+def check_ep(t: Target) -> str:
+    """EP 2 on 2 processes matches one process taking the same micro-batches, with the experts
+    really split over ``ep`` (a flavor with ``titan_core.moe`` experts; skipped without)."""
+    from ..moe import GroupedExperts
+
+    _, _, model = _spec_model(t)
+    experts = [m for m in model.modules() if isinstance(m, GroupedExperts)]
+    if not experts:
+        raise _Skip(f"flavor {t.flavor_name} has no titan_core.moe experts (pick a MoE flavor with --flavor)")
+    if any(m.num_experts % 2 for m in experts):
+        raise _Skip(f"flavor {t.flavor_name} has an odd number of experts in a layer")
+    half = f"--training.local_batch_size={BATCH // 2}"
+    ref = t.run("single_accum", 5, half, f"--training.global_batch_size={BATCH}")  # shared with the FSDP2 check
+    _require_run(ref, "the one-process reference (2 micro-batches)")
+    run = t.run("ep2", 5, "--parallelism.ep=2", half, nproc=2)
+    _require_run(run, "the EP 2 run")
+    layout = next((line.split("parameters:", 1)[1].strip() for line in run.output.splitlines()
+                   if "[titan] parameters:" in line), "")
+    split = sum(int(part.split(" x ", 1)[0]) for part in layout.split("; ") if "ep:S(0)" in part)
+    if not split:
+        raise Failed(f"the EP 2 run trained, but no parameter is split over the ep mesh (layout: "
+                     f"{layout or 'not reported'}): the spec's parallelize_fn must apply "
+                     f"titan_core.parallel.apply_expert_parallel", "nothing split")
+    return f"{_compare(run, ref, 'ep2', t)}, {split} params split"
+
+
 def check_resume(t: Target) -> str:
     """Resume from the step-2 checkpoint of a 4-step run: steps 3-4 are bit-exact with the unbroken run."""
     flags = ("--checkpoint.enable=true", "--checkpoint.interval=2", "--checkpoint.keep_latest_k=0",
@@ -507,7 +533,7 @@ def check_init_layouts(t: Target) -> str:
     so one wrongly initialised tensor shows even where the loss barely moves."""
     diffs: dict[str, float] = {}
     # Each layout against the one-process run it is compared with elsewhere (same micro-batches).
-    for key, ref_key in (("fsdp2", "single_accum"), ("tp2", "single5"), ("pp2", "single5")):
+    for key, ref_key in (("fsdp2", "single_accum"), ("tp2", "single5"), ("pp2", "single5"), ("ep2", "single_accum")):
         run, ref = t._runs.get(key), t._runs.get(ref_key)
         if run is None or ref is None or run.returncode or ref.returncode:
             continue
@@ -623,6 +649,7 @@ SPEC_CHECKS = [
     Check("FSDP2 x2 = 1 process", check_fsdp, False),
     Check("TP 2 = 1 process", check_tp, False, _no_tp),
     Check("PP 2 = 1 process", check_pp, False, _no_pp),
+    Check("EP 2 = 1 process", check_ep, False),
     Check("init identical across layouts", check_init_layouts, False),
     Check("resume bit-exact", check_resume, False),
 ]

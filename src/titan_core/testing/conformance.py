@@ -122,6 +122,9 @@ class TrainSpecConformance(_Conformance):
     def test_pp2_matches_one_process(self, titan_target: c.Target) -> None:
         self._run(titan_target, c.check_pp)
 
+    def test_ep2_matches_one_process(self, titan_target: c.Target) -> None:
+        self._run(titan_target, c.check_ep)
+
     def test_init_identical_across_layouts(self, titan_target: c.Target) -> None:
         self._run(titan_target, c.check_init_layouts)
 
