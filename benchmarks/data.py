@@ -2,8 +2,9 @@
 
     python benchmarks/data.py prepare [--mb 40] [--rounds 2]
         tokens/s of the tokenizer alone on one core, then of prepare with 1 and 2 workers
-        (alternating, best of the rounds). Targets: 2 workers >= 1.7x 1 worker; per worker
-        >= 80% of the tokenizer's single-core rate.
+        (in alternating order), per round and best of the rounds, with the load average.
+        Targets: 2 workers >= 1.7x 1 worker; per worker >= 80% of the tokenizer's
+        single-core rate.
     python benchmarks/data.py startup [--big 2000000000] [--small 20000000] [--rounds 2]
         a 5-step run on shard sets of --big and --small tokens: seconds from launch to the
         first step's metrics line, and peak RSS. The shard sets are synthetic (see below) and
@@ -55,33 +56,48 @@ def _corpus(folder: Path, mb: float) -> tuple[Path, list[str]]:
 
 
 def bench_prepare(args: argparse.Namespace) -> None:
+    """Rounds of: the tokenizer alone, then prepare with 1 and 2 workers (their order alternating),
+    so a change of the machine's load hits each figure alike; ratios are taken within a round."""
     from titan_core.commands.prepare_shards import PrepareRequest, prepare
     from titan_core.plan.tokenizer import build_tokenizer
 
     tok = build_tokenizer("builtin")
+    rounds: list[dict[str, float]] = []
+    load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="titan-bench-") as tmp:
         path, docs = _corpus(Path(tmp), args.mb)
-        best: dict[str, float] = {}
-        for _ in range(args.rounds):
+        for r in range(args.rounds):
+            rates: dict[str, float] = {}
             start = time.perf_counter()
             n = sum(len(tok.encode(d)) + 2 for d in docs)
-            best["tokenizer alone, 1 core"] = max(best.get("tokenizer alone, 1 core", 0), n / (time.perf_counter() - start))
-            for workers in (1, 2):
+            rates["tokenizer alone, 1 core"] = n / (time.perf_counter() - start)
+            for workers in ((1, 2) if r % 2 == 0 else (2, 1)):
                 out = Path(tmp) / f"out{workers}"
                 shutil.rmtree(out, ignore_errors=True)
                 start = time.perf_counter()
                 index = prepare(PrepareRequest(sources=[str(path)], tokenizer="builtin", out=out, workers=workers,
                                                progress=False))
-                rate = index["num_tokens"] / (time.perf_counter() - start)
-                key = f"prepare --workers {workers}"
-                best[key] = max(best.get(key, 0), rate)
+                rates[f"prepare --workers {workers}"] = index["num_tokens"] / (time.perf_counter() - start)
+            rounds.append(rates)
+    load_after = os.getloadavg()
+    print(f"corpus: {args.mb} MB of text, {len(docs)} documents, {n:,} tokens; {args.rounds} rounds")
+    print(f"load average (1, 5, 15 min) before: {', '.join(f'{x:.2f}' for x in load_before)}; "
+          f"after: {', '.join(f'{x:.2f}' for x in load_after)}")
+    print(f"{'round':<6} {'tokenizer tok/s':>16} {'1 worker tok/s':>15} {'2 workers tok/s':>16} "
+          f"{'2w / 1w':>8} {'1w / tok':>9} {'2w per worker / tok':>20}")
+    for r, rates in enumerate(rounds):
+        single, one, two = (rates["tokenizer alone, 1 core"], rates["prepare --workers 1"],
+                            rates["prepare --workers 2"])
+        print(f"{r + 1:<6} {single:>16,.0f} {one:>15,.0f} {two:>16,.0f} {two / one:>8.2f} {one / single:>9.2f} "
+              f"{two / 2 / single:>20.2f}")
+    best = {key: max(rates[key] for rates in rounds) for key in rounds[0]}
     single = best["tokenizer alone, 1 core"]
-    print(f"corpus: {args.mb} MB of text, {len(docs)} documents, {n:,} tokens; best of {args.rounds} rounds")
+    print(f"best of {args.rounds} rounds:")
     print(f"{'what':<26} {'tokens/s':>12} {'per worker / tokenizer':>24}")
     for key, rate in best.items():
         workers = 1 if "alone" in key else int(key.split()[-1])
         print(f"{key:<26} {rate:>12,.0f} {rate / workers / single:>24.2f}")
-    print(f"2 workers / 1 worker: {best['prepare --workers 2'] / best['prepare --workers 1']:.2f}x")
+    print(f"2 workers / 1 worker (best of each): {best['prepare --workers 2'] / best['prepare --workers 1']:.2f}x")
 
 
 def write_synthetic(folder: Path, tokens: int, *, shard_tokens: int = 1 << 26, doc_tokens: int = 1024) -> None:

@@ -171,6 +171,43 @@ def test_kill_during_prepare_keeps_finished_shards_and_the_next_call_finishes_th
     assert not (out / "prepare.json").exists() and not list(out.glob("*.docs")) and not list(out.glob("*.tmp"))
 
 
+def test_an_interrupt_after_any_shard_resumes_to_the_same_bytes_with_or_without_the_task_hint(
+        corpus: Path, shards: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Stopped right after shard k is recorded (shards end mid-document and on a task's last document),
+    the next call writes the rest: the bytes equal an uninterrupted run's. Small tasks, so the resume
+    starts at a later task (its hint in prepare.json), and once without the hint (everything read again)."""
+    from titan_core.commands import prepare_shards, prepare_tasks
+
+    monkeypatch.setattr(prepare_tasks, "TASK_BYTES", 3000)
+    monkeypatch.setattr(prepare_shards, "TASK_BYTES", 3000)
+    args = [str(corpus), "--tokenizer", "builtin", "--shard-tokens", "4000", "--workers", "2"]
+    reference = output_bytes(shards)
+    real_flush = prepare_shards.ShardWriter.flush
+    hints = set()
+    for stop_after in (1, 2, 4):
+        for keep_hint in (True, False):
+            out = tmp_path / f"stop{stop_after}{keep_hint}"
+
+            def flush(self: prepare_shards.ShardWriter, *, final: bool = False) -> None:
+                real_flush(self, final=final)
+                if len(self.shards) == stop_after:  # noqa: B023 (the loop's value, read during this call)
+                    raise KeyboardInterrupt
+
+            monkeypatch.setattr(prepare_shards.ShardWriter, "flush", flush)
+            assert prepare(capsys, *args, "--out", str(out)).code == 130
+            saved = json.loads((out / "prepare.json").read_text())
+            assert len(saved["shards"]) == stop_after and not (out / "index.json").exists()
+            hints.add((saved["task"]["index"] > 0, saved["skip"] > 0))
+            if not keep_hint:
+                del saved["task"]
+                (out / "prepare.json").write_text(json.dumps(saved))
+            monkeypatch.setattr(prepare_shards.ShardWriter, "flush", real_flush)
+            assert prepare(capsys, *args, "--out", str(out)).code == 0
+            assert output_bytes(out) == reference, (stop_after, keep_hint)
+    assert (True, True) in hints  # a later task and a document cut by the shard's end were resumed
+
+
 @pytest.mark.parametrize("signum, code, said", [(signal.SIGTERM, 143, "stopped by SIGTERM"),
                                                 (signal.SIGINT, 130, "interrupted")])
 def test_sigterm_and_ctrl_c_stop_prepare_with_one_line_and_keep_what_is_finished(
