@@ -26,6 +26,7 @@ import argparse
 import hashlib
 import json
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -55,6 +56,11 @@ def _corpus(folder: Path, mb: float) -> tuple[Path, list[str]]:
     return path, docs
 
 
+def _cpu(who: int) -> float:
+    usage = resource.getrusage(who)
+    return usage.ru_utime + usage.ru_stime
+
+
 def bench_prepare(args: argparse.Namespace) -> None:
     """Rounds of: the tokenizer alone, then prepare with 1 and 2 workers (their order alternating),
     so a change of the machine's load hits each figure alike; ratios are taken within a round."""
@@ -68,16 +74,22 @@ def bench_prepare(args: argparse.Namespace) -> None:
         path, docs = _corpus(Path(tmp), args.mb)
         for r in range(args.rounds):
             rates: dict[str, float] = {}
-            start = time.perf_counter()
+            start, cpu = time.perf_counter(), time.process_time()
             n = sum(len(tok.encode(d)) + 2 for d in docs)
             rates["tokenizer alone, 1 core"] = n / (time.perf_counter() - start)
+            rates["tokenizer cpu"] = n / (time.process_time() - cpu)
             for workers in ((1, 2) if r % 2 == 0 else (2, 1)):
                 out = Path(tmp) / f"out{workers}"
                 shutil.rmtree(out, ignore_errors=True)
-                start = time.perf_counter()
+                start, parent, children = time.perf_counter(), _cpu(resource.RUSAGE_SELF), _cpu(resource.RUSAGE_CHILDREN)
                 index = prepare(PrepareRequest(sources=[str(path)], tokenizer="builtin", out=out, workers=workers,
                                                progress=False))
                 rates[f"prepare --workers {workers}"] = index["num_tokens"] / (time.perf_counter() - start)
+                # CPU seconds, which the load does not stretch: the workers' (reaped when the pool
+                # closes) per token against the tokenizer's own, and the parent's against the workers'.
+                rates[f"{workers}w worker cpu"] = index["num_tokens"] / (_cpu(resource.RUSAGE_CHILDREN) - children)
+                rates[f"{workers}w parent cpu"] = _cpu(resource.RUSAGE_SELF) - parent
+                rates[f"{workers}w workers cpu s"] = index["num_tokens"] / rates[f"{workers}w worker cpu"]
             rounds.append(rates)
     load_after = os.getloadavg()
     print(f"corpus: {args.mb} MB of text, {len(docs)} documents, {n:,} tokens; {args.rounds} rounds")
@@ -90,7 +102,14 @@ def bench_prepare(args: argparse.Namespace) -> None:
                             rates["prepare --workers 2"])
         print(f"{r + 1:<6} {single:>16,.0f} {one:>15,.0f} {two:>16,.0f} {two / one:>8.2f} {one / single:>9.2f} "
               f"{two / 2 / single:>20.2f}")
-    best = {key: max(rates[key] for rates in rounds) for key in rounds[0]}
+    print("CPU time (not stretched by the load): tokens per worker CPU-second / the tokenizer's tokens per "
+          "CPU-second; the parent's CPU seconds / the workers'")
+    for r, rates in enumerate(rounds):
+        print(f"round {r + 1}: " + "; ".join(
+            f"{w} worker(s): worker efficiency {rates[f'{w}w worker cpu'] / rates['tokenizer cpu']:.2f}, parent / "
+            f"workers {rates[f'{w}w parent cpu'] / rates[f'{w}w workers cpu s']:.3f}" for w in (1, 2)))
+    keys = ["tokenizer alone, 1 core", "prepare --workers 1", "prepare --workers 2"]
+    best = {key: max(rates[key] for rates in rounds) for key in keys}
     single = best["tokenizer alone, 1 core"]
     print(f"best of {args.rounds} rounds:")
     print(f"{'what':<26} {'tokens/s':>12} {'per worker / tokenizer':>24}")

@@ -2,7 +2,7 @@
 
 Pipeline: the parent cuts the sources into tasks (``prepare_tasks``: pieces named by file
 and byte range or row group, the same for any number of workers) and hands them to N worker
-processes, at most ``3 N`` in flight so memory stays flat. Each worker reads, parses and
+processes, at most ``3 N`` in flight so memory stays flat (``prepare_tasks.Workers``). Each worker reads, parses and
 tokenizes its piece and returns a token array and the documents' lengths. Results are taken
 in task order, so the bytes written do not depend on N. The parent copies the arrays into a
 shard buffer, writes each full shard beside its final name and renames it, then records in
@@ -21,11 +21,9 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
-import multiprocessing as mp
 import os
 import sys
 import time
-from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -47,7 +45,7 @@ from ..data.sources import HF_PREFIX, source_files
 from ..errors import ConfigError
 from ..plan.tokenizer import build_tokenizer
 from ..spec_factories import Tokenizer
-from .prepare_tasks import TASK_BYTES, init_worker, plan_tasks, run_task
+from .prepare_tasks import TASK_BYTES, Workers, plan_tasks
 
 PROGRESS_NAME = "prepare.json"
 CHUNK_CHARS = 1 << 20  # about this much text per task handed to a worker
@@ -306,32 +304,32 @@ def prepare(req: PrepareRequest) -> dict[str, Any]:
 
 
 def _run(req: PrepareRequest, writer: ShardWriter, progress: Progress, tok: Tokenizer) -> None:
-    fork = "fork" in mp.get_all_start_methods()
-    ctx = mp.get_context("fork" if fork else "spawn")
-    dtype = writer.inputs["dtype"]
-    # Forked workers share the parent's tokenizer (a large vocabulary is not loaded N more times).
-    init = (req.tokenizer, dtype, req.text_field, tok if fork else None)
     tasks = itertools.islice(plan_tasks(req.sources, text_field=req.text_field, hf_split=req.hf_split),
                              writer.start_task, None)
-    with ctx.Pool(req.workers, initializer=init_worker, initargs=init) as pool:
-        pending: deque[tuple[int, Any]] = deque()
-        next_doc = writer.start_doc
-
-        def drain_one() -> None:
-            nonlocal next_doc
-            task, result = pending.popleft()
-            tokens, lengths = result.get()
-            writer.add_block(tokens, lengths, task=task, first_doc=next_doc)
-            next_doc += int(lengths.size)
+    workers = Workers(req.workers, tokenizer=req.tokenizer, dtype=writer.inputs["dtype"], text_field=req.text_field,
+                      tok=tok, spill=req.out)
+    done = sent = writer.start_task
+    next_doc = writer.start_doc
+    stop = True
+    try:
+        for task in tasks:
+            workers.submit(sent, task)
+            sent += 1
+            while sent - done >= 3 * req.workers:  # at most 3 tasks in flight per worker: memory stays flat
+                next_doc = _take(workers, writer, done, next_doc)
+                done += 1
+                progress.show(writer.documents, writer.position)
+        while done < sent:
+            next_doc = _take(workers, writer, done, next_doc)
+            done += 1
             progress.show(writer.documents, writer.position)
+        stop = False
+    finally:
+        workers.close(stop=stop)
 
-        try:
-            for task, piece in enumerate(tasks, writer.start_task):
-                pending.append((task, pool.apply_async(run_task, (piece,))))
-                while len(pending) >= 3 * req.workers:
-                    drain_one()
-            while pending:
-                drain_one()
-        except BaseException:
-            pool.terminate()
-            raise
+
+def _take(workers: Workers, writer: ShardWriter, task: int, first_doc: int) -> int:
+    """Add task ``task``'s documents (numbered from ``first_doc``) to the shards; the next document's number."""
+    tokens, lengths = workers.result(task)
+    writer.add_block(tokens, lengths, task=task, first_doc=first_doc)
+    return first_doc + int(lengths.size)
