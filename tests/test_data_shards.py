@@ -261,6 +261,36 @@ def test_prepare_refuses_bad_inputs_with_one_message_exit_2_and_writes_nothing(
         assert [p.name for p in out.iterdir()] == ["notes.txt"]
 
 
+def test_hf_source_streams_a_local_dataset_folder_whole(
+        corpus: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """``hf:NAME --allow-download`` streams ``datasets.load_dataset(NAME, streaming=True)``; a local dataset
+    folder loads the same way with no network. Every row arrives (the trainer's in-memory cap on hub text is
+    set far below this dataset and does not apply), as the same tokens as the file read directly."""
+    from titan_core.data import sources
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setattr(sources, "HF_MAX_BYTES", 1000)
+    hub = tmp_path / "hub"
+    (hub / "data").mkdir(parents=True)
+    (hub / "data" / "train.jsonl").write_bytes((corpus / "a.jsonl").read_bytes())
+    assert (corpus / "a.jsonl").stat().st_size > 20 * 1000
+    direct, streamed = tmp_path / "direct", tmp_path / "streamed"
+    assert prepare(capsys, str(corpus / "a.jsonl"), "--tokenizer", "builtin", "--out", str(direct)).code == 0
+    result = prepare(capsys, f"hf:{hub}", "--allow-download", "--tokenizer", "builtin", "--out", str(streamed),
+                     "--workers", "2")
+    assert result.code == 0, result.err
+    index = json.loads((streamed / "index.json").read_text())
+    assert index["num_documents"] == 400 and index["inputs"]["sources"] == [{"source": f"hf:{hub}", "split": "train"}]
+    for name in ("shard-00000.bin", "documents.bin"):
+        assert (streamed / name).read_bytes() == (direct / name).read_bytes()
+    assert not list(streamed.glob("*.tmp"))  # the texts handed to the workers through files are gone
+    missing = prepare(capsys, f"hf:{hub}", "--allow-download", "--hf-split", "test", "--tokenizer", "builtin", "--out",
+                      str(tmp_path / "none"))
+    assert_user_error(missing, 'could not open hub dataset')
+    assert not (tmp_path / "none").exists()
+
+
 def test_prepare_into_a_finished_folder_of_other_inputs_is_refused_and_the_same_inputs_are_a_no_op(
         corpus: Path, shards: Path, capsys: pytest.CaptureFixture[str]) -> None:
     before = output_bytes(shards)

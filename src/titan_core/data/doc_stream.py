@@ -164,8 +164,19 @@ def hub_rows(name: str, *, text_field: str, split: str) -> Iterator[str]:
         except Exception as e:
             raise ConfigError(f'could not open hub dataset "{name}" (split "{split}"): {type(e).__name__}: '
                               f"{str(e)[:300]}; check the name, --hf-split and your network access.") from None
-        for row, record in enumerate(stream):
+        rows = iter(stream)
+        row = 0
+        while True:
+            try:
+                record = next(rows)
+            except StopIteration:
+                return
+            except Exception as e:  # a network or format error mid-stream
+                raise ConfigError(f'hub dataset "{name}" (split "{split}") stopped after {row:,} rows: '
+                                  f"{type(e).__name__}: {str(e)[:300]}; the finished shards are kept, run the same "
+                                  "command again to continue.") from None
             text = _text(_field(record, where=f"hf:{name}", row=row, text_field=text_field), where=f"hf:{name}",
                          row=row, text_field=text_field)
             if text is not None:
                 yield text
+            row += 1
