@@ -6,9 +6,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from titan_llama.spec import llama3_spec
-
 from titan_core import register_train_spec
+from titan_llama.spec import llama3_spec
 
 SPEC = dataclasses.replace(llama3_spec, name="llama3-positionless-pp", pipeline_takes_positions=False)
 register_train_spec(SPEC)

@@ -27,8 +27,8 @@ import binascii
 import functools
 import hashlib
 from collections.abc import Sequence
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 import tiktoken
 

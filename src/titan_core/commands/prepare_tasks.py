@@ -32,8 +32,8 @@ from ..data.corpus import builtin_documents
 from ..data.doc_stream import (
     hub_rows,
     json_is_list,
-    json_list,
     json_lines,
+    json_list,
     line_ranges,
     parquet_group,
     parquet_row_groups,
@@ -158,7 +158,7 @@ class Workers:
 
     def __init__(self, n: int, *, tokenizer: str, dtype: str, text_field: str, tok: Tokenizer, spill: Path) -> None:
         fork = "fork" in mp.get_all_start_methods()
-        ctx = mp.get_context("fork" if fork else "spawn")
+        ctx: Any = mp.get_context("fork" if fork else "spawn")  # its Process: typeshed knows it per context only
         self.spill = spill  # where the texts of a "texts" task wait for their worker
         self.conns: list[Connection] = []
         self.procs: list[Any] = []
