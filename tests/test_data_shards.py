@@ -261,6 +261,32 @@ def test_prepare_refuses_bad_inputs_with_one_message_exit_2_and_writes_nothing(
         assert [p.name for p in out.iterdir()] == ["notes.txt"]
 
 
+def test_json_files_and_a_bad_row_far_into_a_file(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A .json list and JSON lines in a .json file give read_documents' documents; a bad row in a later task
+    (read by a worker, not the parent) names its file and its line or row, exit 2, and no folder is left."""
+    from titan_core.commands import prepare_tasks
+
+    monkeypatch.setattr(prepare_tasks, "TASK_BYTES", 2000)
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a.json").write_text(json.dumps([{"text": f"listed {i}"} for i in range(30)] + [{"text": None}]))
+    (src / "b.json").write_text("".join(json.dumps({"text": f"line {i} " * 5}) + "\n" for i in range(300)))
+    out = tmp_path / "out"
+    assert prepare(capsys, str(src), "--tokenizer", "builtin", "--out", str(out), "--workers", "2").code == 0
+    stream = np.concatenate([np.fromfile(out / s["file"], dtype="<u2")
+                             for s in json.loads((out / "index.json").read_text())["shards"]])
+    assert stream.tolist() == pack_documents(read_documents(str(src)), TOK).tokens.tolist()
+    lines = [json.dumps({"text": f"row {i} " * 5}) for i in range(2000)]
+    for bad, expected in (("{not json", "line 1501"), (json.dumps({"text": 7}), 'row 1500 field "text" holds int'),
+                          (json.dumps({"body": "x"}), 'row 1500 has no field "text"')):
+        (src / "b.json").write_text("\n".join(lines[:1500] + [bad] + lines[1501:]) + "\n")
+        result = prepare(capsys, str(src / "b.json"), "--tokenizer", "builtin", "--out", str(tmp_path / "bad"),
+                         "--workers", "2")
+        assert_user_error(result, f"{src / 'b.json'}", expected)
+        assert not (tmp_path / "bad").exists()
+
+
 def test_hf_source_streams_a_local_dataset_folder_whole(
         corpus: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     """``hf:NAME --allow-download`` streams ``datasets.load_dataset(NAME, streaming=True)``; a local dataset
