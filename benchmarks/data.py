@@ -2,8 +2,9 @@
 
     python benchmarks/data.py prepare [--mb 40] [--rounds 2]
         tokens/s of the tokenizer alone on one core, then of prepare with 1 and 2 workers
-        (alternating, best of the rounds). Targets: 2 workers >= 1.7x 1 worker; per worker
-        >= 80% of the tokenizer's single-core rate.
+        (in alternating order), per round and best of the rounds, with the load average.
+        Targets: 2 workers >= 1.7x 1 worker; per worker >= 80% of the tokenizer's
+        single-core rate.
     python benchmarks/data.py startup [--big 2000000000] [--small 20000000] [--rounds 2]
         a 5-step run on shard sets of --big and --small tokens: seconds from launch to the
         first step's metrics line, and peak RSS. The shard sets are synthetic (see below) and
@@ -25,6 +26,7 @@ import argparse
 import hashlib
 import json
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -54,34 +56,67 @@ def _corpus(folder: Path, mb: float) -> tuple[Path, list[str]]:
     return path, docs
 
 
+def _cpu(who: int) -> float:
+    usage = resource.getrusage(who)
+    return usage.ru_utime + usage.ru_stime
+
+
 def bench_prepare(args: argparse.Namespace) -> None:
+    """Rounds of: the tokenizer alone, then prepare with 1 and 2 workers (their order alternating),
+    so a change of the machine's load hits each figure alike; ratios are taken within a round."""
     from titan_core.commands.prepare_shards import PrepareRequest, prepare
     from titan_core.plan.tokenizer import build_tokenizer
 
     tok = build_tokenizer("builtin")
+    rounds: list[dict[str, float]] = []
+    load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="titan-bench-") as tmp:
         path, docs = _corpus(Path(tmp), args.mb)
-        best: dict[str, float] = {}
-        for _ in range(args.rounds):
-            start = time.perf_counter()
+        for r in range(args.rounds):
+            rates: dict[str, float] = {}
+            start, cpu = time.perf_counter(), time.process_time()
             n = sum(len(tok.encode(d)) + 2 for d in docs)
-            best["tokenizer alone, 1 core"] = max(best.get("tokenizer alone, 1 core", 0), n / (time.perf_counter() - start))
-            for workers in (1, 2):
+            rates["tokenizer alone, 1 core"] = n / (time.perf_counter() - start)
+            rates["tokenizer cpu"] = n / (time.process_time() - cpu)
+            for workers in ((1, 2) if r % 2 == 0 else (2, 1)):
                 out = Path(tmp) / f"out{workers}"
                 shutil.rmtree(out, ignore_errors=True)
-                start = time.perf_counter()
+                start, parent, children = time.perf_counter(), _cpu(resource.RUSAGE_SELF), _cpu(resource.RUSAGE_CHILDREN)
                 index = prepare(PrepareRequest(sources=[str(path)], tokenizer="builtin", out=out, workers=workers,
                                                progress=False))
-                rate = index["num_tokens"] / (time.perf_counter() - start)
-                key = f"prepare --workers {workers}"
-                best[key] = max(best.get(key, 0), rate)
+                rates[f"prepare --workers {workers}"] = index["num_tokens"] / (time.perf_counter() - start)
+                # CPU seconds, which the load does not stretch: the workers' (reaped when the pool
+                # closes) per token against the tokenizer's own, and the parent's against the workers'.
+                rates[f"{workers}w worker cpu"] = index["num_tokens"] / (_cpu(resource.RUSAGE_CHILDREN) - children)
+                rates[f"{workers}w parent cpu"] = _cpu(resource.RUSAGE_SELF) - parent
+                rates[f"{workers}w workers cpu s"] = index["num_tokens"] / rates[f"{workers}w worker cpu"]
+            rounds.append(rates)
+    load_after = os.getloadavg()
+    print(f"corpus: {args.mb} MB of text, {len(docs)} documents, {n:,} tokens; {args.rounds} rounds")
+    print(f"load average (1, 5, 15 min) before: {', '.join(f'{x:.2f}' for x in load_before)}; "
+          f"after: {', '.join(f'{x:.2f}' for x in load_after)}")
+    print(f"{'round':<6} {'tokenizer tok/s':>16} {'1 worker tok/s':>15} {'2 workers tok/s':>16} "
+          f"{'2w / 1w':>8} {'1w / tok':>9} {'2w per worker / tok':>20}")
+    for r, rates in enumerate(rounds):
+        single, one, two = (rates["tokenizer alone, 1 core"], rates["prepare --workers 1"],
+                            rates["prepare --workers 2"])
+        print(f"{r + 1:<6} {single:>16,.0f} {one:>15,.0f} {two:>16,.0f} {two / one:>8.2f} {one / single:>9.2f} "
+              f"{two / 2 / single:>20.2f}")
+    print("CPU time (not stretched by the load): tokens per worker CPU-second / the tokenizer's tokens per "
+          "CPU-second; the parent's CPU seconds / the workers'")
+    for r, rates in enumerate(rounds):
+        print(f"round {r + 1}: " + "; ".join(
+            f"{w} worker(s): worker efficiency {rates[f'{w}w worker cpu'] / rates['tokenizer cpu']:.2f}, parent / "
+            f"workers {rates[f'{w}w parent cpu'] / rates[f'{w}w workers cpu s']:.3f}" for w in (1, 2)))
+    keys = ["tokenizer alone, 1 core", "prepare --workers 1", "prepare --workers 2"]
+    best = {key: max(rates[key] for rates in rounds) for key in keys}
     single = best["tokenizer alone, 1 core"]
-    print(f"corpus: {args.mb} MB of text, {len(docs)} documents, {n:,} tokens; best of {args.rounds} rounds")
+    print(f"best of {args.rounds} rounds:")
     print(f"{'what':<26} {'tokens/s':>12} {'per worker / tokenizer':>24}")
     for key, rate in best.items():
         workers = 1 if "alone" in key else int(key.split()[-1])
         print(f"{key:<26} {rate:>12,.0f} {rate / workers / single:>24.2f}")
-    print(f"2 workers / 1 worker: {best['prepare --workers 2'] / best['prepare --workers 1']:.2f}x")
+    print(f"2 workers / 1 worker (best of each): {best['prepare --workers 2'] / best['prepare --workers 1']:.2f}x")
 
 
 def write_synthetic(folder: Path, tokens: int, *, shard_tokens: int = 1 << 26, doc_tokens: int = 1024) -> None:

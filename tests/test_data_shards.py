@@ -171,6 +171,43 @@ def test_kill_during_prepare_keeps_finished_shards_and_the_next_call_finishes_th
     assert not (out / "prepare.json").exists() and not list(out.glob("*.docs")) and not list(out.glob("*.tmp"))
 
 
+def test_an_interrupt_after_any_shard_resumes_to_the_same_bytes_with_or_without_the_task_hint(
+        corpus: Path, shards: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Stopped right after shard k is recorded (shards end mid-document and on a task's last document),
+    the next call writes the rest: the bytes equal an uninterrupted run's. Small tasks, so the resume
+    starts at a later task (its hint in prepare.json), and once without the hint (everything read again)."""
+    from titan_core.commands import prepare_shards, prepare_tasks
+
+    monkeypatch.setattr(prepare_tasks, "TASK_BYTES", 3000)
+    monkeypatch.setattr(prepare_shards, "TASK_BYTES", 3000)
+    args = [str(corpus), "--tokenizer", "builtin", "--shard-tokens", "4000", "--workers", "2"]
+    reference = output_bytes(shards)
+    real_flush = prepare_shards.ShardWriter.flush
+    hints = set()
+    for stop_after in (1, 2, 4):
+        for keep_hint in (True, False):
+            out = tmp_path / f"stop{stop_after}{keep_hint}"
+
+            def flush(self: prepare_shards.ShardWriter, *, final: bool = False) -> None:
+                real_flush(self, final=final)
+                if len(self.shards) == stop_after:  # noqa: B023 (the loop's value, read during this call)
+                    raise KeyboardInterrupt
+
+            monkeypatch.setattr(prepare_shards.ShardWriter, "flush", flush)
+            assert prepare(capsys, *args, "--out", str(out)).code == 130
+            saved = json.loads((out / "prepare.json").read_text())
+            assert len(saved["shards"]) == stop_after and not (out / "index.json").exists()
+            hints.add((saved["task"]["index"] > 0, saved["skip"] > 0))
+            if not keep_hint:
+                del saved["task"]
+                (out / "prepare.json").write_text(json.dumps(saved))
+            monkeypatch.setattr(prepare_shards.ShardWriter, "flush", real_flush)
+            assert prepare(capsys, *args, "--out", str(out)).code == 0
+            assert output_bytes(out) == reference, (stop_after, keep_hint)
+    assert (True, True) in hints  # a later task and a document cut by the shard's end were resumed
+
+
 @pytest.mark.parametrize("signum, code, said", [(signal.SIGTERM, 143, "stopped by SIGTERM"),
                                                 (signal.SIGINT, 130, "interrupted")])
 def test_sigterm_and_ctrl_c_stop_prepare_with_one_line_and_keep_what_is_finished(
@@ -222,6 +259,62 @@ def test_prepare_refuses_bad_inputs_with_one_message_exit_2_and_writes_nothing(
     assert sorted(p.name for p in tmp_path.iterdir()) == before
     if case == "foreign_out":
         assert [p.name for p in out.iterdir()] == ["notes.txt"]
+
+
+def test_json_files_and_a_bad_row_far_into_a_file(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A .json list and JSON lines in a .json file give read_documents' documents; a bad row in a later task
+    (read by a worker, not the parent) names its file and its line or row, exit 2, and no folder is left."""
+    from titan_core.commands import prepare_tasks
+
+    monkeypatch.setattr(prepare_tasks, "TASK_BYTES", 2000)
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a.json").write_text(json.dumps([{"text": f"listed {i}"} for i in range(30)] + [{"text": None}]))
+    (src / "b.json").write_text("".join(json.dumps({"text": f"line {i} " * 5}) + "\n" for i in range(300)))
+    out = tmp_path / "out"
+    assert prepare(capsys, str(src), "--tokenizer", "builtin", "--out", str(out), "--workers", "2").code == 0
+    stream = np.concatenate([np.fromfile(out / s["file"], dtype="<u2")
+                             for s in json.loads((out / "index.json").read_text())["shards"]])
+    assert stream.tolist() == pack_documents(read_documents(str(src)), TOK).tokens.tolist()
+    lines = [json.dumps({"text": f"row {i} " * 5}) for i in range(2000)]
+    for bad, expected in (("{not json", "line 1501"), (json.dumps({"text": 7}), 'row 1500 field "text" holds int'),
+                          (json.dumps({"body": "x"}), 'row 1500 has no field "text"')):
+        (src / "b.json").write_text("\n".join(lines[:1500] + [bad] + lines[1501:]) + "\n")
+        result = prepare(capsys, str(src / "b.json"), "--tokenizer", "builtin", "--out", str(tmp_path / "bad"),
+                         "--workers", "2")
+        assert_user_error(result, f"{src / 'b.json'}", expected)
+        assert not (tmp_path / "bad").exists()
+
+
+def test_hf_source_streams_a_local_dataset_folder_whole(
+        corpus: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """``hf:NAME --allow-download`` streams ``datasets.load_dataset(NAME, streaming=True)``; a local dataset
+    folder loads the same way with no network. Every row arrives (the trainer's in-memory cap on hub text is
+    set far below this dataset and does not apply), as the same tokens as the file read directly."""
+    from titan_core.data import sources
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setattr(sources, "HF_MAX_BYTES", 1000)
+    hub = tmp_path / "hub"
+    (hub / "data").mkdir(parents=True)
+    (hub / "data" / "train.jsonl").write_bytes((corpus / "a.jsonl").read_bytes())
+    assert (corpus / "a.jsonl").stat().st_size > 20 * 1000
+    direct, streamed = tmp_path / "direct", tmp_path / "streamed"
+    assert prepare(capsys, str(corpus / "a.jsonl"), "--tokenizer", "builtin", "--out", str(direct)).code == 0
+    result = prepare(capsys, f"hf:{hub}", "--allow-download", "--tokenizer", "builtin", "--out", str(streamed),
+                     "--workers", "2")
+    assert result.code == 0, result.err
+    index = json.loads((streamed / "index.json").read_text())
+    assert index["num_documents"] == 400 and index["inputs"]["sources"] == [{"source": f"hf:{hub}", "split": "train"}]
+    for name in ("shard-00000.bin", "documents.bin"):
+        assert (streamed / name).read_bytes() == (direct / name).read_bytes()
+    assert not list(streamed.glob("*.tmp"))  # the texts handed to the workers through files are gone
+    missing = prepare(capsys, f"hf:{hub}", "--allow-download", "--hf-split", "test", "--tokenizer", "builtin", "--out",
+                      str(tmp_path / "none"))
+    assert_user_error(missing, 'could not open hub dataset')
+    assert not (tmp_path / "none").exists()
 
 
 def test_prepare_into_a_finished_folder_of_other_inputs_is_refused_and_the_same_inputs_are_a_no_op(

@@ -125,10 +125,15 @@ def test_masking_is_refused_for_a_model_that_does_not_accept_positions(tmp_path:
     assert "Traceback" not in run.err
 
 
-def test_masking_is_refused_with_pipeline_parallelism(tmp_path: Path) -> None:
-    run = titan(tmp_path, "--spec", "llama3", "--flavor", "debugmodel", "--parallelism.pp=2",
-                "--data.document_masking=true", "--training.steps=1", nproc=2)
+def test_masking_is_refused_with_a_pipeline_that_does_not_carry_positions(tmp_path: Path) -> None:
+    """titan-llama's pipeline carries them (tests/test_pipeline_validation.py); a spec whose pipeline does not
+    declare it is refused before anything runs."""
+    run = titan(tmp_path, "--import", "tests._positionless_pipeline_spec", "--spec", "llama3-positionless-pp",
+                "--flavor", "debugmodel", "--parallelism.pp=2", "--data.document_masking=true", "--training.steps=1",
+                nproc=2)
     assert run.code == 2, run.text
-    assert "data.document_masking=true is not supported with pipeline parallelism" in run.err
-    assert "Traceback" not in run.err
+    assert ("data.document_masking=true is not supported with pipeline parallelism (parallelism.pp=2) by spec "
+            '"llama3-positionless-pp"') in run.err
+    assert "TrainSpec.pipeline_takes_positions" in run.err
+    assert run.err.count("error") == 1 and "Traceback" not in run.err, run.err
     assert not (tmp_path / "metrics.jsonl").exists()

@@ -102,7 +102,9 @@ class TrainSpec:
         previous stage's output;
       * ``forward(tokens, positions=...)`` (optional, needed by ``data.document_masking``):
         ``positions`` int [b, s] restart at 0 at each document of a packed row; the model
-        attends only within a document and uses them for its position encoding.
+        attends only within a document and uses them for its position encoding. With
+        pipelining (``pipeline_takes_positions=True``) every stage receives them, its first
+        argument being the previous stage's output.
     Factories, when given, are called as the defaults are; each field's type is a Protocol
     in ``titan_core.spec_factories`` that states the call and what is done with the result
     (``BuildOptimizersFn``: default ``OptimizersContainer``; ``BuildLRSchedulersFn``:
@@ -129,6 +131,11 @@ class TrainSpec:
     selective_ac_save_ops: Sequence[str] = ()
     # None: the spec does not support pipeline parallelism (pp > 1 is a ConfigError).
     pipelining_fn: PipeliningFn | None = None
+    # True: every stage the pipelining_fn builds accepts ``positions=`` in its forward. With
+    # data.document_masking the core then passes them to ``schedule.step`` on every rank, and
+    # torch's schedules hand keyword arguments to every stage (activations alone would lose them).
+    # False: data.document_masking with pp > 1 is a ConfigError.
+    pipeline_takes_positions: bool = False
     config_model: type[BaseModel] | None = None
     defaults: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     # Raises ConfigError for layouts the model cannot take (e.g. tp not dividing the heads).

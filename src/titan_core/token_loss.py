@@ -55,3 +55,23 @@ def token_weighted(mean: torch.Tensor, *, valid: int, global_valid: int, dp: int
         return torch.nan_to_num(mean, nan=0.0) * 0.0
     # Integers, then one division: with every label valid this is exactly the accumulation count.
     return mean / (global_valid / (valid * dp * splits))
+
+
+def token_loss_sum(mean: torch.Tensor, *, valid: int) -> torch.Tensor:
+    """``mean`` (over ``valid`` labels) back as the sum of those labels' losses; exactly 0 with none (0/0)."""
+    return torch.zeros_like(mean) if valid == 0 else mean * valid
+
+
+def global_token_mean(local_sum: torch.Tensor, *, valid: int, tp: int, pp: int, device: torch.device) -> float:
+    """Summed token losses over every data-parallel rank / their valid labels, in one all-reduce over all ranks.
+
+    ``local_sum`` is this rank's (zero on pipeline ranks without the last stage; the same on
+    the ``tp`` ranks of a group); ``valid`` is counted on every rank, so ``tp x pp`` times.
+    NaN when no label of any rank is valid.
+    """
+    both = torch.stack([local_sum.detach().double().reshape(()),
+                        torch.tensor(float(valid), dtype=torch.float64, device=device)])
+    if dist.is_initialized():
+        dist.all_reduce(both, op=dist.ReduceOp.SUM)
+    total, count = float(both[0]) / tp, float(both[1]) / (tp * pp)
+    return total / count if count else float("nan")

@@ -28,6 +28,7 @@ import functools
 import hashlib
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import tiktoken
 
@@ -210,6 +211,15 @@ class TiktokenTokenizer:
         if eos:
             ids.append(self.eos_id)
         return ids
+
+    def encode_array(self, text: str) -> Any:
+        """``encode(text)`` as a uint32 numpy array, made without a Python int per token (titan-data prepare)."""
+        try:
+            return self._enc.encode_to_numpy(text, allowed_special=set(), disallowed_special=())
+        except UnicodeEncodeError:  # a lone surrogate: encode_ordinary's own repair, then the list path
+            import numpy as np
+
+            return np.asarray(self.encode(text), dtype=np.uint32)
 
     def encode_batch(self, texts: list[str], *, num_threads: int = 4) -> list[list[int]]:
         """Encode many texts as ordinary text (no BOS/EOS), in tiktoken's thread pool."""

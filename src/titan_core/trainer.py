@@ -56,7 +56,7 @@ from .run_files import atomic_write_text, require_writable, supersede_metrics
 from .signals import no_interrupt, requested_signal, stop_after_signal
 from .ties import check_ties, declared_ties, retie_weights
 from .token_ids import check_batch_ids
-from .token_loss import count_valid, global_valid_tokens, token_weighted
+from .token_loss import count_valid, global_token_mean, global_valid_tokens, token_loss_sum, token_weighted
 from .tp_styles import resolve_tp_styles
 from .weights.load import load_initial_weights
 from .weights.shape import check_shape_file_unchanged, model_label, record_shape_file
@@ -251,10 +251,10 @@ class Trainer:
     def scaled_loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """The pipeline's per-microbatch loss, weighted by its share of the step's valid tokens;
         the schedule divides gradients by its number of microbatches, hence ``splits``.
-        Validation runs the schedule forward-only under no_grad, where the plain mean is wanted."""
+        Validation runs the schedule forward-only under no_grad: there the sum of its token losses."""
         loss = self.loss_fn(logits, labels)
         if not torch.is_grad_enabled():
-            return loss
+            return token_loss_sum(loss, valid=count_valid(labels))
         return token_weighted(loss, valid=count_valid(labels), global_valid=self.step_valid_tokens, dp=self.dims.dp,
                               splits=self.pp_batch_rows // labels.shape[0])
 
@@ -345,7 +345,7 @@ class Trainer:
         valid = count_valid(labels)  # before the copy to the device: no sync
         inputs, labels = inputs.to(self.device), labels.to(self.device)
         if self.pipeline is not None:
-            return self.pipeline_forward_backward(inputs, labels)
+            return self.pipeline_forward_backward(inputs, labels, positions)
         with self.autocast(), self.loss_context():
             with self.profiler.phase("forward"), plugin_call(SPECS, self.spec.name, "the model's forward"):
                 logits = self.model_parts[0](inputs, **self.model_kwargs(positions))
@@ -357,17 +357,19 @@ class Trainer:
                 (loss if aux is None else loss + aux / self.accum).backward()
         return _plain(loss)
 
-    def pipeline_forward_backward(self, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    def pipeline_forward_backward(self, inputs: torch.Tensor, labels: torch.Tensor,
+                                  positions: torch.Tensor | None = None) -> torch.Tensor:
         pipe = self.pipeline
         assert pipe is not None  # called only when build_model_parts built a pipeline
         losses: list[torch.Tensor] | None = [] if pipe.has_last_stage else None
         target = labels if pipe.has_last_stage else None
         self.pp_batch_rows = labels.shape[0]
+        args = (inputs,) if pipe.has_first_stage else ()
+        # Keyword arguments reach every stage (split into microbatches like the inputs): the
+        # document positions travel beside the activations (TrainSpec.pipeline_takes_positions).
         with self.autocast(), self.loss_context():
-            if pipe.has_first_stage:
-                pipe.schedule.step(inputs, target=target, losses=losses, return_outputs=False)
-            else:
-                pipe.schedule.step(target=target, losses=losses, return_outputs=False)
+            pipe.schedule.step(*args, target=target, losses=losses, return_outputs=False,
+                               **self.model_kwargs(positions))
         if losses:
             return torch.stack([_plain(loss) for loss in losses]).mean()
         return torch.zeros((), device=self.device)
@@ -536,29 +538,34 @@ class Trainer:
             part.eval()
         self.val_dataloader.reset()  # every validation scores the same held-out batches
         batches = iter(self.val_dataloader)
-        total = torch.zeros((), device=self.device)
+        total = torch.zeros((), device=self.device, dtype=torch.float64)
+        valid = 0
         for _ in range(v.steps):
             inputs, labels, positions = self.prepare_batch(*next(batches))
+            valid += count_valid(labels)
             total += self.validation_loss(inputs.to(self.device), labels.to(self.device), positions)
         for part in self.model_parts:
             part.train()
-        self.metrics.log_validation(step=self.step, loss=self.global_average_loss(total / v.steps))
+        # Per valid token of every batch on every data-parallel rank, as the training loss.
+        loss = global_token_mean(total, valid=valid, tp=self.dims.tp, pp=self.dims.pp, device=self.device)
+        self.metrics.log_validation(step=self.step, loss=loss)
 
     def validation_loss(self, inputs: torch.Tensor, labels: torch.Tensor,
                         positions: torch.Tensor | None = None) -> torch.Tensor:
-        """One held-out batch's mean loss (forward only); zero on ranks without the last PP stage."""
+        """One held-out batch's summed token losses, float64 (forward only); zero on ranks without the
+        last PP stage."""
         with self.autocast(), self.loss_context():
             if self.pipeline is None:
                 logits = self.model_parts[0](inputs, **self.model_kwargs(positions))
-                return _plain(self.loss_fn(logits, labels)).float()
+                return _plain(token_loss_sum(self.loss_fn(logits, labels), valid=count_valid(labels))).double()
             pipe = self.pipeline
             losses: list[torch.Tensor] | None = [] if pipe.has_last_stage else None
             target = labels if pipe.has_last_stage else None
             args = (inputs,) if pipe.has_first_stage else ()
-            pipe.schedule.eval(*args, target=target, losses=losses)
-        if losses:  # equal microbatches: the mean of their means is the batch mean
-            return torch.stack([_plain(loss) for loss in losses]).float().mean()
-        return torch.zeros((), device=self.device)
+            pipe.schedule.eval(*args, target=target, losses=losses, **self.model_kwargs(positions))
+        if losses:  # each microbatch's sum (scaled_loss under no_grad)
+            return torch.stack([_plain(loss) for loss in losses]).double().sum()
+        return torch.zeros((), device=self.device, dtype=torch.float64)
 
     def finish(self) -> None:
         self.dataloader.close()

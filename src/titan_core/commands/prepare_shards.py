@@ -1,34 +1,35 @@
 """``titan-data prepare``: sources -> fixed-size token shards + index (format in ``shards``).
 
-Pipeline: the parent reads documents in source order and hands chunks of them to N
-worker processes (at most ``2 N`` chunks in flight, so memory stays flat); results
-come back in submission order, so the bytes written do not depend on N. The parent
-packs ``[BOS] doc [EOS]`` into a shard buffer and writes each full shard beside its
-final name and renames it, then records in ``prepare.json`` how far it got (the
-document to continue from and how many of its tokens are already written).
+Pipeline: the parent cuts the sources into tasks (``prepare_tasks``: pieces named by file
+and byte range or row group, the same for any number of workers) and hands them to N worker
+processes, at most ``3 N`` in flight so memory stays flat (``prepare_tasks.Workers``). Each worker reads, parses and
+tokenizes its piece and returns a token array and the documents' lengths. Results are taken
+in task order, so the bytes written do not depend on N. The parent copies the arrays into a
+shard buffer, writes each full shard beside its final name and renames it, then records in
+``prepare.json`` how far it got (the document to continue from, how many of its tokens are
+already written, and the task that holds it).
 
-Interrupted in any way (Ctrl+C, SIGTERM, SIGKILL), the next call with the same
-inputs re-reads the sources, skips the finished documents without tokenizing them
-and writes the remaining shards; the finished shards are kept. ``index.json`` is
-written last, so a folder with an index is complete.
+Interrupted in any way (Ctrl+C, SIGTERM, SIGKILL), the next call with the same inputs
+restarts at that task (earlier documents are not read again where the source can be
+addressed, nor tokenized), drops what is already written and writes the remaining shards;
+the finished shards are kept. ``index.json`` is written last, so a folder with an index is
+complete.
 """
 
 from __future__ import annotations
 
+import hashlib
+import itertools
 import json
-import multiprocessing as mp
 import os
-import signal
 import sys
 import time
-from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from ..data.doc_stream import iter_documents
 from ..data.shards import (
     DOCUMENTS_NAME,
     FORMAT,
@@ -44,6 +45,7 @@ from ..data.sources import HF_PREFIX, source_files
 from ..errors import ConfigError
 from ..plan.tokenizer import build_tokenizer
 from ..spec_factories import Tokenizer
+from .prepare_tasks import TASK_BYTES, Workers, plan_tasks
 
 PROGRESS_NAME = "prepare.json"
 CHUNK_CHARS = 1 << 20  # about this much text per task handed to a worker
@@ -60,36 +62,6 @@ class PrepareRequest:
     hf_split: str = "train"
     allow_download: bool = False
     progress: bool = True
-
-
-# ---- workers -------------------------------------------------------------------------------------
-
-_worker_tok: Tokenizer | None = None
-
-
-def _init_worker(tokenizer: str) -> None:
-    global _worker_tok
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl+C and stops the pool
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-
-    _worker_tok = build_tokenizer(tokenizer)
-
-
-def encode_chunk(texts: list[str], dtype: str) -> tuple[bytes, list[int]]:
-    """``[BOS] doc [EOS]`` of every text, concatenated, as ``dtype`` bytes, and each document's length."""
-    tok = _worker_tok
-    assert tok is not None  # set by _init_worker
-    bos, eos = tok.bos_id, tok.eos_id
-    pieces: list[np.ndarray] = []
-    lengths: list[int] = []
-    for text in texts:
-        ids = tok.encode(text)
-        arr = np.empty(len(ids) + 2, dtype=dtype)
-        arr[0], arr[-1] = bos, eos
-        arr[1:-1] = ids
-        pieces.append(arr)
-        lengths.append(arr.size)
-    return np.concatenate(pieces).astype(np.dtype(dtype).newbyteorder("<")).tobytes(), lengths
 
 
 # ---- inputs ----------------------------------------------------------------------------------------
@@ -168,7 +140,7 @@ def _check_out(req: PrepareRequest, inputs: dict[str, Any]) -> dict[str, Any] | 
 
 
 class ShardWriter:
-    """Packs documents into fixed-size shards; records progress after every shard."""
+    """Packs blocks of documents into fixed-size shards; records progress after every shard."""
 
     def __init__(self, out: Path, inputs: dict[str, Any], saved: dict[str, Any] | None) -> None:
         self.out = out
@@ -177,53 +149,84 @@ class ShardWriter:
         self.size = int(inputs["shard_tokens"])
         self.buf = np.empty(self.size, dtype=self.dtype)
         self.fill = 0
-        self.doc_starts: list[int] = []
         self.shards: list[dict[str, Any]] = list(saved["shards"]) if saved else []
-        self.next_doc = int(saved["next_doc"]) if saved else 0
-        self.skip = int(saved["skip"]) if saved else 0  # tokens of document next_doc already in the last shard
-        self.documents = self.next_doc
+        # The resume point: document resume_doc, of which resume_skip tokens are already written.
+        self.resume_doc = int(saved["next_doc"]) if saved else 0
+        self.resume_skip = int(saved["skip"]) if saved else 0
+        hint = saved.get("task") if saved else None
+        # Where to restart: the task holding resume_doc and its first document (a hint written
+        # with another task size is not used: everything is read again, the written part dropped).
+        self.start_task, self.start_doc = (0, 0)
+        if isinstance(hint, dict) and hint.get("task_bytes") == TASK_BYTES:
+            self.start_task, self.start_doc = int(hint["index"]), int(hint["first_doc"])
+        self.documents = self.resume_doc
+        self.doc_starts: list[np.ndarray] = []  # stream offsets of the documents starting in the buffer
+        # The block being added: its task, first document, and documents' stream offsets.
+        self.block: tuple[int, int, np.ndarray, np.ndarray] = (self.start_task, self.start_doc, np.zeros(0, np.int64),
+                                                              np.zeros(0, np.int64))
 
     @property
     def position(self) -> int:
         return len(self.shards) * self.size + self.fill
 
-    def add(self, tokens: np.ndarray, doc: int, skip: int = 0) -> None:
-        if skip == 0:
-            self.doc_starts.append(self.position)
-        done = skip
-        while done < tokens.size:
-            take = min(tokens.size - done, self.size - self.fill)
-            self.buf[self.fill : self.fill + take] = tokens[done : done + take]
+    def add_block(self, tokens: np.ndarray, lengths: np.ndarray, *, task: int, first_doc: int) -> None:
+        """The documents ``first_doc ..`` of task ``task`` (``tokens``, cut by ``lengths``); the part an
+        earlier run wrote is dropped."""
+        ends = np.cumsum(lengths)
+        starts = ends - lengths
+        n = int(lengths.size)
+        dropped = min(n, max(0, self.resume_doc - first_doc))  # whole documents already written
+        cut = int(starts[dropped]) if dropped < n else int(tokens.size)
+        first_new = dropped
+        if dropped < n and first_doc + dropped == self.resume_doc and self.resume_skip:
+            cut += self.resume_skip  # its start, and this many tokens, are in the last kept shard
+            first_new += 1
+        base = self.position - cut  # the stream offset of this block's first token
+        self.block = (task, first_doc, starts + base, ends + base)
+        self.doc_starts.append(starts[first_new:] + base)
+        data = tokens[cut:]
+        done = 0
+        while done < data.size:
+            take = min(data.size - done, self.size - self.fill)
+            self.buf[self.fill : self.fill + take] = data[done : done + take]
             self.fill += take
             done += take
             if self.fill == self.size:
-                finished = done == tokens.size
-                self.flush(next_doc=doc + 1 if finished else doc, skip=0 if finished else done)
-        self.documents = doc + 1
+                self.flush()
+        self.documents = max(self.documents, first_doc + n)
 
-    def flush(self, *, next_doc: int, skip: int) -> None:
+    def _resume_point(self, offset: int) -> dict[str, Any]:
+        """Where a later run continues when the stream is written up to ``offset`` (inside the current block)."""
+        task, first_doc, starts, ends = self.block
+        i = int(np.searchsorted(ends, offset, side="right"))  # the first document not wholly written
+        if i == starts.size:
+            return {"next_doc": first_doc + i, "skip": 0,
+                    "task": {"index": task + 1, "first_doc": first_doc + i, "task_bytes": TASK_BYTES}}
+        return {"next_doc": first_doc + i, "skip": offset - int(starts[i]),
+                "task": {"index": task, "first_doc": first_doc, "task_bytes": TASK_BYTES}}
+
+    def flush(self, *, final: bool = False) -> None:
         if self.fill == 0:
             return
+        end = self.position
         name = shard_name(len(self.shards))
         data = self.buf[: self.fill].tobytes()
         _write_atomic(self.out / name, data)
-        _write_atomic(self.out / (name + ".docs"), np.asarray(self.doc_starts, dtype="<i8").tobytes())
-        import hashlib
-
+        starts = np.concatenate(self.doc_starts) if self.doc_starts else np.zeros(0, np.int64)
+        here = int(np.searchsorted(starts, end, side="left"))
+        _write_atomic(self.out / (name + ".docs"), starts[:here].astype("<i8").tobytes())
+        self.doc_starts = [starts[here:]]
         self.shards.append({"file": name, "tokens": self.fill, "sha256": hashlib.sha256(data).hexdigest()})
         self.fill = 0
-        self.doc_starts = []
-        _write_atomic(self.out / PROGRESS_NAME, _json_bytes(
-            {"inputs": self.inputs, "shards": self.shards, "next_doc": next_doc, "skip": skip}))
+        point = {"next_doc": self.documents, "skip": 0} if final else self._resume_point(end)
+        _write_atomic(self.out / PROGRESS_NAME, _json_bytes({"inputs": self.inputs, "shards": self.shards, **point}))
 
     def finish(self) -> dict[str, Any]:
-        self.flush(next_doc=self.documents, skip=0)
+        self.flush(final=True)
         starts = [np.fromfile(self.out / (s["file"] + ".docs"), dtype="<i8") for s in self.shards]
         num_tokens = sum(int(s["tokens"]) for s in self.shards)
         offsets = np.concatenate([*starts, np.asarray([num_tokens], dtype="<i8")]).astype("<i8")
         _write_atomic(self.out / DOCUMENTS_NAME, offsets.tobytes())
-        import hashlib
-
         index = {
             "format": FORMAT, "version": VERSION, "dtype": self.inputs["dtype"],
             "tokenizer": self.inputs["tokenizer"], "shard_tokens": self.size,
@@ -263,25 +266,6 @@ class Progress:
               flush=True)
 
 
-def _chunks(req: PrepareRequest, first_doc: int) -> Any:
-    """(first document index, texts) chunks from ``first_doc`` on; earlier documents are read and skipped."""
-    doc = 0
-    texts: list[str] = []
-    chars = 0
-    start = first_doc
-    for source in req.sources:
-        for text in iter_documents(source, text_field=req.text_field, hf_split=req.hf_split):
-            if doc >= first_doc:
-                texts.append(text)
-                chars += len(text)
-                if chars >= CHUNK_CHARS:
-                    yield start, texts
-                    start, texts, chars = doc + 1, [], 0
-            doc += 1
-    if texts:
-        yield start, texts
-
-
 def prepare(req: PrepareRequest) -> dict[str, Any]:
     """Write (or finish) the shard set; returns its index. ConfigError before anything is written for bad input."""
 
@@ -307,7 +291,7 @@ def prepare(req: PrepareRequest) -> dict[str, Any]:
     writer = ShardWriter(req.out, inputs, saved)
     progress = Progress(req.progress)
     try:
-        _run(req, writer, progress)
+        _run(req, writer, progress, tok)
     except ConfigError:
         if created and not writer.shards:  # nothing worth keeping: leave no half-made folder behind
             import shutil
@@ -319,31 +303,33 @@ def prepare(req: PrepareRequest) -> dict[str, Any]:
     return index
 
 
-def _run(req: PrepareRequest, writer: ShardWriter, progress: Progress) -> None:
-    ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
-    dtype = writer.inputs["dtype"]
-    resume_doc, resume_skip = writer.next_doc, writer.skip
-    with ctx.Pool(req.workers, initializer=_init_worker, initargs=(req.tokenizer,)) as pool:
-        pending: deque[tuple[int, Any]] = deque()
-
-        def drain_one() -> None:
-            first, result = pending.popleft()
-            data, lengths = result.get()
-            tokens = np.frombuffer(data, dtype=np.dtype(dtype).newbyteorder("<"))
-            pos = 0
-            for i, n in enumerate(lengths):
-                doc = first + i
-                writer.add(tokens[pos : pos + n], doc, skip=resume_skip if doc == resume_doc else 0)
-                pos += n
+def _run(req: PrepareRequest, writer: ShardWriter, progress: Progress, tok: Tokenizer) -> None:
+    tasks = itertools.islice(plan_tasks(req.sources, text_field=req.text_field, hf_split=req.hf_split),
+                             writer.start_task, None)
+    workers = Workers(req.workers, tokenizer=req.tokenizer, dtype=writer.inputs["dtype"], text_field=req.text_field,
+                      tok=tok, spill=req.out)
+    done = sent = writer.start_task
+    next_doc = writer.start_doc
+    stop = True
+    try:
+        for task in tasks:
+            workers.submit(sent, task)
+            sent += 1
+            while sent - done >= 3 * req.workers:  # at most 3 tasks in flight per worker: memory stays flat
+                next_doc = _take(workers, writer, done, next_doc)
+                done += 1
+                progress.show(writer.documents, writer.position)
+        while done < sent:
+            next_doc = _take(workers, writer, done, next_doc)
+            done += 1
             progress.show(writer.documents, writer.position)
+        stop = False
+    finally:
+        workers.close(stop=stop)
 
-        try:
-            for first, texts in _chunks(req, resume_doc):
-                pending.append((first, pool.apply_async(encode_chunk, (texts, dtype))))
-                while len(pending) >= 2 * req.workers:
-                    drain_one()
-            while pending:
-                drain_one()
-        except BaseException:
-            pool.terminate()
-            raise
+
+def _take(workers: Workers, writer: ShardWriter, task: int, first_doc: int) -> int:
+    """Add task ``task``'s documents (numbered from ``first_doc``) to the shards; the next document's number."""
+    tokens, lengths = workers.result(task)
+    writer.add_block(tokens, lengths, task=task, first_doc=first_doc)
+    return first_doc + int(lengths.size)

@@ -119,7 +119,7 @@ class DataSection(Section):
     hf_timeout_s: float = Field(60.0, gt=0, le=86400, description='Seconds an "hf:" source may go without delivering data (connecting, or between rows) before the run stops naming it.')
     tokenizer: str = Field("builtin", description='"builtin", a path to a Llama-3-format tokenizer.model (tiktoken BPE ranks), or a Hugging Face model folder (original/tokenizer.model, or tokenizer.json with the hf extra).')
     val_fraction: float = Field(0.05, ge=0, lt=1, description="Fraction of documents held out for validation.")
-    document_masking: bool = Field(False, description="Keep the documents of a packed window apart: block-causal attention, positions restarting at each document (split after each EOS token), and the label across a boundary ignored. Needs a model whose forward accepts `positions`; not with pp > 1.")
+    document_masking: bool = Field(False, description="Keep the documents of a packed window apart: block-causal attention, positions restarting at each document (split after each EOS token), and the label across a boundary ignored. Needs a model whose forward accepts `positions` (with pp > 1, a spec whose pipeline carries them: TrainSpec.pipeline_takes_positions).")
     mix: dict[str, MixSource] = Field(default_factory=dict, description="Weighted mixture: [data.mix.NAME] source and weight; when set, data.source is not used (docs/data.md).")
 
     @field_validator("mix")

@@ -1,9 +1,11 @@
-"""Documents of a source, one at a time (for ``titan-data prepare``: no corpus is held in memory).
+"""Documents of a source, read a piece at a time (for ``titan-data prepare``: no corpus is held in memory).
 
-Yields the same documents, in the same order, as :func:`titan_core.data.sources.read_documents`
-(empty and null rows skipped, a non-text value an error naming the row), but streams
-``.jsonl`` line by line and ``.parquet`` batch by batch, and reads ``hf:`` datasets
-with no size cap.
+Together the pieces yield the same documents, in the same order, as
+:func:`titan_core.data.sources.read_documents` (empty and null rows skipped, a non-text value
+an error naming the row), but a ``.jsonl`` file is read as byte ranges of whole lines, a
+``.parquet`` file row group by row group, and ``hf:`` datasets are streamed with no size cap.
+A piece is named by where it lies (file, byte range, row group), so a worker process can read
+it itself: the text never passes through the process that hands out the work.
 """
 
 from __future__ import annotations
@@ -14,8 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
-from .corpus import builtin_documents
-from .sources import HF_PREFIX, _quiet_datasets, _read_file, source_files
+from .sources import _quiet_datasets
 
 
 def _text(value: Any, *, where: str, row: int, text_field: str) -> str | None:
@@ -36,28 +37,76 @@ def _field(record: Any, *, where: str, row: int, text_field: str) -> Any:
     return record[text_field]
 
 
-def _json_lines(path: Path, text_field: str) -> Iterator[str]:
-    with path.open("rb") as f:
-        for row, line in enumerate(f):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except ValueError as e:
-                raise ConfigError(f"data file {path} could not be read as JSON (line {row + 1}: {e}); "
-                                  "fix the file or leave it out.") from None
-            text = _text(_field(record, where=str(path), row=row, text_field=text_field), where=str(path), row=row,
-                         text_field=text_field)
-            if text is not None:
-                yield text
+# ---- .jsonl (and JSON lines in a .json file) ----------------------------------------------------------
 
 
-def _json_file(path: Path, text_field: str) -> Iterator[str]:
+def line_ranges(path: Path, size: int, target: int) -> Iterator[tuple[int, int]]:
+    """``[start, end)`` byte ranges of about ``target`` bytes, each ending just after a newline (or at
+    the end): they depend on the file alone. Only a few bytes around each cut are read."""
     with path.open("rb") as f:
-        head = f.read(1 << 16).lstrip()
-    if not head.startswith(b"["):  # JSON lines in a .json file, as the datasets json builder reads it
-        yield from _json_lines(path, text_field)
-        return
+        start = 0
+        while start < size:
+            end = start + target
+            if end >= size:
+                yield start, size
+                return
+            f.seek(end - 1)  # the cut goes after the first newline at or after end - 1
+            while True:
+                block = f.read(1 << 16)
+                if not block:
+                    end = size
+                    break
+                newline = block.find(b"\n")
+                if newline >= 0:
+                    end = f.tell() - len(block) + newline + 1
+                    break
+            yield start, end
+            start = end
+
+
+def _rows_before(path: Path, offset: int) -> int:
+    """Lines before byte ``offset`` (only for an error message: the row number of a bad line)."""
+    count = 0
+    with path.open("rb") as f:
+        while offset > 0:
+            block = f.read(min(offset, 1 << 20))
+            if not block:
+                break
+            count += block.count(b"\n")
+            offset -= len(block)
+    return count
+
+
+def json_lines(path: Path, start: int, end: int, text_field: str) -> Iterator[str]:
+    """The texts of the lines in bytes ``[start, end)`` of ``path`` (a range from :func:`line_ranges`)."""
+    with path.open("rb") as f:
+        f.seek(start)
+        data = f.read(end - start)
+    where = str(path)
+    for i, line in enumerate(data.split(b"\n")):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except ValueError as e:
+            raise ConfigError(f"data file {path} could not be read as JSON (line {_rows_before(path, start) + i + 1}: "
+                              f"{e}); fix the file or leave it out.") from None
+        if not isinstance(record, dict) or text_field not in record or not isinstance(record[text_field], (str, type(None))):
+            row = _rows_before(path, start) + i  # only now: counting costs a read of the file up to here
+            _text(_field(record, where=where, row=row, text_field=text_field), where=where, row=row,
+                  text_field=text_field)
+        text = record[text_field]
+        if text:
+            yield text
+
+
+def json_is_list(path: Path) -> bool:
+    """Whether a ``.json`` file holds one JSON list (else JSON lines, as the datasets json builder reads it)."""
+    with path.open("rb") as f:
+        return f.read(1 << 16).lstrip().startswith(b"[")
+
+
+def json_list(path: Path, text_field: str) -> Iterator[str]:
     try:
         records = json.loads(path.read_bytes())
     except ValueError as e:
@@ -69,56 +118,65 @@ def _json_file(path: Path, text_field: str) -> Iterator[str]:
             yield text
 
 
-def _parquet(path: Path, text_field: str) -> Iterator[str]:
+# ---- .parquet ------------------------------------------------------------------------------------------
+
+
+def parquet_row_groups(path: Path, text_field: str) -> list[int]:
+    """The row count of each row group; ConfigError for a file that is not Parquet or lacks the field."""
     import pyarrow.parquet as pq  # type: ignore[import-untyped]
 
     try:
         pf = pq.ParquetFile(path)
         names = pf.schema_arrow.names
+        rows = [pf.metadata.row_group(i).num_rows for i in range(pf.num_row_groups)]
     except Exception as e:  # pyarrow raises its own error types for a damaged file
         raise ConfigError(f"data file {path} could not be read as Parquet ({type(e).__name__}: {str(e)[:200]}); "
                           "fix the file or leave it out.") from None
     if text_field not in names:
         raise ConfigError(f'data file {path} has no field "{text_field}" (its fields: {", ".join(names) or "none"}); '
                           "set --text-field to the field that holds the text.")
-    row = 0
-    for batch in pf.iter_batches(columns=[text_field], batch_size=1024):
-        for value in batch.column(0).to_pylist():
-            text = _text(value, where=str(path), row=row, text_field=text_field)
-            row += 1
-            if text is not None:
-                yield text
+    return [int(n) for n in rows]
 
 
-def _hub(name: str, *, text_field: str, split: str) -> Iterator[str]:
+def parquet_group(path: Path, group: int, first_row: int, text_field: str) -> Iterator[str]:
+    """The texts of row group ``group`` (whose first row is ``first_row`` of the file)."""
+    import pyarrow.parquet as pq
+
+    try:
+        values = pq.ParquetFile(path).read_row_group(group, columns=[text_field]).column(0).to_pylist()
+    except Exception as e:
+        raise ConfigError(f"data file {path} could not be read as Parquet ({type(e).__name__}: {str(e)[:200]}); "
+                          "fix the file or leave it out.") from None
+    for i, value in enumerate(values):
+        text = _text(value, where=str(path), row=first_row + i, text_field=text_field)
+        if text is not None:
+            yield text
+
+
+# ---- hf: -------------------------------------------------------------------------------------------------
+
+
+def hub_rows(name: str, *, text_field: str, split: str) -> Iterator[str]:
+    """Every text of a ``datasets.load_dataset(name, split=split, streaming=True)`` stream: no size cap."""
     with _quiet_datasets() as datasets:
         try:
             stream = datasets.load_dataset(name, split=split, streaming=True)
         except Exception as e:
             raise ConfigError(f'could not open hub dataset "{name}" (split "{split}"): {type(e).__name__}: '
                               f"{str(e)[:300]}; check the name, --hf-split and your network access.") from None
-        for row, record in enumerate(stream):
+        rows = iter(stream)
+        row = 0
+        while True:
+            try:
+                record = next(rows)
+            except StopIteration:
+                return
+            except Exception as e:  # a network or format error mid-stream
+                raise ConfigError(f'hub dataset "{name}" (split "{split}") stopped after {row:,} rows: '
+                                  f"{type(e).__name__}: {str(e)[:300]}; the finished shards are kept, run the same "
+                                  "command again to continue.") from None
             text = _text(_field(record, where=f"hf:{name}", row=row, text_field=text_field), where=f"hf:{name}",
                          row=row, text_field=text_field)
             if text is not None:
                 yield text
-
-
-def iter_documents(source: str, *, text_field: str, hf_split: str) -> Iterator[str]:
-    """Every document of ``source`` in order (``source_files`` was checked by the caller for local sources)."""
-    if source == "builtin":
-        yield from builtin_documents()
-        return
-    if source.startswith(HF_PREFIX):
-        yield from _hub(source[len(HF_PREFIX):], text_field=text_field, split=hf_split)
-        return
-    for path in source_files(source):
-        suffix = path.suffix.lower()
-        if suffix == ".txt":
-            yield from _read_file(path, text_field=text_field)
-        elif suffix == ".jsonl":
-            yield from _json_lines(path, text_field)
-        elif suffix == ".json":
-            yield from _json_file(path, text_field)
-        else:
-            yield from _parquet(path, text_field)
+            row += 1

@@ -74,7 +74,7 @@ def accepts_positions(model_cls: type) -> bool:
     return param is not None and param.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
 
 
-def check_document_masking(*, spec_name: str, model_cls: type, pp: int) -> None:
+def check_document_masking(*, spec_name: str, model_cls: type, pp: int, pipeline_takes_positions: bool) -> None:
     """ConfigError when ``data.document_masking=true`` cannot be honoured by this spec and layout."""
     if not accepts_positions(model_cls):
         raise ConfigError(
@@ -83,9 +83,10 @@ def check_document_masking(*, spec_name: str, model_cls: type, pp: int) -> None:
             f"--data.document_masking=false, or give its forward a `{POSITIONS_KWARG}=None` parameter "
             "(docs/writing-a-train-spec.md, \"Packed documents\")."
         )
-    if pp > 1:
+    if pp > 1 and not pipeline_takes_positions:
         raise ConfigError(
-            "data.document_masking=true is not supported with pipeline parallelism (parallelism.pp="
-            f"{pp}): the pipeline stages receive only the hidden states, not the document positions. Use "
-            "--parallelism.pp=1 (FSDP and TP work with it), or turn document masking off."
+            f'data.document_masking=true is not supported with pipeline parallelism (parallelism.pp={pp}) by spec '
+            f'"{spec_name}": its pipeline stages do not declare that they take the document positions '
+            "(TrainSpec.pipeline_takes_positions). Use --parallelism.pp=1 (FSDP and TP work with it), or turn "
+            "document masking off."
         )

@@ -152,7 +152,8 @@ def resolve_config(
             f"Flavors: {', '.join(spec.flavors)}."
         )
     if config.data.document_masking:
-        check_document_masking(spec_name=spec.name, model_cls=spec.model_cls, pp=config.parallelism.pp)
+        check_document_masking(spec_name=spec.name, model_cls=spec.model_cls, pp=config.parallelism.pp,
+                               pipeline_takes_positions=spec.pipeline_takes_positions)
     device, backend = run_device_and_backend(config)
     tokenizer = run_tokenizer(spec, config)
     args, shape_note = run_model_args(spec, config, tokenizer=tokenizer, world_size=world_size)

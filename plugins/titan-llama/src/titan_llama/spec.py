@@ -58,6 +58,7 @@ llama3_spec = TrainSpec(
     tp_plan_fn=llama_tp_plan,
     selective_ac_save_ops=LLAMA_SELECTIVE_SAVE_OPS,
     pipelining_fn=pipeline_llama,
+    pipeline_takes_positions=True,  # every stage is a Transformer: forward(h, positions=...)
     config_model=LlamaSection,
     validate_fn=validate_llama_layout,
     flops_per_token_fn=flops_per_token,
