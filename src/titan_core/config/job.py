@@ -89,6 +89,13 @@ class JobConfig(BaseModel):
         before = self._parallel_dims.world_size if self._parallel_dims is not None else 1
         world_size = int((info.context or {}).get("world_size", before))
         p, t = self.parallelism, self.training
+        if p.pp > 1 and p.pp_schedule in _SCHEDULES_WITHOUT_EVAL and self.validation.enable:
+            raise ValueError(
+                f"validation.enable=true with parallelism.pp_schedule={p.pp_schedule}: torch's V-shaped pipeline "
+                f"schedules have no forward-only pass (validation hangs or fails inside torch 2.13). Use "
+                f"Interleaved1F1B or InterleavedZeroBubble (also several stages per rank), 1F1B or GPipe, or turn "
+                f"validation off"
+            )
         # The one place the degrees are derived (and checked against the world size).
         dims = ParallelDims.resolve(dp_replicate=p.dp_replicate, dp_shard=p.dp_shard, tp=p.tp, pp=p.pp,
                                     world_size=world_size, ep=p.ep)
@@ -110,6 +117,10 @@ class JobConfig(BaseModel):
         if self.checkpoint.async_mode == "async" and not self.checkpoint.enable:
             raise ValueError("checkpoint.async_mode=async needs checkpoint.enable=true")
         return self
+
+
+# Pipeline schedules whose eval() deadlocks (ZBVZeroBubble) or asserts (DualPipeV) in torch 2.13.
+_SCHEDULES_WITHOUT_EVAL = ("ZBVZeroBubble", "DualPipeV")
 
 
 def accumulation_steps(config: JobConfig, dp: int) -> int:
