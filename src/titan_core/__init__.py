@@ -59,6 +59,7 @@ _LAZY: dict[str, str] = {
     "OptimizersContainer": "optim",
     "LRSchedulersContainer": "optim",
     "Trainer": "trainer",
+    "main": "cli",
     "cross_entropy_loss": "loss",
     "IGNORE_INDEX": "loss",
     "split_documents": "data.documents",
@@ -220,4 +221,5 @@ if TYPE_CHECKING:
         retie_weights as retie_weights,
     )
     from .tokenizer import TiktokenTokenizer as TiktokenTokenizer
+    from .cli import main as main
     from .trainer import Trainer as Trainer
