@@ -124,6 +124,7 @@ if TYPE_CHECKING:
         export_safetensors as export_safetensors,
         read_checkpoint_tensors as read_checkpoint_tensors,
     )
+    from .cli import main as main
     from .config.job import JobConfig as JobConfig
     from .config.sections import (
         ActivationCheckpointSection as ActivationCheckpointSection,
@@ -221,5 +222,4 @@ if TYPE_CHECKING:
         retie_weights as retie_weights,
     )
     from .tokenizer import TiktokenTokenizer as TiktokenTokenizer
-    from .cli import main as main
     from .trainer import Trainer as Trainer

@@ -99,8 +99,10 @@ class CheckpointManager:
         self.identity = identity
         self.is_rank0 = is_rank0
         self.states = _checked_states(states)
-        progress = self.states[PROGRESS]
-        self._counter = progress if isinstance(progress, StepCounter) else None  # follows maybe_save's step
+        # Without a progress state of the caller's, the manager's own follows maybe_save's step.
+        self._counter: StepCounter | None = None
+        if PROGRESS not in self.states:
+            self._counter = self.states[PROGRESS] = StepCounter()
         model = self.states[MODEL]
         assert isinstance(model, ModelState)  # checked by _checked_states
         self._view = model.view
@@ -168,15 +170,15 @@ class CheckpointManager:
     def _save(self, step: int, tokens_seen: int) -> None:
         self.wait()  # the previous async save is published before the next begins
         self._require_finite(step)
-        tmp = self._agree_on_rank0(lambda: self._make_tmp(step))
         if self._counter is not None:
             self._counter.step, self._counter.tokens_seen = step, tokens_seen
         state = {name: held.state_dict() for name, held in self.states.items()}
         saved = int(state[PROGRESS]["step"])
-        if saved != step:
+        if saved != step:  # checked before anything is written
             raise ValueError(f"CheckpointManager: saving step {step}, but states['progress'] says step {saved}")
         # Per-rank keys: DCP writes a plain tensor present on several ranks only once.
         state[RNG] = {f"rank{self._rank}": st.rng_state()}
+        tmp = self._agree_on_rank0(lambda: self._make_tmp(step))
         self._last_saved_step = step
         tensors, values, _ = storage.split_values(state)
         writer = storage.IndexedWriter(tmp, values=self._merged_values(step, tmp, values))
@@ -489,14 +491,12 @@ def _legacy_states(model_parts: list[nn.Module] | None, optimizer: torch.optim.O
 
 
 def _checked_states(named: Mapping[str, Stateful]) -> dict[str, Stateful]:
-    """``model`` is a ModelState, ``rng`` is the manager's own, ``progress`` is added when missing."""
+    """``model`` is a ModelState; ``rng`` is the manager's own."""
     if not isinstance(named.get(MODEL), ModelState):
         raise TypeError(f'CheckpointManager: states["{MODEL}"] must be a ModelState (checkpoint.stateful)')
     if RNG in named:
         raise TypeError(f'CheckpointManager: "{RNG}" is the manager\'s own state (every rank\'s RNG streams)')
-    out = dict(named)
-    out.setdefault(PROGRESS, StepCounter())
-    return out
+    return dict(named)
 
 
 def _checked_extra_files(files: Mapping[str, bytes]) -> dict[str, bytes]:

@@ -1,7 +1,7 @@
 """A checkpoint of the model weights alone, published with extra files (``titan-convert from-hf``).
 
-It holds the model and a step counter, nothing a resume would need (no optimizer, schedule,
-data position or RNG): it is read by ``checkpoint.initial_load`` and ``titan-convert to-hf``.
+It holds the model, a step counter and the RNG streams every checkpoint has, but no optimizer,
+schedule or data position: it is read by ``checkpoint.initial_load`` and ``titan-convert to-hf``.
 The extra files are written into the save's temporary folder and listed in its manifest
 before the one rename that publishes it, so no reader ever sees the folder without them.
 """
