@@ -83,7 +83,8 @@ def _plain(loss: torch.Tensor) -> torch.Tensor:
 class Trainer:
     """Builds every component from a validated config, then trains.
 
-    Its state, set by ``__init__`` and the set-up methods in the order of ``setup``:
+    Its state is declared below, typed, grouped by the method of ``setup`` that sets it. The
+    Trainer is also the checkpoint's ``progress`` state (``state_dict``: step and tokens seen).
     """
 
     # from the resolved config (__init__)
