@@ -10,7 +10,7 @@ dry run refuses is what the run refuses at the same step.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -27,6 +27,9 @@ from .plan.resolve import ResolvedConfig
 from .plugin_calls import plugin_call
 from .protocols import ModelConverter, RunContext, TensorParallelStyles
 from .ties import check_ties, declared_ties
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
 
 NamedConverters = list[tuple[str, ModelConverter[Any]]]
 
@@ -82,7 +85,7 @@ def convert_model(resolved: ResolvedConfig, model: nn.Module, converters: NamedC
     return apply_converters(model, converters, resolved.spec)
 
 
-def parallelize_part(resolved: ResolvedConfig, part: nn.Module, *, mesh: Any,
+def parallelize_part(resolved: ResolvedConfig, part: nn.Module, *, mesh: DeviceMesh | None,
                      tp_styles: TensorParallelStyles) -> nn.Module:
     """The spec's ``parallelize_fn`` on one model part: TP -> activation checkpointing -> compile -> FSDP2."""
     c = resolved.config

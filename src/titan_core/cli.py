@@ -9,7 +9,7 @@ import argparse
 import sys
 import traceback
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 from . import discovery
 from .commands.launch import relaunch
@@ -25,6 +25,9 @@ from .os_errors import describe_os_error
 from .path_settings import remember_paths
 from .signals import StopRequested
 from .worker_errors import INTERRUPTED, hand_to_launcher, under_launcher
+
+if TYPE_CHECKING:
+    from .trainer import Trainer
 
 EPILOG = """\
 config values:
@@ -78,7 +81,7 @@ def _override_pairs(args: argparse.Namespace, rest: list[str]) -> list[tuple[str
     return pairs + parse_override_args(rest)
 
 
-def run(args: argparse.Namespace, rest: list[str], argv: list[str], trainer_class: type[Any] | None = None) -> int:
+def run(args: argparse.Namespace, rest: list[str], argv: list[str], trainer_class: type[Trainer] | None = None) -> int:
     discovery.import_modules(args.imports)
     if args.list:
         return print_plugin_list(with_traceback=args.traceback)
@@ -134,17 +137,17 @@ def run(args: argparse.Namespace, rest: list[str], argv: list[str], trainer_clas
     return train(resolved, trainer_class=trainer_class)
 
 
-def _worker_argv(args: argparse.Namespace, argv: list[str], trainer_class: type[Any] | None) -> list[str]:
+def _worker_argv(args: argparse.Namespace, argv: list[str], trainer_class: type[Trainer] | None) -> list[str]:
     """The command line of the worker processes: a class given to ``main`` travels as ``--trainer``,
     so every worker imports the same one."""
     if trainer_class is None or args.trainer is not None:
         return argv
-    from .commands.trainer_class import trainer_ref
+    from .commands.trainer_class import trainer_ref  # start-up: imports torch
 
     return [*argv, "--trainer", trainer_ref(trainer_class)]
 
 
-def main(argv: Sequence[str] | None = None, *, trainer_class: type[Any] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, *, trainer_class: type[Trainer] | None = None) -> int:
     """``titan-train``; ``trainer_class``: a Trainer subclass to run, as ``--trainer`` names one
     (torchtitan's ``main(trainer_class)``); it must live in an importable module when workers start."""
     argv = list(sys.argv[1:] if argv is None else argv)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
@@ -26,6 +26,9 @@ from .ties import declared_ties, retie_weights
 from .weights.load import load_hf_weights
 from .weights.model_args import checkpoint_model_args, run_config_of
 from .weights.shape import hf_starting_weights
+
+if TYPE_CHECKING:
+    from .protocols import TrainSpec
 from .weights.titan_checkpoint import load_model_weights
 
 
@@ -44,7 +47,7 @@ def _finish(model: nn.Module) -> None:
         init_buffers()
 
 
-def cpu_model(spec: Any, model_args: object) -> tuple[nn.Module, list[tuple[str, str]]]:
+def cpu_model(spec: TrainSpec, model_args: object) -> tuple[nn.Module, list[tuple[str, str]]]:
     """The model allocated on the CPU (values uninitialised, ties re-made) and its declared ties."""
     model = meta_model(spec, model_args)
     model.to_empty(device="cpu")
