@@ -557,3 +557,72 @@ def test_old_format_is_refused_and_converts_only_on_explicit_trust(tmp_path: Pat
     assert_same(model_tensors(fresh.model), model_tensors(run.model))
     assert_same(flat_optimizer(fresh.model, fresh.optimizer), flat_optimizer(run.model, run.optimizer))
     assert fresh.scheduler.state_dict() == run.scheduler.state_dict() and fresh.position.sample == run.position.sample
+
+
+# ---- named states; the weights-only writer ----------------------------------------------
+
+
+def test_named_states_restore_every_state_and_the_old_constructor_reads_the_same_checkpoint(tmp_path: Path) -> None:
+    from titan_core.checkpoint import StepCounter, training_states
+
+    config = CheckpointSection(enable=True, interval=1, keep_latest_k=0)
+    model, optimizer, scheduler, position = build()
+    counter = StepCounter()  # what the Trainer is: the "progress" state
+    states = training_states([model], optimizer, lr_schedulers=scheduler, dataloader=position, progress=counter)
+    ckpt = CheckpointManager(config=config, run_dir=tmp_path, states=states, identity=identity_of(model), is_rank0=True)
+    for step in (1, 2):
+        train_step(model, optimizer, scheduler, step)
+    position.sample, counter.step, counter.tokens_seen = 20, 2, 2048
+    ckpt.maybe_save(2, tokens_seen=2048)
+    counter.step = 3  # a progress state that disagrees with the step saved: refused before anything is written
+    with pytest.raises(ValueError, match="saving step 4, but states\\['progress'\\] says step 3"):
+        ckpt.maybe_save(4, tokens_seen=4096)
+    assert sorted(p.name for p in tmp_path.joinpath("checkpoints").iterdir()) == ["step-000002"]
+
+    fresh_model, fresh_opt, fresh_sched, fresh_pos = build()
+    fresh_counter = StepCounter()
+    fresh = CheckpointManager(config=config, run_dir=tmp_path, identity=identity_of(fresh_model), is_rank0=True,
+                              states=training_states([fresh_model], fresh_opt, lr_schedulers=fresh_sched,
+                                                     dataloader=fresh_pos, progress=fresh_counter))
+    info = fresh.resume()
+    assert info is not None and (info.step, info.tokens_seen) == (2, 2048)
+    assert (fresh_counter.step, fresh_counter.tokens_seen, fresh_pos.sample) == (2, 2048, 20)
+    assert_same(model_tensors(fresh_model), model_tensors(model))
+    assert_same(flat_optimizer(fresh_model, fresh_opt), flat_optimizer(model, optimizer))
+
+    old_model, old_opt, old_sched, old_pos = build()
+    with pytest.warns(DeprecationWarning, match="deprecated"):
+        old = CheckpointManager(config=config, run_dir=tmp_path, model_parts=[old_model], optimizer=old_opt,
+                                lr_schedulers=old_sched, dataloader=old_pos, identity=identity_of(old_model),
+                                is_rank0=True)
+    info = old.resume()
+    assert info is not None and (info.step, old_pos.sample) == (2, 20)
+    assert_same(model_tensors(old_model), model_tensors(model))
+
+
+def test_a_weights_only_checkpoint_is_published_with_its_extra_files_in_the_manifest(tmp_path: Path) -> None:
+    from titan_core.checkpoint import write_weights_checkpoint
+    from titan_core.checkpoint.identity import read_record
+    from titan_core.checkpoint.tensor_index import read_index
+    from titan_core.weights.titan_checkpoint import load_model_weights
+
+    model = build()[0]
+    shape = b'{"hidden_size": 10}'
+    path = write_weights_checkpoint(tmp_path, [model], identity=identity_of(model),
+                                    extra_files={"hf_config.json": shape})
+    assert path == tmp_path / "step-000000" and sorted(p.name for p in tmp_path.iterdir()) == ["step-000000"]
+    record = read_record(path)
+    assert "hf_config.json" in record.files and (path / "hf_config.json").read_bytes() == shape
+    integrity.check_listing(path, record.files)  # the folder holds exactly its manifest's files
+    assert integrity.verify_share(path, record.files, rank=0, world=1) is None
+    # the weights, the step and the manager's own RNG streams: no optimizer, schedule or data position
+    assert {key.split(".")[0] for key in read_index(path, record.files).tensors} == {"model", "progress", "rng"}
+    fresh = build()[0]
+    with torch.no_grad():
+        for p in fresh.parameters():
+            p.zero_()
+    assert load_model_weights(path, [fresh]) == 0
+    assert_same(model_tensors(fresh), model_tensors(model))
+    with pytest.raises(ValueError, match="extra file 'titan_checkpoint.json'"):
+        write_weights_checkpoint(tmp_path / "x", [model], identity=identity_of(model),
+                                 extra_files={"titan_checkpoint.json": b"{}"})

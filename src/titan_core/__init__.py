@@ -59,6 +59,7 @@ _LAZY: dict[str, str] = {
     "OptimizersContainer": "optim",
     "LRSchedulersContainer": "optim",
     "Trainer": "trainer",
+    "main": "cli",
     "cross_entropy_loss": "loss",
     "IGNORE_INDEX": "loss",
     "split_documents": "data.documents",
@@ -123,6 +124,7 @@ if TYPE_CHECKING:
         export_safetensors as export_safetensors,
         read_checkpoint_tensors as read_checkpoint_tensors,
     )
+    from .cli import main as main
     from .config.job import JobConfig as JobConfig
     from .config.sections import (
         ActivationCheckpointSection as ActivationCheckpointSection,

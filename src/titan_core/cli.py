@@ -9,6 +9,7 @@ import argparse
 import sys
 import traceback
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from . import discovery
 from .commands.launch import relaunch
@@ -24,6 +25,9 @@ from .os_errors import describe_os_error
 from .path_settings import remember_paths
 from .signals import StopRequested
 from .worker_errors import INTERRUPTED, hand_to_launcher, under_launcher
+
+if TYPE_CHECKING:
+    from .trainer import Trainer
 
 EPILOG = """\
 config values:
@@ -54,6 +58,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", help="a TOML file, or pkg.module:function returning a config (config as code)")
     p.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
                    help="import MODULE first (it may register specs/converters in-process); repeatable")
+    p.add_argument("--trainer", metavar="MODULE:CLASS",
+                   help="run this Trainer subclass (e.g. my_pkg.trainers:MyTrainer) instead of the Trainer")
     p.add_argument("--print-config", action="store_true", help="print the merged config as TOML and exit")
     p.add_argument("--schema", action="store_true", help="print the JSON schema of the config and exit")
     p.add_argument("--dry-run", action="store_true",
@@ -75,10 +81,14 @@ def _override_pairs(args: argparse.Namespace, rest: list[str]) -> list[tuple[str
     return pairs + parse_override_args(rest)
 
 
-def run(args: argparse.Namespace, rest: list[str], argv: list[str]) -> int:
+def run(args: argparse.Namespace, rest: list[str], argv: list[str], trainer_class: type[Trainer] | None = None) -> int:
     discovery.import_modules(args.imports)
     if args.list:
         return print_plugin_list(with_traceback=args.traceback)
+    if args.trainer is not None or trainer_class is not None:
+        from .commands.trainer_class import chosen_trainer  # start-up: imports torch
+
+        trainer_class = chosen_trainer(args.trainer, trainer_class)
     check_launch_environment(args.nproc_per_node)
     world_size = args.nproc_per_node or world_size_from_env()
     from .plan.resolve import resolve_config  # start-up: --help and --list stay without torch
@@ -112,22 +122,34 @@ def run(args: argparse.Namespace, rest: list[str], argv: list[str]) -> int:
     if args.compare_baseline:
         from .commands.compare import compare_baseline  # start-up: as above
 
-        return compare_baseline(resolved)
+        return compare_baseline(resolved, **({"trainer_class": trainer_class} if trainer_class else {}))
     if resolved.config.fault_tolerance.local_replicas:
         from .fault_tolerance.supervisor import supervise
 
-        return supervise(resolved.config, argv)
+        return supervise(resolved.config, _worker_argv(args, argv, trainer_class))
     if args.nproc_per_node and world_size_from_env() == 1:
         from .preflight import preflight  # start-up: as above
 
         preflight(resolved)  # one message here rather than one per worker, after each built the model
-        return relaunch(args.nproc_per_node, argv, config=resolved.config)
+        return relaunch(args.nproc_per_node, _worker_argv(args, argv, trainer_class), config=resolved.config)
     from .commands.train import train  # start-up: as above
 
-    return train(resolved)
+    return train(resolved, trainer_class=trainer_class)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def _worker_argv(args: argparse.Namespace, argv: list[str], trainer_class: type[Trainer] | None) -> list[str]:
+    """The command line of the worker processes: a class given to ``main`` travels as ``--trainer``,
+    so every worker imports the same one."""
+    if trainer_class is None or args.trainer is not None:
+        return argv
+    from .commands.trainer_class import trainer_ref  # start-up: imports torch
+
+    return [*argv, "--trainer", trainer_ref(trainer_class)]
+
+
+def main(argv: Sequence[str] | None = None, *, trainer_class: type[Trainer] | None = None) -> int:
+    """``titan-train``; ``trainer_class``: a Trainer subclass to run, as ``--trainer`` names one
+    (torchtitan's ``main(trainer_class)``); it must live in an importable module when workers start."""
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     args, rest = parser.parse_known_args(argv)
@@ -135,7 +157,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.nproc_per_node is not None and args.nproc_per_node < 1:
             raise TitanError(f"--nproc-per-node {args.nproc_per_node}: give the number of processes to start "
                              f"on this machine, 1 or more (e.g. --nproc-per-node 2).")
-        return run(args, rest, argv)
+        return run(args, rest, argv, trainer_class)
     except TitanError as exc:
         return _report(exc, with_traceback=args.traceback)
     except OSError as exc:  # the run folder, config.toml, metrics.jsonl, exports: a message naming the file

@@ -2,21 +2,20 @@
 
 Every worker would otherwise build the tokenizer and the model before it found a
 converter's refusal, and the user would read the same message once per process.
-The converters are built here by the Trainer's own ``build_converters`` from the
-resolved config the workers also derive (the parallel degrees, rank 0's device, the
-backend), so their ``__init__`` and ``compatible_with`` checks and the TP-style rule
-fail here, once.
+The converters are built here by ``build.build_converters``, which the Trainer's set-up
+calls too, from the resolved config the workers also derive (the parallel degrees, rank
+0's device, the backend), so their ``__init__`` and ``compatible_with`` checks and the
+TP-style rule fail here, once.
 """
 
 from __future__ import annotations
 
-import torch
-
+from .build import build_converters, build_meta_model
 from .discovery import CONVERTERS, SPECS
 from .parallel import check_experts_split
 from .plan.resolve import ResolvedConfig
 from .plugin_calls import plugin_call
-from .trainer import Trainer
+from .tp_styles import resolve_tp_styles
 
 
 def preflight(resolved: ResolvedConfig) -> None:
@@ -26,17 +25,17 @@ def preflight(resolved: ResolvedConfig) -> None:
     if not resolved.converters:
         return
 
-    trainer = Trainer(resolved)
-    for name, conv in trainer.build_converters():
+    named = build_converters(resolved)
+    for name, conv in named:
         with plugin_call(CONVERTERS, name, "compatible_with()"):
             conv.compatible_with(resolved.spec)
     if resolved.dims.tp_enabled:
-        trainer.tp_styles()
+        resolve_tp_styles(named)
 
 
 def check_ep_fits(resolved: ResolvedConfig) -> None:
     """parallelism.ep on a model with experts that it divides: checked on the meta model."""
     spec = resolved.spec
-    with plugin_call(SPECS, spec.name, "model_cls (meta build)"), torch.device("meta"):
-        model = spec.model_cls(resolved.model_args)
+    with plugin_call(SPECS, spec.name, "model_cls (meta build)"):
+        model = build_meta_model(resolved).model
     check_experts_split(model, resolved.dims.ep, what=f"spec {spec.name}, flavor {resolved.config.model.flavor}")

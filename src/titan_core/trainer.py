@@ -1,7 +1,10 @@
 """The Trainer: the architecture page's init order, one method per step, and the loop.
 
-Subclass and replace one method (``build_model``, ``forward_backward``, ...) to
-change one step without copying the loop.
+The parts are built by the free functions of ``build.py`` (which ``--dry-run`` and the
+launcher's preflight call too); the Trainer holds them and runs the loop. Subclass it and
+replace one method (``compute_loss``, ``build_model``, ``forward_backward``, ...) to change
+one step without copying the loop, and run the subclass with ``titan-train --trainer
+pkg.module:MyTrainer`` (docs/custom-trainer.md).
 """
 
 from __future__ import annotations
@@ -17,18 +20,19 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from . import distributed
-from .checkpoint import CheckpointManager, RunIdentity, collect_param_shapes, export_safetensors
+from . import build, distributed
+from .checkpoint import CheckpointManager, RunIdentity, collect_param_shapes, export_safetensors, training_states
+from .checkpoint.stateful import progress_state
 from .config.job import JobConfig, accumulation_steps
 from .config.toml_out import dumps
 from .console import progress
-from .converters import apply_converters, register_converter_hooks
+from .converters import ConversionTable
 from .cpu_allocator import keep_freed_memory_in_heap
 from .data import build_dataloader, build_mixture_loader
 from .data.documents import split_documents
 from .data.mixture import source_tokens
 from .data.prefetch import PrefetchingLoader
-from .discovery import CONVERTERS, SPECS
+from .discovery import SPECS
 from .errors import ConfigError, NonFiniteError
 from .finite_watch import FiniteWatch
 from .grad_norm import clip_grad_norm_on_device
@@ -36,13 +40,10 @@ from .hf.export import export_hf
 from .init import init_model_weights
 from .launch_env import rank_env
 from .loss import cross_entropy_loss
-from .memory_estimate import check_model_fits, local_ranks_from_env
 from .metrics import MetricsLogger, model_flops_per_token
 from .moe import MoEMonitor
-from .optim import LRSchedulersContainer, OptimizersContainer
-from .optimizer_settings import settings_checked
 from .out_of_memory import out_of_memory_named
-from .parallel import check_expert_parallel, spec_parallelize_fn
+from .parallel import check_expert_parallel
 from .parallel_dims import ParallelDims
 from .param_groups import run_layout
 from .parameter_layout import describe_parameter_layout
@@ -50,16 +51,17 @@ from .plan.resolve import ResolvedConfig
 from .plugin_calls import check_logits, plugin_call
 from .precision import autocast_for, resolve_compute_dtype
 from .profiling import StepProfiler
-from .protocols import ModelConverter, RunContext, TensorParallelStyles
+from .protocols import ModelConverter, TensorParallelStyles, Tokenizer, TrainSpec
 from .report import report_at_end
 from .run_files import atomic_write_text, require_writable, supersede_metrics
 from .signals import no_interrupt, requested_signal, stop_after_signal
-from .ties import check_ties, declared_ties, retie_weights
+from .spec_factories import LossFn, LRSchedulers, MetricsProcessor, Pipeline
+from .ties import check_ties, retie_weights
 from .token_ids import check_batch_ids
 from .token_loss import count_valid, global_token_mean, global_valid_tokens, token_loss_sum, token_weighted
 from .tp_styles import resolve_tp_styles
-from .weights.load import load_initial_weights
-from .weights.shape import check_shape_file_unchanged, model_label, record_shape_file
+from .weights.load import load_starting_weights
+from .weights.shape import check_shape_file_unchanged, record_shape_file
 
 # A micro-batch as the step runs it: inputs, labels, and the document positions (data.document_masking).
 MicroBatch = tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]
@@ -82,7 +84,55 @@ def _plain(loss: torch.Tensor) -> torch.Tensor:
 
 
 class Trainer:
-    """Builds every component from a validated config, then trains."""
+    """Builds every component from a validated config, then trains.
+
+    Its state is declared below, typed, grouped by the method of ``setup`` that sets it. The
+    Trainer is also the checkpoint's ``progress`` state (``state_dict``: step and tokens seen).
+    """
+
+    # from the resolved config (__init__)
+    resolved: ResolvedConfig
+    config: JobConfig
+    spec: TrainSpec
+    converter_classes: list[tuple[str, type[ModelConverter[Any]]]]
+    dims: ParallelDims
+    device: torch.device
+    run_dir: Path
+    # progress (the checkpoint's "progress" state: step and tokens_seen)
+    step: int
+    tokens_seen: int
+    skipped_steps: int
+    step_valid_tokens: int  # valid labels of the current step over all data-parallel ranks
+    pp_batch_rows: int  # rows of the micro-batch the pipeline schedule is running
+    # init_distributed
+    is_rank0: bool
+    proc: distributed.ProcessInfo
+    mesh: Any  # DeviceMesh, or None in a single-process run
+    dp_flat_mesh: Any  # the flattened data-parallel DeviceMesh, or None
+    dp_rank: int
+    compute_dtype: torch.dtype
+    # build_tokenizer_and_data
+    tokenizer: Tokenizer
+    dataloader: PrefetchingLoader
+    val_dataloader: Any  # a DataLoader, or None without validation
+    # build_model, apply_converters
+    model_args: Any
+    ties: list[tuple[str, str]]
+    n_params: int
+    converters: list[ModelConverter[Any]]
+    conversion_table: ConversionTable
+    # build_model_parts, materialize_and_init
+    loss_fn: LossFn
+    accum: int
+    pipeline: Pipeline | None
+    model_parts: list[nn.Module]
+    moe: MoEMonitor
+    # build_optimizers, build_checkpointer, build_metrics, build_profiler
+    optimizer: torch.optim.Optimizer
+    lr_schedulers: LRSchedulers
+    checkpointer: CheckpointManager
+    metrics: MetricsProcessor
+    profiler: StepProfiler
 
     def __init__(self, resolved: ResolvedConfig) -> None:
         self.resolved = resolved
@@ -94,8 +144,8 @@ class Trainer:
         self.device: torch.device = resolved.device
         self.is_rank0 = rank_env()[0] == 0  # init_distributed confirms it from the process group
         self.step = 0
-        self.step_valid_tokens = 0  # valid labels of the current step over all data-parallel ranks
-        self.pp_batch_rows = 0  # rows of the micro-batch the pipeline schedule is running
+        self.step_valid_tokens = 0
+        self.pp_batch_rows = 0
         self.tokens_seen = 0
         self.skipped_steps = 0
         self.finite_watch = FiniteWatch(self.device)
@@ -122,8 +172,6 @@ class Trainer:
         if self.proc.world_size != self.dims.world_size:
             raise ConfigError(f"the config was resolved for {self.dims.world_size} process(es) but this run has "
                               f"{self.proc.world_size}; resolve it with world_size={self.proc.world_size}.")
-        self.mesh: Any  # DeviceMesh, or None in a single-process run
-        self.dp_flat_mesh: Any
         self.mesh, self.dp_flat_mesh = self.dims.build_meshes(self.device.type) if self.dims.distributed else (None, None)
         self.dp_rank = self.dp_flat_mesh.get_local_rank() if self.dp_flat_mesh is not None else 0
         if self.device.type == "cpu" and t.cpu_malloc_tuning:
@@ -171,53 +219,32 @@ class Trainer:
         self.model_args = self.resolved.model_args  # the flavor's, or config.json's with initial_load
         if self.resolved.model_shape_note:
             progress(self.resolved.model_shape_note, is_rank0=self.is_rank0)
-        # Built on the meta device: no memory is used until the model is sharded.
-        with torch.device("meta"):
-            model = self.spec.model_cls(self.model_args)
-        self.ties = declared_ties(model)  # tied weights are checked after every set-up step
-        check_ties([model], self.ties, after="the meta build")
-        n_params = sum(p.numel() for p in model.parameters())
-        progress(f"model {model_label(self.spec, self.config)}: {n_params:,} parameters", is_rank0=self.is_rank0)
-        self.n_params = n_params
-
-        p = self.config.parallelism
-        # A dry run (before any launcher) counts the ranks the run would put on this machine.
-        check_model_fits(n_params, optimizer=self.config.optimizer.name, dp_shard=self.dims.dp_shard, tp=p.tp,
-                         pp=p.pp, device=self.device, local_ranks=local_ranks_from_env(default=self.resolved.world_size))
-        return model
-
-    def run_context(self) -> RunContext:
-        return RunContext(self.device, self.resolved.backend, self.config.training, self.config.parallelism,
-                          self.config.compile)
+        built = build.build_meta_model(self.resolved)
+        self.ties, self.n_params = built.ties, built.n_params
+        build.announce_model(self.resolved, built.n_params, is_rank0=self.is_rank0)
+        build.check_fits(self.resolved, built.n_params)
+        return built.model
 
     def build_converters(self) -> list[tuple[str, ModelConverter[Any]]]:
-        """The requested converters, constructed (also by the launcher's preflight, before any worker)."""
-        ctx = self.run_context()
-        self.converters: list[ModelConverter[Any]] = []
-        for name, cls in self.converter_classes:
-            with plugin_call(CONVERTERS, name, "__init__"):
-                self.converters.append(cls(getattr(self.config, name), parallel_dims=self.dims, job=ctx))
+        """The requested converters, constructed, with their names."""
+        named = build.build_converters(self.resolved)
+        self.converters = [conv for _, conv in named]
+        return named
+
+    def named_converters(self) -> list[tuple[str, ModelConverter[Any]]]:
         return [(name, conv) for (name, _), conv in zip(self.converter_classes, self.converters)]
 
     def apply_converters(self, model: nn.Module) -> None:
         named = self.build_converters()
-        self.conversion_table = apply_converters(model, named, self.spec)
+        self.conversion_table = build.convert_model(self.resolved, model, named)
         if self.is_rank0 and named:
             print(self.conversion_table.format(), flush=True)
 
     def tp_styles(self) -> TensorParallelStyles:
-        return resolve_tp_styles([(name, conv) for (name, _), conv in zip(self.converter_classes, self.converters)])
+        return resolve_tp_styles(self.named_converters())
 
     def parallelize(self, part: nn.Module) -> nn.Module:
-        c = self.config
-        with plugin_call(SPECS, self.spec.name, "parallelize_fn"):
-            out = spec_parallelize_fn(self.spec)(
-                part, parallel_dims=self.dims, mesh=self.mesh, training=c.training, parallelism=c.parallelism,
-                compile=c.compile, activation_checkpoint=c.activation_checkpoint, tp_styles=self.tp_styles(),
-            )
-            if not isinstance(out, nn.Module):
-                raise TypeError(f"it returned {type(out).__name__}, not the parallelized nn.Module")
-        return out
+        return build.parallelize_part(self.resolved, part, mesh=self.mesh, tp_styles=self.tp_styles())
 
     def build_model_parts(self, model: nn.Module) -> None:
         self.loss_fn = self.spec.build_loss_fn() if self.spec.build_loss_fn else cross_entropy_loss
@@ -252,7 +279,7 @@ class Trainer:
         """The pipeline's per-microbatch loss, weighted by its share of the step's valid tokens;
         the schedule divides gradients by its number of microbatches, hence ``splits``.
         Validation runs the schedule forward-only under no_grad: there the sum of its token losses."""
-        loss = self.loss_fn(logits, labels)
+        loss = self.compute_loss(logits, labels)
         if not torch.is_grad_enabled():
             return token_loss_sum(loss, valid=count_valid(labels))
         return token_weighted(loss, valid=count_valid(labels), global_valid=self.step_valid_tokens, dp=self.dims.dp,
@@ -270,18 +297,8 @@ class Trainer:
         check_ties(self.model_parts, self.ties, after="to_empty and init")
 
     def build_optimizers(self) -> None:
-        c = self.config
-        build_opt = self.spec.build_optimizers_fn or OptimizersContainer
-        build_lr = self.spec.build_lr_schedulers_fn or LRSchedulersContainer
-
-        spec_fn = self.spec.build_optimizers_fn  # plugin code is named as such; the core's as a settings error
-        with (plugin_call(SPECS, self.spec.name, "build_optimizers_fn") if spec_fn else
-              settings_checked("optimizer", c.optimizer, what=f"torch.optim.{c.optimizer.name}")):
-            self.optimizer = build_opt(self.model_parts, c.optimizer, device_type=self.device.type)
-        with (plugin_call(SPECS, self.spec.name, "build_lr_schedulers_fn") if self.spec.build_lr_schedulers_fn else
-              settings_checked("lr_scheduler", c.lr_scheduler, what="the LR scheduler")):
-            self.lr_schedulers = build_lr(self.optimizer, c.lr_scheduler, total_steps=c.training.steps)
-        register_converter_hooks(self.optimizer, self.converters, self.model_parts)
+        self.optimizer, self.lr_schedulers = build.build_optimizers(self.resolved, self.model_parts,
+                                                                    self.named_converters())
 
     def build_checkpointer(self) -> None:
         c = self.config
@@ -290,10 +307,17 @@ class Trainer:
             param_shapes=collect_param_shapes(self.model_parts),  # all pipeline stages' parameters
             param_groups=None if self.spec.build_optimizers_fn else run_layout(self.model_parts, c.optimizer),
         )
-        self.checkpointer = CheckpointManager(
-            config=c.checkpoint, run_dir=self.run_dir, model_parts=self.model_parts, optimizer=self.optimizer,
-            lr_schedulers=self.lr_schedulers, dataloader=self.dataloader, identity=identity, is_rank0=self.is_rank0,
-        )
+        states = training_states(self.model_parts, self.optimizer, lr_schedulers=self.lr_schedulers,
+                                 dataloader=self.dataloader, progress=self)
+        self.checkpointer = CheckpointManager(config=c.checkpoint, run_dir=self.run_dir, states=states,
+                                              identity=identity, is_rank0=self.is_rank0)
+
+    # The Trainer is the checkpoint's ``progress`` state: the step and the tokens seen.
+    def state_dict(self) -> dict[str, Any]:
+        return progress_state(self.step, self.tokens_seen)
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.step, self.tokens_seen = int(state_dict["step"]), int(state_dict["tokens_seen"])
 
     def build_metrics(self) -> None:
         fpt = model_flops_per_token(self.spec, self.model_args, self.config.training.seq_len)
@@ -334,6 +358,10 @@ class Trainer:
         group = self.dp_flat_mesh.get_group() if self.dims.dp > 1 else None
         return global_valid_tokens(local, group=group, device=self.device)
 
+    def compute_loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """The mean loss of one micro-batch (the spec's ``build_loss_fn``, or cross-entropy)."""
+        return self.loss_fn(logits, labels)
+
     def model_kwargs(self, positions: torch.Tensor | None) -> dict[str, torch.Tensor]:
         return {} if positions is None else {"positions": positions.to(self.device)}
 
@@ -350,7 +378,7 @@ class Trainer:
             with self.profiler.phase("forward"), plugin_call(SPECS, self.spec.name, "the model's forward"):
                 logits = self.model_parts[0](inputs, **self.model_kwargs(positions))
             check_logits(logits, inputs, spec=self.spec.name)
-            loss = token_weighted(self.loss_fn(logits, labels), valid=valid, global_valid=self.step_valid_tokens,
+            loss = token_weighted(self.compute_loss(logits, labels), valid=valid, global_valid=self.step_valid_tokens,
                                   dp=self.dims.dp)
             aux = self.moe.after_forward()  # MoE load-balancing loss: trained on, not reported in `loss`
             with self.profiler.phase("backward"):
@@ -463,16 +491,16 @@ class Trainer:
             self.step, self.tokens_seen = resumed.step, resumed.tokens_seen
             progress(f"resuming from {resumed.path} at step {resumed.step}", is_rank0=self.is_rank0)
 
-            check_shape_file_unchanged(self.spec, self.config, self.model_args, self.run_dir)
+            check_shape_file_unchanged(self.spec, self.resolved.weights, self.run_dir)
         else:  # the run's own checkpoints take precedence over checkpoint.initial_load
 
-            load_initial_weights(self.config.checkpoint.initial_load, spec=self.spec, model_parts=self.model_parts,
-                                 model_args=self.model_args, ties=self.ties, is_rank0=self.is_rank0)
+            load_starting_weights(self.resolved.weights, spec=self.spec, model_parts=self.model_parts, ties=self.ties,
+                                  is_rank0=self.is_rank0)
         if self.is_rank0:  # written once resume is accepted: a refused run leaves the run folder as it was
             self.require_writable_run_files()
             atomic_write_text(self.run_dir / "config.toml", dumps(self.config.model_dump(mode="json")))
             if resumed is None:
-                record_shape_file(self.config, self.run_dir)
+                record_shape_file(self.resolved.weights, self.run_dir)
             supersede_metrics(self.metrics.path, start_step=self.step)  # one record per step after a resume
             if self.converters:
                 self.conversion_table.write(self.run_dir / "conversion_table.json")
@@ -557,7 +585,7 @@ class Trainer:
         with self.autocast(), self.loss_context():
             if self.pipeline is None:
                 logits = self.model_parts[0](inputs, **self.model_kwargs(positions))
-                return _plain(token_loss_sum(self.loss_fn(logits, labels), valid=count_valid(labels))).double()
+                return _plain(token_loss_sum(self.compute_loss(logits, labels), valid=count_valid(labels))).double()
             pipe = self.pipeline
             losses: list[torch.Tensor] | None = [] if pipe.has_last_stage else None
             target = labels if pipe.has_last_stage else None

@@ -9,9 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
 from torch import nn
 
 from . import discovery
@@ -19,14 +18,17 @@ from .checkpoint.identity import read_record
 from .config.finite import refuse_nonfinite
 from .config.layers import load_config_source
 from .errors import ConfigError
-from .hf.adapter import adapter_of
-from .hf.folder import open_hf_folder
 from .hf.tokenizer_folder import load_tokenizer_folder
+from .meta_model import meta_model
 from .os_errors import describe_os_error
 from .plan.tokenizer import build_tokenizer
 from .ties import declared_ties, retie_weights
-from .weights.load import check_hf_fits, load_hf_weights
+from .weights.load import load_hf_weights
 from .weights.model_args import checkpoint_model_args, run_config_of
+from .weights.shape import hf_starting_weights
+
+if TYPE_CHECKING:
+    from .protocols import TrainSpec
 from .weights.titan_checkpoint import load_model_weights
 
 
@@ -43,6 +45,15 @@ def _finish(model: nn.Module) -> None:
     init_buffers = getattr(model, "init_buffers", None)
     if init_buffers is not None:
         init_buffers()
+
+
+def cpu_model(spec: TrainSpec, model_args: object) -> tuple[nn.Module, list[tuple[str, str]]]:
+    """The model allocated on the CPU (values uninitialised, ties re-made) and its declared ties."""
+    model = meta_model(spec, model_args)
+    model.to_empty(device="cpu")
+    ties = declared_ties(model)
+    retie_weights(model, ties)
+    return model, ties
 
 
 def read_checked_run_config(path: Path | None) -> dict[str, Any]:
@@ -69,10 +80,7 @@ def load_titan_checkpoint(checkpoint: Path, *, config: Path | None = None) -> Wh
     tokenizer = build_tokenizer(str(data.get("tokenizer", "builtin") if isinstance(data, dict) else "builtin"))
     model_args = checkpoint_model_args(checkpoint, spec=spec, flavor=identity.flavor, run_config=run_config,
                                        vocab_size=tokenizer.vocab_size)
-    with torch.device("meta"):
-        model = spec.model_cls(model_args)
-    model.to_empty(device="cpu")
-    retie_weights(model, declared_ties(model))
+    model, _ = cpu_model(spec, model_args)
     load_model_weights(checkpoint, [model])
     _finish(model)
     return WholeModel(model, spec, model_args, tokenizer)
@@ -82,14 +90,9 @@ def load_hf_folder(folder_path: Path, *, spec_name: str | None, what: str) -> Wh
     """The model of a Hugging Face folder through the spec's adapter (default: the only installed spec)."""
 
     spec = discovery.load_train_spec(spec_name or discovery.default_spec_name())
-    folder = open_hf_folder(folder_path, what=what)
-    model_args = adapter_of(spec, purpose=what).model_args_from_hf(folder.config)
-    check_hf_fits(folder, spec=spec, model_args=model_args, what=what)  # before any weight is allocated
-    with torch.device("meta"):
-        model = spec.model_cls(model_args)
-    model.to_empty(device="cpu")
-    ties = declared_ties(model)
-    retie_weights(model, ties)
+    weights, folder = hf_starting_weights(spec, folder_path, what=what, purpose=what)  # before any weight is allocated
+    model_args = weights.model_args
+    model, ties = cpu_model(spec, model_args)
     load_hf_weights(folder, spec=spec, model_parts=[model], model_args=model_args, ties=ties, what=what)
     _finish(model)
     return WholeModel(model, spec, model_args, load_tokenizer_folder(folder_path))

@@ -39,9 +39,11 @@ from __future__ import annotations
 
 import os
 import shutil
+import warnings
+from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, NoReturn, Protocol
+from typing import Any, NoReturn
 
 import torch
 import torch.distributed as dist
@@ -52,23 +54,25 @@ from torch.distributed.tensor import DTensor
 
 from ..config.sections import CheckpointSection
 from ..errors import CheckpointError, NonFiniteError, TitanError
-from . import integrity, layout, states, storage
+from . import integrity, layout, states as st, storage
 from .identity import CheckpointRecord, ResumeInfo, RunIdentity, check_identity, read_record, write_record
-from .tensor_index import TensorIndex, read_index
-
-
-class Stateful(Protocol):
-    def state_dict(self) -> dict[str, Any]: ...
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None: ...
+from .stateful import MODEL, OPTIMIZER, PROGRESS, RNG, ModelState, Stateful, StepCounter, training_states
+from .tensor_index import INDEX_FILE, TensorIndex, is_plain_name, read_index
 
 
 class CheckpointManager:
-    """Saves and resumes model parts, optimizer, LR schedulers, data position and RNG.
+    """Saves and resumes named ``Stateful`` objects (``stateful.py``) and every rank's RNG streams.
 
     Construct it on every rank after the optimizer exists (the constructor is a
-    collective when a process group exists). ``lr_schedulers`` and ``dataloader``
-    are Stateful objects whose state is identical on every rank; RNG streams are
-    saved per rank.
+    collective when a process group exists). ``states["model"]`` is a ``ModelState``;
+    every other state but the model and optimizer is identical on every rank. Without
+    ``states["progress"]`` the manager keeps the step and tokens seen itself. ``extra_files``
+    (name -> bytes) are written into every checkpoint before it is published and listed in
+    its manifest, so a reader sees them with their checksums or not at all.
+
+    The keyword arguments ``model_parts``, ``optimizer``, ``lr_schedulers`` and ``dataloader``
+    (instead of ``states``) are the constructor of titan-core 0.x: deprecated, kept for one
+    minor version.
     """
 
     def __init__(
@@ -76,21 +80,33 @@ class CheckpointManager:
         *,
         config: CheckpointSection,
         run_dir: Path,
-        model_parts: list[nn.Module],
-        optimizer: torch.optim.Optimizer,
-        lr_schedulers: Stateful,
-        dataloader: Stateful,
         identity: RunIdentity,
         is_rank0: bool,
+        states: Mapping[str, Stateful] | None = None,
+        extra_files: Mapping[str, bytes] | None = None,
+        model_parts: list[nn.Module] | None = None,
+        optimizer: torch.optim.Optimizer | None = None,
+        lr_schedulers: Stateful | None = None,
+        dataloader: Stateful | None = None,
     ) -> None:
+        if states is None:
+            states = _legacy_states(model_parts, optimizer, lr_schedulers, dataloader)
+        elif any(x is not None for x in (model_parts, optimizer, lr_schedulers, dataloader)):
+            raise TypeError("CheckpointManager: pass states=..., or the deprecated model_parts/optimizer/"
+                            "lr_schedulers/dataloader, not both")
         self.config = config
         self.folder = Path(run_dir) / config.folder
         self.identity = identity
         self.is_rank0 = is_rank0
-        self._view = states.merged_view(model_parts)
-        self._optimizer = optimizer
-        self._lr_schedulers = lr_schedulers
-        self._dataloader = dataloader
+        self.states = _checked_states(states)
+        # Without a progress state of the caller's, the manager's own follows maybe_save's step.
+        self._counter: StepCounter | None = None
+        if PROGRESS not in self.states:
+            self._counter = self.states[PROGRESS] = StepCounter()
+        model = self.states[MODEL]
+        assert isinstance(model, ModelState)  # checked by _checked_states
+        self._view = model.view
+        self._extra_files = _checked_extra_files(extra_files or {})
         self._pg: Any = None
         self._rank, self._world = 0, 1
         if config.enable and dist.is_available() and dist.is_initialized():
@@ -157,20 +173,15 @@ class CheckpointManager:
     def _save(self, step: int, tokens_seen: int) -> None:
         self.wait()  # the previous async save is published before the next begins
         self._require_finite(step)
+        if self._counter is not None:
+            self._counter.step, self._counter.tokens_seen = step, tokens_seen
+        state = {name: held.state_dict() for name, held in self.states.items()}
+        saved = int(state[PROGRESS]["step"])
+        if saved != step:  # checked before anything is written
+            raise ValueError(f"CheckpointManager: saving step {step}, but states['progress'] says step {saved}")
+        # Per-rank keys: DCP writes a plain tensor present on several ranks only once.
+        state[RNG] = {f"rank{self._rank}": st.rng_state()}
         tmp = self._agree_on_rank0(lambda: self._make_tmp(step))
-        state = {
-            "model": states.model_state(self._view),
-            "optimizer": states.optimizer_state(self._view, self._optimizer),
-            # Their plain values become JSON below, before training moves on (no copy needed for async).
-            "lr_scheduler": self._lr_schedulers.state_dict(),
-            "dataloader": self._dataloader.state_dict(),
-            "progress": {
-                "step": torch.tensor(step, dtype=torch.int64),
-                "tokens_seen": torch.tensor(tokens_seen, dtype=torch.int64),
-            },
-            # Per-rank keys: DCP writes a plain tensor present on several ranks only once.
-            "rng": {f"rank{self._rank}": states.rng_state()},
-        }
         self._last_saved_step = step
         tensors, values, _ = storage.split_values(state)
         writer = storage.IndexedWriter(tmp, values=self._merged_values(step, tmp, values))
@@ -227,6 +238,8 @@ class CheckpointManager:
             tmp.mkdir()
         except OSError as exc:
             raise CheckpointError(f"cannot create {tmp} for the checkpoint of step {step}: {exc}") from exc
+        for name, data in self._extra_files.items():  # digested with the tensor files, listed in the manifest
+            (tmp / name).write_bytes(data)
         return tmp
 
     def _write_and_publish(
@@ -383,16 +396,10 @@ class CheckpointManager:
             for key, entry in index.tensors.items()
             if key.startswith(f"rng.{rng_key}.")
         }
-        state: dict[str, Any] = {
-            "model": states.model_state(self._view),
-            "lr_scheduler": self._lr_schedulers.state_dict(),
-            "dataloader": self._dataloader.state_dict(),
-            "progress": {"step": torch.zeros((), dtype=torch.int64), "tokens_seen": torch.zeros((), dtype=torch.int64)},
-        }
-        if not weights_only:
-            state["optimizer"] = states.optimizer_state(self._view, self._optimizer)
+        # The checkpoint's values are loaded into these templates in place (DCP), then handed to each state.
+        state: dict[str, Any] = {name: held.state_dict() for name, held in self._loaded(weights_only)}
         if rng_template:
-            state["rng"] = {rng_key: rng_template}
+            state[RNG] = {rng_key: rng_template}
         tensors, values, mappings = storage.split_values(state)
         try:
             dcp.load(tensors, storage_reader=storage.IndexedReader(path, index), planner=storage.CheckedLoadPlanner(),
@@ -417,20 +424,21 @@ class CheckpointManager:
                      f"damaged or was written by a different setup. Resume from another checkpoint or start fresh "
                      f"with --checkpoint.resume=never.")
         self._agree(error)
-        step, tokens = int(state["progress"]["step"]), int(state["progress"]["tokens_seen"])
+        step, tokens = int(state[PROGRESS]["step"]), int(state[PROGRESS]["tokens_seen"])
         return ResumeInfo(step=step, tokens_seen=tokens, path=path, optimizer_loaded=not weights_only)
 
+    def _loaded(self, weights_only: bool) -> list[tuple[str, Stateful]]:
+        """The states a resume loads, in order (the model before the optimizer, whose state is keyed by it)."""
+        return [(name, held) for name, held in self.states.items() if not (weights_only and name == OPTIMIZER)]
+
     def _apply(self, path: Path, state: dict[str, Any], *, weights_only: bool, has_rng: bool) -> None:
-        states.load_model_state(self._view, state["model"])
+        for name, held in self._loaded(weights_only):
+            held.load_state_dict(state[name])
         if weights_only:
             self._log(f"converters changed ({list(self.identity.converters)}): loaded the model weights from {path}, "
                       f"not the optimizer state")
-        else:
-            states.load_optimizer_state(self._view, self._optimizer, state["optimizer"])
-        self._lr_schedulers.load_state_dict(state["lr_scheduler"])
-        self._dataloader.load_state_dict(state["dataloader"])
         if has_rng:
-            states.set_rng_state(state["rng"][f"rank{self._rank}"])
+            st.set_rng_state(state[RNG][f"rank{self._rank}"])
         else:
             self._log(f"{path} has no RNG state for rank {self._rank} (saved with fewer ranks); keeping the seeded one")
 
@@ -471,6 +479,36 @@ class CheckpointManager:
     def _log(self, message: str) -> None:
         if self.is_rank0:
             print(f"[checkpoint] {message}", flush=True)
+
+
+def _legacy_states(model_parts: list[nn.Module] | None, optimizer: torch.optim.Optimizer | None,
+                   lr_schedulers: Stateful | None, dataloader: Stateful | None) -> dict[str, Stateful]:
+    """The deprecated constructor's arguments as named states (the manager keeps the progress)."""
+    if model_parts is None or optimizer is None or lr_schedulers is None or dataloader is None:
+        raise TypeError("CheckpointManager needs states=... (or the deprecated model_parts, optimizer, "
+                        "lr_schedulers and dataloader together)")
+    warnings.warn("CheckpointManager(model_parts=, optimizer=, lr_schedulers=, dataloader=) is deprecated and will "
+                  "be removed in the next minor version; pass states=training_states(...) "
+                  "(titan_core.checkpoint.stateful)", DeprecationWarning, stacklevel=3)
+    return training_states(model_parts, optimizer, lr_schedulers=lr_schedulers, dataloader=dataloader)
+
+
+def _checked_states(named: Mapping[str, Stateful]) -> dict[str, Stateful]:
+    """``model`` is a ModelState; ``rng`` is the manager's own."""
+    if not isinstance(named.get(MODEL), ModelState):
+        raise TypeError(f'CheckpointManager: states["{MODEL}"] must be a ModelState (checkpoint.stateful)')
+    if RNG in named:
+        raise TypeError(f'CheckpointManager: "{RNG}" is the manager\'s own state (every rank\'s RNG streams)')
+    return dict(named)
+
+
+def _checked_extra_files(files: Mapping[str, bytes]) -> dict[str, bytes]:
+    """Plain names that are not one of the files a save writes itself."""
+    for name in files:
+        if not is_plain_name(name) or name in (INDEX_FILE, layout.IDENTITY_FILE) or name.endswith(".distcp"):
+            raise ValueError(f"CheckpointManager: extra file {name!r} must be a plain file name other than the "
+                             f"checkpoint's own ({INDEX_FILE}, {layout.IDENTITY_FILE}, *.distcp)")
+    return dict(files)
 
 
 def _root_cause(exc: BaseException) -> BaseException:

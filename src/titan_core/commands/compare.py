@@ -135,10 +135,10 @@ def require_matplotlib() -> None:
         )
 
 
-def train_once(resolved: ResolvedConfig, run: str) -> LossCurve:
+def train_once(resolved: ResolvedConfig, run: str, trainer_class: type[Trainer] = Trainer) -> LossCurve:
     """One full Trainer run; its losses by step."""
 
-    trainer = Trainer(resolved)
+    trainer = trainer_class(resolved)
     trainer.setup()
     losses = trainer.train()
     # A resumed run trains only the remaining steps; number them as the trainer did.
@@ -146,7 +146,7 @@ def train_once(resolved: ResolvedConfig, run: str) -> LossCurve:
     return LossCurve(run, list(range(first, trainer.step + 1)), losses)
 
 
-def compare_baseline(resolved: ResolvedConfig) -> int:
+def compare_baseline(resolved: ResolvedConfig, *, trainer_class: type[Trainer] = Trainer) -> int:
     """Train the config with its converters, then without; print and write the comparison. Exit code 0."""
     names = [name for name, _ in resolved.converters]
     if not names:
@@ -176,7 +176,7 @@ def compare_baseline(resolved: ResolvedConfig) -> int:
             for i, (run, config) in enumerate(runs, 1):
                 what = f"converters {','.join(names)}" if config.converters else "no converters"
                 progress(f"compare {i}/2: {run} ({what}) -> {config.config.job.run_dir}", is_rank0=True)
-                curves.append(train_once(config, run))
+                curves.append(train_once(config, run, trainer_class))
             stop_if_requested(len(curves))
             with signals.no_interrupt():
                 converted, baseline = curves

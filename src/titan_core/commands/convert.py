@@ -17,25 +17,20 @@ import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from .. import discovery
-from ..checkpoint import CheckpointManager, RunIdentity, collect_param_shapes
-from ..checkpoint.identity import read_record, write_record
-from ..checkpoint.integrity import file_digest
+from ..checkpoint import RunIdentity, collect_param_shapes
+from ..checkpoint.weights_only import write_weights_checkpoint
 from ..config.finite import FLOAT32_MAX
-from ..config.sections import CheckpointSection, LRSchedulerSection, OptimizerSection
 from ..errors import ConfigError
 from ..folder_publish import fresh_partial, publish
-from ..hf.adapter import adapter_of
 from ..hf.export import export_hf
-from ..hf.folder import is_hf_folder, open_hf_folder
-from ..optim import LRSchedulersContainer, OptimizersContainer
-from ..ties import declared_ties, retie_weights
-from ..weights.load import check_hf_fits, load_hf_weights
+from ..hf.folder import is_hf_folder
+from ..weights.load import load_hf_weights
+from ..weights.shape import hf_starting_weights
 from ..weights.source import HF_CONFIG_IN_CHECKPOINT
 from ..weights.titan_checkpoint import is_titan_checkpoint, run_folder_hint
-from ..whole_model import load_titan_checkpoint
+from ..whole_model import cpu_model, load_titan_checkpoint
 from .tool_main import run_tool
 
 
@@ -128,49 +123,28 @@ def to_hf(args: argparse.Namespace) -> int:
 
 
 def from_hf(args: argparse.Namespace) -> int:
-    import torch
-
     if is_titan_checkpoint(args.hf_dir):
         raise ConfigError(f"{args.hf_dir} is a titan checkpoint; from-hf reads a Hugging Face folder "
                           f"(config.json + safetensors). Did you mean to-hf?")
     _require_new_folder(args.out, args.hf_dir)
     spec = discovery.load_train_spec(args.spec or discovery.default_spec_name())
-    folder = open_hf_folder(args.hf_dir, what="from-hf")
-    model_args = adapter_of(spec, purpose="from-hf").model_args_from_hf(folder.config)
-    check_hf_fits(folder, spec=spec, model_args=model_args, what="from-hf")  # before any weight is allocated
-    with torch.device("meta"):
-        model = spec.model_cls(model_args)
-    model.to_empty(device="cpu")
-    ties = declared_ties(model)
-    retie_weights(model, ties)
+    # The folder's shape, checked against its tensor headers before any weight is allocated.
+    weights, folder = hf_starting_weights(spec, args.hf_dir, what="from-hf", purpose="from-hf")
+    model_args = weights.model_args
+    model, ties = cpu_model(spec, model_args)
     total = sum(_numel(info.shape) * info.dtype.itemsize for info in folder.tensors.values())
     bar = ProgressBar("reading", total, mode=args.progress)
     load_hf_weights(folder, spec=spec, model_parts=[model], model_args=model_args, ties=ties, on_tensor=bar.advance,
                     what="from-hf")
     bar.close()
-    optimizer = OptimizersContainer([model], OptimizerSection(lr=0.0, weight_decay=0.0), device_type="cpu")
-    schedulers = LRSchedulersContainer(optimizer, LRSchedulerSection(warmup_steps=0), total_steps=1)
     identity = RunIdentity(spec=spec.name, flavor="from-hf", converters=(),
                            param_shapes=collect_param_shapes([model]))
-
     # Written beside OUT and published whole at the end: an interrupted conversion never leaves an
-    # OUT that looks complete (a step-000000 without its shape file), and a rerun starts it again.
+    # OUT that looks complete, and a rerun starts it again. The shape travels with the weights (listed
+    # in the checkpoint's manifest), so initial_load and to-hf need no flags.
     work = fresh_partial(args.out)
-    manager = CheckpointManager(
-        config=CheckpointSection(enable=True, folder=".", keep_latest_k=0), run_dir=work, model_parts=[model],
-        optimizer=optimizer, lr_schedulers=schedulers, dataloader=_NoData(), identity=identity, is_rank0=True,
-    )
-    manager.maybe_save(0, tokens_seen=0, last=True)
-    manager.wait()
-    step_dir = next(work.glob("step-*"))
-    # The shape travels with the weights, so initial_load and to-hf need no flags.
-    (step_dir / HF_CONFIG_IN_CHECKPOINT).write_text(json.dumps(folder.config, indent=2), encoding="utf-8")
-    # A checkpoint holds exactly the files its manifest lists: list the shape file with its digest.
-    import dataclasses
-
-    record = read_record(step_dir)
-    files = {**record.files, HF_CONFIG_IN_CHECKPOINT: file_digest(step_dir / HF_CONFIG_IN_CHECKPOINT)}
-    write_record(step_dir, dataclasses.replace(record, files=files))
+    step_dir = write_weights_checkpoint(work, [model], identity=identity, extra_files={
+        HF_CONFIG_IN_CHECKPOINT: json.dumps(folder.config, indent=2).encode("utf-8")})
     publish(work, args.out)
     step_dir = args.out / step_dir.name
     print(f"[titan-convert] wrote the titan checkpoint {step_dir}; start a run from it with "
@@ -183,16 +157,6 @@ def _numel(shape: tuple[int, ...]) -> int:
     for d in shape:
         n *= d
     return n
-
-
-class _NoData:
-    """The data position of a converted checkpoint: none (it was never trained here)."""
-
-    def state_dict(self) -> dict[str, Any]:
-        return {}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        del state
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -13,6 +13,7 @@ from ..peer_failure import lost_peer
 from ..plan.resolve import ResolvedConfig
 from ..run_lock import lock_held_by_launcher
 from ..trainer import Trainer
+from .trainer_class import trainer_for_run
 
 if TYPE_CHECKING:
     from ..folder_locks import HeldFolders
@@ -28,15 +29,12 @@ def _take_run_folders(resolved: ResolvedConfig) -> HeldFolders | None:
     return acquire_run_folders(resolved.config)
 
 
-def train(resolved: ResolvedConfig) -> int:
+def train(resolved: ResolvedConfig, *, trainer_class: type[Trainer] | None = None) -> int:
+    """Train with ``trainer_class`` (``--trainer``; default the Trainer, or with fault tolerance its own)."""
     distributed.die_with_launcher()
+    cls = trainer_for_run(trainer_class, fault_tolerant=resolved.config.fault_tolerance.enable)
     lock = _take_run_folders(resolved)
-    if resolved.config.fault_tolerance.enable:
-        from ..fault_tolerance.trainer import FaultTolerantTrainer  # optional dependency: torchft
-
-        trainer: Trainer = FaultTolerantTrainer(resolved)
-    else:
-        trainer = Trainer(resolved)
+    trainer = cls(resolved)
     clean = False
     try:
         with signals.handlers_installed(), lost_peer(resolved.config.parallelism), \

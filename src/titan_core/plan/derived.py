@@ -8,8 +8,6 @@ also where they are checked against the world size.)
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
 from ..config.job import JobConfig
@@ -17,7 +15,8 @@ from ..distributed import pick_device, resolve_backend
 from ..errors import ConfigError
 from ..launch_env import rank_env
 from ..protocols import Tokenizer, TrainSpec
-from ..weights.shape import initial_model_args, shape_source
+from ..weights.shape import resolve_starting_weights
+from ..weights.source import StartingWeights
 from .tokenizer import build_tokenizer
 
 
@@ -35,15 +34,15 @@ def run_tokenizer(spec: TrainSpec, config: JobConfig) -> Tokenizer:
     return build_tokenizer(config.data.tokenizer)
 
 
-def check_seq_len(config: JobConfig, args: object, spec_name: str) -> None:
+def check_seq_len(config: JobConfig, weights: StartingWeights, spec_name: str) -> None:
     """training.seq_len within the model's ``max_seq_len`` (when its args declare one), so that
     the config is refused before anything runs rather than at the first forward."""
 
-    limit = getattr(args, "max_seq_len", None)
+    limit = getattr(weights.model_args, "max_seq_len", None)
     if isinstance(limit, int) and config.training.seq_len > limit:
         raise ConfigError(
             f"training.seq_len={config.training.seq_len} is longer than the model's max_seq_len={limit} "
-            f"(spec {spec_name}, {shape_source(config)}). Lower --training.seq_len, or raise the model's "
+            f"(spec {spec_name}, {weights.shape_source()}). Lower --training.seq_len, or raise the model's "
             f"limit (e.g. --{spec_name}.max_seq_len={config.training.seq_len}) where the spec allows it."
         )
 
@@ -61,18 +60,16 @@ def check_vocab(args: object, tokenizer: Tokenizer, spec_name: str) -> None:
         )
 
 
-def run_model_args(spec: TrainSpec, config: JobConfig, *, tokenizer: Tokenizer,
-                   world_size: int) -> tuple[Any, str | None]:
-    """(the model args, a line saying where their shape came from when not the flavor).
-
-    The flavor's args with the spec section and the tokenizer's vocabulary applied, or the
-    shape of a Hugging Face ``checkpoint.initial_load``; then checked against the sequence
-    length, pipelining support and the spec's own layout rules (``validate_fn``), so
-    every path that builds the model sees the same args and the same refusals.
+def run_weights(spec: TrainSpec, config: JobConfig, *, tokenizer: Tokenizer, world_size: int) -> StartingWeights:
+    """The starting weights and the model args: the flavor's with the spec section and the tokenizer's
+    vocabulary applied, or the shape of a ``checkpoint.initial_load``'s config.json; the args checked
+    against the sequence length, pipelining support and the spec's own layout rules (``validate_fn``),
+    so every path that builds the model sees the same args and the same refusals.
     """
 
-    args, shape_note = initial_model_args(spec, config, tokenizer=tokenizer)
-    check_seq_len(config, args, spec.name)
+    weights = resolve_starting_weights(spec, config, tokenizer=tokenizer)
+    args = weights.model_args
+    check_seq_len(config, weights, spec.name)
     check_vocab(args, tokenizer, spec.name)
     pp = config.parallelism.pp
     if pp > 1 and spec.pipelining_fn is None:
@@ -80,4 +77,4 @@ def run_model_args(spec: TrainSpec, config: JobConfig, *, tokenizer: Tokenizer,
                           f"but parallelism.pp={pp}. Set parallelism.pp=1 (and use dp_shard / tp instead).")
     if spec.validate_fn is not None:
         spec.validate_fn(args, parallelism=config.parallelism, training=config.training, world_size=world_size)
-    return args, shape_note
+    return weights

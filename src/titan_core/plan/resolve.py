@@ -18,7 +18,8 @@ from ..data.documents import check_document_masking
 from ..errors import ConfigError, PluginError, did_you_mean
 from ..parallel_dims import ParallelDims
 from ..protocols import ModelConverter, Tokenizer, TrainSpec
-from .derived import run_device_and_backend, run_model_args, run_tokenizer
+from ..weights.source import StartingWeights
+from .derived import run_device_and_backend, run_tokenizer, run_weights
 
 
 @dataclass(frozen=True)
@@ -38,11 +39,19 @@ class ResolvedConfig:
     device: torch.device
     backend: str
     tokenizer: Tokenizer
-    #: the model args: the flavor's (spec section and tokenizer vocabulary applied), or the
-    #: shape of a Hugging Face checkpoint.initial_load; checked by the spec's validate_fn
-    model_args: Any
-    #: where the shape came from when it is not the flavor's (printed by the Trainer)
-    model_shape_note: str | None = None
+    #: checkpoint.initial_load resolved once: its kind, the file the model's shape comes from,
+    #: and the model args (the flavor's, spec section and tokenizer vocabulary applied, or that
+    #: file's), checked by the spec's validate_fn
+    weights: StartingWeights
+
+    @property
+    def model_args(self) -> Any:
+        return self.weights.model_args
+
+    @property
+    def model_shape_note(self) -> str | None:
+        """Where the shape came from when it is not the flavor's (printed by the Trainer)."""
+        return self.weights.shape_note()
 
     @property
     def dims(self) -> ParallelDims:
@@ -156,6 +165,6 @@ def resolve_config(
                                pipeline_takes_positions=spec.pipeline_takes_positions)
     device, backend = run_device_and_backend(config)
     tokenizer = run_tokenizer(spec, config)
-    args, shape_note = run_model_args(spec, config, tokenizer=tokenizer, world_size=world_size)
+    weights = run_weights(spec, config, tokenizer=tokenizer, world_size=world_size)
     return ResolvedConfig(config, spec, converters, job_model, world_size, device=device, backend=backend,
-                          tokenizer=tokenizer, model_args=args, model_shape_note=shape_note)
+                          tokenizer=tokenizer, weights=weights)

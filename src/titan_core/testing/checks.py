@@ -26,11 +26,13 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from .. import discovery
+from ..build import build_converters
 from ..deadlines import DeadlinePassed, call_deadline
 from ..discovery import CONVERTERS, SPECS, discover, load_converter, load_train_spec
 from ..errors import TitanError
 from ..hf.adapter import row_map
 from ..init import init_model_weights
+from ..meta_model import meta_model
 from ..metrics import call_flops_fn
 from ..plan.resolve import resolve_config
 from ..plugin_calls import plugin_timeout, timeout_message
@@ -136,8 +138,7 @@ def choose_flavor(spec_name: str) -> str:
             resolved = resolve_config(config_source=None, world_size=1, override_pairs=[
                 ("model.spec", spec_name), ("model.flavor", flavor),
                 ("training.seq_len", str(checked_seq_len(spec_name, flavor)))])
-            with torch.device("meta"):
-                sizes[flavor] = sum(p.numel() for p in resolved.spec.model_cls(resolved.model_args).parameters())
+            sizes[flavor] = sum(p.numel() for p in meta_model(resolved.spec, resolved.model_args).parameters())
         except Exception:  # a flavor that cannot be built here is not a candidate; meta build reports it
             continue
     return min(sizes, key=lambda f: (sizes[f], f)) if sizes else (flavors[0] if flavors else "debugmodel")
@@ -271,9 +272,8 @@ def check_select_convert(t: Target) -> str:
     resolved = resolve_config(config_source=None, override_pairs=[("model.spec", t.spec_name),
                               ("model.converters", t.name)], world_size=1)
     spec = resolved.spec
-    with torch.device("meta"):
-        model = spec.model_cls(resolved.model_args)
-    ((_, conv),) = Trainer(resolved).build_converters()
+    model = meta_model(spec, resolved.model_args)
+    ((_, conv),) = build_converters(resolved)
     with _bounded(t, "compatible_with()"):
         conv.compatible_with(spec)
     objects_before = dict(model.named_modules())

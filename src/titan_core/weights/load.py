@@ -30,8 +30,9 @@ from ..errors import ConfigError
 from ..hf.adapter import adapter_of, hf_key_of, row_map
 from ..hf.folder import HFFolder, open_hf_folder
 from ..hf.stacks import stack_folder
+from ..meta_model import meta_model
 from ..ties import declared_ties
-from .source import WHAT, source_kind
+from .source import WHAT, StartingWeights, source_kind
 from .titan_checkpoint import load_model_weights
 
 if TYPE_CHECKING:
@@ -59,25 +60,35 @@ class HFLoadStats:
 
 
 @torch.no_grad()
-def load_initial_weights(source: str, *, spec: TrainSpec, model_parts: list[nn.Module], model_args: object,
-                         ties: list[tuple[str, str]], is_rank0: bool) -> HFLoadStats | None:
-    """Overwrite the freshly initialised weights with ``source``'s (a collective when distributed).
+def load_starting_weights(weights: StartingWeights, *, spec: TrainSpec, model_parts: list[nn.Module],
+                          ties: list[tuple[str, str]], is_rank0: bool) -> HFLoadStats | None:
+    """Overwrite the freshly initialised weights with those of ``weights`` (a collective when distributed).
 
     Returns what was read from a Hugging Face folder (None for a titan checkpoint or no source).
     """
-    if not source:
+    if weights.kind == "none" or weights.path is None:
         return None
-    path = Path(source)
-    if source_kind(path) == "titan":
+    path = weights.path
+    if weights.kind == "titan":
         step = load_model_weights(path, model_parts)
         progress(f"initial weights: the model of {path} (its step {step}); optimizer state not loaded, "
                  f"training starts at step 0", is_rank0=is_rank0)
         return None
     folder = open_hf_folder(path, what=WHAT)
-    stats = load_hf_weights(folder, spec=spec, model_parts=model_parts, model_args=model_args, ties=ties)
+    stats = load_hf_weights(folder, spec=spec, model_parts=model_parts, model_args=weights.model_args, ties=ties)
     progress(f"initial weights: {stats.tensors} tensors from {path} (step 0, no optimizer state); "
              f"{stats.summary()}", is_rank0=is_rank0)
     return stats
+
+
+def load_initial_weights(source: str, *, spec: TrainSpec, model_parts: list[nn.Module], model_args: object,
+                         ties: list[tuple[str, str]], is_rank0: bool) -> HFLoadStats | None:
+    """:func:`load_starting_weights` of a path (a tool or test with no resolved config at hand)."""
+    if not source:
+        return None
+    path = Path(source)
+    weights = StartingWeights(source_kind(path), path, None, model_args, flavor="")
+    return load_starting_weights(weights, spec=spec, model_parts=model_parts, ties=ties, is_rank0=is_rank0)
 
 
 @torch.no_grad()
@@ -160,8 +171,7 @@ def check_hf_fits(folder: HFFolder, *, spec: TrainSpec, model_args: object, what
     Run before a model is materialised, so a config.json whose shape the tensors do not have
     (a huge vocab_size, say) is refused naming the tensor, not by the allocator.
     """
-    with torch.device("meta"):
-        model = spec.model_cls(model_args)
+    model = meta_model(spec, model_args)
     expected = full_shapes(model_state(merged_view([model])))
     adapter = adapter_of(spec, purpose=f"{what} of a Hugging Face folder")
     plan_hf_load(stack_folder(folder, adapter, what=what), adapter=adapter, expected=expected,

@@ -13,11 +13,10 @@ import dataclasses
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import torch
-
 from ..errors import ConfigError
 from ..hf.adapter import adapter_of
 from ..hf.folder import is_hf_folder, open_hf_folder
+from ..meta_model import meta_model
 from .source import HF_CONFIG_IN_CHECKPOINT, RECORDED
 from .titan_checkpoint import saved_param_shapes
 
@@ -57,8 +56,7 @@ def checkpoint_model_args(checkpoint: Path, *, spec: TrainSpec, flavor: str, run
         runtime = getattr(spec.state_dict_adapter, "runtime_fields", ())
         chosen = {k: v for k, v in section.model_dump().items() if v is not None and k in runtime}
         args = dataclasses.replace(args, **chosen)
-    with torch.device("meta"):
-        model = spec.model_cls(args)
+    model = meta_model(spec, args)
     ours = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     saved = saved_param_shapes(Path(checkpoint))
     wrong = sorted(k for k in set(ours) | set(saved) if ours.get(k) != saved.get(k))

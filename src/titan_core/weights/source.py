@@ -6,7 +6,9 @@ checkpoint model-args reader all name these, so none of them imports another for
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
+from typing import Any, Literal
 
 from ..errors import ConfigError
 from ..hf.folder import is_hf_folder, open_hf_folder
@@ -16,8 +18,10 @@ WHAT = "checkpoint.initial_load"
 # The config.json a run's shape came from, as it was when the run started (in the run folder).
 RECORDED = "initial_load_config.json"
 
+SourceKind = Literal["none", "hf", "titan"]
 
-def source_kind(path: Path) -> str:
+
+def source_kind(path: Path) -> SourceKind:
     if is_hf_folder(path):
         return "hf"
     if is_titan_checkpoint(path):
@@ -34,3 +38,36 @@ def source_kind(path: Path) -> str:
 
 # The model config a from-hf checkpoint keeps beside its weights (checked by its checksum).
 HF_CONFIG_IN_CHECKPOINT = "hf_config.json"
+
+@dataclasses.dataclass(frozen=True)
+class StartingWeights:
+    """``checkpoint.initial_load`` resolved once (by ``resolve_config``, carried on ``ResolvedConfig``).
+
+    The Trainer, ``--dry-run`` and ``titan-convert`` read this value; none of them works out
+    again what the source is or where the model's shape comes from.
+    """
+
+    #: "none" (no initial_load: the flavor's fresh weights), a Hugging Face folder, or a titan checkpoint
+    kind: SourceKind
+    path: Path | None
+    #: the config.json the model's shape comes from (an HF folder's, or the hf_config.json a
+    #: from-hf checkpoint carries); None when the shape is the flavor's
+    shape_file: Path | None
+    #: the model args of the run: the flavor's, or the shape file's with the spec section's runtime fields
+    model_args: Any
+    flavor: str
+
+    def shape_source(self) -> str:
+        """``flavor NAME``, or ``shape from FILE`` (for messages)."""
+        return f"flavor {self.flavor}" if self.shape_file is None else f"shape from {self.shape_file}"
+
+    def model_label(self, spec_name: str) -> str:
+        """How the run log names its model: ``spec/flavor``, or the spec and the file its shape came from."""
+        return f"{spec_name}/{self.flavor}" if self.shape_file is None else f"{spec_name} (shape from {self.shape_file})"
+
+    def shape_note(self) -> str | None:
+        """The line saying where the shape came from, when it is not the flavor's (printed by the Trainer)."""
+        if self.shape_file is None:
+            return None
+        shape = ", ".join(f"{f.name}={getattr(self.model_args, f.name)}" for f in dataclasses.fields(self.model_args))
+        return f"model shape from {self.shape_file} (model.flavor is ignored): {shape}"
