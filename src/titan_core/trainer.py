@@ -102,6 +102,7 @@ class Trainer:
     step: int
     tokens_seen: int
     skipped_steps: int
+    finite_watch: FiniteWatch  # the first unread non-finite step, kept on the device
     step_valid_tokens: int  # valid labels of the current step over all data-parallel ranks
     pp_batch_rows: int  # rows of the micro-batch the pipeline schedule is running
     # init_distributed
