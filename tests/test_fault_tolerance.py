@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from ft_helpers import kill_at, start, steps_logged, wait_step
+from ft_helpers import absent_windows, committed_losses, kill_at, rejoin_seconds, start, steps_logged, wait_step
 
 pytest.importorskip("torchft")
 
@@ -34,12 +34,17 @@ def test_section_checks_replica_ids_and_follows_the_supervisor() -> None:
         JobConfig.model_validate({"fault_tolerance": {"group_size": 2, "min_replicas": 3}}, context={"world_size": 1})
 
 
-def test_killed_group_rejoins_and_all_groups_end_identical(tmp_path: Path) -> None:
+# The bound on a restarted group's rejoin (process start, imports, model build, state transfer).
+REJOIN_S = 15.0
+
+
+def test_killed_group_rejoins_and_loses_nothing_but_its_own_batches(tmp_path: Path) -> None:
     run = tmp_path / "run"
-    sup = start(run, "--fault_tolerance.local_replicas=3", "--llama3.n_layers=2", "--training.steps=40",
-                "--checkpoint.export_at_end=true")
+    args = ("--fault_tolerance.local_replicas=3", "--llama3.n_layers=2", "--training.steps=40")
+    sup = start(run, *args, "--checkpoint.export_at_end=true", log=tmp_path / "failed.log")
     kill_at(sup, run, 1, 10)
-    out, _ = sup.communicate(timeout=300)
+    sup.wait(timeout=300)
+    out = (tmp_path / "failed.log").read_text()
     assert sup.returncode == 0, out[-3000:]
     ft = [line for line in out.splitlines() if line.startswith("[ft]")]
     died = [line for line in ft if " died " in line]
@@ -48,14 +53,23 @@ def test_killed_group_rejoins_and_all_groups_end_identical(tmp_path: Path) -> No
                for line in ft), ft
     rejoined = [line for line in ft if "replica 1 rejoined from replica" in line]
     assert len(rejoined) == 1 and rejoined[0].endswith("3 of 3 replicas training"), ft
+    assert all(s <= REJOIN_S for s in rejoin_seconds(out)), rejoined
     # Every group holds the same bytes at the end.
     exports = [run / f"replica_{i}" / "export" / "model.safetensors" for i in range(3)]
     assert len({digest(p) for p in exports}) == 1
-    # The survivors committed the same losses at every step; the rejoined group matches them from its first step.
-    losses = [{r["step"]: r["loss"] for r in steps_logged(run / f"replica_{i}")} for i in range(3)]
-    assert sorted(losses[0]) == list(range(1, 41)) and losses[0] == losses[2]
-    assert losses[1] and all(losses[1][s] == losses[0][s] for s in losses[1])
-    assert min(losses[1]) > 10  # the restarted group started from its peer's step, not from step 1
+    # Every committed step has one loss, whichever groups committed it; the restarted group resumed at its
+    # peer's step, not at step 1.
+    failed = committed_losses(run, 3)
+    assert sorted(failed) == list(range(1, 41)) and all(len(v) == 1 for v in failed.values()), failed
+    assert min(r["step"] for r in steps_logged(run / "replica_1")) > 10
+    # The reference: an unfailed run in which replica 1 sat out the same steps (test-only hook) commits the
+    # same losses, bit for bit: fault tolerance lost nothing but the lost group's batches.
+    absent = absent_windows(run, 3)
+    assert absent.startswith("1:"), absent
+    ref = start(tmp_path / "ref", *args, log=tmp_path / "ref.log", env_extra={"TITAN_FT_TEST_ABSENT": absent})
+    ref.wait(timeout=300)
+    assert ref.returncode == 0, (tmp_path / "ref.log").read_text()[-3000:]
+    assert committed_losses(tmp_path / "ref", 3) == failed
 
 
 def test_lost_lighthouse_stops_the_groups_with_one_message_then_they_resume(tmp_path: Path) -> None:

@@ -116,12 +116,18 @@ class ReplicaGroup:
         here, before its forward (the quorum is synchronous), so it then trains this step like the others."""
         self.manager.start_quorum()
 
-    def average(self, tensors: list[torch.Tensor]) -> None:
-        """Average in place over the groups live in this step (a healing group contributes zeros)."""
+    def average(self, tensors: list[torch.Tensor], *, absent: int = 0) -> None:
+        """Average in place over the groups live in this step (a healing group contributes zeros).
+
+        ``absent``: live groups that contribute zeros and are not counted (the test-only rehearsal of
+        a failure, rehearsal.py). The sum is divided here, as torchft's average would divide it."""
         if not tensors:
             return
+        from torch.distributed import ReduceOp
+
         flat = torch.cat([t.reshape(-1).float() for t in tensors])
-        self.manager.allreduce(flat).wait()
+        self.manager.allreduce(flat, reduce_op=ReduceOp.SUM).wait()
+        flat /= max(1, self.participants - absent)
         offset = 0
         for t in tensors:
             n = t.numel()
