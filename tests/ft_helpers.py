@@ -105,3 +105,12 @@ def absent_windows(run_dir: Path, groups: int) -> str:
 def rejoin_seconds(output: str) -> list[float]:
     """The supervisor's '(X.Ys after its restart)' figures."""
     return [float(m) for m in re.findall(r"rejoined from replica \d+ \(([\d.]+)s after its restart\)", output)]
+
+
+def wait_line(log: Path, text: str, proc: subprocess.Popen[str], timeout: float = 180) -> None:
+    """Until ``text`` is in the log a process writes (it must not end first)."""
+    deadline = time.monotonic() + timeout
+    while text not in log.read_text():
+        assert proc.poll() is None, f"exited {proc.returncode} before {text!r}: {log.read_text()[-3000:]}"
+        assert time.monotonic() < deadline, f"no {text!r} in {timeout:g}s: {log.read_text()[-3000:]}"
+        time.sleep(0.1)

@@ -1,4 +1,4 @@
-"""A test-only hook: replay a failure's membership without the failure.
+"""Test-only hooks: replay a failure's membership without the failure; hold a run while a group is down.
 
 ``TITAN_FT_TEST_ABSENT="1:11-14,2:20-20"`` makes replica 1 sit out steps 11..14 and replica 2
 step 20 of an unfailed run: every group still reads its share of those steps, but an absent
@@ -16,6 +16,9 @@ import re
 from ..errors import ConfigError
 
 ABSENT_ENV = "TITAN_FT_TEST_ABSENT"
+# Seconds each step waits while fewer than all groups train: a test's survivors cannot finish the run
+# before a restarted group (slow to start on a loaded machine) is back, and leave it the CPU meanwhile.
+SHORT_STEP_ENV = "TITAN_FT_TEST_SHORT_STEP_S"
 _WINDOW = re.compile(r"(\d+):(\d+)-(\d+)")
 
 
@@ -32,3 +35,12 @@ def absent_windows(value: str | None = None) -> dict[int, set[int]]:
         for step in range(first, last + 1):
             absent.setdefault(step, set()).add(replica)
     return absent
+
+
+def short_step_seconds() -> float:
+    value = os.environ.get(SHORT_STEP_ENV, "")
+    try:
+        return float(value) if value else 0.0
+    except ValueError:
+        raise ConfigError(f"{SHORT_STEP_ENV}={value!r} is not a number of seconds; this test-only variable must "
+                          "be unset in real runs.") from None

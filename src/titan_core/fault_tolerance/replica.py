@@ -34,6 +34,17 @@ class LighthouseLost(TitanError):
         self.quiet = bool(os.environ.get("TITAN_FT_SUPERVISED"))  # the local supervisor prints one message for all
 
 
+class NothingToRejoin(TitanError):
+    """A restarted group came up after the other groups had finished: there is no run left to rejoin
+    (training on alone would redo the run from this group's last state). Not an error: exit 0."""
+
+    exit_code = 0
+    quiet = True
+
+
+# Set by the local supervisor on a group it restarted (a group that must rejoin, never start alone).
+RESTARTED_ENV = "TITAN_FT_RESTARTED"
+
 # The lighthouse's address when fault_tolerance.lighthouse is empty (torchft's own variable).
 LIGHTHOUSE_ENV = "TORCHFT_LIGHTHOUSE"
 

@@ -25,7 +25,7 @@ from typing import IO
 from ..config.job import JobConfig
 from ..errors import ConfigError
 from ..run_lock import acquire_run_lock
-from .replica import LIGHTHOUSE_LOST_EXIT
+from .replica import LIGHTHOUSE_LOST_EXIT, RESTARTED_ENV
 
 GAVE_UP_EXIT = 6
 # Children see this and leave the one lighthouse message to the supervisor.
@@ -97,8 +97,9 @@ class Supervisor:
                 f"--fault_tolerance.lighthouse=http://127.0.0.1:{self.port}",
                 f"--job.run_dir={self.run_dir / f'replica_{replica_id}'}"]
 
-    def start_group(self, replica_id: int) -> subprocess.Popen[str]:
+    def start_group(self, replica_id: int, *, restart: bool = False) -> subprocess.Popen[str]:
         env = {**os.environ, SUPERVISED_ENV: "1", "RUST_LOG": os.environ.get("RUST_LOG", "error"),
+               **({RESTARTED_ENV: "1"} if restart else {}),
                # K groups share this machine's cores (torch would give each group all of them).
                "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // self.k)))}
         proc = subprocess.Popen(self.child_command(replica_id), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -128,6 +129,9 @@ class Supervisor:
                                   f"{n} of {self.k} replicas training", flush=True)
                             g.left = None
                 self.live = n
+            elif words[2] == "nothing-to-rejoin":  # "step N nothing-to-rejoin I"
+                print(f"[ft] replica {words[3]} came back after the other groups had finished: nothing to "
+                      "rejoin; it stops (its run folder keeps its last state)", flush=True)
             elif words[2] == "rejoined":  # "step N rejoined I from J"
                 g = self.groups[int(words[3])]
                 if not g.restarts:  # the first step's weight sync, not a rejoin
@@ -191,7 +195,7 @@ class Supervisor:
                 elif g.restarts < self.ft.max_restarts:
                     g.restarts += 1
                     g.left = _signal_name(rc)
-                    g.proc, g.started = self.start_group(g.replica_id), time.monotonic()
+                    g.proc, g.started = self.start_group(g.replica_id, restart=True), time.monotonic()
                     print(f"[ft] replica {g.replica_id} died ({g.left}); restart {g.restarts} of "
                           f"{self.ft.max_restarts}", flush=True)
                 else:

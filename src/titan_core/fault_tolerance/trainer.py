@@ -11,6 +11,7 @@ that is down are the only ones skipped.
 from __future__ import annotations
 
 import math
+import os
 import sys
 import time
 from collections.abc import Iterator
@@ -23,9 +24,9 @@ from ..grad_norm import clip_grad_norm
 from ..trainer import StepResult, Trainer
 from .diloco import OuterStep
 from .fingerprint import check_same_run, fingerprint
-from .rehearsal import absent_windows
+from .rehearsal import absent_windows, short_step_seconds
 from .shards import local, local_tree, redistribute_optimizer_state
-from .replica import LighthouseLost, ReplicaGroup
+from .replica import RESTARTED_ENV, LighthouseLost, NothingToRejoin, ReplicaGroup
 
 # Uncommitted attempts of one step before the group gives up (each one already waited a quorum).
 MAX_STEP_ATTEMPTS = 20
@@ -46,7 +47,9 @@ class FaultTolerantTrainer(Trainer):
         self.replica = ReplicaGroup(ft, group_rank=self.proc.rank, group_world_size=self.proc.world_size,
                                     state_dict=self.live_state, load_state_dict=self.load_live_state)
         self.manager_synced = False
+        self.manager_joined = False  # after this group's first quorum
         self.absent = absent_windows()
+        self.short_step_s = short_step_seconds()
         self.last_participants = 0
         self.rejoined_from: int | None = None
 
@@ -119,6 +122,11 @@ class FaultTolerantTrainer(Trainer):
                 f"{self.ft.quorum_timeout_s:g}s ({type(exc).__name__}). Restart the lighthouse, then this group: it "
                 "resumes from its last checkpoint."
             ) from exc
+        if not self.manager_joined:
+            self.manager_joined = True
+            if os.environ.get(RESTARTED_ENV) and self.rejoined_from is None and self.replica.participants <= 1:
+                self.status(f"step {self.step + 1} nothing-to-rejoin {self.ft.replica_id}")
+                raise NothingToRejoin("no live replica group to rejoin")
         if self.rejoined_from is not None:
             self.status(f"step {self.step + 1} rejoined {self.ft.replica_id} from {self.rejoined_from}")
             self.rejoined_from = None
@@ -133,6 +141,8 @@ class FaultTolerantTrainer(Trainer):
                 if n != self.last_participants:
                     self.status(f"step {self.step + 1} participants {n} of {self.ft.group_size}")
                     self.last_participants = n
+                if n < self.ft.group_size and self.short_step_s:
+                    time.sleep(self.short_step_s)  # test-only (rehearsal.py): hold the run while a group is down
                 return result
             self.dataloader.load_state_dict(data_state)  # not committed: the same windows again
             time.sleep(0.1)
