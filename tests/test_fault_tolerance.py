@@ -164,3 +164,30 @@ def test_diloco_groups_train_apart_and_agree_at_each_sync(tmp_path: Path) -> Non
     assert len(losses[0]) == len(losses[1]) == 20 and losses[0] != losses[1]  # each group on its own data
     exports = [run / f"replica_{i}" / "export" / "model.safetensors" for i in range(2)]
     assert digest(exports[0]) == digest(exports[1])  # step 20 is a sync step: the same weights again
+
+
+def test_checkpoints_cross_between_plain_and_fault_tolerant_runs(tmp_path: Path) -> None:
+    # A plain run's checkpoint resumes 2 groups, and group 0's checkpoint resumes a plain run; each
+    # continues the plain run's curve (the same windows per step: 2 groups x 4 sequences = 8 in one process;
+    # the same training.steps, which shapes the LR schedule).
+    ckpt = ("--llama3.n_layers=2", "--training.seq_len=32", "--checkpoint.enable=true", "--checkpoint.interval=4",
+            "--checkpoint.keep_latest_k=0")
+    plain = start(tmp_path / "plain", *ckpt, "--training.local_batch_size=8", "--training.steps=10",
+                  log=tmp_path / "plain.log")
+    assert plain.wait(timeout=300) == 0, (tmp_path / "plain.log").read_text()[-3000:]
+    reference = {int(r["step"]): r["loss"] for r in steps_logged(tmp_path / "plain")}
+    [at4] = sorted((tmp_path / "plain" / "checkpoints").glob("step-*4"))
+    ft = start(tmp_path / "ft", *ckpt, "--fault_tolerance.local_replicas=2", "--training.steps=10",
+               f"--checkpoint.resume={at4}", log=tmp_path / "ft.log")
+    assert ft.wait(timeout=300) == 0, (tmp_path / "ft.log").read_text()[-3000:]
+    for i in range(2):
+        losses = {int(r["step"]): r["loss"] for r in steps_logged(tmp_path / "ft" / f"replica_{i}")}
+        assert sorted(losses) == [5, 6, 7, 8, 9, 10]
+        assert all(losses[s] == pytest.approx(reference[s], rel=1e-4) for s in losses), (losses, reference)
+    [at8] = sorted((tmp_path / "ft" / "replica_0" / "checkpoints").glob("step-*8"))
+    back = start(tmp_path / "back", *ckpt, "--training.local_batch_size=8", "--training.steps=10",
+                 f"--checkpoint.resume={at8}", log=tmp_path / "back.log")
+    assert back.wait(timeout=300) == 0, (tmp_path / "back.log").read_text()[-3000:]
+    losses = {int(r["step"]): r["loss"] for r in steps_logged(tmp_path / "back")}
+    assert sorted(losses) == [9, 10] and all(losses[s] == pytest.approx(reference[s], rel=1e-4) for s in losses), \
+        (losses, reference)

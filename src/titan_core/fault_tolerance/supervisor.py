@@ -85,7 +85,7 @@ class Supervisor:
         # A dead group stops heartbeating and leaves the quorum after heartbeat_timeout; a live but slow
         # one (a loaded machine) is waited for up to the quorum timeout instead of being dropped and healed.
         cmd = [lighthouse_program(), "--min_replicas", str(self.ft.min_replicas), "--bind", f"[::]:{self.port}",
-               "--join_timeout_ms", str(int(self.ft.quorum_timeout_s * 1000)), "--heartbeat_timeout_ms", "2000", "--quorum_tick_ms", "50"]
+               "--join_timeout_ms", str(int(self.ft.quorum_timeout_s * 1000)), "--heartbeat_timeout_ms", "2000", "--quorum_tick_ms", "10"]
         log = open(self.run_dir / "lighthouse.log", "w")  # noqa: SIM115 (the child keeps it)
         return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                                 env={**os.environ, "RUST_LOG": os.environ.get("RUST_LOG", "info")})
