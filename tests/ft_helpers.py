@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from conftest import REPO, child_pids, descendants
+from conftest import REPO, descendants
 
 BIN = Path(sys.executable).parent
 SMALL = ("--spec", "llama3", "--flavor", "debugmodel", "--training.seq_len=128",
@@ -45,12 +45,9 @@ def steps_logged(run_dir: Path, *, superseded: bool = False) -> list[dict[str, f
     return [r for r in out if "loss" in r]
 
 
-def replica_pid(supervisor: subprocess.Popen[str], replica_id: int) -> int:
-    for pid in child_pids(supervisor.pid):
-        cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        if f"--fault_tolerance.replica_id={replica_id}".encode() in cmd:
-            return pid
-    raise AssertionError(f"replica {replica_id} is not running")
+def replica_pid(run_dir: Path, replica_id: int) -> int:
+    """The group's process (its launcher with --nproc-per-node), from the pid file the supervisor writes."""
+    return int((run_dir / f"replica_{replica_id}.pid").read_text())
 
 
 def wait_step(run_dir: Path, step: int, timeout: float = 120) -> None:
@@ -65,7 +62,7 @@ def wait_step(run_dir: Path, step: int, timeout: float = 120) -> None:
 def kill_at(supervisor: subprocess.Popen[str], run_dir: Path, replica_id: int, step: int) -> None:
     """SIGKILL the whole group (with --nproc-per-node: its launcher and every worker, as a lost node)."""
     wait_step(run_dir / f"replica_{replica_id}", step)
-    pid = replica_pid(supervisor, replica_id)
+    pid = replica_pid(run_dir, replica_id)
     for p in [pid, *descendants(pid)]:
         try:
             os.kill(p, signal.SIGKILL)
