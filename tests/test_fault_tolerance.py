@@ -14,8 +14,16 @@ import time
 from pathlib import Path
 
 import pytest
-from ft_helpers import (absent_windows, committed_losses, kill_at, rejoin_seconds, start, steps_logged, wait_line,
-                        wait_step)
+from ft_helpers import (
+    absent_windows,
+    committed_losses,
+    kill_at,
+    rejoin_seconds,
+    start,
+    steps_logged,
+    wait_line,
+    wait_step,
+)
 
 pytest.importorskip("torchft")
 

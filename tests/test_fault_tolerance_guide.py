@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+
 from doc_commands import blocks, run_blocks
 
 pytest.importorskip("torchft")

@@ -25,8 +25,8 @@ from ..trainer import StepResult, Trainer
 from .diloco import OuterStep
 from .fingerprint import check_same_run, fingerprint
 from .rehearsal import absent_windows, short_step_seconds
-from .shards import local, local_tree, redistribute_optimizer_state
 from .replica import RESTARTED_ENV, LighthouseLost, NothingToRejoin, ReplicaGroup
+from .shards import local, local_tree, redistribute_optimizer_state
 
 # Uncommitted attempts of one step before the group gives up (each one already waited a quorum).
 MAX_STEP_ATTEMPTS = 20
