@@ -168,7 +168,8 @@ def test_replica_with_another_config_is_refused_with_one_message(tmp_path: Path)
 
 
 def test_diloco_groups_train_apart_and_agree_at_each_sync(tmp_path: Path) -> None:
-    # Not yet the bar (within 2% of synchronous loss after 200 steps: measured ~20% worse, see the docs).
+    # The mechanism; the loss against synchronous training after 200 steps is benchmarks/diloco.py (7 minutes here:
+    # 2.2% behind, not the 2%; docs/fault-tolerance.md).
     run = tmp_path / "run"
     sup = start(run, "--fault_tolerance.local_replicas=2", "--llama3.n_layers=2", "--training.seq_len=32",
                 "--training.steps=20", "--fault_tolerance.semi_sync=diloco", "--fault_tolerance.sync_steps=5",
