@@ -14,7 +14,16 @@ import time
 from pathlib import Path
 
 import pytest
-from ft_helpers import kill_at, start, steps_logged, wait_step
+from ft_helpers import (
+    absent_windows,
+    committed_losses,
+    kill_at,
+    rejoin_seconds,
+    start,
+    steps_logged,
+    wait_line,
+    wait_step,
+)
 
 pytest.importorskip("torchft")
 
@@ -34,28 +43,80 @@ def test_section_checks_replica_ids_and_follows_the_supervisor() -> None:
         JobConfig.model_validate({"fault_tolerance": {"group_size": 2, "min_replicas": 3}}, context={"world_size": 1})
 
 
-def test_killed_group_rejoins_and_all_groups_end_identical(tmp_path: Path) -> None:
-    run = tmp_path / "run"
-    sup = start(run, "--fault_tolerance.local_replicas=3", "--llama3.n_layers=2", "--training.steps=40",
-                "--checkpoint.export_at_end=true")
-    kill_at(sup, run, 1, 10)
-    out, _ = sup.communicate(timeout=300)
+# The issue's bound on a restarted group's rejoin (process start, imports, model build, state transfer).
+REJOIN_S = 15.0
+# Test-only (fault_tolerance/rehearsal.py): while a group is down each step waits this long, so the survivors
+# cannot finish the run before the restarted group is back, and leave it the CPU (groups share 2 cores here).
+def hold(seconds: float) -> dict[str, str]:
+    return {"TITAN_FT_TEST_SHORT_STEP_S": str(seconds)}
+
+
+def test_killed_groups_rejoin_and_lose_nothing_but_their_own_batches(tmp_path: Path) -> None:
+    # Replica 1 is killed and restarted in the supervisor's spare process (imports done): back within REJOIN_S.
+    # Then replica 2 is killed with the spare, so its restart is a fresh process (slow here) and the survivors
+    # train steps without it. A reference run in which the groups sit out the same steps must match bit for bit.
+    run, log = tmp_path / "run", tmp_path / "failed.log"
+    args = ("--fault_tolerance.local_replicas=3", "--llama3.n_layers=2", "--training.steps=40")
+    sup = start(run, *args, "--checkpoint.export_at_end=true", log=log, env_extra=hold(1))
+    kill_at(sup, run, 1, 6)
+    wait_line(log, "replica 1 rejoined from replica", sup)
+    spare = int((run / "spare.pid").read_text())  # the next spare, started at the rejoin
+    kill_at(sup, run, 2, max(r["step"] for r in steps_logged(run / "replica_0")) + 1)
+    os.kill(spare, signal.SIGKILL)
+    sup.wait(timeout=300)
+    out = log.read_text()
     assert sup.returncode == 0, out[-3000:]
     ft = [line for line in out.splitlines() if line.startswith("[ft]")]
-    died = [line for line in ft if " died " in line]
-    assert died == ["[ft] replica 1 died (SIGKILL); restart 1 of 3"], ft  # the survivors never restarted
-    assert any(line.startswith("[ft] step ") and "replica 1 left (SIGKILL); 2 of 3 replicas training" in line
-               for line in ft), ft
-    rejoined = [line for line in ft if "replica 1 rejoined from replica" in line]
-    assert len(rejoined) == 1 and rejoined[0].endswith("3 of 3 replicas training"), ft
+    assert [line for line in ft if " died " in line] == ["[ft] replica 1 died (SIGKILL); restart 1 of 3",
+                                                         "[ft] replica 2 died (SIGKILL); restart 1 of 3"], ft
+    for i in (1, 2):  # the survivors never restarted
+        assert any(f"replica {i} left (SIGKILL); 2 of 3 replicas training" in line for line in ft), ft
+    rejoined = [line for line in ft if " rejoined from replica" in line]
+    assert len(rejoined) == 2 and all(line.endswith("3 of 3 replicas training") for line in rejoined), ft
+    assert rejoin_seconds(out)[0] <= REJOIN_S, rejoined  # the restart in the spare
     # Every group holds the same bytes at the end.
     exports = [run / f"replica_{i}" / "export" / "model.safetensors" for i in range(3)]
     assert len({digest(p) for p in exports}) == 1
-    # The survivors committed the same losses at every step; the rejoined group matches them from its first step.
-    losses = [{r["step"]: r["loss"] for r in steps_logged(run / f"replica_{i}")} for i in range(3)]
-    assert sorted(losses[0]) == list(range(1, 41)) and losses[0] == losses[2]
-    assert losses[1] and all(losses[1][s] == losses[0][s] for s in losses[1])
-    assert min(losses[1]) > 10  # the restarted group started from its peer's step, not from step 1
+    # Every committed step has one loss, whichever groups committed it; restarted groups resumed at their
+    # peer's step, not at step 1.
+    failed = committed_losses(run, 3)
+    assert sorted(failed) == list(range(1, 41)) and all(len(v) == 1 for v in failed.values()), failed
+    assert min(r["step"] for r in steps_logged(run / "replica_2")) > 7
+    # The reference: an unfailed run in which the groups sat out the same steps (test-only hook) commits the
+    # same losses, bit for bit: fault tolerance lost nothing but the lost groups' batches.
+    absent = absent_windows(run, 3)
+    assert "2:" in absent, absent  # the fresh restart took steps
+    ref = start(tmp_path / "ref", *args, log=tmp_path / "ref.log", env_extra={"TITAN_FT_TEST_ABSENT": absent})
+    ref.wait(timeout=300)
+    assert ref.returncode == 0, (tmp_path / "ref.log").read_text()[-3000:]
+    assert committed_losses(tmp_path / "ref", 3) == failed
+
+
+def test_two_groups_of_two_fsdp2_ranks_killed_one_after_the_other(tmp_path: Path) -> None:
+    # Each group is `--nproc-per-node 2` with FSDP2 inside: a rejoining group's ranks receive their peer ranks'
+    # shards. Replica 1 is lost (launcher and workers, as a lost node), rejoins, then replica 0 is lost.
+    run, log = tmp_path / "run", tmp_path / "sup.log"
+    sup = start(run, "--fault_tolerance.local_replicas=2", "--nproc-per-node", "2", "--llama3.n_layers=2",
+                "--training.seq_len=32", "--training.steps=40", "--checkpoint.export_at_end=true", log=log,
+                env_extra=hold(3))  # a restart here is 3 processes importing torch: ~30 s on a loaded machine
+    kill_at(sup, run, 1, 4)
+    wait_line(log, "replica 1 rejoined from replica 0", sup)
+    kill_at(sup, run, 0, max(r["step"] for r in steps_logged(run / "replica_0")) + 2)
+    sup.wait(timeout=300)
+    out = log.read_text()
+    assert sup.returncode == 0, out[-3000:]
+    ft = [line for line in out.splitlines() if line.startswith("[ft]")]
+    assert [line for line in ft if " died " in line] == ["[ft] replica 1 died (SIGKILL); restart 1 of 3",
+                                                         "[ft] replica 0 died (SIGKILL); restart 1 of 3"], ft
+    assert [line.split(": ", 1)[1] for line in ft if " rejoined " in line] == [
+        f"replica {i} rejoined from replica {1 - i} ({s:.1f}s after its restart); 2 of 2 replicas training"
+        for i, s in zip((1, 0), rejoin_seconds(out))], ft
+    exports = [run / f"replica_{i}" / "export" / "model.safetensors" for i in range(2)]
+    assert digest(exports[0]) == digest(exports[1])
+    committed = committed_losses(run, 2)
+    assert sorted(committed) == list(range(1, 41)) and all(len(v) == 1 for v in committed.values()), committed
+    # Each group sat out some steps, and every step trained by one group is explained by who was down.
+    assert absent_windows(run, 2).count(":") == 2
 
 
 def test_lost_lighthouse_stops_the_groups_with_one_message_then_they_resume(tmp_path: Path) -> None:
@@ -107,7 +168,8 @@ def test_replica_with_another_config_is_refused_with_one_message(tmp_path: Path)
 
 
 def test_diloco_groups_train_apart_and_agree_at_each_sync(tmp_path: Path) -> None:
-    # Not yet the issue's bar (within 2% of synchronous loss after 200 steps: measured ~20% worse, see the docs).
+    # The mechanism; the loss against synchronous training after 200 steps is benchmarks/diloco.py (7 minutes here:
+    # 2.2% behind, not the issue's 2%; docs/fault-tolerance.md).
     run = tmp_path / "run"
     sup = start(run, "--fault_tolerance.local_replicas=2", "--llama3.n_layers=2", "--training.seq_len=32",
                 "--training.steps=20", "--fault_tolerance.semi_sync=diloco", "--fault_tolerance.sync_steps=5",
@@ -118,3 +180,30 @@ def test_diloco_groups_train_apart_and_agree_at_each_sync(tmp_path: Path) -> Non
     assert len(losses[0]) == len(losses[1]) == 20 and losses[0] != losses[1]  # each group on its own data
     exports = [run / f"replica_{i}" / "export" / "model.safetensors" for i in range(2)]
     assert digest(exports[0]) == digest(exports[1])  # step 20 is a sync step: the same weights again
+
+
+def test_checkpoints_cross_between_plain_and_fault_tolerant_runs(tmp_path: Path) -> None:
+    # A plain run's checkpoint resumes 2 groups, and group 0's checkpoint resumes a plain run; each
+    # continues the plain run's curve (the same windows per step: 2 groups x 4 sequences = 8 in one process;
+    # the same training.steps, which shapes the LR schedule).
+    ckpt = ("--llama3.n_layers=2", "--training.seq_len=32", "--checkpoint.enable=true", "--checkpoint.interval=4",
+            "--checkpoint.keep_latest_k=0")
+    plain = start(tmp_path / "plain", *ckpt, "--training.local_batch_size=8", "--training.steps=10",
+                  log=tmp_path / "plain.log")
+    assert plain.wait(timeout=300) == 0, (tmp_path / "plain.log").read_text()[-3000:]
+    reference = {int(r["step"]): r["loss"] for r in steps_logged(tmp_path / "plain")}
+    [at4] = sorted((tmp_path / "plain" / "checkpoints").glob("step-*4"))
+    ft = start(tmp_path / "ft", *ckpt, "--fault_tolerance.local_replicas=2", "--training.steps=10",
+               f"--checkpoint.resume={at4}", log=tmp_path / "ft.log")
+    assert ft.wait(timeout=300) == 0, (tmp_path / "ft.log").read_text()[-3000:]
+    for i in range(2):
+        losses = {int(r["step"]): r["loss"] for r in steps_logged(tmp_path / "ft" / f"replica_{i}")}
+        assert sorted(losses) == [5, 6, 7, 8, 9, 10]
+        assert all(losses[s] == pytest.approx(reference[s], rel=1e-4) for s in losses), (losses, reference)
+    [at8] = sorted((tmp_path / "ft" / "replica_0" / "checkpoints").glob("step-*8"))
+    back = start(tmp_path / "back", *ckpt, "--training.local_batch_size=8", "--training.steps=10",
+                 f"--checkpoint.resume={at8}", log=tmp_path / "back.log")
+    assert back.wait(timeout=300) == 0, (tmp_path / "back.log").read_text()[-3000:]
+    losses = {int(r["step"]): r["loss"] for r in steps_logged(tmp_path / "back")}
+    assert sorted(losses) == [9, 10] and all(losses[s] == pytest.approx(reference[s], rel=1e-4) for s in losses), \
+        (losses, reference)

@@ -533,7 +533,8 @@ class Trainer:
                     step=self.step, loss=float(result.loss), grad_norm=float(result.grad_norm), lr=self.lr_schedulers.get_last_lr(),
                     tokens=tokens_per_device, step_time=time.perf_counter() - start,
                     extra={"skipped_steps": self.skipped_steps, "tokens_seen": self.tokens_seen, "data_ms": data_ms,
-                           **source_tokens(self.dataloader.state_dict(), t.seq_len), **self.moe.metrics},
+                           **source_tokens(self.dataloader.state_dict(), t.seq_len), **self.moe.metrics,
+                           **self.step_metrics()},
                 )
             with no_interrupt():  # Ctrl+C waits for the save to be published: never half a checkpoint
                 self.checkpointer.maybe_save(self.step, tokens_seen=self.tokens_seen, last=last)
@@ -541,6 +542,10 @@ class Trainer:
             self.stop_if_signalled()
         self.finish()
         return [float(loss) for loss in losses]
+
+    def step_metrics(self) -> dict[str, float]:
+        """Figures a subclass adds to each step's metrics record (fault tolerance: the live replica groups)."""
+        return {}
 
     def require_writable_run_files(self) -> None:
         """Every file and folder the run writes is writable, checked before it writes the first one."""

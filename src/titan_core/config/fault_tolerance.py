@@ -19,9 +19,11 @@ class FaultToleranceSection(Section):
     local_replicas: int = Field(0, ge=0, description="Local supervisor: start a lighthouse and this many replica groups on this machine (0: off).")
     max_restarts: int = Field(3, ge=0, description="Local supervisor: restarts allowed per replica group before the run fails.")
     semi_sync: Literal["none", "diloco"] = Field("none", description="none: average gradients every step; diloco: local steps, an outer step every sync_steps.")
-    sync_steps: int = Field(20, ge=1, description="DiLoCo: inner steps between two synchronisations of the groups.")
-    outer_lr: float = Field(0.7, gt=0, description="DiLoCo: learning rate of the outer SGD (Nesterov) optimizer.")
-    outer_momentum: float = Field(0.9, ge=0, lt=1, description="DiLoCo: momentum of the outer SGD optimizer.")
+    sync_steps: int = Field(5, ge=1, description="DiLoCo: inner steps between two synchronisations of the groups.")
+    outer_lr: float = Field(
+        1.4, gt=0, description="DiLoCo: outer SGD learning rate on the averaged pseudo-gradient; about sqrt(groups) (docs/fault-tolerance.md).")
+    outer_momentum: float = Field(
+        0.0, ge=0, lt=1, description="DiLoCo: outer Nesterov momentum; the paper's 0.9 (with outer_lr 0.7) is for hundreds of inner steps.")
     save_replicas: Literal["all", "first"] = Field("all", description="Which replica groups save checkpoints: all, or only replica 0.")
 
     @model_validator(mode="after")

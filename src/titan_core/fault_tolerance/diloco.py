@@ -13,18 +13,14 @@ from typing import Any
 import torch
 from torch import nn
 
-
-def _local(t: torch.Tensor) -> torch.Tensor:
-    from torch.distributed.tensor import DTensor
-
-    return t.to_local() if isinstance(t, DTensor) else t
+from .shards import local
 
 
 class OuterStep:
     """The last-sync weights and the outer optimizer over them."""
 
     def __init__(self, model_parts: list[nn.Module], *, lr: float, momentum: float) -> None:
-        self.params = [_local(p) for part in model_parts for p in part.parameters()]
+        self.params = [local(p) for part in model_parts for p in part.parameters()]
         self.anchor = [p.detach().clone() for p in self.params]
         for a in self.anchor:
             a.grad = torch.zeros_like(a)

@@ -34,6 +34,17 @@ class LighthouseLost(TitanError):
         self.quiet = bool(os.environ.get("TITAN_FT_SUPERVISED"))  # the local supervisor prints one message for all
 
 
+class NothingToRejoin(TitanError):
+    """A restarted group came up after the other groups had finished: there is no run left to rejoin
+    (training on alone would redo the run from this group's last state). Not an error: exit 0."""
+
+    exit_code = 0
+    quiet = True
+
+
+# Set by the local supervisor on a group it restarted (a group that must rejoin, never start alone).
+RESTARTED_ENV = "TITAN_FT_RESTARTED"
+
 # The lighthouse's address when fault_tolerance.lighthouse is empty (torchft's own variable).
 LIGHTHOUSE_ENV = "TORCHFT_LIGHTHOUSE"
 
@@ -116,12 +127,18 @@ class ReplicaGroup:
         here, before its forward (the quorum is synchronous), so it then trains this step like the others."""
         self.manager.start_quorum()
 
-    def average(self, tensors: list[torch.Tensor]) -> None:
-        """Average in place over the groups live in this step (a healing group contributes zeros)."""
+    def average(self, tensors: list[torch.Tensor], *, absent: int = 0) -> None:
+        """Average in place over the groups live in this step (a healing group contributes zeros).
+
+        ``absent``: live groups that contribute zeros and are not counted (the test-only rehearsal of
+        a failure, rehearsal.py). The sum is divided here, as torchft's average would divide it."""
         if not tensors:
             return
+        from torch.distributed import ReduceOp
+
         flat = torch.cat([t.reshape(-1).float() for t in tensors])
-        self.manager.allreduce(flat).wait()
+        self.manager.allreduce(flat, reduce_op=ReduceOp.SUM).wait()
+        flat /= max(1, self.participants - absent)
         offset = 0
         for t in tensors:
             n = t.numel()

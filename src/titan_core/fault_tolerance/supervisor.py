@@ -10,6 +10,7 @@ others keep training. One ``[ft]`` line per membership change. Exit codes:
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -25,7 +26,7 @@ from typing import IO
 from ..config.job import JobConfig
 from ..errors import ConfigError
 from ..run_lock import acquire_run_lock
-from .replica import LIGHTHOUSE_LOST_EXIT
+from .replica import LIGHTHOUSE_LOST_EXIT, RESTARTED_ENV
 
 GAVE_UP_EXIT = 6
 # Children see this and leave the one lighthouse message to the supervisor.
@@ -79,13 +80,14 @@ class Supervisor:
         self.live = self.k
         self.stop_signal = 0
         self.lighthouse_lost = False
+        self.spare: subprocess.Popen[str] | None = None  # spare.py: a process with its imports done
 
     # ---- processes --------------------------------------------------------------------------------
     def start_lighthouse(self) -> subprocess.Popen[bytes]:
         # A dead group stops heartbeating and leaves the quorum after heartbeat_timeout; a live but slow
         # one (a loaded machine) is waited for up to the quorum timeout instead of being dropped and healed.
         cmd = [lighthouse_program(), "--min_replicas", str(self.ft.min_replicas), "--bind", f"[::]:{self.port}",
-               "--join_timeout_ms", str(int(self.ft.quorum_timeout_s * 1000)), "--heartbeat_timeout_ms", "2000", "--quorum_tick_ms", "50"]
+               "--join_timeout_ms", str(int(self.ft.quorum_timeout_s * 1000)), "--heartbeat_timeout_ms", "2000", "--quorum_tick_ms", "10"]
         log = open(self.run_dir / "lighthouse.log", "w")  # noqa: SIM115 (the child keeps it)
         return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                                 env={**os.environ, "RUST_LOG": os.environ.get("RUST_LOG", "info")})
@@ -97,15 +99,38 @@ class Supervisor:
                 f"--fault_tolerance.lighthouse=http://127.0.0.1:{self.port}",
                 f"--job.run_dir={self.run_dir / f'replica_{replica_id}'}"]
 
-    def start_group(self, replica_id: int) -> subprocess.Popen[str]:
-        env = {**os.environ, SUPERVISED_ENV: "1", "RUST_LOG": os.environ.get("RUST_LOG", "error"),
-               # K groups share this machine's cores (torch would give each group all of them).
-               "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // self.k)))}
-        proc = subprocess.Popen(self.child_command(replica_id), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                text=True, env=env, start_new_session=True)
+    def group_env(self) -> dict[str, str]:
+        return {**os.environ, SUPERVISED_ENV: "1", "RUST_LOG": os.environ.get("RUST_LOG", "error"),
+                # K groups share this machine's cores (torch would give each group all of them).
+                "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // self.k)))}
+
+    def start_group(self, replica_id: int, *, restart: bool = False) -> subprocess.Popen[str]:
+        spare, self.spare = self.spare, None
+        if restart and spare is not None and spare.poll() is None and spare.stdin is not None:
+            # The spare has its imports done: it becomes the group (a restart in about half the time).
+            proc = spare
+            assert spare.stdin is not None
+            spare.stdin.write(json.dumps({"argv": self.child_command(replica_id)[3:], "env": {RESTARTED_ENV: "1"}}) + "\n")
+            spare.stdin.close()
+        else:
+            if spare is not None:
+                spare.kill()
+            env = {**self.group_env(), **({RESTARTED_ENV: "1"} if restart else {})}
+            proc = subprocess.Popen(self.child_command(replica_id), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                    text=True, env=env, start_new_session=True)
         assert proc.stdout is not None
         threading.Thread(target=self.forward, args=(replica_id, proc.stdout), daemon=True).start()
+        (self.run_dir / f"replica_{replica_id}.pid").write_text(f"{proc.pid}\n")  # what to kill to try it
+        if not restart and replica_id == self.k - 1:
+            self.spare = self.start_spare()  # ready for the first restart (the next one after a rejoin)
         return proc
+
+    def start_spare(self) -> subprocess.Popen[str]:
+        spare = subprocess.Popen([sys.executable, "-m", "titan_core.fault_tolerance.spare"], stdin=subprocess.PIPE,
+                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=self.group_env(),
+                                 start_new_session=True)
+        (self.run_dir / "spare.pid").write_text(f"{spare.pid}\n")
+        return spare
 
     # ---- output -----------------------------------------------------------------------------------
     def forward(self, replica_id: int, stream: IO[str]) -> None:
@@ -128,6 +153,9 @@ class Supervisor:
                                   f"{n} of {self.k} replicas training", flush=True)
                             g.left = None
                 self.live = n
+            elif words[2] == "nothing-to-rejoin":  # "step N nothing-to-rejoin I"
+                print(f"[ft] replica {words[3]} came back after the other groups had finished: nothing to "
+                      "rejoin; it stops (its run folder keeps its last state)", flush=True)
             elif words[2] == "rejoined":  # "step N rejoined I from J"
                 g = self.groups[int(words[3])]
                 if not g.restarts:  # the first step's weight sync, not a rejoin
@@ -139,6 +167,8 @@ class Supervisor:
                           f"{self.live} of {self.k} replicas training", flush=True)
                     g.left = None
                 self.live = min(self.k, self.live + 1)
+                if self.spare is None and not self.stop_signal:  # started now, not beside the restarting group
+                    self.spare = self.start_spare()
                 print(f"[ft] step {words[1]}: replica {words[3]} rejoined from replica {words[5]} "
                       f"({after:.1f}s after its restart); {self.live} of {self.k} replicas training", flush=True)
 
@@ -164,6 +194,9 @@ class Supervisor:
                 if g.proc.poll() is None:
                     g.proc.kill()
                     g.proc.wait()
+            if self.spare is not None:
+                self.spare.kill()
+                self.spare.wait()
             if lighthouse.poll() is None:
                 lighthouse.terminate()
                 lighthouse.wait()
@@ -191,7 +224,7 @@ class Supervisor:
                 elif g.restarts < self.ft.max_restarts:
                     g.restarts += 1
                     g.left = _signal_name(rc)
-                    g.proc, g.started = self.start_group(g.replica_id), time.monotonic()
+                    g.proc, g.started = self.start_group(g.replica_id, restart=True), time.monotonic()
                     print(f"[ft] replica {g.replica_id} died ({g.left}); restart {g.restarts} of "
                           f"{self.ft.max_restarts}", flush=True)
                 else:

@@ -11,6 +11,7 @@ that is down are the only ones skipped.
 from __future__ import annotations
 
 import math
+import os
 import sys
 import time
 from collections.abc import Iterator
@@ -23,7 +24,9 @@ from ..grad_norm import clip_grad_norm
 from ..trainer import StepResult, Trainer
 from .diloco import OuterStep
 from .fingerprint import check_same_run, fingerprint
-from .replica import LighthouseLost, ReplicaGroup
+from .rehearsal import absent_windows, short_step_seconds
+from .replica import RESTARTED_ENV, LighthouseLost, NothingToRejoin, ReplicaGroup
+from .shards import local, local_tree, redistribute_optimizer_state
 
 # Uncommitted attempts of one step before the group gives up (each one already waited a quorum).
 MAX_STEP_ATTEMPTS = 20
@@ -32,12 +35,6 @@ MAX_STEP_ATTEMPTS = 20
 def status(line: str) -> None:
     """A line the local supervisor reads (membership changes); also readable by a person."""
     print(f"[ft-status] {line}", file=sys.stdout, flush=True)
-
-
-def _local(t: torch.Tensor) -> torch.Tensor:
-    from torch.distributed.tensor import DTensor
-
-    return t.to_local() if isinstance(t, DTensor) else t
 
 
 class FaultTolerantTrainer(Trainer):
@@ -50,6 +47,9 @@ class FaultTolerantTrainer(Trainer):
         self.replica = ReplicaGroup(ft, group_rank=self.proc.rank, group_world_size=self.proc.world_size,
                                     state_dict=self.live_state, load_state_dict=self.load_live_state)
         self.manager_synced = False
+        self.manager_joined = False  # after this group's first quorum
+        self.absent = absent_windows()
+        self.short_step_s = short_step_seconds()
         self.last_participants = 0
         self.rejoined_from: int | None = None
 
@@ -73,8 +73,8 @@ class FaultTolerantTrainer(Trainer):
     # ---- the state a rejoining group receives from a live peer -----------------------------------
     def live_state(self) -> dict[str, Any]:
         return {
-            "model": [{k: _local(v) for k, v in part.state_dict().items()} for part in self.model_parts],
-            "optimizer": self.optimizer.state_dict(),
+            "model": [{k: local(v) for k, v in part.state_dict().items()} for part in self.model_parts],
+            "optimizer": local_tree(self.optimizer.state_dict()),
             "lr_schedulers": self.lr_schedulers.state_dict(),
             "data": self.dataloader.state_dict(),
             "step": self.step,
@@ -90,8 +90,9 @@ class FaultTolerantTrainer(Trainer):
         for part, sd in zip(self.model_parts, state["model"]):
             with torch.no_grad():
                 for name, value in part.state_dict().items():
-                    _local(value).copy_(sd[name])
+                    local(value).copy_(sd[name])
         self.optimizer.load_state_dict(state["optimizer"])
+        redistribute_optimizer_state(getattr(self.optimizer, "optimizers", []))
         self.lr_schedulers.load_state_dict(state["lr_schedulers"])
         self.dataloader.load_state_dict(state["data"])
         if self.outer is not None:
@@ -100,6 +101,10 @@ class FaultTolerantTrainer(Trainer):
         self.rejoined_from = int(state["replica_id"])
 
     # ---- one step ---------------------------------------------------------------------------------
+    def status(self, line: str) -> None:
+        if self.is_rank0:  # every rank of a group sees the same membership: one line per group
+            status(line)
+
     def join_quorum(self) -> None:
         if not self.manager_synced:  # after a resume the quorum must see this group's real step
             self.replica.set_step(self.step)
@@ -117,8 +122,13 @@ class FaultTolerantTrainer(Trainer):
                 f"{self.ft.quorum_timeout_s:g}s ({type(exc).__name__}). Restart the lighthouse, then this group: it "
                 "resumes from its last checkpoint."
             ) from exc
+        if not self.manager_joined:
+            self.manager_joined = True
+            if os.environ.get(RESTARTED_ENV) and self.rejoined_from is None and self.replica.participants <= 1:
+                self.status(f"step {self.step + 1} nothing-to-rejoin {self.ft.replica_id}")
+                raise NothingToRejoin("no live replica group to rejoin")
         if self.rejoined_from is not None:
-            status(f"step {self.step + 1} rejoined {self.ft.replica_id} from {self.rejoined_from}")
+            self.status(f"step {self.step + 1} rejoined {self.ft.replica_id} from {self.rejoined_from}")
             self.rejoined_from = None
 
     def train_step(self, batches: Iterator[tuple[torch.Tensor, torch.Tensor]]) -> StepResult:
@@ -129,8 +139,10 @@ class FaultTolerantTrainer(Trainer):
             if result is not None:
                 n = self.replica.participants
                 if n != self.last_participants:
-                    status(f"step {self.step + 1} participants {n} of {self.ft.group_size}")
+                    self.status(f"step {self.step + 1} participants {n} of {self.ft.group_size}")
                     self.last_participants = n
+                if n < self.ft.group_size and self.short_step_s:
+                    time.sleep(self.short_step_s)  # test-only (rehearsal.py): hold the run while a group is down
                 return result
             self.dataloader.load_state_dict(data_state)  # not committed: the same windows again
             time.sleep(0.1)
@@ -170,11 +182,15 @@ class FaultTolerantTrainer(Trainer):
         """One try at the step; None when the live groups did not all finish it (nothing was changed)."""
         self.optimizer.zero_grad()
         loss = self.step_forward_backward(batches)  # per valid token of this group's share
-        grads = [_local(p.grad) for part in self.model_parts for p in part.parameters() if p.grad is not None]
-        self.replica.average(grads)
-        grad_norm = clip_grad_norm(self.model_parts, self.config.training.max_norm, pp_group=None)
+        grads = [local(p.grad) for part in self.model_parts for p in part.parameters() if p.grad is not None]
         group_loss = torch.tensor([self.global_average_loss(loss)], dtype=torch.float32)
-        self.replica.average([group_loss])
+        absent = self.absent.get(self.step + 1, set())  # empty but in the test-only rehearsal
+        if self.ft.replica_id in absent:
+            for t in [*grads, group_loss]:
+                t.zero_()
+        self.replica.average(grads, absent=len(absent))
+        grad_norm = clip_grad_norm(self.model_parts, self.config.training.max_norm, pp_group=None)
+        self.replica.average([group_loss], absent=len(absent))
         if not self.replica.commit():
             return None
         global_loss = float(group_loss)
@@ -183,6 +199,9 @@ class FaultTolerantTrainer(Trainer):
         self.optimizer.step()
         self.lr_schedulers.step()
         return StepResult(global_loss, grad_norm, skipped=False)
+
+    def step_metrics(self) -> dict[str, float]:
+        return {"ft_replicas": self.replica.participants}  # the replica groups that committed this step
 
     def finish(self) -> None:
         super().finish()
