@@ -37,9 +37,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .errors import ConfigError
+from .errors import ConfigError, RunFolderBusy
 from .hf.folder import is_hf_folder
-from .run_lock import RunFolderBusy, RunLock, _holder_text, acquire_run_lock
+from .run_lock import RunLock, _holder_text, acquire_run_lock
 from .weights.titan_checkpoint import is_titan_checkpoint
 
 if TYPE_CHECKING:

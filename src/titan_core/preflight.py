@@ -10,9 +10,8 @@ fail here, once.
 
 from __future__ import annotations
 
-from .discovery import CONVERTERS
 from .plan.resolve import ResolvedConfig
-from .plugin_calls import plugin_call
+from .plugin_boundary import ConverterCalls
 from .trainer import Trainer
 
 
@@ -23,7 +22,6 @@ def preflight(resolved: ResolvedConfig) -> None:
 
     trainer = Trainer(resolved)
     for name, conv in trainer.build_converters():
-        with plugin_call(CONVERTERS, name, "compatible_with()"):
-            conv.compatible_with(resolved.spec)
+        ConverterCalls(name, conv).compatible_with(resolved.spec)
     if resolved.dims.tp_enabled:
         trainer.tp_styles()

@@ -31,17 +31,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .console import progress
-from .errors import TitanError
+from .errors import RunFolderBusy
 
-__all__ = ["LOCK_NAME", "RunFolderBusy", "RunLock", "acquire_run_lock"]
+__all__ = ["LOCK_NAME", "RunLock", "acquire_run_lock"]
 
 LOCK_NAME = ".lock"
 # Set by the --nproc-per-node launcher, which holds the lock for its workers.
 HELD_BY_LAUNCHER_ENV = "TITAN_RUN_LOCK_HELD"
-
-
-class RunFolderBusy(TitanError):
-    """Another live run holds the run folder's lock."""
 
 
 @dataclass

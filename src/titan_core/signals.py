@@ -18,21 +18,12 @@ from collections.abc import Iterator
 from types import FrameType
 from typing import Any, NoReturn
 
-from .errors import TitanError
+from .errors import StopRequested, Terminated
 
-__all__ = ["StopRequested", "Terminated", "handlers_installed", "no_interrupt", "requested_signal", "sigterm_raises",
+__all__ = ["handlers_installed", "no_interrupt", "requested_signal", "sigterm_raises",
            "stop_after_signal"]
 
 _state = {"installed": False, "term": 0, "int_pending": False, "int_deferred": 0}
-
-
-class StopRequested(TitanError):
-    """The run stopped on a signal; the CLI prints the message as is (no "error:") and exits ``exit_code``."""
-
-    def __init__(self, message: str, *, signum: int, quiet: bool = False) -> None:
-        super().__init__(message)
-        self.exit_code = 128 + signum
-        self.quiet = quiet
 
 
 def _on_term(signum: int, frame: FrameType | None) -> None:
@@ -109,11 +100,6 @@ def stop_after_signal(trainer: Any, signum: int) -> NoReturn:
     trainer.metrics.close()
     raise StopRequested(f"titan-train: stopped by {name} after step {trainer.step}; {where}",
                         signum=signum, quiet=not trainer.is_rank0)
-
-
-class Terminated(BaseException):
-    """SIGTERM in a tool that has no step boundary to stop at (titan-plugin, titan-convert). A BaseException,
-    like KeyboardInterrupt, so that no ``except Exception`` swallows it and ``subprocess.run`` kills its child."""
 
 
 def _raise_terminated(signum: int, frame: FrameType | None) -> None:

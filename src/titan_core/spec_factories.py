@@ -197,13 +197,11 @@ class ValidateFn(Protocol):
 
 class FlopsPerTokenFn(Protocol):
     """Training FLOPs per token at ``seq_len``. ``full_attention=False`` counts attention as the
-    kernel computes it (causal: about half the square), ``True`` the full square."""
+    kernel computes it (causal: about half the square), ``True`` the full square. Like every plugin
+    function, it is called with the keywords it accepts: one written without ``full_attention``
+    gives one count, used for both."""
 
     def __call__(self, model_args: Any, seq_len: int, /, *, full_attention: bool) -> float: ...
-
-
-# Written before the ``full_attention`` keyword existed: one count, used for both.
-LegacyFlopsPerTokenFn = Callable[[Any, int], float]
 
 
 class BuildLossFn(Protocol):
@@ -284,7 +282,6 @@ __all__ = [
     "Fingerprinted",
     "FlopsPerTokenFn",
     "LRSchedulers",
-    "LegacyFlopsPerTokenFn",
     "LossFn",
     "MetricsProcessor",
     "ParallelizeFn",

@@ -28,32 +28,29 @@ from .data import build_dataloader, build_mixture_loader
 from .data.documents import split_documents
 from .data.mixture import source_tokens
 from .data.prefetch import PrefetchingLoader
-from .discovery import CONVERTERS, SPECS
 from .errors import ConfigError, NonFiniteError
 from .grad_norm import clip_grad_norm
 from .hf.export import export_hf
-from .init import init_model_weights
 from .launch_env import rank_env
 from .loss import cross_entropy_loss
 from .memory_estimate import check_model_fits, local_ranks_from_env
-from .metrics import MetricsLogger, model_flops_per_token
+from .metrics import MetricsLogger
 from .moe import MoEMonitor
 from .optim import LRSchedulersContainer, OptimizersContainer
 from .optimizer_settings import settings_checked
 from .out_of_memory import out_of_memory_named
-from .parallel import spec_parallelize_fn
 from .parallel_dims import ParallelDims
 from .param_groups import run_layout
 from .parameter_layout import describe_parameter_layout
 from .plan.resolve import ResolvedConfig
-from .plugin_calls import check_logits, plugin_call
+from .plugin_boundary import ConverterCalls
 from .precision import autocast_for, resolve_compute_dtype
 from .profiling import StepProfiler
 from .protocols import ModelConverter, RunContext, TensorParallelStyles
 from .report import report_at_end
 from .run_files import atomic_write_text, require_writable, supersede_metrics
 from .signals import no_interrupt, requested_signal, stop_after_signal
-from .ties import check_ties, declared_ties, retie_weights
+from .ties import check_ties, retie_weights
 from .token_ids import check_batch_ids
 from .token_loss import count_valid, global_valid_tokens, token_weighted
 from .tp_styles import resolve_tp_styles
@@ -87,6 +84,7 @@ class Trainer:
         self.config: JobConfig = resolved.config
         self.spec = resolved.spec
         self.converter_classes = resolved.converters
+        self.calls = resolved.calls  # every call into the spec's code goes through this checked facade
         # Derived once by resolve_config (parallel degrees, device, backend, model args).
         self.dims: ParallelDims = resolved.dims
         self.device: torch.device = resolved.device
@@ -141,7 +139,6 @@ class Trainer:
         d, t = self.config.data, self.config.training
         progress(f"loading tokenizer ({d.tokenizer}) and data ({d.source})", is_rank0=self.is_rank0)
         self.tokenizer = self.resolved.tokenizer
-        build_loader = self.spec.build_dataloader_fn or build_dataloader
 
         dp_rank, dp_world_size = self.data_shard()
 
@@ -154,7 +151,8 @@ class Trainer:
             )
             if d.mix:  # a weighted mixture replaces data.source (docs/data.md)
                 return build_mixture_loader(mix={n: (m.source, m.weight) for n, m in d.mix.items()}, **common)
-            return build_loader(source=d.source, **common)
+            spec_loader = self.calls.dataloader(source=d.source, **common)
+            return build_dataloader(source=d.source, **common) if spec_loader is None else spec_loader
 
         # The next batches are made in a thread while the step runs; its state is that of the consumed batches.
         self.dataloader = PrefetchingLoader(loader("train"))
@@ -170,8 +168,8 @@ class Trainer:
             progress(self.resolved.model_shape_note, is_rank0=self.is_rank0)
         # Built on the meta device: no memory is used until the model is sharded.
         with torch.device("meta"):
-            model = self.spec.model_cls(self.model_args)
-        self.ties = declared_ties(model)  # tied weights are checked after every set-up step
+            model = self.calls.build_model(self.model_args)
+        self.ties = self.calls.tied_weights(model)  # tied weights are checked after every set-up step
         check_ties([model], self.ties, after="the meta build")
         n_params = sum(p.numel() for p in model.parameters())
         progress(f"model {model_label(self.spec, self.config)}: {n_params:,} parameters", is_rank0=self.is_rank0)
@@ -190,11 +188,10 @@ class Trainer:
     def build_converters(self) -> list[tuple[str, ModelConverter[Any]]]:
         """The requested converters, constructed (also by the launcher's preflight, before any worker)."""
         ctx = self.run_context()
-        self.converters: list[ModelConverter[Any]] = []
-        for name, cls in self.converter_classes:
-            with plugin_call(CONVERTERS, name, "__init__"):
-                self.converters.append(cls(getattr(self.config, name), parallel_dims=self.dims, job=ctx))
-        return [(name, conv) for (name, _), conv in zip(self.converter_classes, self.converters)]
+        self.converter_calls = [ConverterCalls.construct(name, cls, getattr(self.config, name), parallel_dims=self.dims,
+                                                         job=ctx) for name, cls in self.converter_classes]
+        self.converters: list[ModelConverter[Any]] = [c.converter for c in self.converter_calls]
+        return [(c.name, c.converter) for c in self.converter_calls]
 
     def apply_converters(self, model: nn.Module) -> None:
         named = self.build_converters()
@@ -203,27 +200,21 @@ class Trainer:
             print(self.conversion_table.format(), flush=True)
 
     def tp_styles(self) -> TensorParallelStyles:
-        return resolve_tp_styles([(name, conv) for (name, _), conv in zip(self.converter_classes, self.converters)])
+        return resolve_tp_styles([(c.name, c) for c in self.converter_calls])
 
     def parallelize(self, part: nn.Module) -> nn.Module:
         c = self.config
-        with plugin_call(SPECS, self.spec.name, "parallelize_fn"):
-            out = spec_parallelize_fn(self.spec)(
-                part, parallel_dims=self.dims, mesh=self.mesh, training=c.training, parallelism=c.parallelism,
-                compile=c.compile, activation_checkpoint=c.activation_checkpoint, tp_styles=self.tp_styles(),
-            )
-            if not isinstance(out, nn.Module):
-                raise TypeError(f"it returned {type(out).__name__}, not the parallelized nn.Module")
-        return out
+        return self.calls.parallelize(
+            part, parallel_dims=self.dims, mesh=self.mesh, training=c.training, parallelism=c.parallelism,
+            compile=c.compile, activation_checkpoint=c.activation_checkpoint, tp_styles=self.tp_styles(),
+        )
 
     def build_model_parts(self, model: nn.Module) -> None:
-        self.loss_fn = self.spec.build_loss_fn() if self.spec.build_loss_fn else cross_entropy_loss
+        self.loss_fn = self.calls.loss_fn() or cross_entropy_loss
         self.accum = accumulation_steps(self.config, self.dims.dp)
         self.pipeline = None
         if self.dims.pp_enabled:
-            pipelining_fn = self.spec.pipelining_fn
-            assert pipelining_fn is not None  # a spec without one was refused by resolve_config
-            self.pipeline = pipelining_fn(
+            self.pipeline = self.calls.pipeline(
                 model, parallel_dims=self.dims, mesh=self.mesh, parallelism=self.config.parallelism,
                 training=self.config.training, device=self.device, loss_fn=self.scaled_loss, parallelize=self.parallelize,
             )
@@ -259,25 +250,26 @@ class Trainer:
             part.to_empty(device=self.device)
             retie_weights(part, self.ties)  # to_empty makes a new parameter per module
             # With checkpoint.initial_load every parameter is loaded next: only buffers are computed.
-            with plugin_call(SPECS, self.spec.name, "the model's init_parameter/init_buffers"):
-                init_model_weights(part, seed=self.config.training.seed,
-                                   buffers_only=bool(self.config.checkpoint.initial_load))
+            self.calls.init_weights(part, seed=self.config.training.seed,
+                                    buffers_only=bool(self.config.checkpoint.initial_load))
             part.train()
         check_ties(self.model_parts, self.ties, after="to_empty and init")
 
     def build_optimizers(self) -> None:
         c = self.config
-        build_opt = self.spec.build_optimizers_fn or OptimizersContainer
-        build_lr = self.spec.build_lr_schedulers_fn or LRSchedulersContainer
-
-        spec_fn = self.spec.build_optimizers_fn  # plugin code is named as such; the core's as a settings error
-        with (plugin_call(SPECS, self.spec.name, "build_optimizers_fn") if spec_fn else
-              settings_checked("optimizer", c.optimizer, what=f"torch.optim.{c.optimizer.name}")):
-            self.optimizer = build_opt(self.model_parts, c.optimizer, device_type=self.device.type)
-        with (plugin_call(SPECS, self.spec.name, "build_lr_schedulers_fn") if self.spec.build_lr_schedulers_fn else
-              settings_checked("lr_scheduler", c.lr_scheduler, what="the LR scheduler")):
-            self.lr_schedulers = build_lr(self.optimizer, c.lr_scheduler, total_steps=c.training.steps)
-        register_converter_hooks(self.optimizer, self.converters, self.model_parts)
+        # The spec's own factories are plugin code (the facade names them); the core's fail as a settings error.
+        optimizer = self.calls.optimizers(self.model_parts, c.optimizer, device_type=self.device.type)
+        if optimizer is None:
+            with settings_checked("optimizer", c.optimizer, what=f"torch.optim.{c.optimizer.name}"):
+                optimizer = OptimizersContainer(self.model_parts, c.optimizer, device_type=self.device.type)
+        self.optimizer = optimizer
+        lr_schedulers = self.calls.lr_schedulers(self.optimizer, c.lr_scheduler, total_steps=c.training.steps)
+        if lr_schedulers is None:
+            with settings_checked("lr_scheduler", c.lr_scheduler, what="the LR scheduler"):
+                lr_schedulers = LRSchedulersContainer(self.optimizer, c.lr_scheduler, total_steps=c.training.steps)
+        self.lr_schedulers = lr_schedulers
+        register_converter_hooks(self.optimizer, [(c.name, c.converter) for c in self.converter_calls],
+                                 self.model_parts)
 
     def build_checkpointer(self) -> None:
         c = self.config
@@ -292,12 +284,13 @@ class Trainer:
         )
 
     def build_metrics(self) -> None:
-        fpt = model_flops_per_token(self.spec, self.model_args, self.config.training.seq_len)
-        build_metrics = self.spec.build_metrics_processor_fn or MetricsLogger
-        self.metrics = build_metrics(
-            self.config.metrics, run_dir=self.run_dir, is_rank0=self.is_rank0, device=self.device,
-            flops_per_token=fpt, world_size=self.proc.world_size, run_config=self.config.model_dump(mode="json"),
+        fpt = self.calls.flops_per_token(self.model_args, self.config.training.seq_len)
+        options: dict[str, Any] = dict(
+            run_dir=self.run_dir, is_rank0=self.is_rank0, device=self.device, flops_per_token=fpt,
+            world_size=self.proc.world_size, run_config=self.config.model_dump(mode="json"),
         )
+        metrics = self.calls.metrics(self.config.metrics, **options)
+        self.metrics = MetricsLogger(self.config.metrics, **options) if metrics is None else metrics
 
     def build_profiler(self) -> None:
         self.profiler = StepProfiler(self.config.profiling, run_dir=self.run_dir, rank=self.proc.rank,
@@ -343,9 +336,8 @@ class Trainer:
         if self.pipeline is not None:
             return self.pipeline_forward_backward(inputs, labels)
         with self.autocast(), self.loss_context():
-            with self.profiler.phase("forward"), plugin_call(SPECS, self.spec.name, "the model's forward"):
-                logits = self.model_parts[0](inputs, **self.model_kwargs(positions))
-            check_logits(logits, inputs, spec=self.spec.name)
+            with self.profiler.phase("forward"):
+                logits = self.calls.forward(self.model_parts[0], inputs, **self.model_kwargs(positions))
             loss = token_weighted(self.loss_fn(logits, labels), valid=valid, global_valid=self.step_valid_tokens,
                                   dp=self.dims.dp)
             aux = self.moe.after_forward()  # MoE load-balancing loss: trained on, not reported in `loss`
@@ -507,7 +499,7 @@ class Trainer:
         """One held-out batch's mean loss (forward only); zero on ranks without the last PP stage."""
         with self.autocast(), self.loss_context():
             if self.pipeline is None:
-                logits = self.model_parts[0](inputs, **self.model_kwargs(positions))
+                logits = self.calls.forward(self.model_parts[0], inputs, **self.model_kwargs(positions))
                 return _plain(self.loss_fn(logits, labels)).float()
             pipe = self.pipeline
             losses: list[torch.Tensor] | None = [] if pipe.has_last_stage else None

@@ -24,6 +24,7 @@ from .hf.folder import open_hf_folder
 from .hf.tokenizer_folder import load_tokenizer_folder
 from .os_errors import describe_os_error
 from .plan.tokenizer import build_tokenizer
+from .plugin_boundary import SpecCalls
 from .ties import declared_ties, retie_weights
 from .weights.load import check_hf_fits, load_hf_weights
 from .weights.model_args import checkpoint_model_args, run_config_of
@@ -70,7 +71,7 @@ def load_titan_checkpoint(checkpoint: Path, *, config: Path | None = None) -> Wh
     model_args = checkpoint_model_args(checkpoint, spec=spec, flavor=identity.flavor, run_config=run_config,
                                        vocab_size=tokenizer.vocab_size)
     with torch.device("meta"):
-        model = spec.model_cls(model_args)
+        model = SpecCalls(spec).build_model(model_args)
     model.to_empty(device="cpu")
     retie_weights(model, declared_ties(model))
     load_model_weights(checkpoint, [model])
@@ -86,7 +87,7 @@ def load_hf_folder(folder_path: Path, *, spec_name: str | None, what: str) -> Wh
     model_args = adapter_of(spec, purpose=what).model_args_from_hf(folder.config)
     check_hf_fits(folder, spec=spec, model_args=model_args, what=what)  # before any weight is allocated
     with torch.device("meta"):
-        model = spec.model_cls(model_args)
+        model = SpecCalls(spec).build_model(model_args)
     model.to_empty(device="cpu")
     ties = declared_ties(model)
     retie_weights(model, ties)

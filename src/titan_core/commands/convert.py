@@ -31,6 +31,7 @@ from ..hf.adapter import adapter_of
 from ..hf.export import export_hf
 from ..hf.folder import is_hf_folder, open_hf_folder
 from ..optim import LRSchedulersContainer, OptimizersContainer
+from ..plugin_boundary import SpecCalls
 from ..ties import declared_ties, retie_weights
 from ..weights.load import check_hf_fits, load_hf_weights
 from ..weights.source import HF_CONFIG_IN_CHECKPOINT
@@ -139,7 +140,7 @@ def from_hf(args: argparse.Namespace) -> int:
     model_args = adapter_of(spec, purpose="from-hf").model_args_from_hf(folder.config)
     check_hf_fits(folder, spec=spec, model_args=model_args, what="from-hf")  # before any weight is allocated
     with torch.device("meta"):
-        model = spec.model_cls(model_args)
+        model = SpecCalls(spec).build_model(model_args)
     model.to_empty(device="cpu")
     ties = declared_ties(model)
     retie_weights(model, ties)

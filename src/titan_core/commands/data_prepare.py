@@ -13,9 +13,9 @@ import traceback
 from collections.abc import Sequence
 from pathlib import Path
 
-from ..errors import TitanError
+from ..errors import Terminated, TitanError
 from ..os_errors import describe_os_error
-from ..signals import Terminated, sigterm_raises
+from ..signals import sigterm_raises
 from .prepare_shards import PrepareRequest, prepare
 
 

@@ -11,9 +11,9 @@ import sys
 import traceback
 from collections.abc import Callable
 
-from ..errors import TitanError
+from ..errors import Terminated, TitanError
 from ..os_errors import describe_os_error
-from ..signals import Terminated, sigterm_raises
+from ..signals import sigterm_raises
 
 
 def run_tool(prog: str, command: Callable[[argparse.Namespace], int], args: argparse.Namespace) -> int:

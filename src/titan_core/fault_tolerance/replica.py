@@ -20,19 +20,7 @@ from typing import Any
 import torch
 
 from ..config.fault_tolerance import FaultToleranceSection
-from ..errors import ConfigError, TitanError
-
-# Exit code of a replica group that lost (or never reached) the lighthouse (docs/fault-tolerance.md).
-LIGHTHOUSE_LOST_EXIT = 5
-
-
-class LighthouseLost(TitanError):
-    exit_code = LIGHTHOUSE_LOST_EXIT
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message)
-        self.quiet = bool(os.environ.get("TITAN_FT_SUPERVISED"))  # the local supervisor prints one message for all
-
+from ..errors import ConfigError, LighthouseLost
 
 # The lighthouse's address when fault_tolerance.lighthouse is empty (torchft's own variable).
 LIGHTHOUSE_ENV = "TORCHFT_LIGHTHOUSE"

@@ -23,11 +23,9 @@ from pathlib import Path
 from typing import IO
 
 from ..config.job import JobConfig
-from ..errors import ConfigError
+from ..errors import GAVE_UP_EXIT, LIGHTHOUSE_LOST_EXIT, ConfigError
 from ..run_lock import acquire_run_lock
-from .replica import LIGHTHOUSE_LOST_EXIT
 
-GAVE_UP_EXIT = 6
 # Children see this and leave the one lighthouse message to the supervisor.
 SUPERVISED_ENV = "TITAN_FT_SUPERVISED"
 

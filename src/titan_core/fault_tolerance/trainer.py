@@ -18,12 +18,12 @@ from typing import Any
 
 import torch
 
-from ..errors import ConfigError, TitanError
+from ..errors import ConfigError, LighthouseLost, TitanError
 from ..grad_norm import clip_grad_norm
 from ..trainer import StepResult, Trainer
 from .diloco import OuterStep
 from .fingerprint import check_same_run, fingerprint
-from .replica import LighthouseLost, ReplicaGroup
+from .replica import ReplicaGroup
 
 # Uncommitted attempts of one step before the group gives up (each one already waited a quorum).
 MAX_STEP_ATTEMPTS = 20

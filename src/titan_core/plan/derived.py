@@ -16,7 +16,8 @@ from ..config.job import JobConfig
 from ..distributed import pick_device, resolve_backend
 from ..errors import ConfigError
 from ..launch_env import rank_env
-from ..protocols import Tokenizer, TrainSpec
+from ..plugin_boundary import SpecCalls
+from ..protocols import Tokenizer
 from ..weights.shape import initial_model_args, shape_source
 from .tokenizer import build_tokenizer
 
@@ -28,11 +29,10 @@ def run_device_and_backend(config: JobConfig) -> tuple[torch.device, str]:
     return device, resolve_backend(config.parallelism.backend, device)
 
 
-def run_tokenizer(spec: TrainSpec, config: JobConfig) -> Tokenizer:
+def run_tokenizer(calls: SpecCalls, config: JobConfig) -> Tokenizer:
     """The spec's tokenizer, or the core's for ``data.tokenizer``."""
-    if spec.build_tokenizer_fn is not None:
-        return spec.build_tokenizer_fn(config.data)
-    return build_tokenizer(config.data.tokenizer)
+    tokenizer = calls.tokenizer(config.data)
+    return build_tokenizer(config.data.tokenizer) if tokenizer is None else tokenizer
 
 
 def check_seq_len(config: JobConfig, args: object, spec_name: str) -> None:
@@ -61,7 +61,7 @@ def check_vocab(args: object, tokenizer: Tokenizer, spec_name: str) -> None:
         )
 
 
-def run_model_args(spec: TrainSpec, config: JobConfig, *, tokenizer: Tokenizer,
+def run_model_args(calls: SpecCalls, config: JobConfig, *, tokenizer: Tokenizer,
                    world_size: int) -> tuple[Any, str | None]:
     """(the model args, a line saying where their shape came from when not the flavor).
 
@@ -71,6 +71,7 @@ def run_model_args(spec: TrainSpec, config: JobConfig, *, tokenizer: Tokenizer,
     every path that builds the model sees the same args and the same refusals.
     """
 
+    spec = calls.spec
     args, shape_note = initial_model_args(spec, config, tokenizer=tokenizer)
     check_seq_len(config, args, spec.name)
     check_vocab(args, tokenizer, spec.name)
@@ -78,6 +79,5 @@ def run_model_args(spec: TrainSpec, config: JobConfig, *, tokenizer: Tokenizer,
     if pp > 1 and spec.pipelining_fn is None:
         raise ConfigError(f'spec "{spec.name}" has no pipelining_fn, so it cannot be split into pipeline stages, '
                           f"but parallelism.pp={pp}. Set parallelism.pp=1 (and use dp_shard / tp instead).")
-    if spec.validate_fn is not None:
-        spec.validate_fn(args, parallelism=config.parallelism, training=config.training, world_size=world_size)
+    calls.validate(args, parallelism=config.parallelism, training=config.training, world_size=world_size)
     return args, shape_note

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -17,6 +17,7 @@ from ..config.overrides import overrides_layer, typed_value
 from ..data.documents import check_document_masking
 from ..errors import ConfigError, PluginError, did_you_mean
 from ..parallel_dims import ParallelDims
+from ..plugin_boundary import SpecCalls
 from ..protocols import ModelConverter, Tokenizer, TrainSpec
 from .derived import run_device_and_backend, run_model_args, run_tokenizer
 
@@ -43,6 +44,11 @@ class ResolvedConfig:
     model_args: Any
     #: where the shape came from when it is not the flavor's (printed by the Trainer)
     model_shape_note: str | None = None
+    #: every call into the spec's code, guarded and checked (plugin_boundary.py)
+    calls: SpecCalls = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "calls", SpecCalls(self.spec))  # frozen: set once, here
 
     @property
     def dims(self) -> ParallelDims:
@@ -152,7 +158,8 @@ def resolve_config(
     if config.data.document_masking:
         check_document_masking(spec_name=spec.name, model_cls=spec.model_cls, pp=config.parallelism.pp)
     device, backend = run_device_and_backend(config)
-    tokenizer = run_tokenizer(spec, config)
-    args, shape_note = run_model_args(spec, config, tokenizer=tokenizer, world_size=world_size)
+    calls = SpecCalls(spec)
+    tokenizer = run_tokenizer(calls, config)
+    args, shape_note = run_model_args(calls, config, tokenizer=tokenizer, world_size=world_size)
     return ResolvedConfig(config, spec, converters, job_model, world_size, device=device, backend=backend,
                           tokenizer=tokenizer, model_args=args, model_shape_note=shape_note)

@@ -30,6 +30,7 @@ from ..errors import ConfigError
 from ..hf.adapter import adapter_of, hf_key_of, row_map
 from ..hf.folder import HFFolder, open_hf_folder
 from ..hf.stacks import stack_folder
+from ..plugin_boundary import SpecCalls
 from ..ties import declared_ties
 from .source import WHAT, source_kind
 from .titan_checkpoint import load_model_weights
@@ -161,7 +162,7 @@ def check_hf_fits(folder: HFFolder, *, spec: TrainSpec, model_args: object, what
     (a huge vocab_size, say) is refused naming the tensor, not by the allocator.
     """
     with torch.device("meta"):
-        model = spec.model_cls(model_args)
+        model = SpecCalls(spec).build_model(model_args)
     expected = full_shapes(model_state(merged_view([model])))
     adapter = adapter_of(spec, purpose=f"{what} of a Hugging Face folder")
     plan_hf_load(stack_folder(folder, adapter, what=what), adapter=adapter, expected=expected,

@@ -18,6 +18,7 @@ import torch
 from ..errors import ConfigError
 from ..hf.adapter import adapter_of
 from ..hf.folder import is_hf_folder, open_hf_folder
+from ..plugin_boundary import SpecCalls
 from .source import HF_CONFIG_IN_CHECKPOINT, RECORDED
 from .titan_checkpoint import saved_param_shapes
 
@@ -58,7 +59,7 @@ def checkpoint_model_args(checkpoint: Path, *, spec: TrainSpec, flavor: str, run
         chosen = {k: v for k, v in section.model_dump().items() if v is not None and k in runtime}
         args = dataclasses.replace(args, **chosen)
     with torch.device("meta"):
-        model = spec.model_cls(args)
+        model = SpecCalls(spec).build_model(args)
     ours = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     saved = saved_param_shapes(Path(checkpoint))
     wrong = sorted(k for k in set(ours) | set(saved) if ours.get(k) != saved.get(k))
