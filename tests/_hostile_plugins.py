@@ -9,9 +9,10 @@ import dataclasses
 from typing import Any
 
 import torch
+from _plugin_base import QuietConverter
 from pydantic import BaseModel, model_validator
 
-from titan_core import ModelConverter, discovery, register_model_converter, register_train_spec
+from titan_core import discovery, register_model_converter, register_train_spec
 
 _llama = discovery.load_train_spec("llama3")
 
@@ -54,7 +55,6 @@ for name, change in {
     "hostile_short_output": {"model_cls": _ShortOutput},
     "hostile_forward": {"model_cls": _ForwardRaises},
     "hostile_model_cls": {"model_cls": _ConstructorRaises},
-    "hostile_parallelize_none": {"parallelize_fn": _returns_none},
     "hostile_tokenizer": {"build_tokenizer_fn": _boom},
     "hostile_validate": {"validate_fn": _validate_crashes},
     "hostile_flops": {"flops_per_token_fn": _boom},
@@ -64,18 +64,7 @@ for name, change in {
     register_train_spec(dataclasses.replace(_llama, name=name, defaults={}, **change), name)
 
 
-class _Converter(ModelConverter):
-    class Config(BaseModel):
-        pass
-
-    def __init__(self, config: Any, *, parallel_dims: Any, job: Any) -> None:
-        self.config = config
-
-    def select(self, model: torch.nn.Module) -> list[str]:
-        return ["layers.0.attention.wq"]
-
-    def convert(self, model: torch.nn.Module, fqns: list[str]) -> None:
-        pass
+_Converter = QuietConverter
 
 
 class _ConvertRaises(_Converter):
@@ -104,16 +93,6 @@ class _BadDefaults(_Converter):
             return self
 
 
-class _SelectsNumbers(_Converter):
-    def select(self, model: torch.nn.Module) -> list[str]:
-        return [0, 1]  # type: ignore[list-item]
-
-
-class _ConvertReturnsCopy(_Converter):
-    def convert(self, model: torch.nn.Module, fqns: list[str]) -> torch.nn.Module:  # type: ignore[override]
-        return torch.nn.Linear(1, 1)
-
-
 class _HookRaises(_Converter):
     def post_optimizer_hook(self, model_parts: list[torch.nn.Module]) -> None:
         raise OSError("hook bug on purpose")
@@ -121,6 +100,5 @@ class _HookRaises(_Converter):
 
 for name, cls in {"hostile_convert": _ConvertRaises, "hostile_select": _SelectRaises,
                   "hostile_conv_init": _InitRaises, "hostile_defaults": _BadDefaults,
-                  "hostile_select_numbers": _SelectsNumbers, "hostile_convert_copy": _ConvertReturnsCopy,
                   "hostile_hook": _HookRaises}.items():
     register_model_converter(name, cls)

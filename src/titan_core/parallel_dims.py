@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .errors import ConfigError
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
 
 
 @dataclass(frozen=True)
@@ -86,7 +89,7 @@ class ParallelDims:
         mesh = init_device_mesh(device_type, shape, mesh_dim_names=names)
         return mesh, mesh[("dp_replicate", "dp_shard")]._flatten("dp")
 
-    def dp_mesh(self, mesh: Any) -> Any:
+    def dp_mesh(self, mesh: DeviceMesh) -> DeviceMesh:
         """The mesh FSDP2 / replication uses: (dp_replicate, dp_shard) for HSDP, else 1-D."""
         if self.dp_replicate_enabled and self.fsdp_enabled:
             return mesh[("dp_replicate", "dp_shard")]

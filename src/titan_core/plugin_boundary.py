@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from torch import nn
@@ -114,9 +114,9 @@ class SpecCalls:
     def forward(self, model: nn.Module, inputs: torch.Tensor, **kwargs: torch.Tensor) -> torch.Tensor:
         """The model's forward, whose logits must be ``[batch, seq, vocab]`` for ``[batch, seq]`` inputs."""
         with self.guard("the model's forward"):
-            logits = model(inputs, **kwargs)
+            logits: object = model(inputs, **kwargs)
         check_logits(logits, inputs, spec=self.spec.name)
-        return logits
+        return cast(torch.Tensor, logits)  # check_logits refused anything else
 
     def optimizers(self, model_parts: list[nn.Module], config: OptimizerSection, *,
                    device_type: str) -> torch.optim.Optimizer | None:

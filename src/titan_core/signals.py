@@ -16,9 +16,12 @@ import signal
 import threading
 from collections.abc import Iterator
 from types import FrameType
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 from .errors import StopRequested, Terminated
+
+if TYPE_CHECKING:
+    from .trainer import Trainer
 
 __all__ = ["handlers_installed", "no_interrupt", "requested_signal", "sigterm_raises",
            "stop_after_signal"]
@@ -81,7 +84,7 @@ def no_interrupt() -> Iterator[None]:
         raise KeyboardInterrupt
 
 
-def stop_after_signal(trainer: Any, signum: int) -> NoReturn:
+def stop_after_signal(trainer: Trainer, signum: int) -> NoReturn:
     """Save (when configured), close the metrics, and raise StopRequested with one line saying where it saved."""
 
     name = signal.Signals(signum).name

@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.tensor.parallel import ParallelStyle
 
     from .config.sections import (
@@ -145,7 +146,7 @@ class ParallelizeFn(Protocol):
         model: nn.Module,
         *,
         parallel_dims: ParallelDims,
-        mesh: Any,
+        mesh: DeviceMesh | None,
         training: TrainingSection,
         parallelism: ParallelismSection,
         compile: CompileSection,
@@ -178,7 +179,7 @@ class PipeliningFn(Protocol):
         model: nn.Module,
         *,
         parallel_dims: ParallelDims,
-        mesh: Any,
+        mesh: DeviceMesh | None,
         parallelism: ParallelismSection,
         training: TrainingSection,
         device: torch.device,

@@ -10,20 +10,23 @@ data is tokenized, and every batch against the model's vocabulary before the for
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
 from .errors import ConfigError
 
+if TYPE_CHECKING:
+    from .spec_factories import Tokenizer
+
 __all__ = ["check_batch_ids", "check_tokenizer_ids"]
 
 
-def _name(tokenizer: Any) -> str:
+def _name(tokenizer: object) -> str:
     return str(getattr(tokenizer, "name", type(tokenizer).__name__))
 
 
-def check_tokenizer_ids(tokens: torch.Tensor, tokenizer: Any) -> None:
+def check_tokenizer_ids(tokens: torch.Tensor, tokenizer: Tokenizer) -> None:
     """Every id the tokenizer produced lies in 0..vocab_size-1 of the tokenizer itself."""
     if tokens.numel() == 0:
         return
@@ -38,7 +41,7 @@ def check_tokenizer_ids(tokens: torch.Tensor, tokenizer: Any) -> None:
         )
 
 
-def check_batch_ids(inputs: torch.Tensor, model_args: Any, tokenizer: Any) -> None:
+def check_batch_ids(inputs: torch.Tensor, model_args: object, tokenizer: Tokenizer) -> None:
     """Every id of a batch has an embedding row in the model (when its args declare ``vocab_size``)."""
     vocab = getattr(model_args, "vocab_size", None)
     if not isinstance(vocab, int) or inputs.numel() == 0 or inputs.is_floating_point():

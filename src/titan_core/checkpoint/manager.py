@@ -39,9 +39,10 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, NoReturn, Protocol
+from typing import Any, NoReturn, Protocol, TypeVar, cast
 
 import torch
 import torch.distributed as dist
@@ -55,6 +56,8 @@ from ..errors import CheckpointError, NonFiniteError, TitanError
 from . import integrity, layout, states, storage
 from .identity import CheckpointRecord, ResumeInfo, RunIdentity, check_identity, read_record, write_record
 from .tensor_index import TensorIndex, read_index
+
+T = TypeVar("T")
 
 
 class Stateful(Protocol):
@@ -433,7 +436,7 @@ class CheckpointManager:
 
     # ---- collectives on the checkpoint group ---------------------------------------
 
-    def _gather(self, obj: Any) -> list[Any]:
+    def _gather(self, obj: object) -> list[Any]:
         if self._pg is None:
             return [obj]
         out: list[Any] = [None] * self._world
@@ -446,7 +449,7 @@ class CheckpointManager:
         if errors:
             raise CheckpointError(errors[0])
 
-    def _agree_on_rank0(self, fn: Any) -> Any:
+    def _agree_on_rank0(self, fn: Callable[[], T]) -> T:
         """Run ``fn`` on rank 0 only; every rank returns its result or raises its CheckpointError."""
         box: list[Any] = [None]
         failure: Exception | None = None
@@ -463,7 +466,7 @@ class CheckpointManager:
             raise failure
         if kind == "error":
             raise CheckpointError(value)
-        return value
+        return cast(T, value)  # what fn returned on rank 0, broadcast
 
     def _log(self, message: str) -> None:
         if self.is_rank0:

@@ -75,7 +75,7 @@ class ReplicaGroup:
         self.healed_from: int | None = None
 
     @staticmethod
-    def _manager(Manager: Any, ProcessGroupGloo: Any, ft: FaultToleranceSection, lighthouse: str, timeout: timedelta,
+    def _manager(Manager: Callable[..., Any], ProcessGroupGloo: Callable[..., object], ft: FaultToleranceSection, lighthouse: str, timeout: timedelta,
                  group_rank: int, group_world_size: int, store_addr: str, store_port: int,
                  state_dict: Callable[[], dict[str, Any]], load_state_dict: Callable[[dict[str, Any]], None]) -> Any:
         return Manager(

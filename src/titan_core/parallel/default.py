@@ -14,7 +14,7 @@ The order is fixed, and each step assumes the previous ones:
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -34,6 +34,9 @@ from .checkpointing import apply_activation_checkpointing
 from .compile import apply_compile
 from .fsdp import apply_fsdp
 from .tensor_parallel import apply_tensor_parallel
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
 
 
 def _blocks(model: nn.Module, blocks_attr: str) -> Mapping[str, nn.Module]:
@@ -71,7 +74,7 @@ def default_parallelize_fn(
         model: nn.Module,
         *,
         parallel_dims: ParallelDims,
-        mesh: Any,
+        mesh: DeviceMesh | None,
         training: TrainingSection,
         parallelism: ParallelismSection,
         compile: CompileSection,
@@ -85,6 +88,7 @@ def default_parallelize_fn(
                     f"parallelism.tp=1 and use data parallelism (parallelism.dp_shard / dp_replicate)."
                 )
             plan = tp_plan_fn(model, styles=tp_styles, loss_parallel=parallelism.loss_parallel)
+            assert mesh is not None  # tp > 1: a multi-process run, which has a mesh
             apply_tensor_parallel(model, mesh["tp"], plan)
         blocks = _blocks(model, blocks_attr)
         apply_activation_checkpointing(blocks, activation_checkpoint, spec_save_ops=save_ops)
@@ -97,7 +101,7 @@ def default_parallelize_fn(
     return parallelize
 
 
-def _compute_dtype(training: TrainingSection, mesh: Any) -> torch.dtype:
+def _compute_dtype(training: TrainingSection, mesh: DeviceMesh | None) -> torch.dtype:
     """The run's compute dtype, from the mesh's device (the model is still on meta here)."""
 
     if mesh is None:  # single process: no FSDP, the value is unused

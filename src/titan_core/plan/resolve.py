@@ -56,7 +56,7 @@ class ResolvedConfig:
         return self.config.parallel_dims
 
 
-def _requested(layers: list[Layer], key: str, default: Any) -> Any:
+def _requested(layers: list[Layer], key: str, default: object) -> object:
     value = default
     for layer in layers:
         value = layer.get("model", {}).get(key, value)
