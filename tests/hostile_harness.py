@@ -12,17 +12,26 @@ import contextlib
 import hashlib
 import os
 import signal
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 import pytest
 
 from conftest import CliResult, run_main
 
+# The good run every case starts from finished 4 steps with checkpoints at steps 2 and 4.
+LAST = "checkpoints/step-000004"
 Snapshot = dict[str, tuple[int, int, str]]
 Table = list[tuple[str, int, str]]
 # Launcher variables a case may set; none may leak in from the shell that runs pytest.
 LAUNCHER_ENV = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_PORT", "LOCAL_WORLD_SIZE", "TITAN_DISABLE_PLUGINS")
+
+
+def small(*, n_layers: int = 2, batch: int = 4, warmup: int = 2) -> tuple[str, ...]:
+    """A llama3 debugmodel run small enough for a case, checkpointing every 2 steps."""
+    return ("--spec", "llama3", "--flavor", "debugmodel", f"--llama3.n_layers={n_layers}", "--training.seq_len=32",
+            f"--training.local_batch_size={batch}", "--metrics.log_freq=1", f"--lr_scheduler.warmup_steps={warmup}",
+            "--checkpoint.enable=true", "--checkpoint.interval=2", "--checkpoint.keep_latest_k=0")
 
 
 def snapshot(folder: Path) -> Snapshot:
@@ -91,6 +100,17 @@ def run_in_process(capsys: pytest.CaptureFixture[str], *args: str) -> CliResult:
     """The CLI's ``main`` here (same code path, no interpreter start-up), signal handlers restored afterwards."""
     with signals_restored():
         return run_main(capsys, *args)
+
+
+def table_printer(table: Table, heading: str) -> Callable[[], Iterator[None]]:
+    """A module fixture that prints ``table`` (case, exit code, first error line) after the module's tests."""
+
+    @pytest.fixture(scope="module", autouse=True)
+    def print_at_end() -> Iterator[None]:
+        yield
+        print_table(table, heading)
+
+    return print_at_end
 
 
 def print_table(table: Table, heading: str) -> None:

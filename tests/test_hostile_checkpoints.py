@@ -21,18 +21,21 @@ from pathlib import Path
 
 import pytest
 import torch
-from hostile_harness import assert_one_clean_error, assert_unchanged, error_lines, print_table, snapshot
+from hostile_harness import (
+    LAST,
+    assert_one_clean_error,
+    assert_unchanged,
+    error_lines,
+    small,
+    snapshot,
+    table_printer,
+)
 
 from titan_core.checkpoint.integrity import file_digest
 
 from conftest import CliResult, run_cli, run_main
 
-SMALL = (
-    "--spec", "llama3", "--flavor", "debugmodel", "--llama3.n_layers=2", "--training.seq_len=32",
-    "--training.local_batch_size=4", "--metrics.log_freq=1", "--lr_scheduler.warmup_steps=2",
-    "--checkpoint.enable=true", "--checkpoint.interval=2", "--checkpoint.keep_latest_k=0",
-)
-LAST = "checkpoints/step-000004"
+SMALL = small()
 MARK = "PWNED"  # a gadget that runs creates this file in the run folder
 TABLE: list[tuple[str, int, str]] = []
 
@@ -294,10 +297,7 @@ def good_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return run
 
 
-@pytest.fixture(scope="module", autouse=True)
-def table() -> object:
-    yield
-    print_table(TABLE, "checkpoint")
+table = table_printer(TABLE, "checkpoint")
 
 
 def train(capsys: pytest.CaptureFixture[str], run: Path, *args: str) -> CliResult:

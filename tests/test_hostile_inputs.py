@@ -25,23 +25,20 @@ from pathlib import Path
 
 import pytest
 from hostile_harness import (
+    LAST,
     assert_one_clean_error,
     assert_unchanged,
     first_error_line,
     isolate,
-    print_table,
     run_in_process,
+    small,
     snapshot,
+    table_printer,
 )
 
 from conftest import REPO, run_cli
 
-SMALL = (
-    "--spec", "llama3", "--flavor", "debugmodel", "--llama3.n_layers=2", "--training.seq_len=32",
-    "--training.local_batch_size=4", "--metrics.log_freq=1", "--lr_scheduler.warmup_steps=2",
-    "--checkpoint.enable=true", "--checkpoint.interval=2", "--checkpoint.keep_latest_k=0",
-)
-LAST = "checkpoints/step-000004"
+SMALL = small()
 TABLE: list[tuple[str, int, str]] = []
 
 
@@ -162,10 +159,7 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder
 
 
-@pytest.fixture(scope="module", autouse=True)
-def table() -> object:
-    yield
-    print_table(TABLE, "input")
+table = table_printer(TABLE, "input")
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])

@@ -23,24 +23,21 @@ from pathlib import Path
 
 import pytest
 from hostile_harness import (
+    LAST,
     assert_one_clean_error,
     assert_unchanged,
     error_lines,
     isolate,
-    print_table,
     run_in_process,
     signals_restored,
+    small,
     snapshot,
+    table_printer,
 )
 
 from conftest import run_main
 
-SMALL = (
-    "--spec", "llama3", "--flavor", "debugmodel", "--llama3.n_layers=1", "--training.seq_len=32",
-    "--training.local_batch_size=2", "--metrics.log_freq=1", "--lr_scheduler.warmup_steps=1",
-    "--checkpoint.enable=true", "--checkpoint.interval=2", "--checkpoint.keep_latest_k=0",
-)
-LAST = "checkpoints/step-000004"
+SMALL = small(n_layers=1, batch=2, warmup=1)
 PLUGINS = ("--import", "_survey_plugins")
 FRESH = "--job.run_dir={fresh}"
 TABLE: list[tuple[str, int, str]] = []
@@ -311,10 +308,7 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder
 
 
-@pytest.fixture(scope="module", autouse=True)
-def table() -> object:
-    yield
-    print_table(TABLE, "input")
+table = table_printer(TABLE, "input")
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])

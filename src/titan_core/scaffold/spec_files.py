@@ -2,6 +2,8 @@
 
 from pathlib import Path
 
+from .pyproject_file import pyproject
+
 
 def _template(module: str) -> str:
     """A module of this folder written for the spec "tiny", as a template: its names become ``${name}``/``${Cls}``."""
@@ -9,29 +11,8 @@ def _template(module: str) -> str:
     return text.replace("Tiny", "${Cls}").replace("tiny", "${name}")
 
 
-PYPROJECT = '''[build-system]
-requires = ["hatchling>=1.18"]
-build-backend = "hatchling.build"
-
-[project]
-name = "$dist"
-version = "0.1.0"
-description = "A titan-core model plugin (spec $name)"
-readme = "README.md"
-requires-python = ">=3.10"
-dependencies = ["titan-core>=0.1,<0.2", "torch>=2.13"]
-
-[project.optional-dependencies]
-test = ["pytest>=8"]
-
-# What makes this a titan-core plugin: titan-train --spec $name imports $pkg.spec
-# and reads its ${name}_spec attribute.
-[project.entry-points."titan.train_specs"]
-$name = "$pkg.spec:${name}_spec"
-
-[tool.hatch.build.targets.wheel]
-packages = ["src/$pkg"]
-'''
+PYPROJECT = pyproject(kind="model", group="titan.train_specs", target="$pkg.spec:${name}_spec",
+                      comment="titan-train --spec $name imports $pkg.spec\n# and reads its ${name}_spec attribute.")
 
 INIT = '''"""$dist: a titan-core model plugin (entry point ``$name``)."""
 
