@@ -381,9 +381,9 @@ IN_PROCESS = [
     InProcess("spec flops_per_token_fn raises", hostile_spec("hostile_flops"),
               "failed in flops_per_token_fn: RuntimeError: plugin bug on purpose", small=False),
     InProcess("spec build_loss_fn returns None", hostile_spec("hostile_loss"),
-              "failed in build_loss_fn: TypeError: it returned NoneType 'None', not a loss function", small=False),
+              "failed in build_loss_fn: TypeError: it returned NoneType, not a loss function", small=False),
     InProcess("spec build_optimizers_fn returns None", hostile_spec("hostile_optimizers"),
-              "failed in build_optimizers_fn: TypeError: it returned NoneType 'None', not a torch.optim.Optimizer",
+              "failed in build_optimizers_fn: TypeError: it returned NoneType, not a torch.optim.Optimizer",
               small=False),
     InProcess("converter post_optimizer_hook raises", (*PLUGINS, "--converters", "hostile_hook", *TINY_SPEC),
               'converter "hostile_hook" (<registered in _hostile_plugins>) failed in post_optimizer_hook: OSError: '
