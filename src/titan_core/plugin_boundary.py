@@ -44,8 +44,10 @@ class SpecCalls:
     def __init__(self, spec: TrainSpec) -> None:
         self.spec = spec
 
-    def guard(self, method: str) -> contextlib.AbstractContextManager[None]:
-        return plugin_call(SPECS, self.spec.name, method)
+    def guard(self, method: str, *, timed: bool = False) -> contextlib.AbstractContextManager[None]:
+        """``timed``: under ``model.plugin_timeout_s`` too (the set-up steps and the forward, which may hang on a
+        collective); the quick calls (a factory, the model's constructor on meta) are guarded but not timed."""
+        return plugin_call(SPECS, self.spec.name, method, timed=timed)
 
     def build_model(self, model_args: object) -> nn.Module:
         """``model_cls(model_args)`` (under whatever device context the caller set, e.g. meta)."""
@@ -92,7 +94,7 @@ class SpecCalls:
 
     def parallelize(self, part: nn.Module, **options: object) -> nn.Module:
         """The spec's ``parallelize_fn`` (or the core's default built from its TP plan) on one part."""
-        with self.guard("parallelize_fn"):
+        with self.guard("parallelize_fn", timed=True):
             out = call_accepting(spec_parallelize_fn(self.spec), part, **options)
             _expect(isinstance(out, nn.Module), out, "the parallelized nn.Module")
         return out
@@ -108,12 +110,12 @@ class SpecCalls:
         return pipe
 
     def init_weights(self, part: nn.Module, *, seed: int, buffers_only: bool) -> None:
-        with self.guard("the model's init_parameter/init_buffers"):
+        with self.guard("the model's init_parameter/init_buffers", timed=True):
             init_model_weights(part, seed=seed, buffers_only=buffers_only)
 
     def forward(self, model: nn.Module, inputs: torch.Tensor, **kwargs: torch.Tensor) -> torch.Tensor:
         """The model's forward, whose logits must be ``[batch, seq, vocab]`` for ``[batch, seq]`` inputs."""
-        with self.guard("the model's forward"):
+        with self.guard("the model's forward", timed=True):
             logits: object = model(inputs, **kwargs)
         check_logits(logits, inputs, spec=self.spec.name)
         return cast(torch.Tensor, logits)  # check_logits refused anything else
@@ -122,7 +124,7 @@ class SpecCalls:
                    device_type: str) -> torch.optim.Optimizer | None:
         if self.spec.build_optimizers_fn is None:
             return None
-        with self.guard("build_optimizers_fn"):
+        with self.guard("build_optimizers_fn", timed=True):
             opt = call_accepting(self.spec.build_optimizers_fn, model_parts, config, device_type=device_type)
             _expect(isinstance(opt, torch.optim.Optimizer), opt, "a torch.optim.Optimizer")
         return opt
@@ -131,7 +133,7 @@ class SpecCalls:
                       total_steps: int) -> LRSchedulers | None:
         if self.spec.build_lr_schedulers_fn is None:
             return None
-        with self.guard("build_lr_schedulers_fn"):
+        with self.guard("build_lr_schedulers_fn", timed=True):
             out = call_accepting(self.spec.build_lr_schedulers_fn, optimizer, config, total_steps=total_steps)
             _expect(all(hasattr(out, a) for a in ("step", "state_dict")), out, "LR schedulers (step, state_dict)")
         return out
@@ -168,7 +170,7 @@ class CheckedAdapter:
         self.runtime_fields: tuple[str, ...] = tuple(getattr(adapter, "runtime_fields", ()))
 
     def _call(self, method: str, *args: object) -> Any:
-        with plugin_call(SPECS, self.spec_name, f"state_dict_adapter.{method}"):
+        with plugin_call(SPECS, self.spec_name, f"state_dict_adapter.{method}", timed=False):
             return getattr(self.inner, method)(*args)
 
     def model_args_from_hf(self, config: Mapping[str, Any]) -> Any:
@@ -225,19 +227,19 @@ class ConverterCalls:
     @classmethod
     def construct(cls, name: str, converter_cls: type[ModelConverter[Any]], config: object,
                   **context: object) -> ConverterCalls:
-        with plugin_call(CONVERTERS, name, "__init__"):
+        with plugin_call(CONVERTERS, name, "__init__"):  # timed, as each set-up step is
             return cls(name, call_accepting(converter_cls, config, **context))
 
-    def guard(self, method: str) -> contextlib.AbstractContextManager[None]:
-        return plugin_call(CONVERTERS, self.name, method)
+    def guard(self, method: str, *, timed: bool = False) -> contextlib.AbstractContextManager[None]:
+        return plugin_call(CONVERTERS, self.name, method, timed=timed)
 
     def compatible_with(self, spec: TrainSpec) -> None:
-        with self.guard("compatible_with()"):
+        with self.guard("compatible_with()", timed=True):
             self.converter.compatible_with(spec)
 
     def select(self, model: nn.Module) -> list[str]:
         """The names it selects, in order, repeats dropped."""
-        with self.guard("select()"):
+        with self.guard("select()", timed=True):
             chosen = self.converter.select(model)
             if not isinstance(chosen, (list, tuple)) or not all(isinstance(f, str) for f in chosen):
                 raise TypeError(f"it returned {type(chosen).__name__} {str(chosen)[:80]!r}, not a list of "
@@ -245,7 +247,7 @@ class ConverterCalls:
         return list(dict.fromkeys(chosen))
 
     def convert(self, model: nn.Module, fqns: list[str]) -> None:
-        with self.guard("convert()"):
+        with self.guard("convert()", timed=True):
             returned: object = self.converter.convert(model, fqns)
         if returned is not None and returned is not model:
             # The core keeps its own model object; a converted copy handed back would be dropped unseen.
@@ -277,7 +279,7 @@ class ConverterCalls:
             return None
 
         def step_hook(optimizer: torch.optim.Optimizer, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-            with self.guard(hook):
+            with self.guard(hook):  # every step: guarded, not timed (as the step around it)
                 bound(model_parts)
 
         return step_hook
