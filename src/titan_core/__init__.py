@@ -115,7 +115,7 @@ if TYPE_CHECKING:
         TrainSpec as TrainSpec,
     )
     from .report import write_run_report as write_run_report
-    from .run_lock import acquire_run_lock as acquire_run_lock
+    from .runtime.run_lock import acquire_run_lock as acquire_run_lock
     from .sampling import Sampling as Sampling, sample as sample
     from .selection import (
         fqn_matches as fqn_matches,

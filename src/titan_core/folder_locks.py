@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING
 
 from .errors import ConfigError, RunFolderBusy
 from .hf.folder import is_hf_folder
-from .run_lock import RunLock, _holder_text, acquire_run_lock, flock_entry
+from .runtime.run_lock import RunLock, _holder_text, acquire_run_lock, flock_entry
 from .weights.titan_checkpoint import is_titan_checkpoint
 
 if TYPE_CHECKING:

@@ -17,11 +17,11 @@ from typing import TYPE_CHECKING, TypeVar
 import titan_core
 
 from . import discovery
-from .deadlines import call_deadline
 from .errors import DeadlinePassed, PluginError, PluginOutOfMemory, Terminated, TitanError
-from .out_of_memory import is_out_of_memory, out_of_memory_error
-from .peer_failure import is_collective_failure
-from .signals import interrupted_by_signal
+from .runtime.deadlines import call_deadline
+from .runtime.out_of_memory import is_out_of_memory, out_of_memory_error
+from .runtime.peer_failure import is_collective_failure
+from .runtime.signals import interrupted_by_signal
 
 if TYPE_CHECKING:
     from .discovery import Group

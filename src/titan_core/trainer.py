@@ -23,7 +23,6 @@ from .config.job import JobConfig, accumulation_steps
 from .config.toml_out import dumps
 from .console import progress
 from .converters import apply_converters, register_converter_hooks
-from .cpu_allocator import keep_freed_memory_in_heap
 from .data import build_dataloader, build_mixture_loader
 from .data.documents import split_documents
 from .data.mixture import source_tokens
@@ -31,14 +30,12 @@ from .data.prefetch import PrefetchingLoader
 from .errors import ConfigError, NonFiniteError
 from .grad_norm import clip_grad_norm
 from .hf.export import export_hf
-from .launch_env import rank_env
 from .loss import cross_entropy_loss
 from .memory_estimate import check_model_fits, local_ranks_from_env
 from .metrics import MetricsLogger
 from .moe import MoEMonitor
 from .optim import LRSchedulersContainer, OptimizersContainer
 from .optimizer_settings import settings_checked
-from .out_of_memory import out_of_memory_named
 from .parallel_dims import ParallelDims
 from .param_groups import run_layout
 from .parameter_layout import describe_parameter_layout
@@ -49,7 +46,11 @@ from .profiling import StepProfiler
 from .protocols import ModelConverter, RunContext, TensorParallelStyles
 from .report import report_at_end
 from .run_files import atomic_write_text, require_writable, supersede_metrics
-from .signals import no_interrupt, requested_signal, stop_after_signal
+from .runtime.cpu_allocator import keep_freed_memory_in_heap
+from .runtime.launch_env import rank_env
+from .runtime.out_of_memory import out_of_memory_named
+from .runtime.signals import no_interrupt, requested_signal
+from .stop_on_signal import stop_after_signal
 from .ties import check_ties, retie_weights
 from .token_ids import check_batch_ids
 from .token_loss import count_valid, global_valid_tokens, token_weighted

@@ -19,14 +19,15 @@ import json
 import math
 from pathlib import Path
 
-from .. import distributed, signals
+from .. import distributed
 from ..config.job import build_job_model
 from ..console import progress
 from ..errors import ConfigError, StopRequested
 from ..folder_locks import acquire_run_folders
-from ..launch_env import world_size_from_env
 from ..plan.resolve import ResolvedConfig
 from ..run_files import atomic_write_bytes, atomic_write_text
+from ..runtime import signals
+from ..runtime.launch_env import world_size_from_env
 from ..trainer import Trainer
 
 __all__ = ["LossCurve", "baseline_of", "compare_baseline", "format_comparison", "relative_gap", "with_run_dir"]

@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 from ..errors import Terminated, TitanError
 from ..os_errors import describe_os_error
-from ..signals import sigterm_raises
+from ..runtime.signals import sigterm_raises
 
 
 def run_tool(prog: str, command: Callable[[argparse.Namespace], int], args: argparse.Namespace, *,

@@ -24,7 +24,7 @@ from typing import IO
 
 from ..config.job import JobConfig
 from ..errors import GAVE_UP_EXIT, LIGHTHOUSE_LOST_EXIT, ConfigError
-from ..run_lock import acquire_run_lock
+from ..runtime.run_lock import acquire_run_lock
 
 # Children see this and leave the one lighthouse message to the supervisor.
 SUPERVISED_ENV = "TITAN_FT_SUPERVISED"

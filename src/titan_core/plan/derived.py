@@ -15,9 +15,9 @@ import torch
 from ..config.job import JobConfig
 from ..distributed import pick_device, resolve_backend
 from ..errors import ConfigError
-from ..launch_env import rank_env
 from ..plugin_boundary import SpecCalls
 from ..protocols import Tokenizer
+from ..runtime.launch_env import rank_env
 from ..weights.shape import initial_model_args, shape_source
 from .tokenizer import build_tokenizer
 

@@ -26,7 +26,6 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from .. import discovery
-from ..deadlines import call_deadline
 from ..discovery import CONVERTERS, SPECS, discover, load_converter, load_train_spec
 from ..errors import DeadlinePassed, TitanError
 from ..hf.adapter import row_map
@@ -34,6 +33,7 @@ from ..init import init_model_weights
 from ..plan.resolve import resolve_config
 from ..plugin_boundary import SpecCalls
 from ..plugin_calls import plugin_timeout, timeout_message
+from ..runtime.deadlines import call_deadline
 from ..trainer import Trainer
 from . import runs
 

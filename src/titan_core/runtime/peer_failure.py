@@ -14,7 +14,7 @@ import os
 import re
 from collections.abc import Iterator
 
-from .errors import PeerLost
+from ..errors import PeerLost
 from .launch_env import LAUNCHER_ENV, world_size_from_env
 
 __all__ = ["is_collective_failure", "lost_peer"]

@@ -30,8 +30,8 @@ import socket
 from dataclasses import dataclass
 from pathlib import Path
 
-from .console import progress
-from .errors import RunFolderBusy
+from ..console import progress
+from ..errors import RunFolderBusy
 
 __all__ = ["LOCK_NAME", "RunLock", "acquire_run_lock"]
 

@@ -14,7 +14,7 @@ import contextlib
 import re
 from collections.abc import Iterator
 
-from .errors import OutOfMemory, PluginOutOfMemory
+from ..errors import OutOfMemory, PluginOutOfMemory
 
 __all__ = ["is_out_of_memory", "out_of_memory_error", "out_of_memory_named"]
 

@@ -16,15 +16,14 @@ import signal
 import threading
 from collections.abc import Iterator
 from types import FrameType
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING
 
-from .errors import StopRequested, Terminated
+from ..errors import Terminated
 
 if TYPE_CHECKING:
-    from .trainer import Trainer
+    pass
 
-__all__ = ["handlers_installed", "no_interrupt", "requested_signal", "sigterm_raises",
-           "stop_after_signal"]
+__all__ = ["handlers_installed", "no_interrupt", "requested_signal", "sigterm_raises"]
 
 _state = {"installed": False, "term": 0, "int_pending": False, "int_deferred": 0}
 
@@ -82,27 +81,6 @@ def no_interrupt() -> Iterator[None]:
         _state["int_deferred"] -= 1
     if _state["installed"] and _state["int_pending"] and not _state["int_deferred"]:
         raise KeyboardInterrupt
-
-
-def stop_after_signal(trainer: Trainer, signum: int) -> NoReturn:
-    """Save (when configured), close the metrics, and raise StopRequested with one line saying where it saved."""
-
-    name = signal.Signals(signum).name
-    c = trainer.config.checkpoint
-    if c.enable and c.save_on_sigterm:
-        with no_interrupt():
-            trainer.checkpointer.maybe_save(trainer.step, tokens_seen=trainer.tokens_seen, last=True)
-            trainer.checkpointer.wait()
-        from .checkpoint.layout import step_dirname  # start-up: the CLIs import this module; checkpoint/ imports torch
-
-        where = f"checkpoint saved to {trainer.checkpointer.folder / step_dirname(trainer.step)}"
-    elif c.enable:
-        where = "no checkpoint saved (checkpoint.save_on_sigterm=false)"
-    else:
-        where = "no checkpoint saved (checkpointing is off: --checkpoint.enable=true saves one on SIGTERM)"
-    trainer.metrics.close()
-    raise StopRequested(f"titan-train: stopped by {name} after step {trainer.step}; {where}",
-                        signum=signum, quiet=not trainer.is_rank0)
 
 
 def _raise_terminated(signum: int, frame: FrameType | None) -> None:

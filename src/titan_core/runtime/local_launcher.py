@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
-from .errors import PEER_LOST_EXIT
+from ..errors import PEER_LOST_EXIT
 from .launch_env import LAUNCHER_ENV
 from .run_lock import HELD_BY_LAUNCHER_ENV
 from .worker_errors import INTERRUPTED, ErrorInbox

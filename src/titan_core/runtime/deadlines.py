@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Iterator
 from types import FrameType
 
-from .errors import DeadlinePassed
+from ..errors import DeadlinePassed
 from .worker_errors import hand_to_launcher
 
 __all__ = ["GRACE_S", "call_deadline"]

@@ -14,7 +14,7 @@ import time
 
 import torch.distributed as dist
 
-from .errors import RendezvousError
+from ..errors import RendezvousError
 from .launch_env import env_int, rank_env
 from .waiting_notice import WaitingNotice
 
