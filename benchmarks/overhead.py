@@ -32,7 +32,7 @@ import torch
 args = json.loads(sys.argv[1])
 torch.manual_seed(0)
 # Both variants (and the reference matmul) run with the allocator setting the Trainer applies on CPU.
-from titan_core.cpu_allocator import keep_freed_memory_in_heap
+from titan_core.runtime.cpu_allocator import keep_freed_memory_in_heap
 keep_freed_memory_in_heap()
 
 def matmul_flops(n, threads, reps):

@@ -80,17 +80,10 @@ class Imports(ast.NodeVisitor):
 
 
 def lazy_names() -> dict[str, str]:
-    """titan_core/__init__.py's public name -> defining module (its _LAZY table)."""
-    tree = ast.parse((PKG / "__init__.py").read_text())
-    for node in tree.body:
-        target = node.target if isinstance(node, ast.AnnAssign) else None
-        if isinstance(node, ast.Assign):
-            target = node.targets[0]
-        if isinstance(target, ast.Name) and target.id in ("_LAZY", "PUBLIC") and node.value is not None:
-            value = ast.literal_eval(node.value)
-            if isinstance(value, dict):
-                return {k: f"titan_core.{v}" for k, v in value.items()}
-    return {}
+    """titan_core/__init__.py's public name -> defining module (read from its one list, the TYPE_CHECKING imports)."""
+    import titan_core  # cheap: the package imports nothing heavy until a public name is used
+
+    return {k: f"titan_core.{v}" for k, v in titan_core._LAZY.items()}
 
 
 def resolve(target: str, modules: set[str], lazy: dict[str, str]) -> str | None:

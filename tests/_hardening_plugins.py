@@ -13,25 +13,16 @@ import time
 from typing import Any
 
 import torch
-from pydantic import BaseModel
+from _plugin_base import QuietConverter
 
-from titan_core import ModelConverter, discovery, register_model_converter, register_train_spec
+from titan_core import discovery, register_model_converter, register_train_spec
 
 _llama = discovery.load_train_spec("llama3")
 
 
-class _Converter(ModelConverter):
-    class Config(BaseModel):
-        pass
-
-    def __init__(self, config: Any, *, parallel_dims: Any, job: Any) -> None:
-        self.config = config
-
+class _Converter(QuietConverter):
     def select(self, model: torch.nn.Module) -> list[str]:
         return [name for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)][:1]
-
-    def convert(self, model: torch.nn.Module, fqns: list[str]) -> None:
-        pass
 
 
 class _HangConvert(_Converter):

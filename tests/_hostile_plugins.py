@@ -9,9 +9,10 @@ import dataclasses
 from typing import Any
 
 import torch
+from _plugin_base import QuietConverter
 from pydantic import BaseModel, model_validator
 
-from titan_core import ModelConverter, discovery, register_model_converter, register_train_spec
+from titan_core import discovery, register_model_converter, register_train_spec
 
 _llama = discovery.load_train_spec("llama3")
 
@@ -35,27 +36,35 @@ class _ForwardRaises(_llama.model_cls):  # type: ignore[misc, name-defined]
         raise IndexError("forward bug on purpose")
 
 
+class _ConstructorRaises(_llama.model_cls):  # type: ignore[misc, name-defined]
+    def __init__(self, args: Any) -> None:
+        raise AttributeError("model constructor bug on purpose")
+
+
+def _returns_none(*args: Any, **kwargs: Any) -> None:
+    return None
+
+
+def _validate_crashes(model_args: Any, **facts: Any) -> None:
+    raise AssertionError("validate bug on purpose")
+
+
 for name, change in {
     "hostile_parallelize": {"parallelize_fn": _boom},
     "hostile_init": {"model_cls": _BadInit},
     "hostile_short_output": {"model_cls": _ShortOutput},
     "hostile_forward": {"model_cls": _ForwardRaises},
+    "hostile_model_cls": {"model_cls": _ConstructorRaises},
+    "hostile_tokenizer": {"build_tokenizer_fn": _boom},
+    "hostile_validate": {"validate_fn": _validate_crashes},
+    "hostile_flops": {"flops_per_token_fn": _boom},
+    "hostile_loss": {"build_loss_fn": _returns_none},
+    "hostile_optimizers": {"build_optimizers_fn": _returns_none},
 }.items():
     register_train_spec(dataclasses.replace(_llama, name=name, defaults={}, **change), name)
 
 
-class _Converter(ModelConverter):
-    class Config(BaseModel):
-        pass
-
-    def __init__(self, config: Any, *, parallel_dims: Any, job: Any) -> None:
-        self.config = config
-
-    def select(self, model: torch.nn.Module) -> list[str]:
-        return ["layers.0.attention.wq"]
-
-    def convert(self, model: torch.nn.Module, fqns: list[str]) -> None:
-        pass
+_Converter = QuietConverter
 
 
 class _ConvertRaises(_Converter):
@@ -84,6 +93,12 @@ class _BadDefaults(_Converter):
             return self
 
 
+class _HookRaises(_Converter):
+    def post_optimizer_hook(self, model_parts: list[torch.nn.Module]) -> None:
+        raise OSError("hook bug on purpose")
+
+
 for name, cls in {"hostile_convert": _ConvertRaises, "hostile_select": _SelectRaises,
-                  "hostile_conv_init": _InitRaises, "hostile_defaults": _BadDefaults}.items():
+                  "hostile_conv_init": _InitRaises, "hostile_defaults": _BadDefaults,
+                  "hostile_hook": _HookRaises}.items():
     register_model_converter(name, cls)

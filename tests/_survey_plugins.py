@@ -12,9 +12,10 @@ import sys
 from typing import Any
 
 import torch
+from _plugin_base import QuietConverter
 from pydantic import BaseModel, field_validator
 
-from titan_core import ModelConverter, discovery, register_model_converter, register_train_spec
+from titan_core import discovery, register_model_converter, register_train_spec
 
 _llama = discovery.load_train_spec("llama3")
 
@@ -23,18 +24,7 @@ class OddStop(BaseException):
     """Not an Exception: slips past every ``except Exception``."""
 
 
-class _Converter(ModelConverter):
-    class Config(BaseModel):
-        pass
-
-    def __init__(self, config: Any, *, parallel_dims: Any, job: Any) -> None:
-        self.config = config
-
-    def select(self, model: torch.nn.Module) -> list[str]:
-        return ["layers.0.attention.wq"]
-
-    def convert(self, model: torch.nn.Module, fqns: list[str]) -> None:
-        pass
+_Converter = QuietConverter
 
 
 class _ConvertReturnsACopy(_Converter):

@@ -19,7 +19,7 @@ REPO = Path(__file__).resolve().parents[1]
 os.environ.setdefault("TITAN_DEFAULT_SPEC", "llama3")
 
 
-@dataclass
+@dataclass(frozen=True)
 class CliResult:
     code: int
     out: str
@@ -41,17 +41,10 @@ def run_cli(*args: str, cwd: Path | None = None, env: dict[str, str] | None = No
 
 
 @dataclass(frozen=True)
-class Run:
+class Run(CliResult):
     """A finished run of the CLI (possibly several processes) and the folder it wrote."""
 
-    code: int
-    out: str
-    err: str
     run_dir: Path
-
-    @property
-    def text(self) -> str:
-        return self.out + self.err
 
     def records(self) -> list[dict[str, float]]:
         """The training-step records of ``metrics.jsonl`` (validation records left out)."""

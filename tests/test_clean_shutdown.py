@@ -2,7 +2,7 @@
 
 Some 2-process TP runs used to print ``done`` and then abort with ``terminate called
 without an active exception`` (exit 1) while the interpreter tore down torch's C++
-threads; workers now leave through ``titan_core.worker_exit.exit_process``. The runs
+threads; workers now leave through ``titan_core.runtime.worker_exit.exit_process``. The runs
 are tiny (the core's tiny model, one step) and five go at once to keep the wall time
 down; each still starts a real torchrun launcher and two gloo workers.
 """

@@ -56,13 +56,14 @@ def test_a_sigterm_after_both_runs_writes_no_comparison(monkeypatch, tmp_path: P
     """The window between the last step and the output: the stop is still honoured (unit, no training)."""
     import pytest
 
-    from titan_core import signals
     from titan_core.commands.compare import stop_if_requested
+    from titan_core.errors import StopRequested
+    from titan_core.runtime import signals
 
     with signals.handlers_installed():
         stop_if_requested(2)  # nothing pending: returns
         signal.raise_signal(signal.SIGTERM)
-        with pytest.raises(signals.StopRequested) as stop:
+        with pytest.raises(StopRequested) as stop:
             stop_if_requested(2)
     assert stop.value.exit_code == 143
     assert "stopped by SIGTERM after 2 of 2 runs; the comparison files were not written" in str(stop.value)

@@ -11,7 +11,6 @@ real gadgets: each is first shown to run code under plain ``pickle.loads``.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import pickle
@@ -22,17 +21,21 @@ from pathlib import Path
 
 import pytest
 import torch
+from hostile_harness import (
+    LAST,
+    assert_one_clean_error,
+    assert_unchanged,
+    error_lines,
+    small,
+    snapshot,
+    table_printer,
+)
 
 from titan_core.checkpoint.integrity import file_digest
 
 from conftest import CliResult, run_cli, run_main
 
-SMALL = (
-    "--spec", "llama3", "--flavor", "debugmodel", "--llama3.n_layers=2", "--training.seq_len=32",
-    "--training.local_batch_size=4", "--metrics.log_freq=1", "--lr_scheduler.warmup_steps=2",
-    "--checkpoint.enable=true", "--checkpoint.interval=2", "--checkpoint.keep_latest_k=0",
-)
-LAST = "checkpoints/step-000004"
+SMALL = small()
 MARK = "PWNED"  # a gadget that runs creates this file in the run folder
 TABLE: list[tuple[str, int, str]] = []
 
@@ -294,45 +297,14 @@ def good_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return run
 
 
-@pytest.fixture(scope="module", autouse=True)
-def print_table() -> object:
-    yield
-    width = max((len(name) for name, _, _ in TABLE), default=10)
-    print("\n\n| checkpoint | exit code | message (first line) |\n|---|---|---|")
-    for name, code, message in TABLE:
-        print(f"| {name:<{width}} | {code} | {message.replace('|', '/')[:200]} |")
-
-
-def snapshot(folder: Path) -> dict[str, tuple[int, int, str]]:
-    """path -> (size, mtime_ns, sha1) of every file under ``folder`` (links are not followed)."""
-    out: dict[str, tuple[int, int, str]] = {}
-    for path in sorted(folder.rglob("*")):
-        if path.is_file() and not path.is_symlink():
-            stat = path.stat()
-            out[str(path.relative_to(folder))] = (stat.st_size, stat.st_mtime_ns, hashlib.sha1(path.read_bytes()).hexdigest())
-        elif path.is_symlink():
-            out[str(path.relative_to(folder))] = (0, 0, f"-> {os.readlink(path)}")
-    return out
+table = table_printer(TABLE, "checkpoint")
 
 
 def train(capsys: pytest.CaptureFixture[str], run: Path, *args: str) -> CliResult:
     result = run_main(capsys, *SMALL, f"--job.run_dir={run}", *args)
-    lines = [line for line in result.err.splitlines() if "error:" in line]
+    lines = error_lines(result)
     TABLE.append((str(run.name), result.code, lines[0] if lines else ""))
     return result
-
-
-def assert_one_clean_error(result: CliResult, fragment: str, code: int = 2) -> None:
-    assert result.code == code, result.text
-    assert fragment in result.text, f"{fragment!r} not in:\n{result.text}"
-    assert "Traceback" not in result.text, result.text
-    assert len([line for line in result.err.splitlines() if "error:" in line]) == 1, result.text
-
-
-def assert_unchanged(before: dict[str, tuple[int, int, str]], run: Path) -> None:
-    after = snapshot(run)
-    changed = {name: (before[name], after.get(name)) for name in before if after.get(name) != before[name]}
-    assert not changed, changed
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
@@ -536,7 +508,7 @@ def test_two_ranks_refuse_a_forged_checkpoint_together_without_hanging(tmp_path:
     assert "tensor 'model.norm.weight' has dtype float16[256] in the checkpoint but float32[256]" in result.text
     assert "Traceback" not in result.text, result.text
     # Both ranks refuse with the same message; the launcher prints it once (worker_errors.py).
-    errors = [line for line in result.err.splitlines() if "error:" in line]
+    errors = error_lines(result)
     assert len(errors) == 1 and errors[0].startswith("titan-train: error: tensor 'model.norm.weight'"), result.err
     assert_unchanged(before, run)
 

@@ -17,7 +17,6 @@ tests/test_signals_and_hangs.py.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 from collections.abc import Callable
@@ -25,15 +24,21 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-
-from conftest import REPO, CliResult, run_cli
-
-SMALL = (
-    "--spec", "llama3", "--flavor", "debugmodel", "--llama3.n_layers=2", "--training.seq_len=32",
-    "--training.local_batch_size=4", "--metrics.log_freq=1", "--lr_scheduler.warmup_steps=2",
-    "--checkpoint.enable=true", "--checkpoint.interval=2", "--checkpoint.keep_latest_k=0",
+from hostile_harness import (
+    LAST,
+    assert_one_clean_error,
+    assert_unchanged,
+    first_error_line,
+    isolate,
+    run_in_process,
+    small,
+    snapshot,
+    table_printer,
 )
-LAST = "checkpoints/step-000004"
+
+from conftest import REPO, run_cli
+
+SMALL = small()
 TABLE: list[tuple[str, int, str]] = []
 
 
@@ -154,32 +159,7 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder
 
 
-@pytest.fixture(scope="module", autouse=True)
-def print_table() -> object:
-    yield
-    width = max((len(name) for name, _, _ in TABLE), default=10)
-    print("\n\n| input | exit code | message (first line) |\n|---|---|---|")
-    for name, code, message in TABLE:
-        print(f"| {name:<{width}} | {code} | {message.replace('|', '/')} |")
-
-
-def snapshot(folder: Path) -> dict[str, tuple[int, int, str]]:
-    """path -> (size, mtime_ns, sha1) of every file under ``folder``."""
-    out: dict[str, tuple[int, int, str]] = {}
-    for path in sorted(folder.rglob("*")):
-        if path.is_file():
-            stat = path.stat()
-            out[str(path.relative_to(folder))] = (stat.st_size, stat.st_mtime_ns, hashlib.sha1(path.read_bytes()).hexdigest())
-    return out
-
-
-def first_error_line(result: CliResult) -> str:
-    """The error line; a heading ending in ':' (e.g. "invalid configuration:") with its first detail."""
-    lines = [line.strip() for line in result.text.splitlines()]
-    for i, line in enumerate(lines):
-        if "error:" in line:
-            return f"{line} {lines[i + 1]}" if line.endswith(":") and i + 1 < len(lines) else line
-    return lines[0] if lines else ""
+table = table_printer(TABLE, "input")
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
@@ -194,15 +174,8 @@ def test_hostile_input_is_one_clear_error_and_changes_nothing(case: Case, good_r
     result = run_cli(*(SMALL if case.small else ()), f"--job.run_dir={run}", *args,
                      env={"PYTHONPATH": os.pathsep.join([str(REPO), str(inputs)])}, timeout=300)
     TABLE.append((case.id, result.code, first_error_line(result)))
-
-    assert result.code == case.code, result.text
-    assert case.fragment in result.text, f"{case.fragment!r} not in:\n{result.text}"
-    assert "Traceback" not in result.text, result.text
-    errors = [line for line in result.err.splitlines() if "error:" in line]
-    assert len(errors) == 1, result.text  # one message, not a cascade
-    after = snapshot(run)
-    changed = {name: (before[name], after.get(name)) for name in before if after.get(name) != before[name]}
-    assert not changed, changed
+    assert_one_clean_error(result, case.fragment, case.code)
+    assert_unchanged(before, run)
 
 
 # ---- the second survey: run-time classes, in this process where no real process is needed ------------
@@ -401,6 +374,23 @@ IN_PROCESS = [
               "failed in the model's forward: IndexError: forward bug on purpose", small=False),
     InProcess("model output of the wrong shape", hostile_spec("hostile_short_output"),
               "failed in the model's forward: it returned shape [2, 31, ", small=False),
+    # ---- every other call through the plugin facade (plugin_boundary.py): guarded, its result checked ----
+    InProcess("model constructor raises", (*hostile_spec("hostile_model_cls"), "--dry-run"),
+              "failed in model_cls(model_args): AttributeError: model constructor bug on purpose", small=False),
+    InProcess("spec build_tokenizer_fn raises", (*hostile_spec("hostile_tokenizer"), "--dry-run"),
+              "failed in build_tokenizer_fn: RuntimeError: plugin bug on purpose", small=False),
+    InProcess("spec validate_fn crashes", (*hostile_spec("hostile_validate"), "--dry-run"),
+              "failed in validate_fn: AssertionError: validate bug on purpose", small=False),
+    InProcess("spec flops_per_token_fn raises", hostile_spec("hostile_flops"),
+              "failed in flops_per_token_fn: RuntimeError: plugin bug on purpose", small=False),
+    InProcess("spec build_loss_fn returns None", hostile_spec("hostile_loss"),
+              "failed in build_loss_fn: TypeError: it returned NoneType, not a loss function", small=False),
+    InProcess("spec build_optimizers_fn returns None", hostile_spec("hostile_optimizers"),
+              "failed in build_optimizers_fn: TypeError: it returned NoneType, not a torch.optim.Optimizer",
+              small=False),
+    InProcess("converter post_optimizer_hook raises", (*PLUGINS, "--converters", "hostile_hook", *TINY_SPEC),
+              'converter "hostile_hook" (<registered in _hostile_plugins>) failed in post_optimizer_hook: OSError: '
+              "hook bug on purpose"),
     # ---- the run folder and its files --------------------------------------------------------------
     InProcess("run folder is a file", ("--job.run_dir={inputs}/syntax.toml",), "syntax.toml: it already exists and is not a folder"),
     InProcess("run folder below a file", ("--job.run_dir={inputs}/syntax.toml/run",), "a path component is a file, not a folder"),
@@ -440,43 +430,22 @@ IN_PROCESS = [
 def test_run_time_hostile_input_is_one_clear_error_and_changes_nothing(
         case: InProcess, good_run: Path, inputs: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str]) -> None:
-    import signal
-
-    from conftest import run_main
+    import socket
 
     run = tmp_path / "run"
     shutil.copytree(good_run, run)
     if case.damage is not None:
         case.damage(run)
-    monkeypatch.syspath_prepend(str(Path(__file__).parent))
-    for name in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_PORT", "LOCAL_WORLD_SIZE"):
-        monkeypatch.delenv(name, raising=False)
-    for name, value in case.env:
-        monkeypatch.setenv(name, value)
+    isolate(monkeypatch, case.env)
     if case.prepare is not None:
         case.prepare(monkeypatch, run)
     before = snapshot(run)
     args = [a.format(run=run, inputs=inputs, fresh=tmp_path / "fresh") for a in case.args]
-    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        result = run_main(capsys, *(SMALL if case.small else ()), f"--job.run_dir={run}", *args)
+        result = run_in_process(capsys, *(SMALL if case.small else ()), f"--job.run_dir={run}", *args)
     finally:
-        for s, handler in handlers.items():
-            signal.signal(s, handler)
         while HELD:
             os.close(HELD.pop())
     TABLE.append((case.id, result.code, first_error_line(result)))
-
-    assert result.code == case.code, result.text
-    import socket
-
-    fragment = case.fragment.format(pid=os.getpid(), host=socket.gethostname())
-    assert fragment in result.text, f"{fragment!r} not in:\n{result.text}"
-    assert "Traceback" not in result.text, result.text
-    errors = [line for line in result.err.splitlines() if "error:" in line]
-    assert len(errors) == 1, result.text
-    after = snapshot(run)
-    changed = {name: (before[name], after.get(name)) for name in before if after.get(name) != before[name]}
-    if case.started:
-        changed.pop("config.toml", None)
-    assert not changed, changed
+    assert_one_clean_error(result, case.fragment.format(pid=os.getpid(), host=socket.gethostname()), case.code)
+    assert_unchanged(before, run, allowed=("config.toml",) if case.started else ())

@@ -14,25 +14,30 @@ traceback, and that every file that existed before is byte-identical afterwards.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
-import signal
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-
-from conftest import CliResult, run_main
-
-SMALL = (
-    "--spec", "llama3", "--flavor", "debugmodel", "--llama3.n_layers=1", "--training.seq_len=32",
-    "--training.local_batch_size=2", "--metrics.log_freq=1", "--lr_scheduler.warmup_steps=1",
-    "--checkpoint.enable=true", "--checkpoint.interval=2", "--checkpoint.keep_latest_k=0",
+from hostile_harness import (
+    LAST,
+    assert_one_clean_error,
+    assert_unchanged,
+    error_lines,
+    isolate,
+    run_in_process,
+    signals_restored,
+    small,
+    snapshot,
+    table_printer,
 )
-LAST = "checkpoints/step-000004"
+
+from conftest import run_main
+
+SMALL = small(n_layers=1, batch=2, warmup=1)
 PLUGINS = ("--import", "_survey_plugins")
 FRESH = "--job.run_dir={fresh}"
 TABLE: list[tuple[str, int, str]] = []
@@ -285,21 +290,13 @@ CASES = [
 # ---- fixtures -----------------------------------------------------------------------------------------
 
 
-def _restore_signals() -> dict[int, object]:
-    return {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
-
-
 @pytest.fixture(scope="module")
 def good_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from titan_core.cli import main
 
     run = tmp_path_factory.mktemp("survey") / "run"
-    handlers = _restore_signals()
-    try:
+    with signals_restored():
         assert main([*SMALL, "--training.steps=4", f"--job.run_dir={run}"]) == 0
-    finally:
-        for s, h in handlers.items():
-            signal.signal(s, h)
     assert (run / LAST / "tensor_index.json").is_file()
     return run
 
@@ -311,22 +308,7 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder
 
 
-@pytest.fixture(scope="module", autouse=True)
-def print_table() -> object:
-    yield
-    width = max((len(name) for name, _, _ in TABLE), default=10)
-    print("\n\n| input | exit code | message (first line) |\n|---|---|---|")
-    for name, code, message in TABLE:
-        print(f"| {name:<{width}} | {code} | {message.replace('|', '/')[:200]} |")
-
-
-def snapshot(folder: Path) -> dict[str, tuple[int, int, str]]:
-    out: dict[str, tuple[int, int, str]] = {}
-    for path in sorted(folder.rglob("*")):
-        if path.is_file() and not path.is_symlink():
-            st = path.stat()
-            out[str(path.relative_to(folder))] = (st.st_size, st.st_mtime_ns, hashlib.sha1(path.read_bytes()).hexdigest())
-    return out
+table = table_printer(TABLE, "input")
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
@@ -336,33 +318,22 @@ def test_hostile_input_is_one_clean_error(case: Case, good_run: Path, inputs: Pa
     shutil.copytree(good_run, run)
     if case.damage is not None:
         case.damage(run)
-    monkeypatch.syspath_prepend(str(Path(__file__).parent))
-    for name in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_PORT", "LOCAL_WORLD_SIZE", "TITAN_DISABLE_PLUGINS"):
-        monkeypatch.delenv(name, raising=False)
-    for name, value in case.env:
-        monkeypatch.setenv(name, value)
+    isolate(monkeypatch, case.env)
     before = snapshot(run)
     args = [a.format(run=run, inputs=inputs, fresh=tmp_path / "fresh") for a in case.args]
-    handlers = _restore_signals()
-    try:
-        result: CliResult = run_main(capsys, *(SMALL if case.small else ()), f"--job.run_dir={run}", *args)
-    finally:
-        for s, h in handlers.items():
-            signal.signal(s, h)
-    errors = [line for line in result.err.splitlines() if "error:" in line]
+    result = run_in_process(capsys, *(SMALL if case.small else ()), f"--job.run_dir={run}", *args)
+    errors = error_lines(result)
     TABLE.append((case.id, result.code, errors[0] if errors else result.text.strip().splitlines()[-1][:200]))
-    assert result.code == case.code, result.text
-    assert case.fragment in result.text, f"{case.fragment!r} not in:\n{result.text}"
-    assert "Traceback" not in result.text, result.text
-    assert len(errors) == (1 if case.code else 0), result.text
-    after = snapshot(run)
     if case.code == 0:  # a run that was right to go ahead: every checkpoint file it found is still there
+        assert result.code == 0 and not errors and "Traceback" not in result.text, result.text
+        assert case.fragment in result.text, f"{case.fragment!r} not in:\n{result.text}"
+        after = snapshot(run)
         kept = {v[2] for k, v in after.items() if k.startswith("checkpoints/")}
         lost = [k for k, v in before.items() if k.startswith("checkpoints/") and v[2] not in kept]
         assert not lost, lost
         return
-    changed = {name: (before[name], after.get(name)) for name in before if after.get(name) != before[name]}
-    assert not changed, changed
+    assert_one_clean_error(result, case.fragment, case.code)
+    assert_unchanged(before, run)
 
 
 def test_dry_run_refuses_a_model_that_cannot_fit_with_the_run_s_message(
@@ -371,14 +342,9 @@ def test_dry_run_refuses_a_model_that_cannot_fit_with_the_run_s_message(
     for name in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
         monkeypatch.delenv(name, raising=False)
     huge = ("--spec", "llama3", "--flavor", "debugmodel", "--llama3.vocab_size=400000000", f"--job.run_dir={tmp_path}")
-    handlers = _restore_signals()
-    try:
-        dry = run_main(capsys, *huge, "--dry-run")
-        real = run_main(capsys, *huge)
-    finally:
-        for s, h in handlers.items():
-            signal.signal(s, h)
-    lines = [[line for line in r.err.splitlines() if "error:" in line] for r in (dry, real)]
+    dry = run_in_process(capsys, *huge, "--dry-run")
+    real = run_in_process(capsys, *huge)
+    lines = [error_lines(r) for r in (dry, real)]
     assert dry.code == real.code == 2, dry.text + real.text
     # the same message; only the free memory read at that moment (MemAvailable) may differ between the two
     assert len(lines[0]) == len(lines[1]) == 1, lines
@@ -399,20 +365,12 @@ def test_a_constructor_refusal_from_torch_names_the_section(
         raise ValueError(f"Invalid learning rate: {kwargs['lr']}")
 
     monkeypatch.setitem(optim._OPTIMIZERS, "AdamW", refusing_adamw)
-    handlers = _restore_signals()
-    try:
-        result = run_main(capsys, "--spec", "llama3", "--flavor", "debugmodel", "--llama3.n_layers=1",
-                          "--training.seq_len=32", "--training.local_batch_size=2", "--training.steps=1",
-                          f"--job.run_dir={tmp_path}")
-    finally:
-        for s, h in handlers.items():
-            signal.signal(s, h)
-    assert result.code == 2, result.text
-    errors = [line for line in result.err.splitlines() if "error:" in line]
-    assert len(errors) == 1 and errors[0].startswith(
-        "titan-train: error: [optimizer] torch.optim.AdamW refused these settings (name='AdamW', lr=0.003"), errors
-    assert "Invalid learning rate: 0.003. Fix the [optimizer] values" in errors[0]
-    assert "Traceback" not in result.text
+    result = run_in_process(capsys, "--spec", "llama3", "--flavor", "debugmodel", "--llama3.n_layers=1",
+                            "--training.seq_len=32", "--training.local_batch_size=2", "--training.steps=1",
+                            f"--job.run_dir={tmp_path}")
+    assert_one_clean_error(result, "Invalid learning rate: 0.003. Fix the [optimizer] values")
+    assert error_lines(result)[0].startswith(
+        "titan-train: error: [optimizer] torch.optim.AdamW refused these settings (name='AdamW', lr=0.003")
 
 
 def test_a_converter_that_also_returns_the_model_it_rewrote_in_place_is_accepted(

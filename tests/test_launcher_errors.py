@@ -102,7 +102,7 @@ def test_a_forged_inbox_variable_outside_the_launcher_never_swallows_the_message
 
 def test_the_inbox_reports_each_message_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                              capsys: pytest.CaptureFixture[str]) -> None:
-    from titan_core.worker_errors import ErrorInbox, hand_to_launcher
+    from titan_core.runtime.worker_errors import ErrorInbox, hand_to_launcher
 
     inbox = ErrorInbox()
     try:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from titan_core.out_of_memory import is_out_of_memory, out_of_memory_error
+from titan_core.runtime.out_of_memory import is_out_of_memory, out_of_memory_error
 
 from conftest import REPO, CliResult, assert_user_error
 

@@ -7,13 +7,12 @@ tests/test_example_train_spec.py (TinyGPT's TP plan through the default parallel
 
 from __future__ import annotations
 
-from collections import Counter
 from typing import Any
 
 import pytest
 import torch
+from op_counter import CountOps
 from torch import nn
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from titan_core import (
     ActivationCheckpointSection,
@@ -56,16 +55,6 @@ def test_per_op_checkpointing_without_an_op_list_is_a_config_error() -> None:
         apply_activation_checkpointing(blocks, ActivationCheckpointSection(mode="selective"))
 
 
-class _Count(TorchDispatchMode):
-    def __init__(self) -> None:
-        super().__init__()
-        self.ops: Counter[str] = Counter()
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        self.ops[str(func)] += 1
-        return func(*args, **(kwargs or {}))
-
-
 def _backward_mm(**ac: Any) -> tuple[int, dict[str, torch.Tensor]]:
     torch.manual_seed(0)
     model = TinyTransformer(TinyArgs(vocab_size=32))
@@ -73,9 +62,9 @@ def _backward_mm(**ac: Any) -> tuple[int, dict[str, torch.Tensor]]:
     init_model_weights(model, seed=1)
     tokens = torch.randint(0, 32, (2, 8), generator=torch.Generator().manual_seed(2))
     loss = nn.functional.cross_entropy(model(tokens).flatten(0, 1), tokens.flatten())
-    with _Count() as counter:
+    with CountOps() as counter:
         loss.backward()
-    return counter.ops[MM], {n: p.grad for n, p in model.named_parameters()}
+    return counter.counts[MM], {n: p.grad for n, p in model.named_parameters()}
 
 
 def test_per_op_checkpointing_uses_the_spec_list_unless_the_config_names_one() -> None:

@@ -11,92 +11,20 @@ from typing import TYPE_CHECKING, Any
 
 from ._version import PLUGIN_API_VERSION, __version__
 
-# public name -> module that defines it
-_LAZY: dict[str, str] = {
-    "TitanError": "errors",
-    "ConfigError": "errors",
-    "PluginError": "errors",
-    "CheckpointError": "errors",
-    "NonFiniteError": "errors",
-    "TrainSpec": "protocols",
-    "ModelConverter": "protocols",
-    "EmptyConfig": "protocols",
-    "RunContext": "protocols",
-    "TensorParallelStyles": "protocols",
-    "Tokenizer": "protocols",
-    "BatchEncoder": "spec_factories",
-    "BuildDataloaderFn": "spec_factories",
-    "BuildLRSchedulersFn": "spec_factories",
-    "BuildLossFn": "spec_factories",
-    "BuildMetricsProcessorFn": "spec_factories",
-    "BuildOptimizersFn": "spec_factories",
-    "BuildTokenizerFn": "spec_factories",
-    "DataLoader": "spec_factories",
-    "Fingerprinted": "spec_factories",
-    "FlopsPerTokenFn": "spec_factories",
-    "LRSchedulers": "spec_factories",
-    "LossFn": "spec_factories",
-    "MetricsProcessor": "spec_factories",
-    "ParallelizeFn": "spec_factories",
-    "Pipeline": "spec_factories",
-    "PipeliningFn": "spec_factories",
-    "TensorParallelPlanFn": "spec_factories",
-    "ValidateFn": "spec_factories",
-    "ParallelDims": "parallel_dims",
-    "register_train_spec": "discovery",
-    "register_model_converter": "discovery",
-    "JobConfig": "config.job",
-    "ActivationCheckpointSection": "config.sections",
-    "CheckpointSection": "config.sections",
-    "CompileSection": "config.sections",
-    "DataSection": "config.sections",
-    "LRSchedulerSection": "config.sections",
-    "MetricsSection": "config.sections",
-    "ModelSection": "config.sections",
-    "OptimizerSection": "config.sections",
-    "ParallelismSection": "config.sections",
-    "TrainingSection": "config.sections",
-    "OptimizersContainer": "optim",
-    "LRSchedulersContainer": "optim",
-    "Trainer": "trainer",
-    "main": "cli",
-    "cross_entropy_loss": "loss",
-    "IGNORE_INDEX": "loss",
-    "split_documents": "data.documents",
-    "TiktokenTokenizer": "tokenizer",
-    "build_tokenizer": "plan.tokenizer",
-    "build_dataloader": "data",
-    "init_model_weights": "init",
-    "retie_weights": "ties",
-    "declared_ties": "ties",
-    "check_ties": "ties",
-    "StateDictAdapter": "hf.adapter",
-    "parameter_generator": "init",
-    "MetricsLogger": "metrics",
-    "CheckpointManager": "checkpoint",
-    "RunIdentity": "checkpoint",
-    "ResumeInfo": "checkpoint",
-    "collect_param_shapes": "checkpoint",
-    "export_safetensors": "checkpoint",
-    "read_checkpoint_tensors": "checkpoint",
-    "fqn_matches": "selection",
-    "select_linears": "selection",
-    "ConversionTable": "converters",
-    "apply_converters": "converters",
-    "acquire_run_lock": "run_lock",
-    "RunFolderBusy": "run_lock",
-    "StopRequested": "signals",
-    "PeerLost": "peer_failure",
-    "default_parallelize_fn": "parallel",
-    "KVCache": "kv_cache",
-    "Sampling": "sampling",
-    "sample": "sampling",
-    "write_run_report": "report",
-    "MoE": "moe",
-    "MoEMonitor": "moe",
-    "GroupedExperts": "moe",
-    "TopKRouter": "moe",
-}
+
+def _lazy_table() -> dict[str, str]:
+    """public name -> the module that defines it, read from the ``TYPE_CHECKING`` imports below: the
+    one list of public names, which type checkers read as the package's re-exports."""
+    import ast
+    from pathlib import Path
+
+    tree = ast.parse(Path(__file__).read_text(encoding="utf-8"))
+    block = next(node for node in tree.body if isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING")
+    return {alias.asname or alias.name: (node.module or "") for node in block.body
+            if isinstance(node, ast.ImportFrom) for alias in node.names}
+
+
+_LAZY = _lazy_table()
 
 __all__ = ["PLUGIN_API_VERSION", "__version__", *_LAZY]
 
@@ -152,7 +80,10 @@ if TYPE_CHECKING:
         CheckpointError as CheckpointError,
         ConfigError as ConfigError,
         NonFiniteError as NonFiniteError,
+        PeerLost as PeerLost,
         PluginError as PluginError,
+        RunFolderBusy as RunFolderBusy,
+        StopRequested as StopRequested,
         TitanError as TitanError,
     )
     from .hf.adapter import StateDictAdapter as StateDictAdapter
@@ -175,7 +106,6 @@ if TYPE_CHECKING:
     )
     from .parallel import default_parallelize_fn as default_parallelize_fn
     from .parallel_dims import ParallelDims as ParallelDims
-    from .peer_failure import PeerLost as PeerLost
     from .plan.tokenizer import build_tokenizer as build_tokenizer
     from .protocols import (
         EmptyConfig as EmptyConfig,
@@ -186,16 +116,12 @@ if TYPE_CHECKING:
         TrainSpec as TrainSpec,
     )
     from .report import write_run_report as write_run_report
-    from .run_lock import (
-        RunFolderBusy as RunFolderBusy,
-        acquire_run_lock as acquire_run_lock,
-    )
+    from .runtime.run_lock import acquire_run_lock as acquire_run_lock
     from .sampling import Sampling as Sampling, sample as sample
     from .selection import (
         fqn_matches as fqn_matches,
         select_linears as select_linears,
     )
-    from .signals import StopRequested as StopRequested
     from .spec_factories import (
         BatchEncoder as BatchEncoder,
         BuildDataloaderFn as BuildDataloaderFn,

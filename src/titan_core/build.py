@@ -17,16 +17,14 @@ from torch import nn
 
 from .console import progress
 from .converters import ConversionTable, apply_converters, register_converter_hooks
-from .discovery import CONVERTERS, SPECS
 from .memory_estimate import check_model_fits, local_ranks_from_env
 from .meta_model import meta_model
 from .optim import LRSchedulersContainer, OptimizersContainer
 from .optimizer_settings import settings_checked
-from .parallel import spec_parallelize_fn
 from .plan.resolve import ResolvedConfig
-from .plugin_calls import plugin_call
+from .plugin_boundary import ConverterCalls
 from .protocols import ModelConverter, RunContext, TensorParallelStyles
-from .ties import check_ties, declared_ties
+from .ties import check_ties
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
@@ -45,8 +43,8 @@ class MetaModel:
 
 def build_meta_model(resolved: ResolvedConfig) -> MetaModel:
     """``spec.model_cls(model_args)`` on the meta device: no memory is used until the model is sharded."""
-    model = meta_model(resolved.spec, resolved.model_args)
-    ties = declared_ties(model)  # tied weights are checked after every set-up step
+    model = meta_model(resolved.calls, resolved.model_args)
+    ties = resolved.calls.tied_weights(model)  # tied weights are checked after every set-up step
     check_ties([model], ties, after="the meta build")
     return MetaModel(model, ties, sum(p.numel() for p in model.parameters()))
 
@@ -73,11 +71,8 @@ def run_context(resolved: ResolvedConfig) -> RunContext:
 def build_converters(resolved: ResolvedConfig) -> NamedConverters:
     """The requested converters, constructed in command-line order, each with its name."""
     ctx = run_context(resolved)
-    named: NamedConverters = []
-    for name, cls in resolved.converters:
-        with plugin_call(CONVERTERS, name, "__init__"):
-            named.append((name, cls(getattr(resolved.config, name), parallel_dims=resolved.dims, job=ctx)))
-    return named
+    return [(name, ConverterCalls.construct(name, cls, getattr(resolved.config, name), parallel_dims=resolved.dims,
+                                            job=ctx).converter) for name, cls in resolved.converters]
 
 
 def convert_model(resolved: ResolvedConfig, model: nn.Module, converters: NamedConverters) -> ConversionTable:
@@ -89,28 +84,24 @@ def parallelize_part(resolved: ResolvedConfig, part: nn.Module, *, mesh: DeviceM
                      tp_styles: TensorParallelStyles) -> nn.Module:
     """The spec's ``parallelize_fn`` on one model part: TP -> activation checkpointing -> compile -> FSDP2."""
     c = resolved.config
-    with plugin_call(SPECS, resolved.spec.name, "parallelize_fn"):
-        out = spec_parallelize_fn(resolved.spec)(
-            part, parallel_dims=resolved.dims, mesh=mesh, training=c.training, parallelism=c.parallelism,
-            compile=c.compile, activation_checkpoint=c.activation_checkpoint, tp_styles=tp_styles,
-        )
-        if not isinstance(out, nn.Module):
-            raise TypeError(f"it returned {type(out).__name__}, not the parallelized nn.Module")
-    return out
+    return resolved.calls.parallelize(
+        part, parallel_dims=resolved.dims, mesh=mesh, training=c.training, parallelism=c.parallelism,
+        compile=c.compile, activation_checkpoint=c.activation_checkpoint, tp_styles=tp_styles,
+    )
 
 
 def build_optimizers(resolved: ResolvedConfig, model_parts: list[nn.Module],
                      converters: NamedConverters) -> tuple[torch.optim.Optimizer, Any]:
     """(optimizer, LR schedulers): the spec's factories or the core's, with the converters' optimizer hooks."""
-    c, spec = resolved.config, resolved.spec
-    build_opt = spec.build_optimizers_fn or OptimizersContainer
-    build_lr = spec.build_lr_schedulers_fn or LRSchedulersContainer
-    # Plugin code is named as such; the core's as a settings error.
-    with (plugin_call(SPECS, spec.name, "build_optimizers_fn") if spec.build_optimizers_fn else
-          settings_checked("optimizer", c.optimizer, what=f"torch.optim.{c.optimizer.name}")):
-        optimizer = build_opt(model_parts, c.optimizer, device_type=resolved.device.type)
-    with (plugin_call(SPECS, spec.name, "build_lr_schedulers_fn") if spec.build_lr_schedulers_fn else
-          settings_checked("lr_scheduler", c.lr_scheduler, what="the LR scheduler")):
-        lr_schedulers = build_lr(optimizer, c.lr_scheduler, total_steps=c.training.steps)
-    register_converter_hooks(optimizer, [conv for _, conv in converters], model_parts)
+    c, calls, device_type = resolved.config, resolved.calls, resolved.device.type
+    # The spec's own factories are plugin code (the facade names them); the core's fail as a settings error.
+    optimizer = calls.optimizers(model_parts, c.optimizer, device_type=device_type)
+    if optimizer is None:
+        with settings_checked("optimizer", c.optimizer, what=f"torch.optim.{c.optimizer.name}"):
+            optimizer = OptimizersContainer(model_parts, c.optimizer, device_type=device_type)
+    lr_schedulers = calls.lr_schedulers(optimizer, c.lr_scheduler, total_steps=c.training.steps)
+    if lr_schedulers is None:
+        with settings_checked("lr_scheduler", c.lr_scheduler, what="the LR scheduler"):
+            lr_schedulers = LRSchedulersContainer(optimizer, c.lr_scheduler, total_steps=c.training.steps)
+    register_converter_hooks(optimizer, converters, model_parts)
     return optimizer, lr_schedulers

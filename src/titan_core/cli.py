@@ -18,13 +18,12 @@ from .config.environment import check_environment
 from .config.overrides import parse_override_args
 from .config.toml_out import dumps
 from .console import rank_prefix
-from .errors import TitanError
-from .launch_env import world_size_from_env
-from .launch_environment import check_launch_environment
+from .errors import StopRequested, TitanError
 from .os_errors import describe_os_error
 from .path_settings import remember_paths
-from .signals import StopRequested
-from .worker_errors import INTERRUPTED, hand_to_launcher, under_launcher
+from .runtime.launch_env import world_size_from_env
+from .runtime.launch_environment import check_launch_environment
+from .runtime.worker_errors import INTERRUPTED, hand_to_launcher, under_launcher
 
 if TYPE_CHECKING:
     from .trainer import Trainer

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,9 +20,8 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from .discovery import CONVERTERS
-from .errors import ConfigError, PluginError, did_you_mean
-from .plugin_calls import plugin_call, plugin_label
+from .errors import ConfigError, did_you_mean
+from .plugin_boundary import ConverterCalls, converter_calls
 from .protocols import ModelConverter, TrainSpec
 
 logger = logging.getLogger(__name__)
@@ -108,22 +107,17 @@ def apply_converters(
     ends up with no module at all.
     """
     names = [name for name, _ in converters]  # distinct: model.converters refuses a name listed twice
+    calls = converter_calls(converters)
     if spec is not None:
-        for name, converter in converters:
-            with plugin_call(CONVERTERS, name, "compatible_with()"):
-                converter.compatible_with(spec)
+        for call in calls:
+            call.compatible_with(spec)
 
     modules = dict(model.named_modules())
     selections: dict[str, list[str]] = {}
-    for name, converter in converters:
-        with plugin_call(CONVERTERS, name, "select()"):
-            chosen = converter.select(model)
-            if not isinstance(chosen, (list, tuple)) or not all(isinstance(f, str) for f in chosen):
-                raise TypeError(f"it returned {type(chosen).__name__} {str(chosen)[:80]!r}, not a list of "
-                                f"module names (str)")
-            selected = list(dict.fromkeys(chosen))  # keep order, drop repeats
-        _check_exist(name, selected, modules)
-        selections[name] = selected
+    for call in calls:
+        selected = call.select(model)
+        _check_exist(call.name, selected, modules)
+        selections[call.name] = selected
 
     owner: dict[str, str] = {}
     for name in names:
@@ -131,24 +125,16 @@ def apply_converters(
             owner[fqn] = name  # a later converter overwrites an earlier claim
     owned = {name: [fqn for fqn in selections[name] if owner[fqn] == name] for name in names}
 
-    by_name = dict(converters)
+    by_name = {call.name: call for call in calls}
     for name in names:
         if not owned[name]:
             raise ConfigError(_empty_message(name, by_name, selections[name], owner, names))
 
     table = ConversionTable()
-    for name, converter in converters:
-        fqns = owned[name]
+    for call in calls:
+        name, fqns = call.name, owned[call.name]
         before = {fqn: describe(model.get_submodule(fqn)) for fqn in fqns}
-        with plugin_call(CONVERTERS, name, "convert()"):
-            returned: object = converter.convert(model, fqns)
-        if returned is not None and returned is not model:
-            # The core keeps its own model object; a converted copy handed back would be dropped unseen.
-            raise PluginError(
-                f"{plugin_label(CONVERTERS, name)} returned a {type(returned).__name__} from convert() instead of "
-                f"rewriting the model in place; the core keeps its own model, so the conversion would be lost. Change the "
-                f"modules of the model it is given (e.g. setattr on their parents) and return None."
-            )
+        call.convert(model, fqns)
         for fqn in fqns:
             try:
                 after = describe(model.get_submodule(fqn))
@@ -176,14 +162,14 @@ def _check_exist(name: str, selected: list[str], modules: dict[str, nn.Module]) 
     )
 
 
-def _qualified_keys(name: str, converter: ModelConverter[Any]) -> list[str]:
+def _qualified_keys(name: str, converter: ConverterCalls) -> list[str]:
     # Converters may return bare field names of their Config; the section is their name.
     return [key if key.startswith(f"{name}.") else f"{name}.{key}" for key in converter.selection_keys()]
 
 
 def _empty_message(
     name: str,
-    by_name: dict[str, ModelConverter[Any]],
+    by_name: dict[str, ConverterCalls],
     selected: list[str],
     owner: dict[str, str],
     order: list[str],
@@ -221,36 +207,23 @@ class OptimizerHooks:
         self.registered.clear()
 
 
-def _overrides(converter: ModelConverter[Any], hook: str) -> bool:
-    # Compare the underlying function, so an override set on the instance in
-    # __init__ (a hook that is needed only for some settings) counts too.
-    bound = getattr(converter, hook)
-    return getattr(bound, "__func__", bound) is not getattr(ModelConverter, hook)
-
-
 def register_converter_hooks(
     optimizer: torch.optim.Optimizer,
-    converters: list[ModelConverter[Any]],
+    converters: Sequence[tuple[str, ModelConverter[Any]] | ModelConverter[Any]],
     model_parts: list[nn.Module],
 ) -> OptimizerHooks:
     """Register each converter's overridden pre/post optimizer hooks on ``optimizer``.
 
-    Each hook runs once per ``optimizer.step()`` with ``model_parts``. Hooks a
-    converter does not override are not registered.
+    Each hook runs once per ``optimizer.step()`` with ``model_parts``, guarded as every plugin call
+    is. Hooks a converter does not override are not registered. ``converters`` pairs each with its
+    name (a bare converter is named by its class).
     """
     hooks = OptimizerHooks()
-    for converter in converters:
-        if _overrides(converter, "pre_optimizer_hook"):
-            hooks.handles.append(optimizer.register_step_pre_hook(_adapt(converter.pre_optimizer_hook, model_parts)))
-            hooks.registered.append(f"{type(converter).__name__}.pre_optimizer_hook")
-        if _overrides(converter, "post_optimizer_hook"):
-            hooks.handles.append(optimizer.register_step_post_hook(_adapt(converter.post_optimizer_hook, model_parts)))
-            hooks.registered.append(f"{type(converter).__name__}.post_optimizer_hook")
+    for call in converter_calls(converters):
+        for hook, register in (("pre_optimizer_hook", optimizer.register_step_pre_hook),
+                               ("post_optimizer_hook", optimizer.register_step_post_hook)):
+            step_hook = call.optimizer_hook(hook, model_parts)
+            if step_hook is not None:
+                hooks.handles.append(register(step_hook))
+                hooks.registered.append(f"{type(call.converter).__name__}.{hook}")
     return hooks
-
-
-def _adapt(hook: Callable[[list[nn.Module]], None], model_parts: list[nn.Module]) -> Callable[..., None]:
-    def step_hook(optimizer: torch.optim.Optimizer, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        hook(model_parts)
-
-    return step_hook

@@ -81,7 +81,7 @@ def discover(group: Group) -> dict[str, list[PluginInfo]]:
     return found
 
 
-def _register(group: Group, name: str, obj: Any) -> None:
+def _register(group: Group, name: str, obj: object) -> None:
     current = _registered[group].get(name)
     if current is not None and current[0] is not obj:
         raise PluginError(
@@ -229,7 +229,7 @@ def load_train_spec(name: str) -> TrainSpec:
     """The TrainSpec called ``name``; a zero-argument factory is called once."""
     from .protocols import TrainSpec  # start-up: --list reads entry points without torch (protocols imports it)
 
-    def finish(obj: Any) -> TrainSpec:
+    def finish(obj: object) -> TrainSpec:
         spec = obj if isinstance(obj, TrainSpec) else obj() if callable(obj) else obj
         if not isinstance(spec, TrainSpec):
             raise PluginError(f'spec "{name}" resolved to {type(spec).__name__}, not a titan_core.TrainSpec.')
@@ -239,7 +239,7 @@ def load_train_spec(name: str) -> TrainSpec:
     return _load(SPECS, name, finish)
 
 
-def _require_dataclass_flavors(name: str, spec: Any) -> None:
+def _require_dataclass_flavors(name: str, spec: TrainSpec) -> None:
     """Flavors are dataclass instances: the core copies them with section overrides and the tokenizer's
     vocabulary (dataclasses.replace) and records their fields in checkpoints; anything else failed later
     with a TypeError deep in that code."""
@@ -263,7 +263,7 @@ def load_converter(name: str) -> type[ModelConverter[Any]]:
     """The ModelConverter class called ``name``."""
     from .protocols import ModelConverter  # start-up: as in load_train_spec
 
-    def finish(obj: Any) -> type[ModelConverter[Any]]:
+    def finish(obj: object) -> type[ModelConverter[Any]]:
         if not (isinstance(obj, type) and issubclass(obj, ModelConverter)):
             raise PluginError(f'converter "{name}" resolved to {obj!r}, not a titan_core.ModelConverter subclass.')
         return obj

@@ -10,8 +10,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from .launch_env import LAUNCHER_ENV, rank_env
-from .rendezvous import join_process_group
+from .runtime.launch_env import LAUNCHER_ENV, rank_env
+from .runtime.rendezvous import join_process_group
 
 
 @dataclass(frozen=True)

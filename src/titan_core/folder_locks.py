@@ -37,9 +37,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .errors import ConfigError
+from .errors import ConfigError, RunFolderBusy
 from .hf.folder import is_hf_folder
-from .run_lock import RunFolderBusy, RunLock, _holder_text, acquire_run_lock
+from .runtime.run_lock import RunLock, _holder_text, acquire_run_lock, flock_entry
 from .weights.titan_checkpoint import is_titan_checkpoint
 
 if TYPE_CHECKING:
@@ -184,16 +184,8 @@ def _lock_all(locker: _Locker, folders: list[WrittenFolder]) -> None:
 
 def _held_exclusively(path: Path) -> bool:
     """Whether another process's lock on ``path`` is exclusive (from /proc/locks; True when unknown)."""
-    try:
-        inode = path.stat().st_ino
-        lines = Path("/proc/locks").read_text().splitlines()
-    except OSError:
-        return True
-    for line in lines:
-        fields = line.split()  # "1: FLOCK  ADVISORY  WRITE 12345 08:01:1234567 0 EOF"
-        if len(fields) >= 6 and fields[1] == "FLOCK" and fields[5].rsplit(":", 1)[-1] == str(inode):
-            return fields[3] == "WRITE"
-    return True
+    fields = flock_entry(path)
+    return fields is None or fields[3] == "WRITE"
 
 
 def acquire_run_folders(config: JobConfig, *, run_folder_only: bool = False) -> HeldFolders:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import resource
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -54,31 +53,6 @@ class FlopsPerToken:
 
     computed: float
     full_attention: float
-
-
-def model_flops_per_token(spec: Any, model_args: Any, seq_len: int) -> FlopsPerToken | None:
-    """Both counts from the spec's ``flops_per_token_fn``; None when the spec has none."""
-    fn = spec.flops_per_token_fn
-    if fn is None:
-        return None
-    return FlopsPerToken(computed=call_flops_fn(fn, model_args, seq_len, full_attention=False),
-                         full_attention=call_flops_fn(fn, model_args, seq_len, full_attention=True))
-
-
-def call_flops_fn(fn: Any, model_args: Any, seq_len: int, *, full_attention: bool) -> float:
-    """``fn(model_args, seq_len, full_attention=...)``; a function written before that keyword
-    existed has one count only, used for both (plugins outside this repository keep working)."""
-    import inspect
-
-    params: Mapping[str, inspect.Parameter]
-    try:
-        params = inspect.signature(fn).parameters
-    except (TypeError, ValueError):
-        params = {}
-    takes_keyword = "full_attention" in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
-    if takes_keyword:
-        return float(fn(model_args, seq_len, full_attention=full_attention))
-    return float(fn(model_args, seq_len))
 
 
 def memory_stats(device: torch.device) -> dict[str, float]:

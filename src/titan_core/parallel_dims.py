@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .errors import ConfigError
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
 
 
 @dataclass(frozen=True)
@@ -99,7 +102,7 @@ class ParallelDims:
         mesh = init_device_mesh(device_type, shape, mesh_dim_names=names)
         return mesh, mesh[("dp_replicate", "dp_shard")]._flatten("dp")
 
-    def expert_meshes(self, mesh: Any) -> tuple[Any, Any]:
+    def expert_meshes(self, mesh: DeviceMesh) -> tuple[DeviceMesh, DeviceMesh]:
         """(the ``ep`` mesh the experts are split over, the mesh FSDP2 shards each rank's experts over).
 
         ``dp_shard`` unflattened into ``(expert_dp_shard, ep)``, ``ep`` innermost: an EP group
@@ -113,7 +116,7 @@ class ParallelDims:
             return split["ep"], split[("dp_replicate", "expert_dp_shard")]
         return split["ep"], split["expert_dp_shard"]
 
-    def dp_mesh(self, mesh: Any) -> Any:
+    def dp_mesh(self, mesh: DeviceMesh) -> DeviceMesh:
         """The mesh FSDP2 / replication uses: (dp_replicate, dp_shard) for HSDP, else 1-D."""
         if self.dp_replicate_enabled and self.fsdp_enabled:
             return mesh[("dp_replicate", "dp_shard")]

@@ -10,14 +10,17 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .config.job import JobConfig
 
 __all__ = ["remember_paths", "setting_for"]
 
 _PATHS: list[tuple[str, str]] = []  # (absolute path, setting name)
 
 
-def remember_paths(config: Any) -> None:
+def remember_paths(config: JobConfig) -> None:
     """Record the path settings of a resolved JobConfig (relative ones resolved as the run resolves them)."""
     run_dir = Path(config.job.run_dir)
     found = [(run_dir, "job.run_dir"), (run_dir / config.checkpoint.folder, "checkpoint.folder"),

@@ -9,22 +9,27 @@ failed and what to do, with the original traceback kept for ``--traceback``.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
-from typing import TYPE_CHECKING
+import inspect
+from collections.abc import Callable, Iterator
+from types import TracebackType
+from typing import TYPE_CHECKING, TypeVar
 
 import titan_core
 
 from . import discovery
-from .deadlines import DeadlinePassed, call_deadline
-from .errors import PluginError, TitanError
-from .out_of_memory import PluginOutOfMemory, is_out_of_memory, out_of_memory_error
-from .peer_failure import is_collective_failure
-from .signals import Terminated, interrupted_by_signal
+from .errors import DeadlinePassed, PluginError, PluginOutOfMemory, Terminated, TitanError
+from .runtime.deadlines import call_deadline
+from .runtime.out_of_memory import is_out_of_memory, out_of_memory_error
+from .runtime.peer_failure import is_collective_failure
+from .runtime.signals import interrupted_by_signal
 
 if TYPE_CHECKING:
     from .discovery import Group
 
-__all__ = ["DEFAULT_PLUGIN_TIMEOUT_S", "plugin_call", "plugin_label", "plugin_timeout", "set_plugin_timeout"]
+__all__ = ["DEFAULT_PLUGIN_TIMEOUT_S", "accepts_keyword", "call_accepting", "plugin_call", "plugin_label",
+           "plugin_timeout", "set_plugin_timeout"]
+
+R = TypeVar("R")
 
 # model.plugin_timeout_s: how long one call into a plugin may take (a whole set-up step such as
 # convert() or parallelize_fn, or one forward). Set from the run's config by the Trainer.
@@ -62,9 +67,9 @@ def plugin_label(group: Group, name: str) -> str:
 
 
 @contextlib.contextmanager
-def plugin_call(group: Group, name: str, method: str) -> Iterator[None]:
+def plugin_call(group: Group, name: str, method: str, *, timed: bool = True) -> Iterator[None]:
     """Re-raise anything but a TitanError from the block as a PluginError naming the plugin and ``method``;
-    a call that outlives ``model.plugin_timeout_s`` is one such error too."""
+    with ``timed``, a call that outlives ``model.plugin_timeout_s`` is one such error too."""
 
     seconds = _timeout_s[0]
 
@@ -72,7 +77,7 @@ def plugin_call(group: Group, name: str, method: str) -> Iterator[None]:
         return timeout_message(plugin_label(group, name), method, seconds)
 
     try:
-        with call_deadline(seconds, f"{method} of {name}", message=message):
+        with call_deadline(seconds, f"{method} of {name}", message=message) if timed else contextlib.nullcontext():
             yield
     except DeadlinePassed:
         raise PluginError(message()) from None
@@ -117,15 +122,22 @@ def core_origin(exc: BaseException) -> str | None:
         skip.append(os.path.dirname(os.path.abspath(torch.__file__)) + os.sep)
     except ImportError:  # pragma: no cover
         pass
-    frames = []
+    def machinery(tb: TracebackType, files: tuple[str, ...]) -> bool:
+        path = tb.tb_frame.f_code.co_filename
+        return path.startswith(core_dir) and os.path.basename(path) in files
+
+    chain = []
     tb = exc.__traceback__
     while tb is not None:
-        name = os.path.basename(tb.tb_frame.f_code.co_filename)
-        if not (tb.tb_frame.f_code.co_filename.startswith(core_dir) and name in ("plugin_calls.py", "deadlines.py")):
-            frames.append(tb)
+        if not machinery(tb, ("plugin_calls.py", "deadlines.py")):
+            chain.append(tb)
         tb = tb.tb_next
-    # frames[0] is the block that called the plugin: what it raises itself checks what the plugin returned.
-    for frame in reversed(frames[1:]):
+    # The facade's frames call the plugin and check what it returned; a block elsewhere that opened
+    # plugin_call (chain[0]) does the same: neither is where the core's own code failed.
+    frames = [f for f in chain if not machinery(f, ("plugin_boundary.py",))]
+    if chain and not machinery(chain[0], ("plugin_boundary.py",)):
+        frames = frames[1:]
+    for frame in reversed(frames):
         path = os.path.abspath(frame.tb_frame.f_code.co_filename)
         if any(path.startswith(s) for s in skip):
             continue
@@ -134,6 +146,26 @@ def core_origin(exc: BaseException) -> str | None:
             return f"titan-core's {frame.tb_frame.f_code.co_name} ({rel}:{frame.tb_lineno})"
         return None
     return None
+
+
+def _parameters(fn: Callable[..., object]) -> list[inspect.Parameter] | None:
+    """``fn``'s parameters; None when they cannot be read (a builtin, a C extension): call it with everything."""
+    try:
+        return list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return None
+
+
+def accepts_keyword(fn: Callable[..., object], name: str) -> bool:
+    params = _parameters(fn)
+    return params is None or any(p.kind is p.VAR_KEYWORD or (p.name == name and p.kind is not p.POSITIONAL_ONLY)
+                                 for p in params)
+
+
+def call_accepting(fn: Callable[..., R], *args: object, **kwargs: object) -> R:
+    """``fn(*args, **kwargs)`` without the keywords ``fn`` does not take: a plugin written before the core
+    offered a keyword (``full_attention``, a new fact in a factory's call) keeps working unchanged."""
+    return fn(*args, **{k: v for k, v in kwargs.items() if accepts_keyword(fn, k)})
 
 
 def check_logits(logits: object, inputs: object, *, spec: str) -> None:

@@ -8,10 +8,10 @@ import traceback
 from collections.abc import Sequence
 
 from .discovery import import_modules
-from .errors import ConfigError, TitanError
+from .errors import ConfigError, Terminated, TitanError
 from .os_errors import describe_os_error
+from .runtime.signals import sigterm_raises
 from .scaffold import write_package
-from .signals import Terminated, sigterm_raises
 
 
 def build_parser() -> argparse.ArgumentParser:

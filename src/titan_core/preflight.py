@@ -11,10 +11,9 @@ TP-style rule fail here, once.
 from __future__ import annotations
 
 from .build import build_converters, build_meta_model
-from .discovery import CONVERTERS, SPECS
 from .parallel import check_experts_split
 from .plan.resolve import ResolvedConfig
-from .plugin_calls import plugin_call
+from .plugin_boundary import converter_calls
 from .tp_styles import resolve_tp_styles
 
 
@@ -25,17 +24,15 @@ def preflight(resolved: ResolvedConfig) -> None:
     if not resolved.converters:
         return
 
-    named = build_converters(resolved)
-    for name, conv in named:
-        with plugin_call(CONVERTERS, name, "compatible_with()"):
-            conv.compatible_with(resolved.spec)
+    checked = converter_calls(build_converters(resolved))
+    for calls in checked:
+        calls.compatible_with(resolved.spec)
     if resolved.dims.tp_enabled:
-        resolve_tp_styles(named)
+        resolve_tp_styles([(calls.name, calls) for calls in checked])
 
 
 def check_ep_fits(resolved: ResolvedConfig) -> None:
     """parallelism.ep on a model with experts that it divides: checked on the meta model."""
-    spec = resolved.spec
-    with plugin_call(SPECS, spec.name, "model_cls (meta build)"):
-        model = build_meta_model(resolved).model
-    check_experts_split(model, resolved.dims.ep, what=f"spec {spec.name}, flavor {resolved.config.model.flavor}")
+    model = build_meta_model(resolved).model  # the constructor runs through the plugin facade
+    check_experts_split(model, resolved.dims.ep,
+                        what=f"spec {resolved.spec.name}, flavor {resolved.config.model.flavor}")

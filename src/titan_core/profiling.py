@@ -21,8 +21,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -131,7 +132,18 @@ class StepProfiler:
             torch.cuda.memory._record_memory_history(enabled=None)
 
 
-def breakdown(averages: Any, *, steps: int, cuda: bool) -> dict[str, float]:
+class ProfiledEvent(Protocol):
+    """What ``breakdown`` reads of one row of torch's ``key_averages()``."""
+
+    @property
+    def key(self) -> str: ...
+    @property
+    def cpu_time_total(self) -> float: ...
+    @property
+    def self_cpu_time_total(self) -> float: ...
+
+
+def breakdown(averages: Iterable[ProfiledEvent], *, steps: int, cuda: bool) -> dict[str, float]:
     """Mean milliseconds per step of each phase, and of collectives (device time on CUDA)."""
     totals = {name: 0.0 for name in (*PHASES, "communication")}
     for event in averages:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import abc
 import dataclasses
 import typing
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar, cast
 
@@ -26,7 +26,6 @@ from .spec_factories import (
     BuildOptimizersFn,
     BuildTokenizerFn,
     FlopsPerTokenFn,
-    LegacyFlopsPerTokenFn,
     ParallelizeFn,
     PipeliningFn,
     TensorParallelPlanFn,
@@ -140,9 +139,9 @@ class TrainSpec:
     defaults: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     # Raises ConfigError for layouts the model cannot take (e.g. tp not dividing the heads).
     validate_fn: ValidateFn | None = None
-    # A function without the full_attention keyword (written before it existed) still works: its one
-    # count is used for both figures.
-    flops_per_token_fn: FlopsPerTokenFn | LegacyFlopsPerTokenFn | None = None
+    # Called with the keywords it accepts (plugin_boundary.py): one without full_attention (written
+    # before it existed) still works, its one count used for both figures.
+    flops_per_token_fn: FlopsPerTokenFn | Callable[..., float] | None = None
     build_loss_fn: BuildLossFn | None = None
     build_tokenizer_fn: BuildTokenizerFn | None = None
     build_dataloader_fn: BuildDataloaderFn | None = None

@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.tensor.parallel import ParallelStyle
 
     from .config.sections import (
@@ -145,7 +146,7 @@ class ParallelizeFn(Protocol):
         model: nn.Module,
         *,
         parallel_dims: ParallelDims,
-        mesh: Any,
+        mesh: DeviceMesh | None,
         training: TrainingSection,
         parallelism: ParallelismSection,
         compile: CompileSection,
@@ -178,7 +179,7 @@ class PipeliningFn(Protocol):
         model: nn.Module,
         *,
         parallel_dims: ParallelDims,
-        mesh: Any,
+        mesh: DeviceMesh | None,
         parallelism: ParallelismSection,
         training: TrainingSection,
         device: torch.device,
@@ -197,13 +198,11 @@ class ValidateFn(Protocol):
 
 class FlopsPerTokenFn(Protocol):
     """Training FLOPs per token at ``seq_len``. ``full_attention=False`` counts attention as the
-    kernel computes it (causal: about half the square), ``True`` the full square."""
+    kernel computes it (causal: about half the square), ``True`` the full square. Like every plugin
+    function, it is called with the keywords it accepts: one written without ``full_attention``
+    gives one count, used for both."""
 
     def __call__(self, model_args: Any, seq_len: int, /, *, full_attention: bool) -> float: ...
-
-
-# Written before the ``full_attention`` keyword existed: one count, used for both.
-LegacyFlopsPerTokenFn = Callable[[Any, int], float]
 
 
 class BuildLossFn(Protocol):
@@ -284,7 +283,6 @@ __all__ = [
     "Fingerprinted",
     "FlopsPerTokenFn",
     "LRSchedulers",
-    "LegacyFlopsPerTokenFn",
     "LossFn",
     "MetricsProcessor",
     "ParallelizeFn",

@@ -10,26 +10,35 @@ data is tokenized, and every batch against the model's vocabulary before the for
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
 from .errors import ConfigError
 
+if TYPE_CHECKING:
+    from .spec_factories import Tokenizer
+
 __all__ = ["check_batch_ids", "check_tokenizer_ids"]
 
 
-def _name(tokenizer: Any) -> str:
+def _name(tokenizer: object) -> str:
     return str(getattr(tokenizer, "name", type(tokenizer).__name__))
 
 
-def check_tokenizer_ids(tokens: torch.Tensor, tokenizer: Any) -> None:
+def _outside(ids: torch.Tensor, vocab: int) -> int | None:
+    """An id of ``ids`` outside 0..vocab-1 (the lowest if negative, else the highest), or None."""
+    low, high = int(ids.min()), int(ids.max())
+    return low if low < 0 else high if high >= vocab else None
+
+
+def check_tokenizer_ids(tokens: torch.Tensor, tokenizer: Tokenizer) -> None:
     """Every id the tokenizer produced lies in 0..vocab_size-1 of the tokenizer itself."""
     if tokens.numel() == 0:
         return
-    low, high, vocab = int(tokens.min()), int(tokens.max()), int(tokenizer.vocab_size)
-    if low < 0 or high >= vocab:
-        bad = low if low < 0 else high
+    vocab = int(tokenizer.vocab_size)
+    bad = _outside(tokens, vocab)
+    if bad is not None:
         raise ConfigError(
             f"the tokenizer ({_name(tokenizer)}, data.tokenizer) produced token id {bad}, outside its own "
             f"vocabulary of {vocab} ids (0..{vocab - 1}): the tokenizer is inconsistent (its ids are not dense, or "
@@ -38,14 +47,13 @@ def check_tokenizer_ids(tokens: torch.Tensor, tokenizer: Any) -> None:
         )
 
 
-def check_batch_ids(inputs: torch.Tensor, model_args: Any, tokenizer: Any) -> None:
+def check_batch_ids(inputs: torch.Tensor, model_args: object, tokenizer: Tokenizer) -> None:
     """Every id of a batch has an embedding row in the model (when its args declare ``vocab_size``)."""
     vocab = getattr(model_args, "vocab_size", None)
     if not isinstance(vocab, int) or inputs.numel() == 0 or inputs.is_floating_point():
         return
-    low, high = int(inputs.min()), int(inputs.max())
-    if low < 0 or high >= vocab:
-        bad = low if low < 0 else high
+    bad = _outside(inputs, vocab)
+    if bad is not None:
         raise ConfigError(
             f"a batch holds token id {bad}, but the model's vocabulary has {vocab} ids (0..{vocab - 1}); the "
             f"tokenizer ({_name(tokenizer)}, data.tokenizer) or the data loader gives ids the model has no "

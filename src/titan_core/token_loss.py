@@ -21,12 +21,15 @@ the number of accumulation steps, and ``mean_i / that`` is bit for bit today's
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 
 from .loss import IGNORE_INDEX
+
+if TYPE_CHECKING:
+    from torch.distributed import ProcessGroup
 
 
 def count_valid(labels: torch.Tensor) -> int:
@@ -34,7 +37,7 @@ def count_valid(labels: torch.Tensor) -> int:
     return int(labels.ne(IGNORE_INDEX).sum())
 
 
-def global_valid_tokens(local: int, *, group: Any, device: torch.device) -> int:
+def global_valid_tokens(local: int, *, group: ProcessGroup | None, device: torch.device) -> int:
     """``local`` summed over the data-parallel ``group`` (None: this process alone)."""
     if group is None:
         return local

@@ -3,13 +3,19 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Protocol
 
 from .errors import ConfigError
-from .protocols import ModelConverter, TensorParallelStyles
+from .protocols import TensorParallelStyles
 
 
-def resolve_tp_styles(converters: Sequence[tuple[str, ModelConverter[Any]]]) -> TensorParallelStyles:
+class SuppliesStyles(Protocol):
+    """A converter, or the plugin facade's guarded view of one (``plugin_boundary.ConverterCalls``)."""
+
+    def tensor_parallel_styles(self) -> TensorParallelStyles | None: ...
+
+
+def resolve_tp_styles(converters: Sequence[tuple[str, SuppliesStyles]]) -> TensorParallelStyles:
     """The styles of the one converter that supplies TP styles, else torch's defaults.
 
     Two converters supplying styles is an error rather than "the first wins": the

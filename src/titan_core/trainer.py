@@ -27,35 +27,34 @@ from .config.job import JobConfig, accumulation_steps
 from .config.toml_out import dumps
 from .console import progress
 from .converters import ConversionTable
-from .cpu_allocator import keep_freed_memory_in_heap
 from .data import build_dataloader, build_mixture_loader
 from .data.documents import split_documents
 from .data.mixture import source_tokens
 from .data.prefetch import PrefetchingLoader
-from .discovery import SPECS
 from .errors import ConfigError, NonFiniteError
 from .finite_watch import FiniteWatch
 from .grad_norm import clip_grad_norm_on_device
 from .hf.export import export_hf
-from .init import init_model_weights
-from .launch_env import rank_env
 from .loss import cross_entropy_loss
-from .metrics import MetricsLogger, model_flops_per_token
+from .metrics import MetricsLogger
 from .moe import MoEMonitor
-from .out_of_memory import out_of_memory_named
 from .parallel import check_expert_parallel
 from .parallel_dims import ParallelDims
 from .param_groups import run_layout
 from .parameter_layout import describe_parameter_layout
 from .plan.resolve import ResolvedConfig
-from .plugin_calls import check_logits, plugin_call
+from .plugin_boundary import SpecCalls, converter_calls
 from .precision import autocast_for, resolve_compute_dtype
 from .profiling import StepProfiler
 from .protocols import ModelConverter, TensorParallelStyles, Tokenizer, TrainSpec
 from .report import report_at_end
 from .run_files import atomic_write_text, require_writable, supersede_metrics
-from .signals import no_interrupt, requested_signal, stop_after_signal
+from .runtime.cpu_allocator import keep_freed_memory_in_heap
+from .runtime.launch_env import rank_env
+from .runtime.out_of_memory import out_of_memory_named
+from .runtime.signals import no_interrupt, requested_signal
 from .spec_factories import LossFn, LRSchedulers, MetricsProcessor, Pipeline
+from .stop_on_signal import stop_after_signal
 from .ties import check_ties, retie_weights
 from .token_ids import check_batch_ids
 from .token_loss import count_valid, global_token_mean, global_valid_tokens, token_loss_sum, token_weighted
@@ -94,6 +93,7 @@ class Trainer:
     resolved: ResolvedConfig
     config: JobConfig
     spec: TrainSpec
+    calls: SpecCalls  # every call into the spec's code, guarded and checked (plugin_boundary.py)
     converter_classes: list[tuple[str, type[ModelConverter[Any]]]]
     dims: ParallelDims
     device: torch.device
@@ -140,6 +140,7 @@ class Trainer:
         self.config: JobConfig = resolved.config
         self.spec = resolved.spec
         self.converter_classes = resolved.converters
+        self.calls = resolved.calls  # every call into the spec's code goes through this checked facade
         # Derived once by resolve_config (parallel degrees, device, backend, model args).
         self.dims: ParallelDims = resolved.dims
         self.device: torch.device = resolved.device
@@ -193,7 +194,6 @@ class Trainer:
         d, t = self.config.data, self.config.training
         progress(f"loading tokenizer ({d.tokenizer}) and data ({d.source})", is_rank0=self.is_rank0)
         self.tokenizer = self.resolved.tokenizer
-        build_loader = self.spec.build_dataloader_fn or build_dataloader
 
         dp_rank, dp_world_size = self.data_shard()
 
@@ -206,7 +206,8 @@ class Trainer:
             )
             if d.mix:  # a weighted mixture replaces data.source (docs/data.md)
                 return build_mixture_loader(mix={n: (m.source, m.weight) for n, m in d.mix.items()}, **common)
-            return build_loader(source=d.source, **common)
+            spec_loader = self.calls.dataloader(source=d.source, **common)
+            return build_dataloader(source=d.source, **common) if spec_loader is None else spec_loader
 
         # The next batches are made in a thread while the step runs; its state is that of the consumed batches.
         self.dataloader = PrefetchingLoader(loader("train"))
@@ -242,19 +243,17 @@ class Trainer:
             print(self.conversion_table.format(), flush=True)
 
     def tp_styles(self) -> TensorParallelStyles:
-        return resolve_tp_styles(self.named_converters())
+        return resolve_tp_styles([(c.name, c) for c in converter_calls(self.named_converters())])  # guarded
 
     def parallelize(self, part: nn.Module) -> nn.Module:
         return build.parallelize_part(self.resolved, part, mesh=self.mesh, tp_styles=self.tp_styles())
 
     def build_model_parts(self, model: nn.Module) -> None:
-        self.loss_fn = self.spec.build_loss_fn() if self.spec.build_loss_fn else cross_entropy_loss
+        self.loss_fn = self.calls.loss_fn() or cross_entropy_loss
         self.accum = accumulation_steps(self.config, self.dims.dp)
         self.pipeline = None
         if self.dims.pp_enabled:
-            pipelining_fn = self.spec.pipelining_fn
-            assert pipelining_fn is not None  # a spec without one was refused by resolve_config
-            self.pipeline = pipelining_fn(
+            self.pipeline = self.calls.pipeline(
                 model, parallel_dims=self.dims, mesh=self.mesh, parallelism=self.config.parallelism,
                 training=self.config.training, device=self.device, loss_fn=self.scaled_loss, parallelize=self.parallelize,
             )
@@ -291,9 +290,8 @@ class Trainer:
             part.to_empty(device=self.device)
             retie_weights(part, self.ties)  # to_empty makes a new parameter per module
             # With checkpoint.initial_load every parameter is loaded next: only buffers are computed.
-            with plugin_call(SPECS, self.spec.name, "the model's init_parameter/init_buffers"):
-                init_model_weights(part, seed=self.config.training.seed,
-                                   buffers_only=bool(self.config.checkpoint.initial_load))
+            self.calls.init_weights(part, seed=self.config.training.seed,
+                                    buffers_only=bool(self.config.checkpoint.initial_load))
             part.train()
         check_ties(self.model_parts, self.ties, after="to_empty and init")
 
@@ -321,12 +319,13 @@ class Trainer:
         self.step, self.tokens_seen = int(state_dict["step"]), int(state_dict["tokens_seen"])
 
     def build_metrics(self) -> None:
-        fpt = model_flops_per_token(self.spec, self.model_args, self.config.training.seq_len)
-        build_metrics = self.spec.build_metrics_processor_fn or MetricsLogger
-        self.metrics = build_metrics(
-            self.config.metrics, run_dir=self.run_dir, is_rank0=self.is_rank0, device=self.device,
-            flops_per_token=fpt, world_size=self.proc.world_size, run_config=self.config.model_dump(mode="json"),
+        fpt = self.calls.flops_per_token(self.model_args, self.config.training.seq_len)
+        options: dict[str, Any] = dict(
+            run_dir=self.run_dir, is_rank0=self.is_rank0, device=self.device, flops_per_token=fpt,
+            world_size=self.proc.world_size, run_config=self.config.model_dump(mode="json"),
         )
+        metrics = self.calls.metrics(self.config.metrics, **options)
+        self.metrics = MetricsLogger(self.config.metrics, **options) if metrics is None else metrics
 
     def build_profiler(self) -> None:
         self.profiler = StepProfiler(self.config.profiling, run_dir=self.run_dir, rank=self.proc.rank,
@@ -376,9 +375,8 @@ class Trainer:
         if self.pipeline is not None:
             return self.pipeline_forward_backward(inputs, labels, positions)
         with self.autocast(), self.loss_context():
-            with self.profiler.phase("forward"), plugin_call(SPECS, self.spec.name, "the model's forward"):
-                logits = self.model_parts[0](inputs, **self.model_kwargs(positions))
-            check_logits(logits, inputs, spec=self.spec.name)
+            with self.profiler.phase("forward"):
+                logits = self.calls.forward(self.model_parts[0], inputs, **self.model_kwargs(positions))
             loss = token_weighted(self.compute_loss(logits, labels), valid=valid, global_valid=self.step_valid_tokens,
                                   dp=self.dims.dp)
             aux = self.moe.after_forward()  # MoE load-balancing loss: trained on, not reported in `loss`
@@ -590,7 +588,7 @@ class Trainer:
         last PP stage."""
         with self.autocast(), self.loss_context():
             if self.pipeline is None:
-                logits = self.model_parts[0](inputs, **self.model_kwargs(positions))
+                logits = self.calls.forward(self.model_parts[0], inputs, **self.model_kwargs(positions))
                 return _plain(token_loss_sum(self.compute_loss(logits, labels), valid=count_valid(labels))).double()
             pipe = self.pipeline
             losses: list[torch.Tensor] | None = [] if pipe.has_last_stage else None

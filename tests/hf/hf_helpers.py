@@ -4,13 +4,12 @@ and titan-train runs in subprocesses whose metrics are read back."""
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from conftest import Run as _Run, run_command
 
 REPO = Path(__file__).resolve().parents[2]
 # Small runs: 32-token sequences, a global batch of 4, logged every step.
@@ -21,16 +20,7 @@ RUN = ("--spec", "llama3", f"--training.seq_len={SEQ_LEN}", "--metrics.log_freq=
 
 
 @dataclass(frozen=True)
-class Run:
-    code: int
-    out: str
-    err: str
-    run_dir: Path
-
-    @property
-    def text(self) -> str:
-        return self.out + self.err
-
+class Run(_Run):
     def losses(self) -> list[float]:
         lines = (self.run_dir / "metrics.jsonl").read_text().splitlines()
         return [json.loads(line)["loss"] for line in lines if '"loss"' in line and '"step"' in line]
@@ -38,19 +28,8 @@ class Run:
 
 def run_process(cmd: list[str], *, run_dir: Path, timeout: float = 300) -> Run:
     """Run ``cmd`` in its own process group; the whole group is killed on timeout."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        raise AssertionError(f"timed out after {timeout}s: {' '.join(cmd)}\n{out}\n{err}") from None
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-    return Run(proc.returncode, out, err, run_dir)
+    done = run_command(cmd, run_dir=run_dir, timeout=timeout)
+    return Run(done.code, done.out, done.err, done.run_dir)
 
 
 def titan(run_dir: Path, *args: str, nproc: int | None = None) -> Run:

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from op_counter import CountOps
 
 from titan_core import (
     ActivationCheckpointSection,
@@ -144,16 +144,6 @@ def test_compile_with_fsdp_and_selective_checkpointing(reference: list[float], p
 # ---------------------------------------------------------------- activation checkpointing (one process)
 
 
-class _CountOps(TorchDispatchMode):
-    def __init__(self) -> None:
-        super().__init__()
-        self.counts: Counter[str] = Counter()
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        self.counts[str(func)] += 1
-        return func(*args, **(kwargs or {}))
-
-
 def _backward_op_counts(ac: dict[str, Any]) -> Counter[str]:
     """Ops run during backward of one step (recomputation shows up here)."""
     with torch.device("meta"):
@@ -168,7 +158,7 @@ def _backward_op_counts(ac: dict[str, Any]) -> Counter[str]:
     w.init_model_weights([model], seed=w.SEED)
     tokens, labels = w.batch()
     loss = w.loss_fn(model(tokens), labels)
-    with _CountOps() as counter:
+    with CountOps() as counter:
         loss.backward()
     return counter.counts
 

@@ -61,7 +61,7 @@ class RunIdentity:
         )
 
 
-def _groups_or_none(value: Any) -> dict[str, Any] | None:
+def _groups_or_none(value: object) -> dict[str, Any] | None:
     if value is None:
         return None
     if not isinstance(value, dict) or not all(
@@ -146,7 +146,7 @@ def _refuse_constant(name: str) -> Any:
     raise ValueError(f"{name} is not valid JSON")
 
 
-def _count(value: Any) -> int:
+def _count(value: object) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or value < 0:
         raise ValueError(f"{value!r} is not a non-negative integer")
     return value

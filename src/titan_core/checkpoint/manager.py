@@ -40,10 +40,10 @@ from __future__ import annotations
 import os
 import shutil
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypeVar, cast
 
 import torch
 import torch.distributed as dist
@@ -58,6 +58,8 @@ from . import integrity, layout, states as st, storage
 from .identity import CheckpointRecord, ResumeInfo, RunIdentity, check_identity, read_record, write_record
 from .stateful import MODEL, OPTIMIZER, PROGRESS, RNG, ModelState, Stateful, StepCounter, training_states
 from .tensor_index import INDEX_FILE, TensorIndex, is_plain_name, read_index
+
+T = TypeVar("T")
 
 
 class CheckpointManager:
@@ -444,7 +446,7 @@ class CheckpointManager:
 
     # ---- collectives on the checkpoint group ---------------------------------------
 
-    def _gather(self, obj: Any) -> list[Any]:
+    def _gather(self, obj: object) -> list[Any]:
         if self._pg is None:
             return [obj]
         out: list[Any] = [None] * self._world
@@ -457,7 +459,7 @@ class CheckpointManager:
         if errors:
             raise CheckpointError(errors[0])
 
-    def _agree_on_rank0(self, fn: Any) -> Any:
+    def _agree_on_rank0(self, fn: Callable[[], T]) -> T:
         """Run ``fn`` on rank 0 only; every rank returns its result or raises its CheckpointError."""
         box: list[Any] = [None]
         failure: Exception | None = None
@@ -474,7 +476,7 @@ class CheckpointManager:
             raise failure
         if kind == "error":
             raise CheckpointError(value)
-        return value
+        return cast(T, value)  # what fn returned on rank 0, broadcast
 
     def _log(self, message: str) -> None:
         if self.is_rank0:

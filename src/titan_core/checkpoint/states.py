@@ -69,7 +69,7 @@ def optimizers_of(optimizer: torch.optim.Optimizer) -> tuple[torch.optim.Optimiz
     return (optimizer,)
 
 
-def plain_tensor(value: Any) -> Any:
+def plain_tensor(value: object) -> object:
     """A converter's weight-wrapper tensor subclass (one inner tensor of the same shape and
     dtype, e.g. MX training weights) as that inner tensor; anything else unchanged.
 

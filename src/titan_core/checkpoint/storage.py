@@ -199,7 +199,7 @@ class IndexedReader(StorageReader):
 class CheckedLoadPlanner(DefaultLoadPlanner):
     """DefaultLoadPlanner that refuses a dtype or shape change instead of casting."""
 
-    def set_up_planner(self, state_dict: Any, metadata: Metadata | None = None, is_coordinator: bool = False) -> None:
+    def set_up_planner(self, state_dict: dict[str, Any], metadata: Metadata | None = None, is_coordinator: bool = False) -> None:
         super().set_up_planner(state_dict, metadata, is_coordinator)
         assert metadata is not None
         for fqn, value in sorted(self.state_dict.items()):

@@ -102,7 +102,7 @@ class TensorIndex:
 # ---- values: plain data as tagged JSON (no pickles) -------------------------------------
 
 
-def encode_value(value: Any, *, key: str) -> Any:
+def encode_value(value: object, *, key: str) -> Any:
     """Plain Python data as JSON; tuples, non-finite floats and dicts are tagged so they round-trip."""
     if value is None or isinstance(value, (bool, str)):
         return value
@@ -122,7 +122,7 @@ def encode_value(value: Any, *, key: str) -> Any:
     )
 
 
-def decode_value(data: Any, *, key: str) -> Any:
+def decode_value(data: object, *, key: str) -> Any:
     """Inverse of ``encode_value``; any other shape is a CheckpointError."""
     if data is None or isinstance(data, (bool, str, int, float)):
         return data
@@ -206,7 +206,7 @@ def _refuse_constant(name: str) -> Any:
     raise ValueError(f"{name} is not valid JSON")
 
 
-def _ints(value: Any, *, what: str, fqn: str) -> tuple[int, ...]:
+def _ints(value: object, *, what: str, fqn: str) -> tuple[int, ...]:
     if not (isinstance(value, list) and len(value) <= _MAX_DIMS
             and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value)):
         raise ValueError(f"tensor {fqn!r}: {what} must be a list of at most {_MAX_DIMS} non-negative integers")
@@ -217,7 +217,7 @@ def _is_count(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
-def _tensor_entry(fqn: str, raw: Any, files: dict[str, int]) -> TensorEntry:
+def _tensor_entry(fqn: str, raw: object, files: dict[str, int]) -> TensorEntry:
     if not isinstance(raw, dict) or not isinstance(raw.get("chunks"), list) or not raw["chunks"]:
         raise ValueError(f"tensor {fqn!r}: an entry needs dtype, size and a non-empty list of chunks")
     dtype_name = raw.get("dtype")

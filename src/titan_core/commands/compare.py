@@ -19,14 +19,15 @@ import json
 import math
 from pathlib import Path
 
-from .. import distributed, signals
+from .. import distributed
 from ..config.job import build_job_model
 from ..console import progress
-from ..errors import ConfigError
+from ..errors import ConfigError, StopRequested
 from ..folder_locks import acquire_run_folders
-from ..launch_env import world_size_from_env
 from ..plan.resolve import ResolvedConfig
 from ..run_files import atomic_write_bytes, atomic_write_text
+from ..runtime import signals
+from ..runtime.launch_env import world_size_from_env
 from ..trainer import Trainer
 
 __all__ = ["LossCurve", "baseline_of", "compare_baseline", "format_comparison", "relative_gap", "with_run_dir"]
@@ -197,7 +198,7 @@ def stop_if_requested(runs_done: int) -> None:
     if signum:
         import signal
 
-        raise signals.StopRequested(
+        raise StopRequested(
             f"titan-train: stopped by {signal.Signals(signum).name} after {runs_done} of 2 runs; the comparison "
             f"files were not written (rerun the same command: both runs resume from their checkpoints when "
             f"checkpointing is on)", signum=signum)

@@ -9,14 +9,11 @@ from __future__ import annotations
 
 import argparse
 import sys
-import traceback
 from collections.abc import Sequence
 from pathlib import Path
 
-from ..errors import TitanError
-from ..os_errors import describe_os_error
-from ..signals import Terminated, sigterm_raises
 from .prepare_shards import PrepareRequest, prepare
+from .tool_main import run_tool
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -43,28 +40,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     req = PrepareRequest(sources=list(args.sources), tokenizer=args.tokenizer, out=args.out, workers=args.workers,
                          shard_tokens=args.shard_tokens, text_field=args.text_field, hf_split=args.hf_split,
                          allow_download=args.allow_download, progress=not args.quiet)
-    try:
-        with sigterm_raises():
-            index = prepare(req)
-    except (TitanError, OSError) as exc:
-        error = describe_os_error(exc) if isinstance(exc, OSError) else exc
-        if args.traceback:
-            traceback.print_exc()
-        print(f"titan-data: error: {error}", file=sys.stderr)
-        if not args.traceback:
-            print("(run with --traceback to see where it happened)", file=sys.stderr)
-        return error.exit_code
-    except KeyboardInterrupt:
-        print(f"titan-data: interrupted; the finished shards in {args.out} are kept, the same command continues",
-              file=sys.stderr)
-        return 130
-    except Terminated:
-        print(f"titan-data: stopped by SIGTERM; the finished shards in {args.out} are kept, the same command "
-              "continues", file=sys.stderr)
-        return 143
-    print(f"{args.out}: {index['num_tokens']:,} tokens, {index['num_documents']:,} documents, "
-          f"{len(index['shards'])} shard(s), {index['dtype']}; train with --data.source=tokens:{args.out}")
-    return 0
+
+    def command(args: argparse.Namespace) -> int:
+        index = prepare(req)
+        print(f"{args.out}: {index['num_tokens']:,} tokens, {index['num_documents']:,} documents, "
+              f"{len(index['shards'])} shard(s), {index['dtype']}; train with --data.source=tokens:{args.out}")
+        return 0
+
+    return run_tool("titan-data", command, args,
+                    on_stop=f"the finished shards in {args.out} are kept, the same command continues")
 
 
 if __name__ == "__main__":  # pragma: no cover

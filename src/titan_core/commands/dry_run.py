@@ -18,8 +18,8 @@ from pathlib import Path
 
 from .. import build
 from ..console import progress
-from ..launch_env import rank_env
 from ..plan.resolve import ResolvedConfig
+from ..runtime.launch_env import rank_env
 
 
 def dry_run(resolved: ResolvedConfig) -> int:

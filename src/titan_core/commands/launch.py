@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from ..config.job import JobConfig
 
-from ..local_launcher import launch
+from ..runtime.local_launcher import launch
 
 
 def _strip_nproc(argv: list[str]) -> list[str]:

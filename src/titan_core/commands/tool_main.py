@@ -11,13 +11,16 @@ import sys
 import traceback
 from collections.abc import Callable
 
-from ..errors import TitanError
+from ..errors import Terminated, TitanError
 from ..os_errors import describe_os_error
-from ..signals import Terminated, sigterm_raises
+from ..runtime.signals import sigterm_raises
 
 
-def run_tool(prog: str, command: Callable[[argparse.Namespace], int], args: argparse.Namespace) -> int:
-    """``command(args)``, with the project's exits for user errors and signals (see the module docstring)."""
+def run_tool(prog: str, command: Callable[[argparse.Namespace], int], args: argparse.Namespace, *,
+             on_stop: str = "") -> int:
+    """``command(args)``, with the project's exits for user errors and signals (see the module docstring);
+    ``on_stop`` is added to the line printed on Ctrl+C or SIGTERM (what was kept, how to continue)."""
+    note = f"; {on_stop}" if on_stop else ""
     try:
         with sigterm_raises():
             return command(args)
@@ -30,8 +33,8 @@ def run_tool(prog: str, command: Callable[[argparse.Namespace], int], args: argp
             print("(run with --traceback to see where it happened)", file=sys.stderr)
         return error.exit_code
     except KeyboardInterrupt:
-        print(f"{prog}: interrupted", file=sys.stderr)
+        print(f"{prog}: interrupted{note}", file=sys.stderr)
         return 130
     except Terminated:
-        print(f"{prog}: stopped by SIGTERM", file=sys.stderr)
+        print(f"{prog}: stopped by SIGTERM{note}", file=sys.stderr)
         return 143

@@ -5,13 +5,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .. import distributed, signals
+from .. import distributed
 from ..folder_locks import acquire_run_folders
-from ..launch_env import rank_env, world_size_from_env
-from ..out_of_memory import out_of_memory_named
-from ..peer_failure import lost_peer
 from ..plan.resolve import ResolvedConfig
-from ..run_lock import lock_held_by_launcher
+from ..runtime import signals
+from ..runtime.launch_env import rank_env, world_size_from_env
+from ..runtime.out_of_memory import out_of_memory_named
+from ..runtime.peer_failure import lost_peer
+from ..runtime.run_lock import lock_held_by_launcher
 from ..trainer import Trainer
 from .trainer_class import trainer_for_run
 

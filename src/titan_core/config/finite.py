@@ -51,7 +51,7 @@ def _problem(value: float | int) -> str:
     return ""
 
 
-def _numbers(value: Any, *, prefix: str) -> list[tuple[str, float | int]]:
+def _numbers(value: object, *, prefix: str) -> list[tuple[str, float | int]]:
     if isinstance(value, bool):
         return []
     if isinstance(value, (float, int)):

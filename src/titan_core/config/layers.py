@@ -9,13 +9,16 @@ from __future__ import annotations
 import contextlib
 import importlib
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import BaseModel
 
 from ..errors import ConfigError, did_you_mean
 from ..os_errors import file_kind
+
+T = TypeVar("T")
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -116,19 +119,23 @@ def _keys_with_undecodable_bytes(value: object, key: str = "") -> list[str]:
     return []
 
 
-def _call_config_function(ref: str) -> Layer:
-    module_name, _, fn_name = ref.partition(":")
-    # Whatever the module or function prints goes to stderr: stdout may be --print-config's TOML.
+def _run_user_code(call: Callable[[], T], message: Callable[[BaseException], str]) -> T:
+    """``call()`` (a --config module's import or its function) with what it prints sent to stderr (stdout may be
+    --print-config's TOML); anything it raises, sys.exit() and Ctrl+C included, is a ConfigError from ``message``."""
     try:
         with contextlib.redirect_stdout(sys.stderr):
-            module = importlib.import_module(module_name)
+            return call()
     except BaseException as exc:  # sys.exit() there is an error, not a quiet exit 0; so is any BaseException
         if isinstance(exc, GeneratorExit):
             raise
-        raise ConfigError(
-            f"--config {ref}: module {module_name!r} could not be imported ({type(exc).__name__}: {exc}). "
-            f"Check the module path and that it is importable (installed, or on PYTHONPATH)."
-        ) from exc
+        raise ConfigError(message(exc)) from exc
+
+
+def _call_config_function(ref: str) -> Layer:
+    module_name, _, fn_name = ref.partition(":")
+    module = _run_user_code(lambda: importlib.import_module(module_name), lambda exc: (
+        f"--config {ref}: module {module_name!r} could not be imported ({type(exc).__name__}: {exc}). "
+        f"Check the module path and that it is importable (installed, or on PYTHONPATH)."))
     fn = getattr(module, fn_name, None)
     if fn is None or not callable(fn):
         names = [n for n in dir(module) if not n.startswith("_") and callable(getattr(module, n))]
@@ -137,16 +144,9 @@ def _call_config_function(ref: str) -> Layer:
             f"--config {ref}: module {module_name} has no function {fn_name!r}.{did_you_mean(fn_name, names)} "
             f"Functions there: {', '.join(names) or 'none'}."
         )
-    try:
-        with contextlib.redirect_stdout(sys.stderr):
-            result = fn()
-    except BaseException as exc:  # sys.exit() there is an error, not a quiet exit 0; so is any BaseException
-        if isinstance(exc, GeneratorExit):
-            raise
-        raise ConfigError(
-            f"--config {ref}: the config function raised {type(exc).__name__}: {exc}. Fix the function "
-            f"(--traceback shows where)."
-        ) from exc
+    result = _run_user_code(fn, lambda exc: (
+        f"--config {ref}: the config function raised {type(exc).__name__}: {exc}. Fix the function "
+        f"(--traceback shows where)."))
     if isinstance(result, BaseModel):
         # Only what the function set explicitly counts as a layer, so the spec's defaults
         # still apply to everything it left alone.

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from typing import Any, get_args, get_origin
+from typing import Any, cast, get_args, get_origin
 
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
@@ -44,7 +44,7 @@ def _toml_scalar(text: str) -> Any:
         return text
 
 
-def typed_value(annotation: Any, text: str) -> Any:
+def typed_value(annotation: object, text: str) -> Any:
     """The first reading of ``text`` that the field's type accepts: TOML, raw string, comma list."""
     candidates: list[Any] = [_toml_scalar(text), text]
     if text == "":
@@ -52,7 +52,7 @@ def typed_value(annotation: Any, text: str) -> Any:
     else:
         candidates.append([_toml_scalar(part.strip()) for part in text.split(",")])
         candidates.append([part.strip() for part in text.split(",")])
-    adapter = TypeAdapter(annotation)
+    adapter: TypeAdapter[Any] = TypeAdapter(cast(Any, annotation))  # a field annotation: any type form
     well_typed = None  # the right shape but a value out of range (betas=0.9,1.5): report that, not "not a tuple"
     for candidate in candidates:
         try:

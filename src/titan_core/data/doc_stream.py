@@ -19,7 +19,7 @@ from ..errors import ConfigError
 from .sources import _quiet_datasets
 
 
-def _text(value: Any, *, where: str, row: int, text_field: str) -> str | None:
+def _text(value: object, *, where: str, row: int, text_field: str) -> str | None:
     if value is None or value == "":
         return None
     if not isinstance(value, str):
@@ -28,7 +28,7 @@ def _text(value: Any, *, where: str, row: int, text_field: str) -> str | None:
     return value
 
 
-def _field(record: Any, *, where: str, row: int, text_field: str) -> Any:
+def _field(record: object, *, where: str, row: int, text_field: str) -> Any:
     if not isinstance(record, dict):
         raise ConfigError(f"{where}: row {row} is {type(record).__name__}, not an object with a \"{text_field}\" field.")
     if text_field not in record:

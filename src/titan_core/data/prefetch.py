@@ -12,17 +12,27 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, Protocol
 
 import torch
 
 _DEPTH = 2  # batches queued ahead; one more is being made
 
 
+class StatefulIterator(Protocol):
+    """What the prefetcher drives: the next batch, and the state that restarts after it."""
+
+    def __next__(self) -> object: ...
+    def state_dict(self) -> Mapping[str, Any]: ...
+    def load_state_dict(self, state: dict[str, Any], /) -> None: ...
+    def reset(self) -> None: ...
+
+
 class PrefetchingLoader:
     """Wraps a stateful loader (``__next__``, ``state_dict``, ``load_state_dict``); other attributes pass through."""
 
-    def __init__(self, loader: Any) -> None:
+    def __init__(self, loader: StatefulIterator) -> None:
         self.loader = loader
         self._state: dict[str, Any] = dict(loader.state_dict())
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=_DEPTH)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from torch import nn
 
 from ..config.job import JobConfig
@@ -31,7 +29,7 @@ def _short(value: str) -> str:
     return value if len(value) <= 60 else value[:57] + "..."
 
 
-def check_same_run(*, mine: dict[str, str], theirs: Any, replica_id: int, peer: int) -> None:
+def check_same_run(*, mine: dict[str, str], theirs: object, replica_id: int, peer: int) -> None:
     if not isinstance(theirs, dict):
         raise ConfigError(f"replica {replica_id}: replica {peer} sent no config fingerprint; it runs another version.")
     diffs = [f"{k} is {_short(mine[k])} here but {_short(str(theirs.get(k)))} in replica {peer}"

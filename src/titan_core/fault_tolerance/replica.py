@@ -20,18 +20,7 @@ from typing import Any
 import torch
 
 from ..config.fault_tolerance import FaultToleranceSection
-from ..errors import ConfigError, TitanError
-
-# Exit code of a replica group that lost (or never reached) the lighthouse (docs/fault-tolerance.md).
-LIGHTHOUSE_LOST_EXIT = 5
-
-
-class LighthouseLost(TitanError):
-    exit_code = LIGHTHOUSE_LOST_EXIT
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message)
-        self.quiet = bool(os.environ.get("TITAN_FT_SUPERVISED"))  # the local supervisor prints one message for all
+from ..errors import ConfigError, LighthouseLost, TitanError
 
 
 class NothingToRejoin(TitanError):
@@ -98,7 +87,7 @@ class ReplicaGroup:
         self.healed_from: int | None = None
 
     @staticmethod
-    def _manager(Manager: Any, ProcessGroupGloo: Any, ft: FaultToleranceSection, lighthouse: str, timeout: timedelta,
+    def _manager(Manager: Callable[..., Any], ProcessGroupGloo: Callable[..., object], ft: FaultToleranceSection, lighthouse: str, timeout: timedelta,
                  group_rank: int, group_world_size: int, store_addr: str, store_port: int,
                  state_dict: Callable[[], dict[str, Any]], load_state_dict: Callable[[dict[str, Any]], None]) -> Any:
         return Manager(

@@ -24,11 +24,10 @@ from pathlib import Path
 from typing import IO
 
 from ..config.job import JobConfig
-from ..errors import ConfigError
-from ..run_lock import acquire_run_lock
-from .replica import LIGHTHOUSE_LOST_EXIT, RESTARTED_ENV
+from ..errors import GAVE_UP_EXIT, LIGHTHOUSE_LOST_EXIT, ConfigError
+from ..runtime.run_lock import acquire_run_lock
+from .replica import RESTARTED_ENV
 
-GAVE_UP_EXIT = 6
 # Children see this and leave the one lighthouse message to the supervisor.
 SUPERVISED_ENV = "TITAN_FT_SUPERVISED"
 

@@ -19,13 +19,13 @@ from typing import Any
 
 import torch
 
-from ..errors import ConfigError, TitanError
+from ..errors import ConfigError, LighthouseLost, TitanError
 from ..grad_norm import clip_grad_norm
 from ..trainer import StepResult, Trainer
 from .diloco import OuterStep
 from .fingerprint import check_same_run, fingerprint
 from .rehearsal import absent_windows, short_step_seconds
-from .replica import RESTARTED_ENV, LighthouseLost, NothingToRejoin, ReplicaGroup
+from .replica import RESTARTED_ENV, NothingToRejoin, ReplicaGroup
 from .shards import local, local_tree, redistribute_optimizer_state
 
 # Uncommitted attempts of one step before the group gives up (each one already waited a quorum).

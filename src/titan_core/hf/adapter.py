@@ -47,6 +47,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 import torch
 
 from ..errors import ConfigError, PluginError
+from ..plugin_boundary import CheckedAdapter
 
 if TYPE_CHECKING:
     from ..protocols import TrainSpec
@@ -66,15 +67,16 @@ class StateDictAdapter(Protocol):
     #   -> torch.Tensor | None; see the module docstring and row_map().
 
 
-def adapter_of(spec: TrainSpec, *, purpose: str) -> StateDictAdapter:
-    """The spec's adapter, or a ConfigError saying that ``purpose`` needs one."""
+def adapter_of(spec: TrainSpec, *, purpose: str) -> CheckedAdapter:
+    """The spec's adapter, every call guarded (plugin_boundary.py), or a ConfigError saying that
+    ``purpose`` needs one."""
     adapter: StateDictAdapter | None = getattr(spec, "state_dict_adapter", None)
     if adapter is None:
         raise ConfigError(
             f'spec "{spec.name}" has no state_dict_adapter, which {purpose} needs (the Hugging Face format is '
             f"model-specific). Use a spec that provides one, or a titan checkpoint instead."
         )
-    return adapter
+    return CheckedAdapter(spec.name, adapter)
 
 
 def hf_key_of(adapter: StateDictAdapter, key: str, shape: tuple[int, ...], dtype: torch.dtype, model_args: object,
@@ -107,14 +109,14 @@ def row_map(adapter: StateDictAdapter, hf_key: str, hf_shape: tuple[int, ...], n
     if rows is None:
         rows = torch.arange(hf_shape[0]) if tuple(native_shape) == tuple(hf_shape) else None
         if rows is None:
-            raise PluginError(f"{type(adapter).__name__}.from_hf_rows({hf_key!r}) says the rows stay in order, but "
+            raise PluginError(f"{type(getattr(adapter, 'inner', adapter)).__name__}.from_hf_rows({hf_key!r}) says the rows stay in order, but "
                               f"from_hf changes the shape {list(hf_shape)} to {list(native_shape)}")
         return rows
     ok = (isinstance(rows, torch.Tensor) and rows.dim() == 1 and rows.dtype == torch.int64
           and rows.numel() == native_shape[0] and tuple(native_shape[1:]) == tuple(hf_shape[1:])
           and (rows.numel() == 0 or (int(rows.min()) >= 0 and int(rows.max()) < hf_shape[0])))
     if not ok:
-        raise PluginError(f"{type(adapter).__name__}.from_hf_rows({hf_key!r}) returned no valid row map for a "
+        raise PluginError(f"{type(getattr(adapter, 'inner', adapter)).__name__}.from_hf_rows({hf_key!r}) returned no valid row map for a "
                           f"{list(hf_shape)} tensor that from_hf turns into {list(native_shape)} (a 1-D int64 "
                           f"tensor of {native_shape[0]} rows in [0, {hf_shape[0]}) is needed)")
     assert isinstance(rows, torch.Tensor)  # checked by ok above; this tells a type checker

@@ -20,7 +20,7 @@ import json
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 import torch.distributed as dist
@@ -39,6 +39,7 @@ from .tokenizer_json import write_hf_tokenizer
 
 if TYPE_CHECKING:
     from ..protocols import Tokenizer, TrainSpec
+    from ..tokenizer import TiktokenTokenizer
 
 
 def check_hf_export(spec: TrainSpec, tokenizer: Tokenizer) -> None:
@@ -96,7 +97,7 @@ def export_hf(model_parts: list[nn.Module], out_dir: Path, *, spec: TrainSpec, m
     distributed = dist.is_available() and dist.is_initialized()
     rank, world = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
 
-    def gather(obj: Any) -> list[Any]:
+    def gather(obj: object) -> list[Any]:
         if not distributed:
             return [obj]
         out: list[Any] = [None] * world
@@ -164,7 +165,7 @@ def export_hf(model_parts: list[nn.Module], out_dir: Path, *, spec: TrainSpec, m
               f"{'s' if len(files) > 1 else ''}) to {out_dir}", flush=True)
 
 
-def _write_metadata(folder: Path, *, spec: TrainSpec, model_args: object, tokenizer: Any, dtype: torch.dtype,
+def _write_metadata(folder: Path, *, spec: TrainSpec, model_args: object, tokenizer: Tokenizer, dtype: torch.dtype,
                     shards: list[list[str]], files: list[str], total: int) -> None:
     config = hf_config_json(spec, model_args, tokenizer, dtype)
     (folder / "config.json").write_text(json.dumps(config, indent=2), encoding="utf-8")
@@ -174,4 +175,4 @@ def _write_metadata(folder: Path, *, spec: TrainSpec, model_args: object, tokeni
         weight_map = {name: file for names, file in zip(shards, files) for name in names}
         index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
         (folder / INDEX).write_text(json.dumps(index, indent=2), encoding="utf-8")
-    write_hf_tokenizer(tokenizer, folder)
+    write_hf_tokenizer(cast("TiktokenTokenizer", tokenizer), folder)  # check_hf_export refused any other kind

@@ -25,7 +25,7 @@ _SCALING_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_
                  "beta_fast", "beta_slow", "attention_factor", "mscale", "mscale_all_dim")
 
 
-def _same(a: Any, b: Any) -> bool:
+def _same(a: object, b: object) -> bool:
     if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool) \
             and not isinstance(b, bool):
         return a == b or (math.isfinite(a) and math.isfinite(b) and math.isclose(a, b, rel_tol=1e-9))

@@ -18,11 +18,14 @@ import json
 import math
 import os
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
 from ..errors import ConfigError
+
+if TYPE_CHECKING:
+    from .folder import HFFolder
 
 Box = Sequence[tuple[int, int]]  # [start, stop) per tensor dim after the first
 
@@ -34,7 +37,7 @@ class SliceReader:
     or a log line can show that a rank read its shard, not the model.
     """
 
-    def __init__(self, folder: Any) -> None:
+    def __init__(self, folder: HFFolder) -> None:
         self.folder = folder
         self.bytes_read = 0
         self._fd: int | None = None

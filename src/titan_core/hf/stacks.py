@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import Any
 
 import torch
 
@@ -65,7 +64,7 @@ class _StackedReader(SliceReader):
         return torch.empty((0, *info.shape[1:]), dtype=info.dtype)
 
 
-def stack_folder(folder: HFFolder, adapter: Any, *, what: str) -> HFFolder:
+def stack_folder(folder: HFFolder, adapter: object, *, what: str) -> HFFolder:
     """``folder`` with the adapter's per-expert tensors grouped into stacked virtual tensors."""
     name_of = getattr(adapter, "hf_stacked_name", None)
     if name_of is None or isinstance(folder, StackedHFFolder):
@@ -101,7 +100,7 @@ def stack_folder(folder: HFFolder, adapter: Any, *, what: str) -> HFFolder:
     return StackedHFFolder(folder.path, folder.config, tensors, stacks, folder)
 
 
-def unstack(adapter: Any, tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def unstack(adapter: object, tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """``to_hf``'s output with every stacked tensor split into its per-expert file names."""
     name_of = getattr(adapter, "hf_expert_name", None)
     if name_of is None:

@@ -86,7 +86,7 @@ class HFTokenizersTokenizer:
         self._bos = self._special_id(config.get("bos_token"), BOS_TOKEN)
         self._eos = self._special_id(config.get("eos_token"), EOS_TOKEN)
 
-    def _special_id(self, configured: Any, default: str) -> int:
+    def _special_id(self, configured: object, default: str) -> int:
         name = configured.get("content") if isinstance(configured, dict) else configured
         token = name if isinstance(name, str) else default
         token_id = self._tok.token_to_id(token)

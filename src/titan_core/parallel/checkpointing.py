@@ -22,13 +22,16 @@ from __future__ import annotations
 import functools
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
 from ..config.sections import ActivationCheckpointSection
 from ..errors import ConfigError
+
+if TYPE_CHECKING:
+    from torch.utils.checkpoint import SelectiveCheckpointContext
 
 
 def resolve_ops(names: Sequence[str]) -> list[Any]:
@@ -63,7 +66,7 @@ def selective_context_fn(save_ops: Sequence[Any]) -> Callable[[], Any]:
         # for the n-th matmul, so they count separately.
         counts: dict[str, int] = defaultdict(int)
 
-        def policy(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
+        def policy(ctx: SelectiveCheckpointContext, op: object, *args: object, **kwargs: object) -> CheckpointPolicy:
             if op is mm and mm in save:
                 key = "recompute" if ctx.is_recompute else "forward"
                 counts[key] += 1

@@ -15,7 +15,7 @@ The order is fixed, and each step assumes the previous ones:
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -36,6 +36,9 @@ from .compile import apply_compile
 from .expert_parallel import apply_expert_parallel
 from .fsdp import apply_fsdp
 from .tensor_parallel import apply_tensor_parallel
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
 
 
 def _blocks(model: nn.Module, blocks_attr: str) -> Mapping[str, nn.Module]:
@@ -73,7 +76,7 @@ def default_parallelize_fn(
         model: nn.Module,
         *,
         parallel_dims: ParallelDims,
-        mesh: Any,
+        mesh: DeviceMesh | None,
         training: TrainingSection,
         parallelism: ParallelismSection,
         compile: CompileSection,
@@ -87,9 +90,11 @@ def default_parallelize_fn(
                     f"parallelism.tp=1 and use data parallelism (parallelism.dp_shard / dp_replicate)."
                 )
             plan = tp_plan_fn(model, styles=tp_styles, loss_parallel=parallelism.loss_parallel)
+            assert mesh is not None  # tp > 1: a multi-process run, which has a mesh
             apply_tensor_parallel(model, mesh["tp"], plan)
         expert_mesh = None
         if parallel_dims.ep_enabled:
+            assert mesh is not None  # ep > 1: a multi-process run, which has a mesh
             ep_mesh, expert_mesh = parallel_dims.expert_meshes(mesh)
             apply_expert_parallel(model, ep_mesh, what=spec_name)
         blocks = _blocks(model, blocks_attr)
@@ -103,7 +108,7 @@ def default_parallelize_fn(
     return parallelize
 
 
-def _compute_dtype(training: TrainingSection, mesh: Any) -> torch.dtype:
+def _compute_dtype(training: TrainingSection, mesh: DeviceMesh | None) -> torch.dtype:
     """The run's compute dtype, from the mesh's device (the model is still on meta here)."""
 
     if mesh is None:  # single process: no FSDP, the value is unused

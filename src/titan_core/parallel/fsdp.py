@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -11,6 +11,9 @@ from torch import nn
 from ..config.sections import ParallelismSection
 from ..parallel_dims import ParallelDims
 from .expert_parallel import experts_modules, shard_experts
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -43,10 +46,10 @@ def apply_fsdp(
     blocks: Iterable[nn.Module],
     *,
     parallel_dims: ParallelDims,
-    mesh: Any,
+    mesh: DeviceMesh | None,
     parallelism: ParallelismSection,
     compute_dtype: torch.dtype = torch.float32,
-    expert_mesh: Any = None,
+    expert_mesh: DeviceMesh | None = None,
 ) -> None:
     """Shard (or replicate) every block, then ``model`` itself, over the data-parallel ranks.
 
@@ -63,6 +66,7 @@ def apply_fsdp(
         return
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+    assert mesh is not None  # more than one data-parallel rank: a multi-process run, which has a mesh
     dp_mesh = parallel_dims.dp_mesh(mesh)
     mp = MixedPrecisionPolicy(param_dtype=gather_dtype(parallelism, compute_dtype),
                               reduce_dtype=_DTYPES[parallelism.reduce_dtype])

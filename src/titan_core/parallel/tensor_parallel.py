@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
 from ..errors import ConfigError
 from ..ties import retie_weights
 
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
 
-def apply_tensor_parallel(model: nn.Module, tp_mesh: Any, plan: Mapping[str, Any]) -> None:
+
+def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh, plan: Mapping[str, Any]) -> None:
     """Shard ``model`` in place following ``plan`` (keys are module names relative to ``model``).
 
     Every key must name a module of ``model``: a plan that silently matches nothing

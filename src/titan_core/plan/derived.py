@@ -13,8 +13,9 @@ import torch
 from ..config.job import JobConfig
 from ..distributed import pick_device, resolve_backend
 from ..errors import ConfigError
-from ..launch_env import rank_env
-from ..protocols import Tokenizer, TrainSpec
+from ..plugin_boundary import SpecCalls
+from ..protocols import Tokenizer
+from ..runtime.launch_env import rank_env
 from ..weights.shape import resolve_starting_weights
 from ..weights.source import StartingWeights
 from .tokenizer import build_tokenizer
@@ -27,11 +28,10 @@ def run_device_and_backend(config: JobConfig) -> tuple[torch.device, str]:
     return device, resolve_backend(config.parallelism.backend, device)
 
 
-def run_tokenizer(spec: TrainSpec, config: JobConfig) -> Tokenizer:
+def run_tokenizer(calls: SpecCalls, config: JobConfig) -> Tokenizer:
     """The spec's tokenizer, or the core's for ``data.tokenizer``."""
-    if spec.build_tokenizer_fn is not None:
-        return spec.build_tokenizer_fn(config.data)
-    return build_tokenizer(config.data.tokenizer)
+    tokenizer = calls.tokenizer(config.data)
+    return build_tokenizer(config.data.tokenizer) if tokenizer is None else tokenizer
 
 
 def check_seq_len(config: JobConfig, weights: StartingWeights, spec_name: str) -> None:
@@ -60,13 +60,14 @@ def check_vocab(args: object, tokenizer: Tokenizer, spec_name: str) -> None:
         )
 
 
-def run_weights(spec: TrainSpec, config: JobConfig, *, tokenizer: Tokenizer, world_size: int) -> StartingWeights:
+def run_weights(calls: SpecCalls, config: JobConfig, *, tokenizer: Tokenizer, world_size: int) -> StartingWeights:
     """The starting weights and the model args: the flavor's with the spec section and the tokenizer's
     vocabulary applied, or the shape of a ``checkpoint.initial_load``'s config.json; the args checked
     against the sequence length, pipelining support and the spec's own layout rules (``validate_fn``),
     so every path that builds the model sees the same args and the same refusals.
     """
 
+    spec = calls.spec
     weights = resolve_starting_weights(spec, config, tokenizer=tokenizer)
     args = weights.model_args
     check_seq_len(config, weights, spec.name)
@@ -75,6 +76,5 @@ def run_weights(spec: TrainSpec, config: JobConfig, *, tokenizer: Tokenizer, wor
     if pp > 1 and spec.pipelining_fn is None:
         raise ConfigError(f'spec "{spec.name}" has no pipelining_fn, so it cannot be split into pipeline stages, '
                           f"but parallelism.pp={pp}. Set parallelism.pp=1 (and use dp_shard / tp instead).")
-    if spec.validate_fn is not None:
-        spec.validate_fn(args, parallelism=config.parallelism, training=config.training, world_size=world_size)
+    calls.validate(args, parallelism=config.parallelism, training=config.training, world_size=world_size)
     return weights

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -17,6 +17,7 @@ from ..config.overrides import overrides_layer, typed_value
 from ..data.documents import check_document_masking
 from ..errors import ConfigError, PluginError, did_you_mean
 from ..parallel_dims import ParallelDims
+from ..plugin_boundary import SpecCalls
 from ..protocols import ModelConverter, Tokenizer, TrainSpec
 from ..weights.source import StartingWeights
 from .derived import run_device_and_backend, run_tokenizer, run_weights
@@ -43,6 +44,11 @@ class ResolvedConfig:
     #: and the model args (the flavor's, spec section and tokenizer vocabulary applied, or that
     #: file's), checked by the spec's validate_fn
     weights: StartingWeights
+    #: every call into the spec's code, guarded and checked (plugin_boundary.py)
+    calls: SpecCalls = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "calls", SpecCalls(self.spec))  # frozen: set once, here
 
     @property
     def model_args(self) -> Any:
@@ -59,7 +65,7 @@ class ResolvedConfig:
         return self.config.parallel_dims
 
 
-def _requested(layers: list[Layer], key: str, default: Any) -> Any:
+def _requested(layers: list[Layer], key: str, default: object) -> object:
     value = default
     for layer in layers:
         value = layer.get("model", {}).get(key, value)
@@ -164,7 +170,8 @@ def resolve_config(
         check_document_masking(spec_name=spec.name, model_cls=spec.model_cls, pp=config.parallelism.pp,
                                pipeline_takes_positions=spec.pipeline_takes_positions)
     device, backend = run_device_and_backend(config)
-    tokenizer = run_tokenizer(spec, config)
-    weights = run_weights(spec, config, tokenizer=tokenizer, world_size=world_size)
+    calls = SpecCalls(spec)
+    tokenizer = run_tokenizer(calls, config)
+    weights = run_weights(calls, config, tokenizer=tokenizer, world_size=world_size)
     return ResolvedConfig(config, spec, converters, job_model, world_size, device=device, backend=backend,
                           tokenizer=tokenizer, weights=weights)

@@ -1,28 +1,9 @@
 """The files of a new converter package (``titan-plugin new converter NAME``); ``$name`` etc. are filled in."""
 
-PYPROJECT = '''[build-system]
-requires = ["hatchling>=1.18"]
-build-backend = "hatchling.build"
+from .pyproject_file import pyproject
 
-[project]
-name = "$dist"
-version = "0.1.0"
-description = "A titan-core converter plugin (converter $name)"
-readme = "README.md"
-requires-python = ">=3.10"
-dependencies = ["titan-core>=0.1,<0.2", "torch>=2.13"]
-
-[project.optional-dependencies]
-test = ["pytest>=8"]
-
-# What makes this a titan-core plugin: titan-train --converters $name imports
-# $pkg.converter and uses its $cls class.
-[project.entry-points."titan.model_converters"]
-$name = "$pkg.converter:$cls"
-
-[tool.hatch.build.targets.wheel]
-packages = ["src/$pkg"]
-'''
+PYPROJECT = pyproject(kind="converter", group="titan.model_converters", target="$pkg.converter:$cls",
+                      comment="titan-train --converters $name imports\n# $pkg.converter and uses its $cls class.")
 
 INIT = '''"""$dist: a titan-core converter plugin (entry point ``$name``)."""
 

@@ -27,15 +27,15 @@ import torch
 
 from .. import discovery
 from ..build import build_converters
-from ..deadlines import DeadlinePassed, call_deadline
 from ..discovery import CONVERTERS, SPECS, discover, load_converter, load_train_spec
-from ..errors import TitanError
+from ..errors import DeadlinePassed, TitanError
 from ..hf.adapter import row_map
 from ..init import init_model_weights
 from ..meta_model import meta_model
-from ..metrics import call_flops_fn
 from ..plan.resolve import resolve_config
+from ..plugin_boundary import SpecCalls
 from ..plugin_calls import plugin_timeout, timeout_message
+from ..runtime.deadlines import call_deadline
 from ..trainer import Trainer
 from . import runs
 
@@ -567,7 +567,9 @@ def check_flops(t: Target) -> str:
         model(tokens)
     counted = 3.0 * counter.get_total_flops() / seq
     # FlopCounterMode charges attention over the full square: compare with that count.
-    declared = call_flops_fn(spec.flops_per_token_fn, args, seq, full_attention=True)
+    flops = SpecCalls(spec).flops_per_token(args, seq)
+    assert flops is not None  # the spec has a flops_per_token_fn (checked above)
+    declared = flops.full_attention
     rel = abs(declared - counted) / counted
     if rel > 0.10:
         raise Failed(f"flops_per_token {declared:,.0f} is {rel:.0%} off the counted {counted:,.0f}", f"{rel:.1%} off")

@@ -11,8 +11,8 @@ Each check is one test method, running exactly what ``titan-plugin check`` runs.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import Any, ClassVar
+from collections.abc import Callable, Iterator
+from typing import ClassVar
 
 import pytest
 
@@ -40,7 +40,7 @@ class _Conformance:
         yield c.Target(self.kind, name, spec=self._spec(), compile=self.compile, extra_flags=tuple(self.extra_flags),
                        flavor=self.flavor, workdir=tmp_path_factory.mktemp(f"conformance-{name}"))
 
-    def _run(self, target: c.Target, fn: Any) -> None:
+    def _run(self, target: c.Target, fn: Callable[[c.Target], str]) -> None:
         pool = c.CONVERTER_CHECKS if self.kind == "converter" else c.SPEC_CHECKS
         check = next(ch for ch in pool if ch.fn is fn)
         if self.fast and not check.fast:

@@ -17,6 +17,7 @@ from ..errors import ConfigError
 from ..hf.adapter import adapter_of
 from ..hf.folder import is_hf_folder, open_hf_folder
 from ..meta_model import meta_model
+from .shape import read_json_object
 from .source import HF_CONFIG_IN_CHECKPOINT, RECORDED
 from .titan_checkpoint import saved_param_shapes
 
@@ -72,12 +73,5 @@ def checkpoint_model_args(checkpoint: Path, *, spec: TrainSpec, flavor: str, run
 
 def _json_object(path: Path) -> dict[str, Any]:
     """A JSON object file (a config.json copy); ConfigError naming it otherwise."""
-    import json
-
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
-        raise ConfigError(f"cannot read {path}: {exc}; it is a copy of a Hugging Face config.json.") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path} is not a JSON object; it should be a copy of a Hugging Face config.json.")
-    return data
+    return read_json_object(path, unreadable="cannot read {path}: {exc}; it is a copy of a Hugging Face config.json.",
+                            not_object="{path} is not a JSON object; it should be a copy of a Hugging Face config.json.")

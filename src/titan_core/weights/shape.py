@@ -107,16 +107,22 @@ def resolve_starting_weights(spec: TrainSpec, config: JobConfig, *, tokenizer: T
     return StartingWeights(kind, path, file, args, flavor)
 
 
-def _read_json(path: Path) -> dict[str, Any]:
+def read_json_object(path: Path, *, unreadable: str, not_object: str) -> dict[str, Any]:
+    """A JSON object file; a ConfigError from ``unreadable`` ({path}, {exc}) or ``not_object`` ({path}) otherwise."""
     import json
 
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
-        raise ConfigError(f"{WHAT}: cannot read {path}: {exc}") from None
+        raise ConfigError(unreadable.format(path=path, exc=exc)) from None
     if not isinstance(data, dict):
-        raise ConfigError(f"{WHAT}: {path} is not a JSON object")
+        raise ConfigError(not_object.format(path=path))
     return data
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    return read_json_object(path, unreadable=f"{WHAT}: cannot read {{path}}: {{exc}}",
+                            not_object=f"{WHAT}: {{path}} is not a JSON object")
 
 
 def record_shape_file(weights: StartingWeights, run_dir: Path) -> None:

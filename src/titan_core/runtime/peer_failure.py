@@ -14,23 +14,13 @@ import os
 import re
 from collections.abc import Iterator
 
-from .errors import TitanError
+from ..errors import PeerLost
 from .launch_env import LAUNCHER_ENV, world_size_from_env
 
-__all__ = ["PeerLost", "is_collective_failure", "lost_peer"]
+__all__ = ["is_collective_failure", "lost_peer"]
 
 _BACKEND_HINTS = re.compile(r"gloo|nccl|Connection closed|Connection reset|Timed out|timed out|timeout|"
                             r"Broken pipe|DistBackendError|ProcessGroup", re.IGNORECASE)
-
-
-class PeerLost(TitanError):
-    """Another rank died or stopped answering."""
-
-    exit_code = 4
-
-    def __init__(self, message: str, *, quiet: bool) -> None:
-        super().__init__(message)
-        self.quiet = quiet
 
 
 def is_collective_failure(exc: BaseException) -> bool:

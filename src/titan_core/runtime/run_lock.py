@@ -30,18 +30,14 @@ import socket
 from dataclasses import dataclass
 from pathlib import Path
 
-from .console import progress
-from .errors import TitanError
+from ..console import progress
+from ..errors import RunFolderBusy
 
-__all__ = ["LOCK_NAME", "RunFolderBusy", "RunLock", "acquire_run_lock"]
+__all__ = ["LOCK_NAME", "RunLock", "acquire_run_lock"]
 
 LOCK_NAME = ".lock"
 # Set by the --nproc-per-node launcher, which holds the lock for its workers.
 HELD_BY_LAUNCHER_ENV = "TITAN_RUN_LOCK_HELD"
-
-
-class RunFolderBusy(TitanError):
-    """Another live run holds the run folder's lock."""
 
 
 @dataclass
@@ -58,8 +54,10 @@ class RunLock:
             self.fd = None
 
 
-def _holder_pid(path: Path) -> int | None:
-    """The pid holding a flock on ``path``, from /proc/locks (this machine only)."""
+def flock_entry(path: Path) -> list[str] | None:
+    """The first flock on ``path`` in /proc/locks (this machine only), split into its fields:
+    ``["1:", "FLOCK", "ADVISORY", "WRITE", "12345", "08:01:1234567", "0", "EOF"]``; None when there is none
+    or it cannot be read. (A waiter's line has "->" in front and is not the first.)"""
     try:
         inode = path.stat().st_ino
         lines = Path("/proc/locks").read_text().splitlines()
@@ -67,10 +65,17 @@ def _holder_pid(path: Path) -> int | None:
         return None
     for line in lines:
         fields = line.split()
-        # "1: FLOCK  ADVISORY  WRITE 12345 08:01:1234567 0 EOF"; "->" marks a waiter
         if len(fields) >= 6 and fields[1] == "FLOCK" and fields[5].rsplit(":", 1)[-1] == str(inode):
-            with contextlib.suppress(ValueError):
-                return int(fields[4])
+            return fields
+    return None
+
+
+def _holder_pid(path: Path) -> int | None:
+    """The pid holding a flock on ``path``, from /proc/locks (this machine only)."""
+    fields = flock_entry(path)
+    if fields is not None:
+        with contextlib.suppress(ValueError):
+            return int(fields[4])
     return None
 
 

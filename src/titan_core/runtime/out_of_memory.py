@@ -14,24 +14,11 @@ import contextlib
 import re
 from collections.abc import Iterator
 
-from .errors import TitanError
+from ..errors import OutOfMemory, PluginOutOfMemory
 
-__all__ = ["OutOfMemory", "PluginOutOfMemory", "is_out_of_memory", "out_of_memory_error", "out_of_memory_named"]
+__all__ = ["is_out_of_memory", "out_of_memory_error", "out_of_memory_named"]
 
 _MARKERS = ("can't allocate memory", "out of memory", "cannot allocate memory")
-
-
-class OutOfMemory(TitanError):
-    """An allocation failed during the run; the user's fix is a smaller per-rank shape."""
-
-    def __init__(self, message: str, *, where: str, original: BaseException) -> None:
-        super().__init__(message)
-        self.where = where
-        self.original = original
-
-
-class PluginOutOfMemory(OutOfMemory):
-    """Named by the plugin method it happened in; :func:`out_of_memory_named` adds the step or phase."""
 
 
 def _chain(exc: BaseException) -> list[BaseException]:

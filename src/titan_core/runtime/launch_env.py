@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 # Set by titan-train --nproc-per-node in its workers (its own pid).
 LAUNCHER_ENV = "TITAN_LAUNCHER_PID"

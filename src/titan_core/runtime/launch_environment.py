@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 __all__ = ["check_launch_environment"]
 

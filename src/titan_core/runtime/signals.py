@@ -16,23 +16,16 @@ import signal
 import threading
 from collections.abc import Iterator
 from types import FrameType
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING
 
-from .errors import TitanError
+from ..errors import Terminated
 
-__all__ = ["StopRequested", "Terminated", "handlers_installed", "no_interrupt", "requested_signal", "sigterm_raises",
-           "stop_after_signal"]
+if TYPE_CHECKING:
+    pass
+
+__all__ = ["handlers_installed", "no_interrupt", "requested_signal", "sigterm_raises"]
 
 _state = {"installed": False, "term": 0, "int_pending": False, "int_deferred": 0}
-
-
-class StopRequested(TitanError):
-    """The run stopped on a signal; the CLI prints the message as is (no "error:") and exits ``exit_code``."""
-
-    def __init__(self, message: str, *, signum: int, quiet: bool = False) -> None:
-        super().__init__(message)
-        self.exit_code = 128 + signum
-        self.quiet = quiet
 
 
 def _on_term(signum: int, frame: FrameType | None) -> None:
@@ -88,32 +81,6 @@ def no_interrupt() -> Iterator[None]:
         _state["int_deferred"] -= 1
     if _state["installed"] and _state["int_pending"] and not _state["int_deferred"]:
         raise KeyboardInterrupt
-
-
-def stop_after_signal(trainer: Any, signum: int) -> NoReturn:
-    """Save (when configured), close the metrics, and raise StopRequested with one line saying where it saved."""
-
-    name = signal.Signals(signum).name
-    c = trainer.config.checkpoint
-    if c.enable and c.save_on_sigterm:
-        with no_interrupt():
-            trainer.checkpointer.maybe_save(trainer.step, tokens_seen=trainer.tokens_seen, last=True)
-            trainer.checkpointer.wait()
-        from .checkpoint.layout import step_dirname  # start-up: the CLIs import this module; checkpoint/ imports torch
-
-        where = f"checkpoint saved to {trainer.checkpointer.folder / step_dirname(trainer.step)}"
-    elif c.enable:
-        where = "no checkpoint saved (checkpoint.save_on_sigterm=false)"
-    else:
-        where = "no checkpoint saved (checkpointing is off: --checkpoint.enable=true saves one on SIGTERM)"
-    trainer.metrics.close()
-    raise StopRequested(f"titan-train: stopped by {name} after step {trainer.step}; {where}",
-                        signum=signum, quiet=not trainer.is_rank0)
-
-
-class Terminated(BaseException):
-    """SIGTERM in a tool that has no step boundary to stop at (titan-plugin, titan-convert). A BaseException,
-    like KeyboardInterrupt, so that no ``except Exception`` swallows it and ``subprocess.run`` kills its child."""
 
 
 def _raise_terminated(signum: int, frame: FrameType | None) -> None:

@@ -29,15 +29,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
+from ..errors import PEER_LOST_EXIT
 from .launch_env import LAUNCHER_ENV
 from .run_lock import HELD_BY_LAUNCHER_ENV
 from .worker_errors import INTERRUPTED, ErrorInbox
 
-__all__ = ["PEER_LOST_EXIT", "launch"]
+__all__ = ["launch"]
 
-# A worker whose collective failed because another rank died or stopped answering exits
-# with this code; under this launcher it prints nothing, so the launcher's message is the only one.
-PEER_LOST_EXIT = 4
 POLL_S = 0.05
 STOP_GRACE_S = 3.0
 OWN_ERROR_GRACE_S = 2.0  # a rank stopped on a user error: how long the others get to stop on it themselves

@@ -21,20 +21,12 @@ import time
 from collections.abc import Callable, Iterator
 from types import FrameType
 
+from ..errors import DeadlinePassed
 from .worker_errors import hand_to_launcher
 
-__all__ = ["GRACE_S", "DeadlinePassed", "call_deadline"]
+__all__ = ["GRACE_S", "call_deadline"]
 
 GRACE_S = 10.0
-
-
-class DeadlinePassed(BaseException):
-    """Raised inside a call that outlived its deadline (a BaseException: ``except Exception`` in the
-    stuck code does not swallow it)."""
-
-    def __init__(self, what: str, seconds: float) -> None:
-        super().__init__(f"{what} did not return within {seconds:g} s")
-        self.what, self.seconds = what, seconds
 
 
 def _hard_exit(message: str) -> None:

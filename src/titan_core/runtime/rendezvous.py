@@ -14,15 +14,11 @@ import time
 
 import torch.distributed as dist
 
-from .errors import TitanError
+from ..errors import RendezvousError
 from .launch_env import env_int, rank_env
 from .waiting_notice import WaitingNotice
 
-__all__ = ["RendezvousError", "join_process_group"]
-
-
-class RendezvousError(TitanError):
-    """The processes of a run could not all meet."""
+__all__ = ["join_process_group"]
 
 
 def _uses_launcher_store() -> bool:
