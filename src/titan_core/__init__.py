@@ -80,6 +80,7 @@ _LAZY: dict[str, str] = {
     "read_checkpoint_tensors": "checkpoint",
     "fqn_matches": "selection",
     "select_linears": "selection",
+    "select_modules": "selection",
     "ConversionTable": "converters",
     "apply_converters": "converters",
     "acquire_run_lock": "run_lock",
@@ -192,6 +193,7 @@ if TYPE_CHECKING:
     from .selection import (
         fqn_matches as fqn_matches,
         select_linears as select_linears,
+        select_modules as select_modules,
     )
     from .signals import StopRequested as StopRequested
     from .spec_factories import (

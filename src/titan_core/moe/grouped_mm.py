@@ -8,6 +8,10 @@ loop would use (bit-identical results, forward and backward; tests/qwen3 checks 
 wants 16-byte aligned rows, so a width that is not a multiple of 4 floats, like any other
 case (older GPUs, other dtypes), takes the fallback: one dense matmul per *expert* (never a
 loop over tokens) on its contiguous block.
+
+A weight of a tensor subclass (a converter's, e.g. torchao's MXFP8 training wrapper) always
+goes through ``torch._grouped_mm``, which the subclass intercepts to run its own low-precision
+grouped GEMM (emulated on CPU); its output comes back in ``x``'s dtype.
 """
 
 from __future__ import annotations
@@ -31,10 +35,11 @@ def grouped_mm_available(x: torch.Tensor, weight: torch.Tensor | None = None) ->
 
 def grouped_linear(x: torch.Tensor, weight: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
     """``x[rows of e] @ weight[e].T`` for every expert e, stacked in ``x``'s order: [tokens, out]."""
-    if grouped_mm_available(x, weight) and weight.dtype == x.dtype:
+    converted = type(weight) not in (torch.Tensor, torch.nn.Parameter)
+    if converted or (grouped_mm_available(x, weight) and weight.dtype == x.dtype):
         # Offsets are the cumulative row counts (int32): where each expert's block ends.
         offsets = torch.cumsum(counts, 0, dtype=torch.int32)
-        return torch._grouped_mm(x, weight.transpose(-2, -1), offs=offsets)
+        return torch._grouped_mm(x, weight.transpose(-2, -1), offs=offsets).to(x.dtype)
     sizes = [int(n) for n in counts.tolist()]
     outs = [block @ weight[e].T for e, block in enumerate(torch.split(x, sizes)) if sizes[e]]
     if not outs:
