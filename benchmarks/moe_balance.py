@@ -44,7 +44,7 @@ def main() -> None:
     peak = max(range(len(mean)), key=mean.__getitem__)
     last = statistics.mean(mean[-LAST:])
     print(f"qwen3 debugmoe, {len(records)} steps, built-in corpus; extra arguments: {' '.join(args.extra) or 'none'}")
-    print(f"load imbalance (max/mean tokens per expert, mean over layers; worst layer in brackets)")
+    print("load imbalance (max/mean tokens per expert, mean over layers; worst layer in brackets)")
     print(f"  step 1:        {mean[0]:.2f} [{worst[0]:.2f}]")
     print(f"  peak:          {mean[peak]:.2f} [{worst[peak]:.2f}] at step {int(records[peak]['step'])}")
     print(f"  last {LAST} mean:  {last:.2f} [{statistics.mean(worst[-LAST:]):.2f}]")

@@ -35,11 +35,7 @@ def load_balancing_loss(probs: torch.Tensor, experts: torch.Tensor) -> torch.Ten
 def update_expert_bias(bias: torch.Tensor, counts: torch.Tensor, rate: float) -> None:
     """Move ``bias`` (in place) by ``rate`` towards even load, given the step's ``counts``."""
     load = counts.to(torch.float32)
-    import os
-    if os.environ.get("TITAN_EXP_UPDATE") == "prop":
-        bias.add_(rate * (load.mean() - load) / load.mean().clamp(min=1))
-    else:
-        bias.add_(rate * torch.sign(load.mean() - load))
+    bias.add_(rate * torch.sign(load.mean() - load))
     bias.sub_(bias.mean())
 
 

@@ -95,10 +95,6 @@ class MoEMonitor:
             for block, counts in zip(self.blocks, stacked):
                 if block.bias_update_rate > 0:
                     update_expert_bias(block.router.expert_bias, counts, block.bias_update_rate)
-            import os
-            if os.environ.get("TITAN_EXP_DUMP"):
-                with open(os.environ["TITAN_EXP_DUMP"], "a") as fh:
-                    fh.write(repr([[c.tolist(), b.router.expert_bias.tolist()] for c, b in zip(stacked, self.blocks)]) + "\n")
             imbalance = [load_imbalance(c) for c in stacked]
             total, n_blocks, worst = sum(imbalance), len(imbalance), max(imbalance)
         if distributed and self.stage_group is not None:

@@ -31,14 +31,9 @@ class TopKRouter(nn.Module):
         self.register_buffer("expert_bias", torch.zeros(num_experts, dtype=torch.float32), persistent=True)
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        logits = self.gate(x)
-        probs = F.softmax(logits, dim=-1, dtype=torch.float32)
+        probs = F.softmax(self.gate(x), dim=-1, dtype=torch.float32)
         # The bias only ranks the experts (no gradient flows through the choice anyway).
-        import os
-        if os.environ.get("TITAN_EXP_SPACE") == "logit":
-            _, experts = torch.topk(logits.float() + self.expert_bias, self.top_k, dim=-1)
-        else:
-            _, experts = torch.topk(probs + self.expert_bias, self.top_k, dim=-1)
+        _, experts = torch.topk(probs + self.expert_bias, self.top_k, dim=-1)
         weights = probs.gather(-1, experts)
         if self.norm_topk_prob:
             weights = weights / weights.sum(dim=-1, keepdim=True)

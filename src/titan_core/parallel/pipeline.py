@@ -179,7 +179,7 @@ def _stage_class() -> Any:
     if not hasattr(PipelineStage, "_forward_metadata_inference"):
         return PipelineStage  # a torch without that forward
 
-    class Stage(PipelineStage):  # type: ignore[misc]
+    class Stage(PipelineStage):
         def _forward_metadata_inference(self, *args: Any, **kwargs: Any) -> Any:
             out = super()._forward_metadata_inference(*args, **kwargs)
             for module in self.submod.modules():

@@ -21,7 +21,6 @@ from .hf_adapter import Qwen3StateDictAdapter
 from .model import Transformer, flops_per_token
 
 
-
 def qwen3_tp_plan(model: nn.Module, **kwargs: Any) -> Any:
     """See titan_qwen3.tp_plan.qwen3_tp_plan."""
     from .tp_plan import qwen3_tp_plan as impl
