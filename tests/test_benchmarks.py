@@ -50,11 +50,20 @@ def test_attention_prints_fused_against_sdpa_for_each_head_shape() -> None:
 def test_moe_step_time_prints_both_models_and_their_ratio() -> None:
     out = bench("moe_step_time.py", "--seq-len", "16", "--batch", "2", "--warmup", "1", "--steps", "1")
     rows = {m.group(1): (int(m.group(2).replace(",", "")), int(m.group(3).replace(",", "")))
-            for m in re.finditer(r"^(dense \(debugmodel\)|MoE \(debugmoe\))\s+([\d,]+)\s+([\d,]+)\s+[\d.]+$", out, re.M)}
+            for m in re.finditer(r"^(dense \(debugmodel\)|MoE \(debugmoe\))\s+([\d,]+)\s+([\d,]+)\s+[\d.]+\s+[\d.]+$", out, re.M)}
     assert set(rows) == {"dense (debugmodel)", "MoE (debugmoe)"}, out
     dense, moe = rows["dense (debugmodel)"], rows["MoE (debugmoe)"]
     assert moe[0] > 2 * dense[0] and abs(moe[1] - dense[1]) < 0.01 * dense[1]  # same active parameters
-    assert re.search(r"^MoE / dense step time: [\d.]+x$", out, re.M), out
+    assert re.search(r"^MoE / dense step time: [\d.]+x \(wall clock: [\d.]+x\)$", out, re.M), out
+
+
+def test_moe_balance_prints_start_peak_and_last_steps() -> None:
+    out = bench("moe_balance.py", "--steps", "3", "--", "--qwen3.n_layers=1", "--training.seq_len=16",
+                "--training.local_batch_size=2")
+    figures = dict(re.findall(r"^  (step 1|peak|last 20 mean):\s+([\d.]+) \[[\d.]+\]", out, re.M))
+    assert set(figures) == {"step 1", "peak", "last 20 mean"}, out
+    assert all(float(v) >= 1.0 for v in figures.values()) and float(figures["peak"]) >= float(figures["step 1"])
+    assert re.search(r"^target <= 1.3: (met|MISSED)$", out, re.M), out
 
 
 def test_data_prepare_benchmark_prints_tokenizer_and_worker_rates() -> None:

@@ -121,6 +121,7 @@ if TYPE_CHECKING:
     from .selection import (
         fqn_matches as fqn_matches,
         select_linears as select_linears,
+        select_modules as select_modules,
     )
     from .spec_factories import (
         BatchEncoder as BatchEncoder,

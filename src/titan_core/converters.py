@@ -87,12 +87,15 @@ def describe(module: nn.Module) -> str:
     so the table would otherwise show no change for them.
     """
     name = type(module).__name__
-    weight = getattr(module, "weight", None)
-    if isinstance(weight, torch.Tensor):
-        data = weight.data if isinstance(weight, nn.Parameter) else weight
-        if type(data) not in (torch.Tensor, nn.Parameter):
-            return f"{name}(weight={type(data).__name__})"
-    return name
+    # Its own parameters: "weight" for a linear, the stacked w1/w2/w3 of MoE experts.
+    wrapped = {pname: type(p.data).__name__ for pname, p in module.named_parameters(recurse=False)
+               if type(p.data) not in (torch.Tensor, nn.Parameter)}
+    if not wrapped:
+        return name
+    kinds = set(wrapped.values())
+    if len(kinds) == 1:
+        return f"{name}({','.join(wrapped)}={kinds.pop()})"
+    return f"{name}({', '.join(f'{k}={v}' for k, v in wrapped.items())})"
 
 
 def apply_converters(

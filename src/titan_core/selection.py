@@ -7,10 +7,13 @@ in each of them (``--float8.fqns`` and ``--mx.fqns`` follow one matching rule).
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TypeVar
 
 from torch import nn
 
 from .errors import ConfigError
+
+M = TypeVar("M", bound=nn.Module)
 
 
 def fqn_matches(fqn: str, entry: str) -> bool:
@@ -35,12 +38,29 @@ def select_linears(
     An ``fqns`` entry that matches no linear at all is a ``ConfigError``: it is
     almost always a typo, and silently converting less than asked is worse.
     """
-    linears = [(fqn, m) for fqn, m in model.named_modules() if fqn and isinstance(m, nn.Linear)]
-    unmatched = [entry for entry in fqns if not any(fqn_matches(fqn, entry) for fqn, _ in linears)]
+    return select_modules(model, nn.Linear, key=f"{section}.fqns", fqns=fqns, filter_fqns=filter_fqns,
+                          eligible=eligible)
+
+
+def select_modules(
+    model: nn.Module,
+    module_type: type[M],
+    *,
+    key: str,
+    fqns: list[str],
+    filter_fqns: list[str],
+    eligible: Callable[[str, M], bool],
+) -> list[str]:
+    """Fqns of the ``module_type`` modules that match ``fqns`` (all when empty), no ``filter_fqns``
+    entry, and ``eligible``; ``key`` names the setting in errors (an ``fqns`` entry that matches
+    no such module is a ``ConfigError``). E.g. a converter's MoE option selects
+    ``titan_core.moe.GroupedExperts`` modules."""
+    candidates = [(fqn, m) for fqn, m in model.named_modules() if fqn and isinstance(m, module_type)]
+    unmatched = [entry for entry in fqns if not any(fqn_matches(fqn, entry) for fqn, _ in candidates)]
     if unmatched:
-        raise ConfigError(_unmatched_message(section, unmatched, [fqn for fqn, _ in linears]))
+        raise ConfigError(_unmatched_message(key, module_type.__name__, unmatched, [fqn for fqn, _ in candidates]))
     chosen: list[str] = []
-    for fqn, module in linears:
+    for fqn, module in candidates:
         if fqns and not any(fqn_matches(fqn, entry) for entry in fqns):
             continue
         if any(fqn_matches(fqn, entry) for entry in filter_fqns):
@@ -50,13 +70,14 @@ def select_linears(
     return chosen
 
 
-def _unmatched_message(section: str, unmatched: list[str], linears: list[str]) -> str:
-    shown = ", ".join(linears[:6]) + (f" and {len(linears) - 6} more" if len(linears) > 6 else "")
-    nested = next((fqn for fqn in linears if fqn.count(".") >= 2), "layers.0.feed_forward.w1")
+def _unmatched_message(key: str, kind: str, unmatched: list[str], candidates: list[str]) -> str:
+    shown = ", ".join(candidates[:6]) + (f" and {len(candidates) - 6} more" if len(candidates) > 6 else "")
+    nested = next((fqn for fqn in candidates if fqn.count(".") >= 2), "layers.0.feed_forward.w1")
     example = ".".join(nested.split(".")[-2:])
+    what = "nn.Linear" if kind == "Linear" else kind
     return (
-        f"{section}.fqns entries {unmatched} match no nn.Linear of this model. "
-        f"Its {len(linears)} linear layers include: {shown or '(none)'}. An entry matches a module whose "
+        f"{key} entries {unmatched} match no {what} of this model. "
+        f"Its {len(candidates)} {what} modules include: {shown or '(none)'}. An entry matches a module whose "
         f'fully qualified name contains the entry as whole dot-separated parts (e.g. "{example}" '
-        f'matches "{nested}"). Fix {section}.fqns.'
+        f'matches "{nested}"). Fix {key}.'
     )

@@ -263,7 +263,10 @@ class Trainer:
         check_ties(self.model_parts, self.ties, after="parallelize_fn")
         check_expert_parallel(self.model_parts, self.dims, what=f"spec {self.spec.name}")
 
-        self.moe = MoEMonitor(self.model_parts)  # a no-op for a model without MoE blocks
+        # A no-op for a model without MoE blocks. Loads add up over the data-parallel ranks only:
+        # other pipeline ranks hold other layers; tp ranks route the same tokens.
+        self.moe = MoEMonitor(self.model_parts, group=self.dp_flat_mesh.get_group() if self.dims.distributed else None,
+                              stage_group=self.mesh["pp"].get_group() if self.dims.pp_enabled else None)
         if self.dims.distributed:
             self.report_layout()
 

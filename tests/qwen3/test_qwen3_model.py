@@ -9,7 +9,15 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from titan_core.moe import MoE, MoEMonitor, grouped_linear, load_balancing_loss, load_imbalance, update_expert_bias
+from titan_core.moe import (
+    MoE,
+    MoEMonitor,
+    grouped_linear,
+    grouped_mm_available,
+    load_balancing_loss,
+    load_imbalance,
+    update_expert_bias,
+)
 from titan_qwen3.flavors import qwen3_flavors
 from titan_qwen3.model import Transformer, parameter_counts
 
@@ -88,6 +96,24 @@ def test_grouped_linear_fallback_equals_one_matmul_per_expert() -> None:
     x = torch.randn(int(counts.sum()), 8)
     expected = torch.cat([x[0:3] @ w[0].T, x[3:8] @ w[2].T, x[8:10] @ w[3].T])
     assert torch.equal(grouped_linear(x, w, counts), expected)
+
+
+def test_grouped_mm_on_cpu_is_bit_identical_to_one_matmul_per_expert() -> None:
+    """fp32 on CPU with 16-byte aligned widths takes torch._grouped_mm: same numbers as the loop,
+    forward and backward (an empty expert included)."""
+    torch.manual_seed(0)
+    counts = torch.tensor([3, 0, 5, 2])
+    w = torch.randn(4, 12, 8, requires_grad=True)
+    x = torch.randn(int(counts.sum()), 8, requires_grad=True)
+    assert grouped_mm_available(x, w) and not grouped_mm_available(x[:, :6], w)  # 6 floats: 24 bytes
+    grad = torch.randn(10, 12)
+    grouped_linear(x, w, counts).backward(grad)
+    got = (x.grad.clone(), w.grad.clone())
+    x.grad = w.grad = None
+    expected = torch.cat([x[0:3] @ w[0].T, x[3:8] @ w[2].T, x[8:10] @ w[3].T])
+    expected.backward(grad)
+    assert torch.equal(grouped_linear(x, w, counts), expected)
+    assert torch.equal(got[0], x.grad) and torch.equal(got[1], w.grad)
 
 
 def test_aux_loss_is_one_when_even_and_reaches_the_router() -> None:

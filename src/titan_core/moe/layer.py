@@ -6,10 +6,12 @@ router weight and adds it back to its token's row. Optional shared experts (a de
 SwiGLU every token goes through) are added on top.
 
 Each training forward leaves two things for the trainer (``titan_core.moe.monitor``) to
-pick up before backward: ``aux_loss``, the load-balancing loss already multiplied by its
-coefficient (None when the coefficient is 0), and ``tokens_per_expert``, this forward's
-load. They are overwritten by every forward, so activation checkpointing's recompute in
-backward does nothing to them that matters.
+pick up: ``aux_loss``, the load-balancing loss already multiplied by its coefficient (None
+when the coefficient is 0), overwritten by every forward and read before backward; and
+``tokens_per_expert``, the load, added up over forwards until the monitor takes it (a
+pipeline schedule runs several micro-batches' forwards before anyone can look). A forward
+that runs inside backward is activation checkpointing's recompute of one already counted:
+it records nothing.
 """
 
 from __future__ import annotations
@@ -40,6 +42,11 @@ class MoE(nn.Module):
         self.aux_loss = None
         self.tokens_per_expert = None
 
+    def discard_forward_records(self) -> None:
+        """Forget what forwards recorded (pipelining calls this after its shape-finding forward)."""
+        self.aux_loss = None
+        self.tokens_per_expert = None
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         flat = x.reshape(-1, shape[-1])
@@ -55,8 +62,9 @@ class MoE(nn.Module):
         combined = torch.zeros_like(flat).index_add_(0, token_of, out.to(flat.dtype))
         if self.shared_experts is not None:
             combined = combined + self.shared_experts(flat)
-        if self.training:
-            self.tokens_per_expert = counts.detach()
+        if self.training and torch._C._current_graph_task_id() == -1:  # not a recompute in backward
+            before = self.tokens_per_expert
+            self.tokens_per_expert = counts.detach() if before is None else before + counts.detach()
             per_sequence = (-1, shape[-2]) if len(shape) == 3 else (1, -1)  # [batch, seq, dim], or one sequence
             self.aux_loss = (self.aux_loss_coeff * load_balancing_loss(probs.reshape(*per_sequence, probs.shape[-1]),
                                                                        experts.reshape(*per_sequence, top_k))

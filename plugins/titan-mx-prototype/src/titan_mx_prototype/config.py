@@ -34,6 +34,11 @@ class MXConfig(BaseModel):
         default_factory=lambda: ["output"],
         description="Opt-out: linears matching an entry are never converted (default: the output head).",
     )
+    moe_fqns: list[str] = Field(
+        default_factory=list,
+        description='Opt-in: MoE experts (titan_core.moe.GroupedExperts, stacked weights run by grouped GEMM) matching '
+        'an entry run MXFP8 grouped GEMMs, e.g. ["experts"] (default: none; filter_fqns applies too).',
+    )
     emulate: AutoBool = Field(
         "auto", description="Emulate MXFP8 matmuls in high precision: auto = on CPU, real kernels on CUDA SM100+ (Blackwell); true = always (slow)."
     )

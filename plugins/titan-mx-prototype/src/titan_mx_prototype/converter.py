@@ -18,7 +18,16 @@ import torch
 from pydantic import BaseModel
 from torch import nn
 
-from titan_core import ConfigError, ModelConverter, ParallelDims, RunContext, TitanError, select_linears
+from titan_core import (
+    ConfigError,
+    GroupedExperts,
+    ModelConverter,
+    ParallelDims,
+    RunContext,
+    TitanError,
+    select_linears,
+    select_modules,
+)
 
 from .config import MXConfig
 from .hardware import resolve_emulate
@@ -71,7 +80,7 @@ class MXConverter(ModelConverter[MXConfig]):
         logger.info("mx (prototype): recipe %s, %s", config.recipe, self.emulate_reason)
 
     def selection_keys(self) -> list[str]:
-        return ["fqns", "filter_fqns"]
+        return ["fqns", "filter_fqns", "moe_fqns"]
 
     def select(self, model: nn.Module) -> list[str]:
         def eligible(fqn: str, module: nn.Linear) -> bool:
@@ -86,9 +95,26 @@ class MXConverter(ModelConverter[MXConfig]):
                 return False
             return not self.is_mx_weight(module)
 
-        return select_linears(
+        linears = select_linears(
             model, section="mx", fqns=self.config.fqns, filter_fqns=self.config.filter_fqns, eligible=eligible
         )
+        return linears + self.select_experts(model)
+
+    def select_experts(self, model: nn.Module) -> list[str]:
+        """The MoE experts ``moe_fqns`` opts in: their grouped GEMMs go through torchao's MXFP8 path."""
+        if not self.config.moe_fqns:
+            return []
+
+        def eligible(fqn: str, experts: GroupedExperts) -> bool:
+            _, hidden, dim = experts.w1.shape  # both contraction dims (dim for w1/w3, hidden for w2)
+            if hidden % BLOCK_SIZE or dim % BLOCK_SIZE:
+                logger.info("mx: skipping experts %s (dim %d, hidden %d not divisible by %d)", fqn, dim, hidden,
+                            BLOCK_SIZE)
+                return False
+            return not self.is_mx_weight(experts)
+
+        return select_modules(model, GroupedExperts, key="mx.moe_fqns", fqns=self.config.moe_fqns,
+                              filter_fqns=self.config.filter_fqns, eligible=eligible)
 
     def torchao_config(self) -> Any:
         """The ``MXFP8TrainingOpConfig`` this converter applies."""
@@ -98,8 +124,8 @@ class MXConverter(ModelConverter[MXConfig]):
         return dataclasses.replace(self._ao.MXFP8TrainingOpConfig.from_recipe(recipe), kernel_preference=kernel)
 
     def is_mx_weight(self, module: nn.Module) -> bool:
-        """Whether ``module``'s weight is an MX training wrapper (converted)."""
-        weight = getattr(module, "weight", None)
+        """Whether ``module``'s weight (an expert block's ``w1``) is an MX training wrapper (converted)."""
+        weight = getattr(module, "w1" if isinstance(module, GroupedExperts) else "weight", None)
         return weight is not None and isinstance(weight.data, self._ao.MXFP8TrainingWeightWrapperTensor)
 
     def convert(self, model: nn.Module, fqns: list[str]) -> None:
@@ -110,4 +136,5 @@ class MXConverter(ModelConverter[MXConfig]):
             raise TitanError(f"torchao could not apply MX training: {exc}") from exc
         missed = [fqn for fqn in fqns if not self.is_mx_weight(model.get_submodule(fqn))]
         if missed:
-            raise ConfigError(f"mx could not convert {missed}: only bias-free nn.Linear modules can use MX training")
+            raise ConfigError(f"mx could not convert {missed}: only bias-free nn.Linear modules and MoE experts "
+                              f"(GroupedExperts) can use MX training")

@@ -16,6 +16,12 @@ class Qwen3Section(BaseModel):
     rope_theta: float | None = Field(None, gt=0, description="RoPE base frequency (default: the flavor's).")
     n_layers: int | None = Field(None, gt=0, description="Number of transformer blocks (default: the flavor's).")
     vocab_size: int | None = Field(None, gt=0, description="Vocabulary size (default: the flavor's, or the tokenizer's).")
+    mlp_only_layers: tuple[int, ...] | None = Field(
+        None, description="MoE flavors: layer ids that keep a dense MLP instead of experts, e.g. [0] (Hugging Face's "
+        "mlp_only_layers; default: the flavor's).")
+    decoder_sparse_step: int | None = Field(
+        None, ge=1, description="MoE flavors: every n-th layer is sparse (Hugging Face's decoder_sparse_step; default: "
+        "the flavor's).")
     moe_aux_loss_coeff: float | None = Field(
         None, ge=0, description="MoE flavors: coefficient of the auxiliary load-balancing loss added to the training "
         "loss (0: none; default: the flavor's).")

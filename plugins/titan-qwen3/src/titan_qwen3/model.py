@@ -12,6 +12,8 @@ Features:
     Face: layer i is sparse when ``num_experts > 0``, i is not in ``mlp_only_layers`` and
     (i + 1) is a multiple of ``decoder_sparse_step``;
   * an output head of its own or tied to the embedding (``tie_embeddings``);
+  * a forward that tolerates the pipeline splitter removing ``tok_embeddings`` (a later
+    stage receives hidden states) or ``norm`` and ``output`` (an earlier stage returns them);
   * buildable on the meta device; weights filled per parameter name (``init_parameter``).
 
 Nothing here knows about parallelism.
@@ -185,20 +187,22 @@ class Transformer(nn.Module):
         if args.vocab_size is None:
             raise ValueError("Qwen3Args.vocab_size is None: fill it (from the tokenizer) before building the model")
         self.args = args
-        self.tok_embeddings = nn.Embedding(args.vocab_size, args.dim)
+        self.tok_embeddings: nn.Embedding | None = nn.Embedding(args.vocab_size, args.dim)
         # Keyed "0".."n-1" so that checkpoint keys keep the layer ids.
         self.layers = nn.ModuleDict({str(i): TransformerBlock(args, i) for i in range(args.n_layers)})
-        self.norm = RMSNorm(args.dim, args.norm_eps)
-        self.output = nn.Linear(args.dim, args.vocab_size, bias=False)
+        self.norm: RMSNorm | None = RMSNorm(args.dim, args.norm_eps)
+        self.output: nn.Linear | None = nn.Linear(args.dim, args.vocab_size, bias=False)
         if args.tie_embeddings:
             self.output.weight = self.tok_embeddings.weight
         self.register_buffer("rope", rope_table(args), persistent=False)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        h = self.tok_embeddings(tokens)
+        h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens
         for layer in self.layers.values():
             h = layer(h, self.rope)
-        return self.output(self.norm(h))
+        if self.norm is not None:
+            h = self.norm(h)
+        return self.output(h) if self.output is not None else h
 
     def tied_weights(self) -> list[tuple[str, str]]:
         """(source, alias) parameter names that are one tensor; the core keeps them tied."""

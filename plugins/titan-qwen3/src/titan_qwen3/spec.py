@@ -1,11 +1,17 @@
 """The qwen3 TrainSpec: what the titan.train_specs entry point ``qwen3`` names.
 
-Parallelism is titan-core's default (activation checkpointing -> compile -> FSDP2 over
-the blocks); the spec has no tensor-parallel plan and no pipeline function yet, so
-``tp > 1`` and ``pp > 1`` are refused with a message.
+Parallelism is titan-core's default (TP -> activation checkpointing -> compile -> FSDP2
+over the blocks) with Qwen3's TP plan (``tp_plan.py``: the dense parts sharded, MoE blocks
+replicated), and titan-core's pipeline splitter over ``layers``. The parallelism functions
+are reached through thin wrappers that import their modules on first call: those modules
+import DTensor, which costs seconds, and ``titan-train --list`` must stay cheap.
 """
 
 from __future__ import annotations
+
+from typing import Any
+
+from torch import nn
 
 from titan_core import TrainSpec
 
@@ -14,10 +20,35 @@ from .flavors import qwen3_flavors
 from .hf_adapter import Qwen3StateDictAdapter
 from .model import Transformer, flops_per_token
 
+
+def qwen3_tp_plan(model: nn.Module, **kwargs: Any) -> Any:
+    """See titan_qwen3.tp_plan.qwen3_tp_plan."""
+    from .tp_plan import qwen3_tp_plan as impl
+
+    return impl(model, **kwargs)
+
+
+def pipeline_qwen3(model: nn.Module, **kwargs: Any) -> Any:
+    """titan-core's pipeline over ``layers``; the first stage keeps ``tok_embeddings``, the last ``norm`` and ``output``."""
+    from titan_core.parallel.pipeline import pipeline_model
+
+    return pipeline_model(model, blocks_attr="layers", first=("tok_embeddings",), last=("norm", "output"), **kwargs)
+
+
+def validate_qwen3_layout(args: Any, **kwargs: Any) -> None:
+    """See titan_qwen3.parallelize.validate_qwen3_layout."""
+    from .parallelize import validate_qwen3_layout as impl
+
+    impl(args, **kwargs)
+
+
 qwen3_spec = TrainSpec(
     name="qwen3",
     model_cls=Transformer,
     flavors=qwen3_flavors,
+    tp_plan_fn=qwen3_tp_plan,
+    pipelining_fn=pipeline_qwen3,
+    validate_fn=validate_qwen3_layout,
     config_model=Qwen3Section,
     flops_per_token_fn=flops_per_token,
     state_dict_adapter=Qwen3StateDictAdapter(),

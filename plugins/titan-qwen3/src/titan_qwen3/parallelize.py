@@ -1,0 +1,50 @@
+"""Layout checks for qwen3 (the spec's validate_fn): what TP and PP need of the model's shape.
+
+Runs before any process group exists, after the core has checked the degrees against the
+world size.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from titan_core import ConfigError, ParallelismSection, TrainingSection
+
+
+def validate_qwen3_layout(
+    args: Any, *, parallelism: ParallelismSection, training: TrainingSection, world_size: int
+) -> None:
+    """ConfigError for a layout the model cannot be split into."""
+    from titan_core.parallel.pipeline import validate_pipeline
+
+    tp, pp = parallelism.tp, parallelism.pp
+    if tp > 1:
+        checks = [
+            ("model n_heads", args.n_heads),
+            ("model n_kv_heads", args.n_kv_heads),
+            ("model vocab_size", args.vocab_size),
+            ("training.seq_len (sequence parallelism shards the sequence)", training.seq_len),
+        ]
+        if any(not args.is_sparse(i) for i in range(args.n_layers)):  # MoE blocks are not sharded by TP
+            checks.append(("the dense MLP's intermediate_size", args.intermediate_size))
+        for what, value in checks:
+            if value is not None and value % tp:
+                raise ConfigError(
+                    f"parallelism.tp={tp} does not divide {what}={value}: tensor parallelism splits it evenly "
+                    f"over the tp ranks. Choose a tp degree that divides it (or change the model)."
+                )
+    if pp > 1:
+        if args.tie_embeddings:
+            raise ConfigError(
+                f"parallelism.pp={pp}: this flavor ties its output head to its embedding (tie_embeddings), and "
+                f"pipeline stages cannot share one tensor (the embedding is in the first stage, the head in the "
+                f"last). Use FSDP2/TP for this flavor, or an untied one."
+            )
+        if args.num_experts and args.moe_aux_loss_coeff > 0:
+            raise ConfigError(
+                f"parallelism.pp={pp} with qwen3.moe_aux_loss_coeff={args.moe_aux_loss_coeff}: the pipeline "
+                f"schedule runs forward and backward itself, so the auxiliary load-balancing loss cannot be "
+                f"added to the loss it differentiates. Set --qwen3.moe_aux_loss_coeff=0 and balance with the "
+                f"routing-bias update (--qwen3.moe_bias_update_rate), or drop pipeline parallelism."
+            )
+        validate_pipeline(parallelism, training, n_layers=args.n_layers)

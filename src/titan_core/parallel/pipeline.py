@@ -1,0 +1,270 @@
+"""Pipeline parallelism for any decoder whose blocks sit in one ``nn.ModuleDict``: split into
+stages, parallelize each, build the schedule. A spec gets its ``pipelining_fn`` from
+:func:`default_pipelining_fn` (naming its blocks and its two ends) and its layout checks from
+:func:`validate_pipeline`.
+
+A stage is a deep copy of the meta-device model with the blocks of other stages deleted
+and the first-stage modules (e.g. ``tok_embeddings``; all but the first stage) or the
+last-stage ones (e.g. ``norm`` and ``output``; all but the last) set to None: the model's
+forward must skip an end that is None (a later stage receives hidden states). Nothing is
+renamed, so a stage's parameter names are the whole model's (``layers.5.attention.wq.weight``
+stays that on whichever rank holds block 5): checkpoints and weight init do not depend on
+the split.
+
+Stages are numbered 0..S-1 with S = pp x pp_stages_per_rank. Rank r of the
+``pp`` mesh holds stages r, r+pp, r+2pp, ... ("loop" style), or for the V-shaped
+schedules (ZBVZeroBubble, DualPipeV) stages r and 2pp-1-r, so the first and the
+last stage share rank 0.
+
+How the trainer drives the schedule (per optimizer step, after zero_grad):
+  * ``losses = []``; rank with the first stage passes the inputs, rank with the
+    last stage the targets: ``schedule.step(*([tokens] if has_first_stage else []),
+    target=labels if has_last_stage else None, losses=losses if has_last_stage else None)``.
+  * ``loss_fn(output, target)`` runs once per microbatch and must return the MEAN
+    over that microbatch; the schedule divides the gradients by the number of
+    microbatches (``scale_grads=True``), so the gradients are those of the mean
+    over the local batch. The step's loss is ``torch.stack(losses).mean()``, known
+    only on the last stage's rank: broadcast (or all-reduce a masked value) over
+    the ``pp`` mesh to log it everywhere.
+  * with tp > 1 and ``parallelism.loss_parallel``, run ``schedule.step`` inside
+    ``torch.distributed.tensor.parallel.loss_parallel()`` on every rank (the loss
+    and its backward both run inside ``step``).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..config.sections import ParallelismSection, TrainingSection
+from ..errors import ConfigError
+from ..parallel_dims import ParallelDims
+from ..spec_factories import PipeliningFn
+
+# Schedules offered, in the spelling torch's get_schedule_class accepts.
+SINGLE_STAGE_SCHEDULES = ("1F1B", "GPipe")
+MULTI_STAGE_SCHEDULES = ("Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV")
+V_SCHEDULES = ("ZBVZeroBubble", "DualPipeV")
+
+
+@dataclass
+class PipelineResult:
+    """What the trainer needs to run a pipeline step on this rank."""
+
+    schedule: Any
+    model_parts: list[nn.Module]
+    has_first_stage: bool
+    has_last_stage: bool
+    stage_ids: list[int]
+
+
+def canonical_schedule(name: str) -> str:
+    """The schedule's canonical name (case-insensitive match); ConfigError listing the valid ones."""
+    for known in (*SINGLE_STAGE_SCHEDULES, *MULTI_STAGE_SCHEDULES):
+        if known.lower() == name.lower():
+            return known
+    valid = ", ".join((*SINGLE_STAGE_SCHEDULES, *MULTI_STAGE_SCHEDULES))
+    raise ConfigError(f'parallelism.pp_schedule: unknown pipeline schedule "{name}". Valid schedules: {valid}.')
+
+
+def validate_pipeline(parallelism: ParallelismSection, training: TrainingSection, *, n_layers: int) -> None:
+    """Check schedule, stages and microbatches against the model and batch (ConfigError)."""
+    schedule = canonical_schedule(parallelism.pp_schedule)
+    per_rank = parallelism.pp_stages_per_rank
+    if schedule in SINGLE_STAGE_SCHEDULES and per_rank != 1:
+        raise ConfigError(
+            f"parallelism.pp_schedule={schedule} runs one stage per rank, but pp_stages_per_rank={per_rank}. "
+            f"Set pp_stages_per_rank=1 or use a multi-stage schedule ({', '.join(MULTI_STAGE_SCHEDULES)})."
+        )
+    if schedule in MULTI_STAGE_SCHEDULES and per_rank < 2:
+        raise ConfigError(
+            f"parallelism.pp_schedule={schedule} runs several stages per rank, but pp_stages_per_rank={per_rank}. "
+            f"Set pp_stages_per_rank to 2 or more, or use a single-stage schedule ({', '.join(SINGLE_STAGE_SCHEDULES)})."
+        )
+    if schedule in V_SCHEDULES and per_rank != 2:
+        raise ConfigError(f"parallelism.pp_schedule={schedule} needs exactly pp_stages_per_rank=2, got {per_rank}.")
+    num_stages = parallelism.pp * per_rank
+    if num_stages > n_layers:
+        raise ConfigError(
+            f"pipeline has more stages than the model has layers: pp={parallelism.pp} x pp_stages_per_rank={per_rank} "
+            f"= {num_stages} stages, n_layers={n_layers}. Each stage needs at least one layer: lower pp or "
+            f"pp_stages_per_rank."
+        )
+    n_mb = parallelism.pp_microbatches or num_stages  # dividing the local batch: checked by the core's config
+    if schedule in ("1F1B", "Interleaved1F1B") and n_mb < parallelism.pp:
+        raise ConfigError(
+            f"parallelism.pp_schedule={schedule} needs at least pp={parallelism.pp} microbatches, got {n_mb}."
+        )
+    split_layers(n_layers, num_stages, parallelism.pp_split_points)
+
+
+def split_layers(n_layers: int, num_stages: int, split_points: list[str]) -> list[list[str]]:
+    """Layer names ("0".."n-1") of each stage: balanced, or cut before each ``layers.K`` in ``split_points``."""
+    if not split_points:
+        base, extra = divmod(n_layers, num_stages)
+        # Earlier stages take the remainder: the last stage also runs the output head.
+        sizes = [base + (1 if s < extra else 0) for s in range(num_stages)]
+        starts = [sum(sizes[:s]) for s in range(num_stages)]
+    else:
+        if len(split_points) != num_stages - 1:
+            raise ConfigError(
+                f"parallelism.pp_split_points has {len(split_points)} entries but {num_stages} stages need "
+                f"{num_stages - 1} (one per stage boundary). Give {num_stages - 1} names like \"layers.4\", or none "
+                f"for a balanced split."
+            )
+        starts = [0]
+        for point in split_points:
+            index = _layer_index(point, n_layers)
+            if index <= starts[-1]:
+                raise ConfigError(
+                    f'parallelism.pp_split_points must name increasing layers from "layers.1" to '
+                    f'"layers.{n_layers - 1}" (each stage keeps at least one layer); got {split_points}.'
+                )
+            starts.append(index)
+    ends = [*starts[1:], n_layers]
+    return [[str(i) for i in range(a, b)] for a, b in zip(starts, ends)]
+
+
+def _layer_index(point: str, n_layers: int) -> int:
+    prefix, _, number = point.partition(".")
+    if prefix != "layers" or not number.isdigit() or not 0 < int(number) < n_layers:
+        raise ConfigError(
+            f'parallelism.pp_split_points: "{point}" is not a layer that can start a stage; use '
+            f'"layers.K" with 1 <= K <= {n_layers - 1}.'
+        )
+    return int(number)
+
+
+def stage_ids_of_rank(pp_rank: int, pp: int, stages_per_rank: int, *, v_style: bool) -> list[int]:
+    """The stages rank ``pp_rank`` holds, in increasing order."""
+    if v_style:
+        return [pp_rank, 2 * pp - 1 - pp_rank]
+    return [pp_rank + k * pp for k in range(stages_per_rank)]
+
+
+def build_stage_module(model: nn.Module, layer_names: list[str], *, is_first: bool, is_last: bool,
+                       blocks_attr: str = "layers", first: Sequence[str] = ("tok_embeddings",),
+                       last: Sequence[str] = ("norm", "output")) -> nn.Module:
+    """A copy of the meta ``model`` holding only the blocks ``layer_names`` (and its ``first`` /
+    ``last`` modules when it is the first / last stage)."""
+    part = copy.deepcopy(model)
+    blocks = part.get_submodule(blocks_attr)
+    if not isinstance(blocks, nn.ModuleDict):
+        raise TypeError(f"pipelining splits model.{blocks_attr}, which must be an nn.ModuleDict keyed by layer id "
+                        f"(so a stage keeps the layers' names); {type(model).__name__} has {type(blocks).__name__}")
+    keep = set(layer_names)
+    for name in list(blocks.keys()):
+        if name not in keep:
+            del blocks[name]
+    for attr in (() if is_first else tuple(first)) + (() if is_last else tuple(last)):
+        setattr(part, attr, None)  # the model's forward skips an end that is None
+    return part
+
+
+def _stage_class() -> Any:
+    """torch's PipelineStage, told to make its metadata forward leave no records.
+
+    On the first step torch runs each stage's forward once, with the first micro-batch (or
+    empty tensors of its shapes), to learn the shapes it sends: a forward the training step
+    does not have. Modules that add something up over forwards (a MoE block's tokens per
+    expert) offer ``discard_forward_records()``, called after that forward.
+    """
+    from torch.distributed.pipelining import PipelineStage
+
+    if not hasattr(PipelineStage, "_forward_metadata_inference"):
+        return PipelineStage  # a torch without that forward
+
+    class Stage(PipelineStage):
+        def _forward_metadata_inference(self, *args: Any, **kwargs: Any) -> Any:
+            out = super()._forward_metadata_inference(*args, **kwargs)
+            for module in self.submod.modules():
+                discard = getattr(module, "discard_forward_records", None)
+                if callable(discard):
+                    discard()
+            return out
+
+    return Stage
+
+
+def default_pipelining_fn(*, blocks_attr: str = "layers", first: Sequence[str] = ("tok_embeddings",),
+                          last: Sequence[str] = ("norm", "output")) -> PipeliningFn:
+    """A spec's ``pipelining_fn`` for a model whose blocks are ``model.<blocks_attr>`` (an
+    ``nn.ModuleDict``), whose first stage alone keeps the modules ``first`` and whose last
+    stage alone keeps the modules ``last`` (attributes of the model)."""
+
+    def pipeline(model: nn.Module, **kwargs: Any) -> PipelineResult:
+        return pipeline_model(model, blocks_attr=blocks_attr, first=first, last=last, **kwargs)
+
+    return pipeline
+
+
+def pipeline_model(
+    model: nn.Module,
+    *,
+    parallel_dims: ParallelDims,
+    mesh: Any,
+    parallelism: ParallelismSection,
+    training: TrainingSection,
+    device: torch.device,
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    parallelize: Callable[[nn.Module], nn.Module],
+    blocks_attr: str = "layers",
+    first: Sequence[str] = ("tok_embeddings",),
+    last: Sequence[str] = ("norm", "output"),
+) -> PipelineResult:
+    """Split the meta ``model`` into this rank's stages, ``parallelize`` each, and build the schedule."""
+    from torch.distributed.pipelining.schedules import PipelineScheduleSingle, get_schedule_class
+
+    n_layers = len(list(model.get_submodule(blocks_attr).children()))
+    validate_pipeline(parallelism, training, n_layers=n_layers)
+    name = canonical_schedule(parallelism.pp_schedule)
+    pp, per_rank = parallel_dims.pp, parallelism.pp_stages_per_rank
+    num_stages = pp * per_rank
+    stage_layers = split_layers(n_layers, num_stages, parallelism.pp_split_points)
+    pp_mesh = mesh["pp"]
+    ids = stage_ids_of_rank(pp_mesh.get_local_rank(), pp, per_rank, v_style=name in V_SCHEDULES)
+
+    parts: list[nn.Module] = []
+    stages = []
+    for sid in ids:
+        part = build_stage_module(model, stage_layers[sid], is_first=sid == 0, is_last=sid == num_stages - 1,
+                                  blocks_attr=blocks_attr, first=first, last=last)
+        part = parallelize(part)
+        parts.append(part)
+        # Shapes are inferred from the first microbatch at run time: the parts are
+        # still on the meta device here.
+        stages.append(_stage_class()(part, sid, num_stages, device, group=pp_mesh.get_group()))
+
+    n_microbatches = parallelism.pp_microbatches or num_stages
+    schedule_cls = get_schedule_class(name)
+    if issubclass(schedule_cls, PipelineScheduleSingle):
+        schedule = schedule_cls(stages[0], n_microbatches=n_microbatches, loss_fn=loss_fn)
+    else:
+        schedule = schedule_cls(stages, n_microbatches=n_microbatches, loss_fn=loss_fn)
+    return PipelineResult(
+        schedule=schedule,
+        model_parts=parts,
+        has_first_stage=0 in ids,
+        has_last_stage=num_stages - 1 in ids,
+        stage_ids=ids,
+    )
+
+
+__all__ = [
+    "MULTI_STAGE_SCHEDULES",
+    "PipelineResult",
+    "SINGLE_STAGE_SCHEDULES",
+    "V_SCHEDULES",
+    "build_stage_module",
+    "canonical_schedule",
+    "default_pipelining_fn",
+    "pipeline_model",
+    "split_layers",
+    "stage_ids_of_rank",
+    "validate_pipeline",
+]
