@@ -62,11 +62,15 @@ class MoE(nn.Module):
         combined = torch.zeros_like(flat).index_add_(0, token_of, out.to(flat.dtype))
         if self.shared_experts is not None:
             combined = combined + self.shared_experts(flat)
-        if self.training and torch._C._current_graph_task_id() == -1:  # not a recompute in backward
-            before = self.tokens_per_expert
-            self.tokens_per_expert = counts.detach() if before is None else before + counts.detach()
+        if self.training:
             per_sequence = (-1, shape[-2]) if len(shape) == 3 else (1, -1)  # [batch, seq, dim], or one sequence
-            self.aux_loss = (self.aux_loss_coeff * load_balancing_loss(probs.reshape(*per_sequence, probs.shape[-1]),
-                                                                       experts.reshape(*per_sequence, top_k))
-                             if self.aux_loss_coeff > 0 else None)
+            # Computed in an activation-checkpointing recompute too: the recompute must save the same
+            # tensors for backward as the forward did, or torch refuses it.
+            aux_loss = (self.aux_loss_coeff * load_balancing_loss(probs.reshape(*per_sequence, probs.shape[-1]),
+                                                                  experts.reshape(*per_sequence, top_k))
+                        if self.aux_loss_coeff > 0 else None)
+            if torch._C._current_graph_task_id() == -1:  # not a recompute in backward: count the tokens once
+                before = self.tokens_per_expert
+                self.tokens_per_expert = counts.detach() if before is None else before + counts.detach()
+                self.aux_loss = aux_loss
         return combined.reshape(shape)
