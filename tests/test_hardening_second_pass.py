@@ -34,7 +34,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO
+from conftest import REPO, stop_process
 
 TINY = ("--spec", "llama3", "--flavor", "debugmodel", "--llama3.n_layers=1", "--training.seq_len=32",
         "--training.local_batch_size=2", "--metrics.log_freq=1", "--lr_scheduler.warmup_steps=1")
@@ -117,7 +117,7 @@ def live_run(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], Path]]:
             assert proc.poll() is None, log.read_text()
             assert time.monotonic() < deadline, log.read_text()
             time.sleep(0.1)
-        os.kill(proc.pid, signal.SIGSTOP)  # alive, holding its locks, and its files stay still
+        stop_process(proc.pid)  # alive, holding its locks, and its files stay still
         time.sleep(0.3)  # a save in flight when it stopped stays in flight: the snapshot is of that
         yield proc, run_dir
     finally:

@@ -17,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-from conftest import REPO, child_pids
+from conftest import REPO, child_pids, stop_process
 
 TINY = ("--spec", "llama3", "--flavor", "debugmodel", "--llama3.n_layers=1", "--training.seq_len=64",
         "--training.local_batch_size=2", "--metrics.log_freq=1", "--lr_scheduler.warmup_steps=2",
@@ -207,7 +207,7 @@ def test_a_second_run_in_the_same_folder_is_refused_and_touches_nothing(tmp_path
     first = start(run_dir, log, "--checkpoint.enable=true", "--checkpoint.interval=2")
     try:
         wait_until_training(first, run_dir, log)
-        os.kill(first.pid, signal.SIGSTOP)  # hold it still so that the snapshot is stable
+        stop_process(first.pid)  # hold it still so that the snapshot is stable
         before = snapshot(run_dir)
         t0 = time.monotonic()
         second = subprocess.run([sys.executable, "-m", "titan_core", *TINY, f"--job.run_dir={run_dir}", *TWO],
