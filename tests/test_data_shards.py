@@ -484,3 +484,34 @@ def test_text_loader_is_unchanged_by_the_window_reader(corpus: Path) -> None:
                                                                                     & ((1 << 63) - 1)))[:2]
     windows = stream[: loader.num_windows * 16].view(-1, 16)[rows].long()
     assert torch.equal(inputs, windows[:, :-1]) and torch.equal(labels, windows[:, 1:])
+
+
+def test_task_files_hold_json_texts_and_a_pickle_or_garbage_in_their_place_is_refused_unexecuted(
+        tmp_path: Path) -> None:
+    """The texts a worker reads from its spill file are a JSON list: any str round-trips (non-ASCII,
+    a lone surrogate from undecodable bytes), and a file swapped for a pickle runs nothing."""
+    import pickle
+
+    from titan_core.commands.prepare_tasks import read_spilled_texts, spilled_texts
+    from titan_core.errors import TitanError
+
+    texts = ("plain", "ünïcödé ✓", "bad byte \udcff kept", "")
+    good = tmp_path / "good.tmp"
+    good.write_bytes(spilled_texts(texts))
+    assert read_spilled_texts(good) == texts
+
+    marker = tmp_path / "executed"
+
+    class Payload:
+        def __reduce__(self) -> tuple[object, tuple[str]]:
+            return (os.mkdir, (str(marker),))
+
+    cases = {"pickle.tmp": pickle.dumps(Payload()), "garbage.tmp": b"\x00\xff not json",
+             "object.tmp": b'{"a": 1}', "numbers.tmp": b"[1, 2]"}
+    for name, payload in cases.items():
+        path = tmp_path / name
+        path.write_bytes(payload)
+        with pytest.raises(TitanError, match=f"the task file {path}"):
+            read_spilled_texts(path)
+        assert path.read_bytes() == payload  # left as it was
+    assert not marker.exists()  # the pickle's code never ran

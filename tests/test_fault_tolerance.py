@@ -207,3 +207,19 @@ def test_checkpoints_cross_between_plain_and_fault_tolerant_runs(tmp_path: Path)
     losses = {int(r["step"]): r["loss"] for r in steps_logged(tmp_path / "back")}
     assert sorted(losses) == [9, 10] and all(losses[s] == pytest.approx(reference[s], rel=1e-4) for s in losses), \
         (losses, reference)
+
+
+@pytest.mark.parametrize("name,value", [
+    ("TITAN_FT_TEST_ABSENT", "1:11"), ("TITAN_FT_TEST_ABSENT", "x:1-2"), ("TITAN_FT_TEST_ABSENT", "1:9-3"),
+    ("TITAN_FT_TEST_ABSENT", "1:0-3"), ("TITAN_FT_TEST_ABSENT", "1:1-99999999999999"),
+    ("TITAN_FT_TEST_SHORT_STEP_S", "soon"), ("TITAN_FT_TEST_SHORT_STEP_S", "nan"),
+    ("TITAN_FT_TEST_SHORT_STEP_S", "inf"), ("TITAN_FT_TEST_SHORT_STEP_S", "-1"),
+])
+def test_the_test_only_variables_refuse_garbage_with_one_message(name: str, value: str,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    from titan_core.errors import ConfigError
+    from titan_core.fault_tolerance.rehearsal import absent_windows as read_absent, short_step_seconds
+
+    monkeypatch.setenv(name, value)
+    with pytest.raises(ConfigError, match=f"{name}=.*test-only variable must be unset in real runs"):
+        read_absent() if name.endswith("ABSENT") else short_step_seconds()

@@ -15,12 +15,12 @@ that holds the first unfinished document (``prepare.json`` records it).
 
 from __future__ import annotations
 
+import json
 import multiprocessing as mp
 import os
-import pickle
 import signal
 import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -135,17 +135,35 @@ def encode_documents(texts: Iterable[str], tok: Tokenizer, dtype: str) -> tuple[
 # that worker blocks on sending a result: there is no deadlock.
 
 
+def spilled_texts(texts: Sequence[str]) -> bytes:
+    """A task's texts as the file a worker reads: a JSON list (ASCII escapes keep any str, lone
+    surrogates included), never a pickle, so a file swapped under the spill folder runs no code."""
+    return json.dumps(list(texts)).encode("ascii")
+
+
+def read_spilled_texts(path: Path) -> tuple[str, ...]:
+    try:
+        texts = json.loads(path.read_bytes())
+    except (OSError, ValueError) as exc:
+        raise TitanError(f"titan-data: the task file {path} cannot be read back ({exc}); it is written and read "
+                         f"by prepare itself: run the same command again.") from None
+    if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
+        raise TitanError(f"titan-data: the task file {path} does not hold a list of texts; it is written and read "
+                         f"by prepare itself: run the same command again.")
+    return tuple(texts)
+
+
 def _worker_main(conn: Connection, tokenizer: str, dtype: str, text_field: str, tok: Tokenizer | None) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl+C and stops the workers
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     try:
         tok = tok if tok is not None else build_tokenizer(tokenizer)
         while (task := conn.recv()) is not None:
-            if task.kind == "texts-file":
-                path = Path(task.path)
-                task = Task("texts", texts=tuple(pickle.loads(path.read_bytes())))
-                path.unlink()
             try:
+                if task.kind == "texts-file":
+                    path = Path(task.path)
+                    task = Task("texts", texts=read_spilled_texts(path))
+                    path.unlink()
                 conn.send(("ok", *encode_documents(task_texts(task, text_field), tok, dtype)))
             except TitanError as exc:  # a bad row: the parent reports it
                 conn.send(("error", exc))
@@ -176,7 +194,7 @@ class Workers:
         if task.kind == "texts":
             fd, name = tempfile.mkstemp(dir=self.spill, prefix="task-", suffix=".tmp")
             with os.fdopen(fd, "wb") as f:
-                pickle.dump(list(task.texts), f, protocol=pickle.HIGHEST_PROTOCOL)
+                f.write(spilled_texts(task.texts))
             task = Task("texts-file", name)
         self.conns[index % len(self.conns)].send(task)
 

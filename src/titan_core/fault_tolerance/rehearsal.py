@@ -10,6 +10,7 @@ from the environment, not the config, because it is no setting a user should eve
 
 from __future__ import annotations
 
+import math
 import os
 import re
 
@@ -22,6 +23,9 @@ SHORT_STEP_ENV = "TITAN_FT_TEST_SHORT_STEP_S"
 _WINDOW = re.compile(r"(\d+):(\d+)-(\d+)")
 
 
+_MAX_WINDOW = 1_000_000  # steps in one window: a typo of many digits is refused, not looped over
+
+
 def absent_windows(value: str | None = None) -> dict[int, set[int]]:
     """step -> the replica ids absent in it (empty when the variable is unset)."""
     value = os.environ.get(ABSENT_ENV, "") if value is None else value
@@ -32,6 +36,9 @@ def absent_windows(value: str | None = None) -> dict[int, set[int]]:
             raise ConfigError(f"{ABSENT_ENV}={value!r}: {item!r} is not REPLICA:FIRST-LAST (e.g. 1:11-14); this "
                               "test-only variable must be unset in real runs.")
         replica, first, last = (int(g) for g in match.groups())
+        if not 1 <= first <= last or last - first > _MAX_WINDOW:
+            raise ConfigError(f"{ABSENT_ENV}={value!r}: {item!r} needs 1 <= FIRST <= LAST and at most {_MAX_WINDOW} "
+                              "steps; this test-only variable must be unset in real runs.")
         for step in range(first, last + 1):
             absent.setdefault(step, set()).add(replica)
     return absent
@@ -40,7 +47,10 @@ def absent_windows(value: str | None = None) -> dict[int, set[int]]:
 def short_step_seconds() -> float:
     value = os.environ.get(SHORT_STEP_ENV, "")
     try:
-        return float(value) if value else 0.0
+        seconds = float(value) if value else 0.0
     except ValueError:
-        raise ConfigError(f"{SHORT_STEP_ENV}={value!r} is not a number of seconds; this test-only variable must "
-                          "be unset in real runs.") from None
+        seconds = math.nan
+    if not 0.0 <= seconds <= 60.0:  # NaN fails this too; an infinite wait would hang the survivors
+        raise ConfigError(f"{SHORT_STEP_ENV}={value!r} is not a number of seconds from 0 to 60; this test-only "
+                          "variable must be unset in real runs.")
+    return seconds
