@@ -236,7 +236,7 @@ class ShardWriter:
                      point: dict[str, Any]) -> None:
         """In the writer thread: the shard, its documents, then the progress record naming it (in that
         order, so a record never names a shard that is not on disk)."""
-        raw = memoryview(data).cast("B")  # no copy: the buffer is not touched until the next wait()
+        raw = data.data.cast("B")  # no copy: the buffer is not touched until the next wait()
         _write_atomic(self.out / record["file"], raw)
         record["sha256"] = hashlib.sha256(raw).hexdigest()
         _write_atomic(self.out / (record["file"] + ".docs"), docs)
