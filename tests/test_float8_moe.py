@@ -1,0 +1,134 @@
+"""titan-float8 on MoE experts (float8.moe_fqns): the emulated float8 rowwise grouped GEMM against a
+per-expert reference and fp32, training a Qwen3-MoE cut, float8 and mx together, selection errors."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from titan_core.converters import apply_converters
+from titan_core.errors import ConfigError
+from titan_core.parallel_dims import ParallelDims
+from titan_float8 import Float8Config, Float8Converter
+from titan_float8.experts import EmulatedFloat8ExpertWeight
+from titan_float8.grouped_mm import emulated_float8_grouped_mm
+from titan_mx_prototype import MXConfig, MXConverter
+
+from conftest import assert_user_error
+from converter_helpers import job, materialize, qwen3_moe_on_meta, train_losses
+
+torch.set_num_threads(1)
+DIMS = ParallelDims(1, 1, 1, 1, 1)
+ATTENTION = [f"layers.{i}.attention.w{j}" for i in range(2) for j in "qkvo"]
+DENSE_FFN = [f"layers.0.feed_forward.w{j}" for j in (1, 2, 3)]
+EXPERTS = "layers.1.moe.experts"
+
+
+def float8(**config: object) -> Float8Converter:
+    return Float8Converter(Float8Config(**config), parallel_dims=DIMS, job=job())
+
+
+def mx(**config: object) -> MXConverter:
+    return MXConverter(MXConfig(**config), parallel_dims=DIMS, job=job())
+
+
+def q(t: torch.Tensor, dim: int) -> torch.Tensor:
+    """The recipe's quantization written out plainly: e4m3 with a power-of-two scale per slice along dim."""
+    amax = t.abs().amax(dim=dim, keepdim=True).double().clamp(min=1e-12)
+    scale = torch.exp2(torch.floor(torch.log2((448.0 / amax).float())))
+    return (t * scale).clamp(-448, 448).to(torch.float8_e4m3fn).float() / scale
+
+
+def per_expert_reference(x: torch.Tensor, w: torch.Tensor, g: torch.Tensor, counts: list[int]):
+    """(out, grad_x, grad_w) expert by expert with plain matmuls: x [tokens, K], w [E, N, K], g [tokens, N]."""
+    outs, gxs, gws = [], [], []
+    for e, (xe, ge) in enumerate(zip(torch.split(x, counts), torch.split(g, counts))):
+        outs.append(q(xe, 1) @ q(w[e], 1).T)  # tokens per row, weight per output column
+        gxs.append(q(ge, 1) @ q(w[e], 0))  # grad_out per row, weight per input column
+        gws.append(q(ge, 0).T @ q(xe, 0) if counts[e] else torch.zeros_like(w[e]))  # per column of the group
+    return torch.cat(outs), torch.cat(gxs), torch.stack(gws)
+
+
+def test_emulated_grouped_gemm_matches_the_per_expert_reference_and_is_near_fp32() -> None:
+    torch.manual_seed(0)
+    counts = [10, 0, 17, 13]  # an expert without tokens included
+    tokens, k, n = sum(counts), 32, 48
+    # rows of very different magnitudes: one scale per tensor would lose the small rows
+    x = (torch.randn(tokens, k) * torch.logspace(-3, 2, tokens)[:, None]).requires_grad_()
+    w = torch.randn(len(counts), n, k, requires_grad=True)
+    g = torch.randn(tokens, n)
+    offs = torch.cumsum(torch.tensor(counts), 0, dtype=torch.int32)
+
+    out = emulated_float8_grouped_mm(x, w.transpose(-2, -1), offs)
+    grad_x, grad_w = torch.autograd.grad(out, (x, w), g)
+    ref = per_expert_reference(x.detach(), w.detach(), g, counts)
+    fp32 = torch._grouped_mm(x, w.transpose(-2, -1), offs=offs)
+    fp32_grads = torch.autograd.grad(fp32, (x, w), g)
+    for name, ours, theirs, exact in zip(("out", "grad_x", "grad_w"), (out, grad_x, grad_w), ref,
+                                         (fp32, *fp32_grads)):
+        assert torch.allclose(ours, theirs, rtol=1e-6, atol=1e-6 * theirs.abs().max().item()), name
+        rel = ((ours - exact).norm() / exact.norm()).item()
+        assert 0.005 < rel < 0.08, (name, rel)  # float8 rounding: really applied, and only that
+
+
+def test_experts_are_opt_in_and_filter_fqns_applies() -> None:
+    model = qwen3_moe_on_meta()
+    assert EXPERTS not in float8().select(model)
+    assert float8(moe_fqns=["experts"]).select(model)[-1] == EXPERTS
+    assert EXPERTS not in float8(moe_fqns=["experts"], filter_fqns=["output", "moe"]).select(model)
+    assert "moe_fqns" in float8().selection_keys()
+
+
+def test_moe_experts_run_float8_grouped_gemms_and_train_close_to_fp32() -> None:
+    converted = qwen3_moe_on_meta()
+    table = apply_converters(converted, [("float8", float8(moe_fqns=["experts"]))], spec=None)
+    rows = {row.module: row.after for row in table.rows}
+    assert rows[EXPERTS] == "GroupedExperts(w1,w2,w3=EmulatedFloat8ExpertWeight)"
+    assert {f for f, after in rows.items() if after == "Float8Linear"} >= set(ATTENTION + DENSE_FFN)
+    materialize(converted)
+    converted.init_weights(0)
+    reference = qwen3_moe_on_meta()
+    materialize(reference)
+    reference.init_weights(0)
+    torch.manual_seed(0)
+    data = torch.randint(0, 256, (2, 33))
+    low, ref = train_losses(converted, data, steps=3), train_losses(reference, data, steps=3)
+    assert all(math.isfinite(v) for v in low) and low[-1] < low[0] - 0.5
+    assert low != ref  # float8 really changes the numbers
+    assert max(abs(a - b) for a, b in zip(low, ref)) < 0.05, (low, ref)
+    experts = converted.get_submodule(EXPERTS)
+    assert isinstance(experts.w2.data, EmulatedFloat8ExpertWeight)  # still float8 after AdamW's in-place updates
+    assert experts.w2.grad is not None and experts.w2.grad.abs().sum() > 0
+
+
+def test_float8_and_mx_on_a_moe_model_each_take_their_own_modules() -> None:
+    model = qwen3_moe_on_meta()
+    table = apply_converters(model, [("float8", float8(moe_fqns=["experts"])), ("mx", mx())], spec=None)
+    owner = {row.module: row.converter for row in table.rows}
+    assert {f for f, c in owner.items() if c == "mx"} == set(DENSE_FFN)
+    assert {f for f, c in owner.items() if c == "float8"} >= {EXPERTS, *ATTENTION}
+    # both ask for the experts: the later one (mx) takes them, float8 keeps its linears
+    model = qwen3_moe_on_meta()
+    table = apply_converters(model, [("float8", float8(moe_fqns=["experts"])), ("mx", mx(moe_fqns=["experts"]))],
+                             spec=None)
+    owner = {row.module: row.converter for row in table.rows}
+    assert owner[EXPERTS] == "mx" and owner["layers.0.attention.wq"] == "float8"
+
+
+def test_float8_left_nothing_by_mx_on_a_moe_model_is_one_message() -> None:
+    clash = [("float8", float8(fqns=["feed_forward"], moe_fqns=["experts"])), ("mx", mx(moe_fqns=["experts"]))]
+    with pytest.raises(ConfigError) as err:
+        apply_converters(qwen3_moe_on_meta(), clash, spec=None)
+    text = str(err.value)
+    assert 'converter "float8" was requested but has no module left' in text and 'taken by "mx"' in text
+    assert "float8.moe_fqns" in text and "mx.moe_fqns" in text
+
+
+def test_moe_fqns_that_match_no_experts_exits_2(cli, tmp_path) -> None:
+    result = cli("--spec", "qwen3", "--flavor", "debugmoe", "--converters", "float8", "--float8.moe_fqns=expert",
+                 "--training.steps=1", "--training.seq_len=32", f"--job.run_dir={tmp_path}")
+    assert_user_error(result, "float8.moe_fqns entries ['expert'] match no GroupedExperts", "Fix float8.moe_fqns")
+    assert result.text.count("float8.moe_fqns entries") == 1
