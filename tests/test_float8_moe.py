@@ -10,14 +10,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from torch import nn
 
 from titan_core.converters import apply_converters
 from titan_core.errors import ConfigError
 from titan_core.parallel_dims import ParallelDims
 from titan_float8 import Float8Config, Float8Converter
 from titan_float8.experts import EmulatedFloat8ExpertWeight
-from titan_float8.grouped_mm import emulated_float8_grouped_mm
+from titan_float8.grouped_mm import emulated_float8_grouped_mm, grouped_mm_float32
 from titan_mx_prototype import MXConfig, MXConverter
 
 from conftest import assert_user_error, titan
@@ -75,6 +74,9 @@ def test_emulated_grouped_gemm_matches_the_per_expert_reference_and_is_near_fp32
         assert torch.allclose(ours, theirs, rtol=1e-6, atol=1e-6 * theirs.abs().max().item()), name
         rel = ((ours - exact).norm() / exact.norm()).item()
         assert 0.005 < rel < 0.08, (name, rel)  # float8 rounding: really applied, and only that
+    # The per-expert float32 path (devices without a float32 grouped GEMM) gives the same bits.
+    for a, b in ((x, w.transpose(-2, -1)), (g.t(), x)):
+        assert torch.equal(grouped_mm_float32(a, b, offs, per_expert=True), grouped_mm_float32(a, b, offs))
 
 
 def test_experts_are_opt_in_and_filter_fqns_applies() -> None:

@@ -16,9 +16,9 @@ grad_weight   expert group, column of grad_output (over   expert group, column o
 ============  ==========================================  =====================================
 
 The emulation quantizes for real (a cast to ``torch.float8_e4m3fn`` and back) and then runs
-``torch._grouped_mm`` in float32. Scales are powers of two, so dividing the float8 values by
-them is exact and the float32 product equals the scaled float8 GEMM up to the accumulation
-order of the kernel.
+``torch._grouped_mm`` in float32 (on CPU; one matmul per expert on other devices). Scales are
+powers of two, so dividing the float8 values by them is exact and the float32 product equals
+the scaled float8 GEMM up to the accumulation order of the kernel.
 """
 
 from __future__ import annotations
@@ -66,13 +66,34 @@ def quantize_columns_per_group(x: torch.Tensor, offs: torch.Tensor) -> torch.Ten
     return fake_quantize(x, scales_from_amax(amax)[group])
 
 
+def grouped_mm_float32(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor,
+                       per_expert: bool | None = None) -> torch.Tensor:
+    """``torch._grouped_mm(a, b, offs=offs)`` for float32 operands on any device.
+
+    torch runs float32 grouped GEMMs on CPU only (CUDA's want bfloat16 on SM90+), so other
+    devices take one matmul per expert block: [tokens, K] x [E, K, N] -> [tokens, N], or
+    [N, tokens] x [tokens, K] -> [E, N, K] (the weight gradient). ``per_expert`` forces either
+    way (default: by device).
+    """
+    if not (a.device.type != "cpu" if per_expert is None else per_expert):
+        return torch._grouped_mm(a, b, offs=offs)
+    ends = [0, *(int(end) for end in offs.tolist())]
+    blocks = list(zip(ends[:-1], ends[1:]))
+    if b.ndim == 3:
+        out = a.new_zeros(a.shape[0], b.shape[-1])  # rows after the last offset belong to no expert
+        for e, (start, end) in enumerate(blocks):
+            out[start:end] = a[start:end] @ b[e]
+        return out
+    return torch.stack([a[:, start:end] @ b[start:end] for start, end in blocks])
+
+
 class EmulatedFloat8GroupedMM(torch.autograd.Function):
     """``torch._grouped_mm(x, w_t, offs=offs)`` with x [tokens, K] and w_t [experts, K, N], in float8 rowwise."""
 
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, w_t: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
         ctx.save_for_backward(x, w_t, offs)
-        out = torch._grouped_mm(quantize_along(x, -1), quantize_along(w_t, 1), offs=offs)
+        out = grouped_mm_float32(quantize_along(x, -1), quantize_along(w_t, 1), offs)
         return out.to(x.dtype)
 
     @staticmethod
@@ -80,10 +101,10 @@ class EmulatedFloat8GroupedMM(torch.autograd.Function):
         x, w_t, offs = ctx.saved_tensors
         # grad_x = grad_out @ w: grad_out per token row, w [E, N, K] per input column k (amax over N).
         w = w_t.transpose(-2, -1)
-        grad_x = torch._grouped_mm(quantize_along(grad_out, -1), quantize_along(w, 1), offs=offs)
+        grad_x = grouped_mm_float32(quantize_along(grad_out, -1), quantize_along(w, 1), offs)
         # grad_w_t[e] = x_e^T @ grad_out_e: both scaled per column within each expert's tokens.
-        grad_w = torch._grouped_mm(
-            quantize_columns_per_group(grad_out, offs).t(), quantize_columns_per_group(x, offs), offs=offs
+        grad_w = grouped_mm_float32(
+            quantize_columns_per_group(grad_out, offs).t(), quantize_columns_per_group(x, offs), offs
         )  # [E, N, K]
         return grad_x.to(x.dtype), grad_w.transpose(-2, -1).to(w_t.dtype), None
 
