@@ -181,3 +181,21 @@ def test_float8_experts_train_near_fp32_through_the_cli_and_compose_with_ep2(tmp
     for a, b in zip(ep2[:2], low[:2]):
         assert abs(a - b) <= 1e-6 * abs(b), (ep2, low)
     assert max(abs(a - b) for a, b in zip(ep2, low)) < 0.01, (ep2, low)
+
+
+def test_experts_use_torchao_kernels_from_sm90_and_emulate_below(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Which path a GPU would take (the real-kernel path itself is untested: no GPU in CI)."""
+    from torchao.prototype.moe_training.tensor import Float8TrainingWeightWrapperTensor
+
+    from titan_float8 import hardware
+    from titan_float8.experts import expert_weight_class, experts_emulate
+
+    cuda = torch.device("cuda")
+    monkeypatch.setattr(hardware, "cuda_capability", lambda device: (8, 9))
+    assert experts_emulate(False, cuda) == (True, "experts emulated: torch._scaled_grouped_mm needs sm_90+, "
+                                                  "this GPU is sm_89")
+    monkeypatch.setattr(hardware, "cuda_capability", lambda device: (9, 0))
+    assert experts_emulate(False, cuda)[0] is False
+    assert experts_emulate(True, cuda)[0] is True  # float8.emulate=true emulates the experts too
+    assert expert_weight_class(False) is Float8TrainingWeightWrapperTensor
+    assert expert_weight_class(True) is EmulatedFloat8ExpertWeight
