@@ -16,7 +16,6 @@ torchao is imported by this module, which the converter imports only when expert
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -60,17 +59,12 @@ def expert_weight_class(emulate: bool) -> type[Float8TrainingWeightWrapperTensor
 
 def convert_experts(experts: nn.Module, emulate: bool) -> None:
     """Swap ``experts``' stacked weights (in place, same names) for float8 expert weights."""
-    wrap: Callable[[torch.Tensor, Float8TrainingOpConfig], torch.Tensor] = expert_weight_class(emulate)
+    wrapper = expert_weight_class(emulate)
     # torchao's default output dtype is bfloat16; the core casts the result back to the input's dtype.
     config = Float8TrainingOpConfig()
     for name in EXPERT_WEIGHTS:
         param = getattr(experts, name)
-        setattr(experts, name, nn.Parameter(wrap(param.data, config), requires_grad=param.requires_grad))
-
-
-def is_float8_experts(experts: nn.Module) -> bool:
-    """Whether ``experts``' weights are float8 expert weights (emulated or torchao's)."""
-    return all(isinstance(getattr(experts, name).data, Float8TrainingWeightWrapperTensor) for name in EXPERT_WEIGHTS)
+        setattr(experts, name, nn.Parameter(wrapper(param.data, config), requires_grad=param.requires_grad))
 
 
 def experts_emulate(emulate: bool, device: torch.device) -> tuple[bool, str]:
