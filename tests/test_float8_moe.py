@@ -12,7 +12,6 @@ import pytest
 import torch
 
 from titan_core.converters import apply_converters
-from titan_core.errors import ConfigError
 from titan_core.parallel_dims import ParallelDims
 from titan_float8 import Float8Config, Float8Converter
 from titan_float8.experts import EmulatedFloat8ExpertWeight
@@ -131,13 +130,14 @@ def test_float8_and_mx_on_a_moe_model_each_take_their_own_modules() -> None:
     assert owner[EXPERTS] == "mx" and owner["layers.0.attention.wq"] == "float8"
 
 
-def test_float8_left_nothing_by_mx_on_a_moe_model_is_one_message() -> None:
-    clash = [("float8", float8(fqns=["feed_forward"], moe_fqns=["experts"])), ("mx", mx(moe_fqns=["experts"]))]
-    with pytest.raises(ConfigError) as err:
-        apply_converters(qwen3_moe_on_meta(), clash, spec=None)
-    text = str(err.value)
-    assert 'converter "float8" was requested but has no module left' in text and 'taken by "mx"' in text
-    assert "float8.moe_fqns" in text and "mx.moe_fqns" in text
+def test_float8_left_nothing_by_mx_on_a_moe_model_is_one_message(cli, tmp_path) -> None:
+    # float8 asks for the dense feed-forward and the experts, mx (named later) takes both.
+    result = cli("--spec", "qwen3", "--flavor", "debugmoe", "--qwen3.n_layers=2", "--qwen3.mlp_only_layers=[0]",
+                 "--converters", "float8,mx", '--float8.fqns=["feed_forward"]', "--float8.moe_fqns=experts",
+                 "--mx.moe_fqns=experts", "--dry-run", f"--job.run_dir={tmp_path}")
+    assert_user_error(result, 'converter "float8" was requested but has no module left', 'taken by "mx"',
+                      "float8.moe_fqns", "mx.moe_fqns")
+    assert result.text.count("has no module left") == 1
 
 
 def test_moe_fqns_that_match_no_experts_exits_2(cli, tmp_path) -> None:
