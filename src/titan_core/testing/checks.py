@@ -427,14 +427,20 @@ def check_tp(t: Target) -> str:
     figure = _matches_reference(t, "tp2", 2, *flags)
     # Matching numbers alone do not show TP ran: a parallelize_fn that ignores parallelism.tp trains a whole
     # copy on each rank, with the same numbers. The run's layout line says what was really sharded.
-    layout = next((line.split("parameters:", 1)[1].strip() for line in run.output.splitlines()
-                   if "[titan] parameters:" in line), "")
-    sharded = sum(int(part.split(" x ", 1)[0]) for part in layout.split("; ") if "tp:S" in part)
+    layout, sharded = _placed_params(run.output, "tp:S")
     if not sharded:
         raise Failed(f"the TP 2 run trained, but no parameter is sharded over the tp mesh (layout: "
                      f"{layout or 'not reported'}): the parallelize_fn ignored parallelism.tp. Apply the TP plan "
                      f"there, or refuse tp > 1 in the spec's validate_fn", "nothing sharded")
     return f"{figure}, {sharded} params sharded"
+
+
+def _placed_params(output: str, placement: str) -> tuple[str, int]:
+    """The run's ``[titan] parameters:`` layout line ("" when absent) and how many parameters it
+    lists with ``placement`` (e.g. ``tp:S`` sharded over tp)."""
+    layout = next((line.split("parameters:", 1)[1].strip() for line in output.splitlines()
+                   if "[titan] parameters:" in line), "")
+    return layout, sum(int(part.split(" x ", 1)[0]) for part in layout.split("; ") if placement in part)
 
 
 def check_pp(t: Target) -> str:
@@ -458,9 +464,7 @@ def check_ep(t: Target) -> str:
     _require_run(ref, "the one-process reference (2 micro-batches)")
     run = t.run("ep2", 5, "--parallelism.ep=2", half, nproc=2)
     _require_run(run, "the EP 2 run")
-    layout = next((line.split("parameters:", 1)[1].strip() for line in run.output.splitlines()
-                   if "[titan] parameters:" in line), "")
-    split = sum(int(part.split(" x ", 1)[0]) for part in layout.split("; ") if "ep:S(0)" in part)
+    layout, split = _placed_params(run.output, "ep:S(0)")
     if not split:
         raise Failed(f"the EP 2 run trained, but no parameter is split over the ep mesh (layout: "
                      f"{layout or 'not reported'}): the spec's parallelize_fn must apply "
