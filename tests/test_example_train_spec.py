@@ -216,14 +216,8 @@ def test_flops_per_token_counts_every_linear_weight(tg: ModuleType) -> None:
 
 
 def test_activation_checkpointing_recomputes_and_keeps_names_and_gradients(tg: ModuleType) -> None:
-    from titan_core import (
-        ActivationCheckpointSection,
-        CompileSection,
-        ParallelDims,
-        ParallelismSection,
-        TensorParallelStyles,
-        TrainingSection,
-    )
+    from parallelize_helpers import parallelize_alone
+
     from titan_core.init import init_model_weights
     from titan_core.parallel import spec_parallelize_fn
 
@@ -233,11 +227,7 @@ def test_activation_checkpointing_recomputes_and_keeps_names_and_gradients(tg: M
         # A pre-hook: non-reentrant checkpointing stops recomputing once it has every saved
         # tensor, so a (post) forward hook on the block's last module may never fire again.
         model.layers["1"].mlp.register_forward_pre_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
-        spec_parallelize_fn(tg.tinygpt_spec)(
-            model, parallel_dims=ParallelDims.resolve(dp_replicate=1, dp_shard=1, tp=1, pp=1, world_size=1),
-            mesh=None, training=TrainingSection(), parallelism=ParallelismSection(), compile=CompileSection(),
-            activation_checkpoint=ActivationCheckpointSection(mode=mode), tp_styles=TensorParallelStyles.default(),
-        )
+        parallelize_alone(spec_parallelize_fn(tg.tinygpt_spec), model, mode=mode)
         init_model_weights(model, seed=3)
         return model, calls
 
