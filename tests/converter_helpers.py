@@ -32,6 +32,14 @@ def llama_on_meta() -> Transformer:
         return Transformer(LLAMA)
 
 
+
+def on_meta(kind: str, toy: type[nn.Module]) -> nn.Module:
+    """The tiny Llama (``kind`` "llama") or the test's ``toy`` model, on the meta device."""
+    if kind == "llama":
+        return llama_on_meta()
+    with torch.device("meta"):
+        return toy()
+
 def materialize(model: nn.Module, seed: int = 0) -> nn.Module:
     """Real CPU tensors with seeded values (the Llama's own init, small normals for toys)."""
     model.to_empty(device="cpu")

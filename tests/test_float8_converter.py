@@ -18,7 +18,7 @@ from titan_float8 import Float8Config, Float8Converter, fqn_matches, hardware
 from titan_float8.settings import GLOO_REASON
 
 import converter_helpers as helpers
-from converter_helpers import LLAMA, assert_same_as_reference, job, llama_on_meta, materialize
+from converter_helpers import LLAMA, assert_same_as_reference, job, materialize
 
 torch.set_num_threads(1)
 RECIPES = ["tensorwise", "rowwise", "rowwise_with_gw_hp"]
@@ -283,10 +283,7 @@ def reference_conversion(model: nn.Module, recipe: str, fqns: list[str]) -> None
 @pytest.mark.parametrize("kind", ["toy", "llama"])
 def test_equivalent_to_torchao(recipe: str, kind: str) -> None:
     def build() -> nn.Module:
-        if kind == "llama":
-            return llama_on_meta()
-        with torch.device("meta"):
-            return Toy()
+        return helpers.on_meta(kind, Toy)
 
     ours, theirs, plain = build(), build(), materialize(build())
     conv = make(recipe=recipe)

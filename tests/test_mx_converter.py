@@ -142,10 +142,7 @@ def kinds(model: nn.Module) -> dict[str, tuple[type, type]]:
 @pytest.mark.parametrize("kind", ["toy", "llama"])
 def test_equivalent_to_torchao(recipe: str, kind: str) -> None:
     def build() -> nn.Module:
-        if kind == "llama":
-            return llama_on_meta()
-        with torch.device("meta"):
-            return Toy()
+        return helpers.on_meta(kind, Toy)
 
     conv = make(recipe=recipe, **({} if kind == "llama" else {"fqns": []}))
     ours, theirs, plain = build(), build(), materialize(build())
