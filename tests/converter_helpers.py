@@ -32,7 +32,6 @@ def llama_on_meta() -> Transformer:
         return Transformer(LLAMA)
 
 
-
 def on_meta(kind: str, toy: type[nn.Module]) -> nn.Module:
     """The tiny Llama (``kind`` "llama") or the test's ``toy`` model, on the meta device."""
     if kind == "llama":
@@ -79,7 +78,6 @@ def train_losses(model: nn.Module, data: torch.Tensor, steps: int) -> list[float
         opt.step()
         out.append(loss.item())
     return out
-
 
 
 def trained_with_and_without(converters: list[tuple[str, Any]], steps: int) -> tuple[nn.Module, list[float], list[float]]:
