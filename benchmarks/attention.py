@@ -11,13 +11,13 @@ SDPA / fused (above 1: the fused kernel is faster). Shapes keep dim = heads x he
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
 from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
+from _common import int_parser
 
 from titan_llama import cpu_attention
 
@@ -47,11 +47,7 @@ def compare(batch: int, seq_len: int, heads: int, head_dim: int, repeats: int) -
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--batch", type=int, default=8)
-    p.add_argument("--seq-len", type=int, default=2048)
-    p.add_argument("--repeats", type=int, default=7)
-    a = p.parse_args()
+    a = int_parser(__doc__, batch=8, seq_len=2048, repeats=7).parse_args()
     print(f"causal attention, fp32, batch {a.batch} x seq {a.seq_len}, {torch.get_num_threads()} threads, "
           f"torch {torch.__version__}")
     print(f"{'heads x dim':<12} {'sdpa fwd ms':>11} {'fused fwd ms':>12} {'fwd x':>6} "

@@ -26,6 +26,8 @@ import statistics
 import subprocess
 import sys
 
+from _common import int_parser
+
 WORKER = r"""
 import json, resource, statistics, sys, time
 import torch
@@ -119,13 +121,7 @@ def run(variant: str, a: argparse.Namespace) -> dict[str, float]:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--seq-len", type=int, default=2048)
-    p.add_argument("--batch", type=int, default=8)
-    p.add_argument("--vocab", type=int, default=2048)
-    p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--steps", type=int, default=5)
-    p.add_argument("--rounds", type=int, default=2)
+    p = int_parser(__doc__, seq_len=2048, batch=8, vocab=2048, warmup=2, steps=5, rounds=2)
     p.add_argument("--compile", action="store_true", help="torch.compile each block in both variants")
     p.add_argument("--attention", choices=["auto", "sdpa"], default="auto",
                    help="llama3.attention_kernel: auto (the fused CPU kernel) or sdpa (ATen's flash kernel)")

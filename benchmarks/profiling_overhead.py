@@ -15,7 +15,6 @@ the ratio shipped / baseline (target <= 1.03).
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -24,9 +23,12 @@ import sys
 import tempfile
 from pathlib import Path
 
+from _common import int_parser
+
 STUB = r'''
 import contextlib
 from titan_core.profiling import StepProfiler
+
 
 _null = contextlib.nullcontext()
 StepProfiler.phase = lambda self, name: _null
@@ -50,11 +52,7 @@ def step_time(tmp: Path, variant: str, index: int, steps: int, seq_len: int) -> 
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--steps", type=int, default=30)
-    parser.add_argument("--seq-len", type=int, default=256)
-    args = parser.parse_args()
+    args = int_parser(__doc__, rounds=3, steps=30, seq_len=256).parse_args()
     times: dict[str, list[float]] = {"shipped": [], "baseline": []}
     with tempfile.TemporaryDirectory() as name:
         tmp = Path(name)

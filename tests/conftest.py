@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -54,6 +55,24 @@ class Run(CliResult):
     def all_records(self) -> list[dict[str, float]]:
         lines = (self.run_dir / "metrics.jsonl").read_text().splitlines()
         return [json.loads(line) for line in lines]
+
+    def step_records(self, name: str, steps: int) -> list[dict[str, float]]:
+        """``records()`` of a run that must have succeeded (no traceback) and logged steps 1..``steps``."""
+        assert self.code == 0, f"{name} failed:\n{self.text}"
+        assert "Traceback" not in self.text, self.text
+        records = self.records()
+        assert [int(r["step"]) for r in records] == list(range(1, steps + 1)), name
+        return records
+
+
+def write_uneven_corpus(path: Path, *, seed: int, documents: int, longest: int) -> Path:
+    """A JSONL corpus of short documents of very uneven length (1-4 words, or ``longest``): windows hold
+    from none to many document ends (document masking, ignored labels)."""
+    rng = random.Random(seed)
+    words = ["alpha", "beta", "gamma", "delta", "pi", "x", "loop", "cache", "token", "mask"]
+    lengths = [rng.choice([1, 2, 3, 4, longest]) for _ in range(documents)]
+    path.write_text("".join(json.dumps({"text": " ".join(rng.choices(words, k=n))}) + "\n" for n in lengths))
+    return path
 
 
 def run_command(cmd: list[str], *, run_dir: Path, timeout: float = 300) -> Run:
@@ -149,6 +168,14 @@ def assert_user_error(result: CliResult, *fragments: str, code: int = 2) -> None
         assert fragment in result.text, f"{fragment!r} not in:\n{result.text}"
     assert "Traceback (most recent call last)" not in result.text, result.text
 
+
+# The multi-process parity tests' model and batch: the llama3 debug model shrunk to 2 layers, on 32-token
+# windows, a global batch of 4 sequences; every layout must match one process within PARITY_TOLERANCE.
+PARITY_TOLERANCE = 1e-5
+PARITY_GLOBAL_BATCH = 4
+PARITY_SEQ_LEN = 32
+DEBUG_LLAMA_2_LAYERS = ("--spec", "llama3", "--flavor", "debugmodel", "--llama3.n_layers=2",
+                        f"--training.seq_len={PARITY_SEQ_LEN}")
 
 SMALL_RUN = ["model.spec=llama3", "training.seq_len=64", "training.local_batch_size=4", "metrics.log_freq=1", "lr_scheduler.warmup_steps=2"]
 

@@ -1,15 +1,23 @@
 """What the float8 and MX converter tests share: a tiny Llama, materialising on CPU, the
-"same as torchao's own API" check, and a short training loop."""
+"same as torchao's own API" check, a short training loop, and the checks of a missing torchao
+and of the config model."""
 
 from __future__ import annotations
 
 import dataclasses
+import sys
+from collections.abc import Callable
+from typing import Any
 
+import pytest
 import torch
 import torch.nn.functional as F
+from pydantic import BaseModel, ValidationError
 from torch import nn
 
 from titan_core.config.sections import CompileSection, ParallelismSection, TrainingSection
+from titan_core.converters import apply_converters
+from titan_core.errors import TitanError
 from titan_core.protocols import RunContext
 from titan_llama.model import LlamaArgs, Transformer
 
@@ -34,6 +42,14 @@ def qwen3_moe_on_meta() -> nn.Module:
                                max_seq_len=64)
     with torch.device("meta"):
         return Qwen3(args)
+
+
+def on_meta(kind: str, toy: type[nn.Module]) -> nn.Module:
+    """The tiny Llama (``kind`` "llama") or the test's ``toy`` model, on the meta device."""
+    if kind == "llama":
+        return llama_on_meta()
+    with torch.device("meta"):
+        return toy()
 
 
 def materialize(model: nn.Module, seed: int = 0) -> nn.Module:
@@ -75,3 +91,32 @@ def train_losses(model: nn.Module, data: torch.Tensor, steps: int) -> list[float
         opt.step()
         out.append(loss.item())
     return out
+
+
+def trained_with_and_without(converters: list[tuple[str, Any]], steps: int) -> tuple[nn.Module, list[float], list[float]]:
+    """The tiny Llama converted by ``converters`` and the plain one, each trained ``steps`` steps on one seeded
+    batch: (the converted model, its losses, the float32 losses)."""
+    torch.manual_seed(0)
+    data = torch.randint(0, LLAMA.vocab_size, (4, 33))
+    converted = llama_on_meta()
+    apply_converters(converted, converters, spec=None)
+    low = train_losses(materialize(converted), data, steps=steps)
+    return converted, low, train_losses(materialize(llama_on_meta()), data, steps=steps)
+
+
+def assert_missing_torchao_refused(monkeypatch: pytest.MonkeyPatch, module: str, make: Callable[[], Any],
+                                   message: str) -> None:
+    """With torchao's ``module`` unimportable, building the converter fails with ``message`` (a regex)."""
+    monkeypatch.setitem(sys.modules, module, None)
+    with pytest.raises(TitanError, match=message):
+        make()
+
+
+def assert_config_refuses(config: type[BaseModel], *, bad_recipe: str, misspelled: str) -> None:
+    """The converter's config model refuses an unknown recipe and a misspelled field, and describes every field."""
+    with pytest.raises(ValidationError, match="recipe"):
+        config(recipe=bad_recipe)
+    with pytest.raises(ValidationError, match="Extra inputs are not permitted"):
+        config(**{misspelled: ["w1"]})
+    for name, field in config.model_fields.items():
+        assert field.description, name

@@ -70,6 +70,18 @@ def kill_at(supervisor: subprocess.Popen[str], run_dir: Path, replica_id: int, s
             pass
 
 
+def finished_after_kills(supervisor: subprocess.Popen[str], log: Path, *killed: int) -> tuple[str, list[str]]:
+    """Wait for a supervisor that must succeed after ``killed`` groups each died once, in that order:
+    (its whole output, its ``[ft]`` lines)."""
+    supervisor.wait(timeout=300)
+    out = log.read_text()
+    assert supervisor.returncode == 0, out[-3000:]
+    ft = [line for line in out.splitlines() if line.startswith("[ft]")]
+    assert [line for line in ft if " died " in line] == [
+        f"[ft] replica {i} died (SIGKILL); restart 1 of 3" for i in killed], ft
+    return out, ft
+
+
 def committed_losses(run_dir: Path, groups: int) -> dict[int, set[float]]:
     """step -> the losses the groups committed at it (one value when they agree)."""
     out: dict[int, set[float]] = {}

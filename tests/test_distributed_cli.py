@@ -19,15 +19,23 @@ from pathlib import Path
 
 import pytest
 
-from conftest import Run, titan as run_titan, torchrun as run_torchrun
+from conftest import (
+    DEBUG_LLAMA_2_LAYERS,
+    PARITY_GLOBAL_BATCH,
+    PARITY_SEQ_LEN,
+    PARITY_TOLERANCE,
+    Run,
+    titan as run_titan,
+    torchrun as run_torchrun,
+)
 
-TOLERANCE = 1e-5
+TOLERANCE = PARITY_TOLERANCE
 STEPS = 5
 # Global batch: 4 sequences of 32 tokens. Data-parallel layouts read 2 per rank.
-GLOBAL_BATCH = 4
-SEQ_LEN = 32
+GLOBAL_BATCH = PARITY_GLOBAL_BATCH
+SEQ_LEN = PARITY_SEQ_LEN
 COMMON = (
-    "--spec", "llama3", "--flavor", "debugmodel", "--llama3.n_layers=2", f"--training.seq_len={SEQ_LEN}",
+    *DEBUG_LLAMA_2_LAYERS,
     f"--training.steps={STEPS}", "--metrics.log_freq=1", "--lr_scheduler.warmup_steps=1",
     "--training.max_norm=1.0", "--training.seed=0",
 )
@@ -91,11 +99,7 @@ def layout_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Run]:
 
 
 def _ok(run: Run, name: str) -> list[dict[str, float]]:
-    assert run.code == 0, f"{name} failed:\n{run.text}"
-    assert "Traceback" not in run.text, run.text
-    records = run.records()
-    assert [int(r["step"]) for r in records] == list(range(1, STEPS + 1)), name
-    return records
+    return run.step_records(name, STEPS)
 
 
 @pytest.mark.parametrize("name", [layout.name for layout in LAYOUTS])

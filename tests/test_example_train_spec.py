@@ -96,13 +96,16 @@ def test_trains_from_the_installed_wheel_and_the_loss_falls(single_run: Any) -> 
     assert "model tinygpt/debugmodel: 395,008 parameters" in proc.stderr
 
 
+def _two_process_losses(installed: Installed, name: str, *flags: str) -> list[float]:
+    run_dir = installed.root / f"run_{name}"
+    proc = _titan(installed, *TRAIN_ARGS, f"--job.run_dir={run_dir}", "--nproc-per-node", "2", *flags)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return [r["loss"] for r in _step_records(run_dir)]
+
+
 def test_fsdp2_on_two_processes_matches_one_process(installed: Installed, single_run: Any) -> None:
     """Same global batch (2 ranks x 2 sequences vs 1 x 4): the same loss at every step."""
-    run_dir = installed.root / "run_fsdp"
-    proc = _titan(installed, *TRAIN_ARGS, "--training.local_batch_size=2", f"--job.run_dir={run_dir}",
-                  "--nproc-per-node", "2", "--parallelism.dp_shard=2")
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    sharded = [r["loss"] for r in _step_records(run_dir)]
+    sharded = _two_process_losses(installed, "fsdp", "--training.local_batch_size=2", "--parallelism.dp_shard=2")
     single = [r["loss"] for r in single_run[1]]
     assert len(sharded) == 12
     assert sharded == pytest.approx(single, abs=2e-5)
@@ -110,11 +113,7 @@ def test_fsdp2_on_two_processes_matches_one_process(installed: Installed, single
 
 def test_tensor_parallel_on_two_processes_matches_one_process(installed: Installed, single_run: Any) -> None:
     """The worked TP plan (tp_plan.py) through the core's default parallelize_fn: same batch, same losses."""
-    run_dir = installed.root / "run_tp"
-    proc = _titan(installed, *TRAIN_ARGS, "--training.local_batch_size=4", f"--job.run_dir={run_dir}",
-                  "--nproc-per-node", "2", "--parallelism.tp=2")
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    tp = [r["loss"] for r in _step_records(run_dir)]
+    tp = _two_process_losses(installed, "tp", "--training.local_batch_size=4", "--parallelism.tp=2")
     assert tp == pytest.approx([r["loss"] for r in single_run[1]], abs=2e-5)
 
 
@@ -217,14 +216,8 @@ def test_flops_per_token_counts_every_linear_weight(tg: ModuleType) -> None:
 
 
 def test_activation_checkpointing_recomputes_and_keeps_names_and_gradients(tg: ModuleType) -> None:
-    from titan_core import (
-        ActivationCheckpointSection,
-        CompileSection,
-        ParallelDims,
-        ParallelismSection,
-        TensorParallelStyles,
-        TrainingSection,
-    )
+    from parallelize_helpers import parallelize_alone
+
     from titan_core.init import init_model_weights
     from titan_core.parallel import spec_parallelize_fn
 
@@ -234,11 +227,7 @@ def test_activation_checkpointing_recomputes_and_keeps_names_and_gradients(tg: M
         # A pre-hook: non-reentrant checkpointing stops recomputing once it has every saved
         # tensor, so a (post) forward hook on the block's last module may never fire again.
         model.layers["1"].mlp.register_forward_pre_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
-        spec_parallelize_fn(tg.tinygpt_spec)(
-            model, parallel_dims=ParallelDims.resolve(dp_replicate=1, dp_shard=1, tp=1, pp=1, world_size=1),
-            mesh=None, training=TrainingSection(), parallelism=ParallelismSection(), compile=CompileSection(),
-            activation_checkpoint=ActivationCheckpointSection(mode=mode), tp_styles=TensorParallelStyles.default(),
-        )
+        parallelize_alone(spec_parallelize_fn(tg.tinygpt_spec), model, mode=mode)
         init_model_weights(model, seed=3)
         return model, calls
 

@@ -17,6 +17,7 @@ import pytest
 from ft_helpers import (
     absent_windows,
     committed_losses,
+    finished_after_kills,
     kill_at,
     rejoin_seconds,
     start,
@@ -63,12 +64,7 @@ def test_killed_groups_rejoin_and_lose_nothing_but_their_own_batches(tmp_path: P
     spare = int((run / "spare.pid").read_text())  # the next spare, started at the rejoin
     kill_at(sup, run, 2, max(r["step"] for r in steps_logged(run / "replica_0")) + 1)
     os.kill(spare, signal.SIGKILL)
-    sup.wait(timeout=300)
-    out = log.read_text()
-    assert sup.returncode == 0, out[-3000:]
-    ft = [line for line in out.splitlines() if line.startswith("[ft]")]
-    assert [line for line in ft if " died " in line] == ["[ft] replica 1 died (SIGKILL); restart 1 of 3",
-                                                         "[ft] replica 2 died (SIGKILL); restart 1 of 3"], ft
+    out, ft = finished_after_kills(sup, log, 1, 2)
     for i in (1, 2):  # the survivors never restarted
         assert any(f"replica {i} left (SIGKILL); 2 of 3 replicas training" in line for line in ft), ft
     rejoined = [line for line in ft if " rejoined from replica" in line]
@@ -102,12 +98,7 @@ def test_two_groups_of_two_fsdp2_ranks_killed_one_after_the_other(tmp_path: Path
     kill_at(sup, run, 1, 4)
     wait_line(log, "replica 1 rejoined from replica 0", sup)
     kill_at(sup, run, 0, max(r["step"] for r in steps_logged(run / "replica_0")) + 2)
-    sup.wait(timeout=300)
-    out = log.read_text()
-    assert sup.returncode == 0, out[-3000:]
-    ft = [line for line in out.splitlines() if line.startswith("[ft]")]
-    assert [line for line in ft if " died " in line] == ["[ft] replica 1 died (SIGKILL); restart 1 of 3",
-                                                         "[ft] replica 0 died (SIGKILL); restart 1 of 3"], ft
+    out, ft = finished_after_kills(sup, log, 1, 0)
     assert [line.split(": ", 1)[1] for line in ft if " rejoined " in line] == [
         f"replica {i} rejoined from replica {1 - i} ({s:.1f}s after its restart); 2 of 2 replicas training"
         for i, s in zip((1, 0), rejoin_seconds(out))], ft

@@ -17,7 +17,8 @@ from titan_core.parallel_dims import ParallelDims
 from titan_float8 import Float8Config, Float8Converter, fqn_matches, hardware
 from titan_float8.settings import GLOO_REASON
 
-from converter_helpers import LLAMA, assert_same_as_reference, job, llama_on_meta, materialize, train_losses
+import converter_helpers as helpers
+from converter_helpers import LLAMA, assert_same_as_reference, job, materialize
 
 torch.set_num_threads(1)
 RECIPES = ["tensorwise", "rowwise", "rowwise_with_gw_hp"]
@@ -124,26 +125,20 @@ def test_emulate_false_on_cpu_is_an_error() -> None:
 
 
 def test_missing_torchao_says_how_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(sys.modules, "torchao.float8", None)
-    with pytest.raises(TitanError, match=r"the float8 converter needs torchao: pip install 'torchao>=0.18'"):
-        make()
+    helpers.assert_missing_torchao_refused(monkeypatch, "torchao.float8", make,
+                                           r"the float8 converter needs torchao: pip install 'torchao>=0.18'")
 
 
 # --- config validation -------------------------------------------------------------------
 
 
 def test_bad_config_values() -> None:
-    with pytest.raises(ValidationError, match="recipe"):
-        Float8Config(recipe="blockwise")
-    with pytest.raises(ValidationError, match="Extra inputs are not permitted"):
-        Float8Config(filter_fqn=["output"])
+    helpers.assert_config_refuses(Float8Config, bad_recipe="blockwise", misspelled="filter_fqn")
     with pytest.raises(ValidationError, match="emulate"):
         Float8Config(emulate="maybe")
     assert Float8Config(emulate="true").emulate is True
     assert Float8Config(emulate="False").emulate is False
     assert Float8Config(emulate="auto").emulate == "auto"
-    for name, field in Float8Config.model_fields.items():
-        assert field.description, name
 
 
 # --- selection ---------------------------------------------------------------------------
@@ -288,10 +283,7 @@ def reference_conversion(model: nn.Module, recipe: str, fqns: list[str]) -> None
 @pytest.mark.parametrize("kind", ["toy", "llama"])
 def test_equivalent_to_torchao(recipe: str, kind: str) -> None:
     def build() -> nn.Module:
-        if kind == "llama":
-            return llama_on_meta()
-        with torch.device("meta"):
-            return Toy()
+        return helpers.on_meta(kind, Toy)
 
     ours, theirs, plain = build(), build(), materialize(build())
     conv = make(recipe=recipe)
@@ -310,16 +302,7 @@ def test_equivalent_to_torchao(recipe: str, kind: str) -> None:
 
 
 def test_training_tracks_float32() -> None:
-    torch.manual_seed(0)
-    data = torch.randint(0, LLAMA.vocab_size, (4, 33))
-
-    def losses(model: nn.Module) -> list[float]:
-        return train_losses(model, data, steps=6)
-
-    converted = llama_on_meta()
-    apply_converters(converted, [("float8", make())], spec=None)
-    f8 = losses(materialize(converted))
-    ref = losses(materialize(llama_on_meta()))
+    _, f8, ref = helpers.trained_with_and_without([("float8", make())], steps=6)
     assert f8[-1] < f8[0] - 0.5
     assert max(abs(a - b) for a, b in zip(f8, ref)) < 0.02, (f8, ref)
 

@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import sys
 
 import pytest
 import torch
-from pydantic import ValidationError
 from torch import nn
 from torchao import quantize_
 from torchao.prototype.moe_training.config import MXFP8TrainingOpConfig, MXFP8TrainingRecipe
@@ -21,6 +19,7 @@ from titan_core.parallel_dims import ParallelDims
 from titan_float8 import Float8Config, Float8Converter
 from titan_mx_prototype import MXConfig, MXConverter, hardware
 
+import converter_helpers as helpers
 from conftest import REPO
 from converter_helpers import (
     LLAMA,
@@ -98,20 +97,14 @@ def test_emulate_false_on_cpu_is_an_error() -> None:
 
 
 def test_missing_torchao_says_how_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(sys.modules, "torchao.prototype.moe_training.config", None)
-    with pytest.raises(TitanError, match=r"the mx converter needs torchao.*pip install 'torchao>=0.18'"):
-        make()
+    helpers.assert_missing_torchao_refused(monkeypatch, "torchao.prototype.moe_training.config", make,
+                                           r"the mx converter needs torchao.*pip install 'torchao>=0.18'")
 
 
 def test_bad_config_values() -> None:
-    with pytest.raises(ValidationError, match="recipe"):
-        MXConfig(recipe="mxfp4")
-    with pytest.raises(ValidationError, match="Extra inputs are not permitted"):
-        MXConfig(fqn=["w1"])
+    helpers.assert_config_refuses(MXConfig, bad_recipe="mxfp4", misspelled="fqn")
     assert MXConfig().fqns == ["feed_forward.w1", "feed_forward.w2", "feed_forward.w3"]
     assert MXConfig().filter_fqns == ["output"]
-    for name, field in MXConfig.model_fields.items():
-        assert field.description, name
 
 
 def test_default_selection_is_the_feed_forward() -> None:
@@ -157,10 +150,7 @@ def kinds(model: nn.Module) -> dict[str, tuple[type, type]]:
 @pytest.mark.parametrize("kind", ["toy", "llama"])
 def test_equivalent_to_torchao(recipe: str, kind: str) -> None:
     def build() -> nn.Module:
-        if kind == "llama":
-            return llama_on_meta()
-        with torch.device("meta"):
-            return Toy()
+        return helpers.on_meta(kind, Toy)
 
     conv = make(recipe=recipe, **({} if kind == "llama" else {"fqns": []}))
     ours, theirs, plain = build(), build(), materialize(build())
@@ -179,17 +169,8 @@ def test_equivalent_to_torchao(recipe: str, kind: str) -> None:
 
 
 def test_llama_trains_with_float8_and_mx() -> None:
-    torch.manual_seed(0)
-    data = torch.randint(0, LLAMA.vocab_size, (4, 33))
-
-    def losses(model: nn.Module) -> list[float]:
-        return train_losses(model, data, steps=8)
-
-    converted = llama_on_meta()
     float8 = Float8Converter(Float8Config(), parallel_dims=DIMS, job=job())
-    apply_converters(converted, [("float8", float8), ("mx", make())], spec=None)
-    low = losses(materialize(converted))
-    ref = losses(materialize(llama_on_meta()))
+    converted, low, ref = helpers.trained_with_and_without([("float8", float8), ("mx", make())], steps=8)
     assert all(math.isfinite(v) for v in low)
     assert low[-1] < low[0] - 1.0
     assert max(abs(a - b) for a, b in zip(low, ref)) < 0.05, (low, ref)

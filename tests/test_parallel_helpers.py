@@ -12,16 +12,12 @@ from typing import Any
 import pytest
 import torch
 from op_counter import CountOps
+from parallelize_helpers import parallelize_alone
 from torch import nn
 
 from titan_core import (
     ActivationCheckpointSection,
-    CompileSection,
     ConfigError,
-    ParallelDims,
-    ParallelismSection,
-    TensorParallelStyles,
-    TrainingSection,
     default_parallelize_fn,
 )
 from titan_core.init import init_model_weights
@@ -32,10 +28,7 @@ MM = "aten.mm.default"
 
 
 def _parallelize(model: nn.Module, fn: Any, *, tp: int = 1, **ac: Any) -> nn.Module:
-    dims = ParallelDims.resolve(dp_replicate=1, dp_shard=1, tp=tp, pp=1, world_size=tp)
-    return fn(model, parallel_dims=dims, mesh=None, training=TrainingSection(), parallelism=ParallelismSection(),
-              compile=CompileSection(), activation_checkpoint=ActivationCheckpointSection(**ac),
-              tp_styles=TensorParallelStyles.default())
+    return parallelize_alone(fn, model, tp=tp, **ac)
 
 
 def test_tp_without_a_plan_is_a_config_error() -> None:

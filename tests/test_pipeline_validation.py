@@ -13,22 +13,28 @@ per-rank means would differ).
 
 from __future__ import annotations
 
-import json
-import random
 from pathlib import Path
 
 import pytest
 
 from titan_core import IGNORE_INDEX, build_dataloader, build_tokenizer, split_documents
 
-from conftest import Run, titan
+from conftest import (
+    DEBUG_LLAMA_2_LAYERS,
+    PARITY_GLOBAL_BATCH,
+    PARITY_SEQ_LEN,
+    PARITY_TOLERANCE,
+    Run,
+    titan,
+    write_uneven_corpus,
+)
 
-TOLERANCE = 1e-5
-GLOBAL_BATCH = 4
-SEQ_LEN = 32
+TOLERANCE = PARITY_TOLERANCE
+GLOBAL_BATCH = PARITY_GLOBAL_BATCH
+SEQ_LEN = PARITY_SEQ_LEN
 VAL_STEPS = 2
 COMMON = (
-    "--spec", "llama3", "--flavor", "debugmodel", "--llama3.n_layers=2", f"--training.seq_len={SEQ_LEN}",
+    *DEBUG_LLAMA_2_LAYERS,
     "--training.steps=3", "--lr_scheduler.warmup_steps=1", "--training.seed=0", "--metrics.log_freq=1",
     "--validation.enable=true", "--validation.freq=2", f"--validation.steps={VAL_STEPS}",
     "--data.document_masking=true",
@@ -38,12 +44,8 @@ COMMON = (
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Short documents of very uneven length: windows hold from none to many document ends."""
-    rng = random.Random(1)
-    words = ["alpha", "beta", "gamma", "delta", "pi", "x", "loop", "cache", "token", "mask"]
-    path = tmp_path_factory.mktemp("corpus") / "docs.jsonl"
-    lengths = [rng.choice([1, 2, 3, 4, 40]) for _ in range(1500)]
-    path.write_text("".join(json.dumps({"text": " ".join(rng.choices(words, k=n))}) + "\n" for n in lengths))
-    return path
+    return write_uneven_corpus(tmp_path_factory.mktemp("corpus") / "docs.jsonl", seed=1, documents=1500,
+                               longest=40)
 
 
 def _run(tmp: Path, corpus: Path, *args: str, nproc: int | None = None) -> Run:

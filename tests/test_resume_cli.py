@@ -182,24 +182,25 @@ def assert_close(got: dict[int, float], want: dict[int, float], steps: range) ->
         assert abs(got[step] - want[step]) <= LAYOUT_TOLERANCE, (step, got[step], want[step])
 
 
-def test_fsdp2_checkpoint_resumes_on_one_process(fsdp_stopped: tuple[Path, CliResult], reference_fsdp: Path,
-                                                 reference_single: tuple[Path, CliResult], tmp_path: Path) -> None:
-    run_dir = copy_run(fsdp_stopped[0], tmp_path / "run")
-    result = train(run_dir, SINGLE)
+def resumed_losses(stopped: Path, layout: tuple[str, ...], tmp_path: Path) -> dict[int, float]:
+    """The losses of a copy of ``stopped`` (checkpointed at step 10) resumed to step 20 under ``layout``."""
+    run_dir = copy_run(stopped, tmp_path / "run")
+    result = train(run_dir, layout)
     assert_ok(result)
     assert f"resuming from {run_dir}/checkpoints/step-000010 at step 10" in result.text
-    resumed = losses(run_dir)
+    return losses(run_dir)
+
+
+def test_fsdp2_checkpoint_resumes_on_one_process(fsdp_stopped: tuple[Path, CliResult], reference_fsdp: Path,
+                                                 reference_single: tuple[Path, CliResult], tmp_path: Path) -> None:
+    resumed = resumed_losses(fsdp_stopped[0], SINGLE, tmp_path)
     assert_close(resumed, losses(reference_fsdp), range(11, 21))
     assert_close(resumed, losses(reference_single[0]), range(1, 21))
 
 
 def test_one_process_checkpoint_resumes_on_fsdp2(single_stopped: tuple[Path, CliResult], reference_fsdp: Path,
                                                  reference_single: tuple[Path, CliResult], tmp_path: Path) -> None:
-    run_dir = copy_run(single_stopped[0], tmp_path / "run")
-    result = train(run_dir, FSDP)
-    assert_ok(result)
-    assert f"resuming from {run_dir}/checkpoints/step-000010 at step 10" in result.text
-    resumed = losses(run_dir)
+    resumed = resumed_losses(single_stopped[0], FSDP, tmp_path)
     assert_close(resumed, losses(reference_single[0]), range(11, 21))
     assert_close(resumed, losses(reference_fsdp), range(1, 21))
 

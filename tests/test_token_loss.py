@@ -11,8 +11,6 @@ gradient, and must match to 1e-6 relative (norm of the difference over norm).
 
 from __future__ import annotations
 
-import json
-import random
 from pathlib import Path
 
 import pytest
@@ -22,11 +20,11 @@ from safetensors.torch import load_file
 from titan_core import IGNORE_INDEX, build_dataloader, build_tokenizer, split_documents
 from titan_core.token_loss import token_weighted
 
-from conftest import titan
+from conftest import DEBUG_LLAMA_2_LAYERS, PARITY_SEQ_LEN, titan, write_uneven_corpus
 
-SEQ_LEN = 32
+SEQ_LEN = PARITY_SEQ_LEN
 COMMON = (
-    "--spec", "llama3", "--flavor", "debugmodel", "--llama3.n_layers=2", f"--training.seq_len={SEQ_LEN}",
+    *DEBUG_LLAMA_2_LAYERS,
     "--training.steps=1", "--training.seed=0", "--optimizer.name=SGD", "--optimizer.lr=1000",
     "--optimizer.weight_decay=0", "--lr_scheduler.warmup_steps=0", "--lr_scheduler.decay_type=constant",
     "--training.max_norm=0", "--metrics.log_freq=1", "--data.document_masking=true",
@@ -63,12 +61,8 @@ def test_uneven_micro_batches_weigh_every_token_the_same() -> None:
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Short documents of very uneven length: windows hold from none to many document ends."""
-    rng = random.Random(0)
-    words = ["alpha", "beta", "gamma", "delta", "pi", "x", "loop", "cache", "token", "mask"]
-    path = tmp_path_factory.mktemp("corpus") / "docs.jsonl"
-    lengths = [rng.choice([1, 2, 3, 4, 50]) for _ in range(300)]
-    path.write_text("".join(json.dumps({"text": " ".join(rng.choices(words, k=n))}) + "\n" for n in lengths))
-    return path
+    return write_uneven_corpus(tmp_path_factory.mktemp("corpus") / "docs.jsonl", seed=0, documents=300,
+                               longest=50)
 
 
 def _ignored_per_rank(corpus: Path) -> list[int]:

@@ -23,6 +23,7 @@ __all__ = [
     "OutOfMemory",
     "PeerLost",
     "PluginError",
+    "PluginHang",
     "PluginOutOfMemory",
     "RendezvousError",
     "RunFolderBusy",
@@ -59,6 +60,14 @@ class ConfigError(TitanError):
 
 class PluginError(TitanError):
     """A plugin could not be found, imported, or is incompatible, or its code failed (plugin_boundary.py)."""
+
+
+class PluginHang(PluginError):
+    """A call into a plugin did not return within its deadline (``model.plugin_timeout_s``)."""
+
+    def __init__(self, message: str, *, method: str, seconds: float) -> None:
+        super().__init__(message)
+        self.method, self.seconds = method, seconds
 
 
 class CheckpointError(TitanError):

@@ -3,12 +3,30 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, overload
 
 from .errors import ConfigError
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
+
+
+class _AboveOne:
+    """A read-only flag of ParallelDims: whether the degree named ``degree`` is above 1 (that kind of
+    parallelism is on; ``world_size``: more than one process)."""
+
+    def __init__(self, degree: str) -> None:
+        self.degree = degree
+
+    @overload
+    def __get__(self, dims: None, owner: type) -> _AboveOne: ...
+    @overload
+    def __get__(self, dims: ParallelDims, owner: type) -> bool: ...
+    def __get__(self, dims: ParallelDims | None, owner: type) -> bool | _AboveOne:
+        if dims is None:
+            return self
+        degree: int = getattr(dims, self.degree)
+        return degree > 1
 
 
 @dataclass(frozen=True)
@@ -56,34 +74,18 @@ class ParallelDims:
         """Number of data-parallel ranks (each reads its own data shard)."""
         return self.dp_replicate * self.dp_shard
 
-    @property
-    def fsdp_enabled(self) -> bool:
-        return self.dp_shard > 1
-
-    @property
-    def dp_replicate_enabled(self) -> bool:
-        return self.dp_replicate > 1
-
-    @property
-    def ep_enabled(self) -> bool:
-        return self.ep > 1
+    fsdp_enabled = _AboveOne("dp_shard")
+    dp_replicate_enabled = _AboveOne("dp_replicate")
+    ep_enabled = _AboveOne("ep")
 
     @property
     def expert_dp_shard(self) -> int:
         """The dp_shard ranks that hold the same experts under EP (FSDP2 shards those experts over them)."""
         return self.dp_shard // self.ep
 
-    @property
-    def tp_enabled(self) -> bool:
-        return self.tp > 1
-
-    @property
-    def pp_enabled(self) -> bool:
-        return self.pp > 1
-
-    @property
-    def distributed(self) -> bool:
-        return self.world_size > 1
+    tp_enabled = _AboveOne("tp")
+    pp_enabled = _AboveOne("pp")
+    distributed = _AboveOne("world_size")
 
     def build_mesh(self, device_type: str) -> Any:
         """The named 4-D mesh (``mesh["dp"]`` also works, with a torch deprecation warning)."""

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, TypeVar
 import titan_core
 
 from . import discovery
-from .errors import DeadlinePassed, PluginError, PluginOutOfMemory, Terminated, TitanError
+from .errors import DeadlinePassed, PluginError, PluginHang, PluginOutOfMemory, Terminated, TitanError
 from .runtime.deadlines import call_deadline
 from .runtime.out_of_memory import is_out_of_memory, out_of_memory_error
 from .runtime.peer_failure import is_collective_failure
@@ -80,7 +80,7 @@ def plugin_call(group: Group, name: str, method: str, *, timed: bool = True) -> 
         with call_deadline(seconds, f"{method} of {name}", message=message) if timed else contextlib.nullcontext():
             yield
     except DeadlinePassed:
-        raise PluginError(message()) from None
+        raise PluginHang(message(), method=method, seconds=seconds) from None
     except (TitanError, GeneratorExit, Terminated):
         raise
     except BaseException as exc:  # SystemExit, a BaseException subclass of its own: still the plugin's

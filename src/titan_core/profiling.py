@@ -23,12 +23,15 @@ import contextlib
 import json
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from .config.sections import ProfilingSection
 from .console import progress
+
+if TYPE_CHECKING:
+    from torch.autograd.profiler_util import FunctionEventAvg
 
 PHASES = ("forward", "backward", "optimizer", "data")
 _LABEL = "titan/"
@@ -132,19 +135,9 @@ class StepProfiler:
             torch.cuda.memory._record_memory_history(enabled=None)
 
 
-class ProfiledEvent(Protocol):
-    """What ``breakdown`` reads of one row of torch's ``key_averages()``."""
-
-    @property
-    def key(self) -> str: ...
-    @property
-    def cpu_time_total(self) -> float: ...
-    @property
-    def self_cpu_time_total(self) -> float: ...
-
-
-def breakdown(averages: Iterable[ProfiledEvent], *, steps: int, cuda: bool) -> dict[str, float]:
-    """Mean milliseconds per step of each phase, and of collectives (device time on CUDA)."""
+def breakdown(averages: Iterable[FunctionEventAvg], *, steps: int, cuda: bool) -> dict[str, float]:
+    """Mean milliseconds per step of each phase, and of collectives (device time on CUDA), from the rows of
+    torch's ``profile.key_averages()``."""
     totals = {name: 0.0 for name in (*PHASES, "communication")}
     for event in averages:
         key = str(event.key)

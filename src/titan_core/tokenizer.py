@@ -33,6 +33,7 @@ from typing import Any
 import tiktoken
 
 from .errors import ConfigError
+from .text_files import read_text_as
 
 # Llama 3's pre-tokenizer split pattern (contractions, letter runs, 1-3 digits,
 # punctuation runs, newlines, whitespace); tiktoken compiles it in Rust.
@@ -80,14 +81,9 @@ def read_bpe_ranks(path: str | Path) -> dict[bytes, int]:
         raise ConfigError(f"tokenizer file {path} does not exist; {fix}.")
     if not path.is_file():
         raise ConfigError(f"tokenizer path {path} is not a file; {fix}.")
-    raw = path.read_bytes()
-    try:
-        text = raw.decode("ascii")
-    except UnicodeDecodeError as e:
-        raise ConfigError(
-            f"tokenizer file {path} is not a tiktoken BPE ranks file: byte {e.start} is not ASCII "
-            f"(a binary file such as a SentencePiece or HF tokenizer.json is not supported); {fix}."
-        ) from None
+    text = read_text_as(path, "ascii", lambda e: f"tokenizer file {path} is not a tiktoken BPE ranks file: byte "
+                        f"{e.start} is not ASCII (a binary file such as a SentencePiece or HF tokenizer.json is not "
+                        f"supported); {fix}.")
     ranks: dict[bytes, int] = {}
     seen_ranks: dict[int, int] = {}
     for lineno, line in enumerate(text.splitlines(), start=1):

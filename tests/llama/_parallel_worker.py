@@ -20,16 +20,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from parallelize_helpers import parallel_kwargs, parallelize_alone
 from torch import nn
 
-from titan_core import (
-    ActivationCheckpointSection,
-    CompileSection,
-    ParallelDims,
-    ParallelismSection,
-    TensorParallelStyles,
-    TrainingSection,
-)
+from titan_core import CompileSection, ParallelDims, ParallelismSection, TrainingSection
 from titan_llama.model import LlamaArgs, Transformer
 from titan_llama.parallelize import parallelize_llama
 from titan_llama.pipeline import pipeline_llama
@@ -100,13 +94,8 @@ def run_reference(activation_checkpoint: dict[str, Any] | None = None, steps: in
     torch.manual_seed(0)
     with torch.device("meta"):
         model = Transformer(ARGS)
-    ac = ActivationCheckpointSection(**(activation_checkpoint or {}))
-    dims = ParallelDims.resolve(dp_replicate=1, dp_shard=1, tp=1, pp=1, world_size=1)
-    parallelize_llama(
-        model, parallel_dims=dims, mesh=None, training=TrainingSection(seq_len=SEQ_LEN, local_batch_size=GLOBAL_BATCH),
-        parallelism=ParallelismSection(dp_shard=1), compile=CompileSection(), activation_checkpoint=ac,
-        tp_styles=TensorParallelStyles.default(),
-    )
+    parallelize_alone(parallelize_llama, model, training=TrainingSection(seq_len=SEQ_LEN, local_batch_size=GLOBAL_BATCH),
+                      parallelism=ParallelismSection(dp_shard=1), **(activation_checkpoint or {}))
     model.to_empty(device="cpu")
     init_model_weights([model], seed=SEED)
     opt = _optimizer(list(model.parameters()))
@@ -143,12 +132,8 @@ def _train_layout(layout: Layout, world_size: int) -> dict[str, Any]:
     mesh = dims.build_mesh("cpu")
     local_batch = GLOBAL_BATCH // dims.dp
     training = TrainingSection(seq_len=SEQ_LEN, local_batch_size=local_batch)
-    sections = dict(
-        parallel_dims=dims, mesh=mesh, training=training, parallelism=parallelism,
-        compile=CompileSection(enable=layout.compile),
-        activation_checkpoint=ActivationCheckpointSection(**layout.activation_checkpoint),
-        tp_styles=TensorParallelStyles.default(),
-    )
+    sections = parallel_kwargs(dims, mesh=mesh, training=training, parallelism=parallelism,
+                               compile=CompileSection(enable=layout.compile), **layout.activation_checkpoint)
     with torch.device("meta"):
         model = Transformer(ARGS)
 

@@ -15,14 +15,11 @@ from typing import Any
 import pytest
 import torch
 from op_counter import CountOps
+from parallelize_helpers import parallelize_alone
 
 from titan_core import (
-    ActivationCheckpointSection,
-    CompileSection,
     ConfigError,
-    ParallelDims,
     ParallelismSection,
-    TensorParallelStyles,
     TrainingSection,
 )
 from titan_core.parallel import reshard_policy, resolve_ops
@@ -148,12 +145,7 @@ def _backward_op_counts(ac: dict[str, Any]) -> Counter[str]:
     """Ops run during backward of one step (recomputation shows up here)."""
     with torch.device("meta"):
         model = Transformer(w.ARGS)
-    dims = ParallelDims.resolve(dp_replicate=1, dp_shard=1, tp=1, pp=1, world_size=1)
-    parallelize_llama(
-        model, parallel_dims=dims, mesh=None, training=TrainingSection(), parallelism=ParallelismSection(dp_shard=1),
-        compile=CompileSection(), activation_checkpoint=ActivationCheckpointSection(**ac),
-        tp_styles=TensorParallelStyles.default(),
-    )
+    parallelize_alone(parallelize_llama, model, parallelism=ParallelismSection(dp_shard=1), **ac)
     model.to_empty(device="cpu")
     w.init_model_weights([model], seed=w.SEED)
     tokens, labels = w.batch()

@@ -206,15 +206,20 @@ class CheckpointManager:
             encoded = storage.encode_values(values)
         except CheckpointError as exc:
             error = str(exc)
-        shares = self._gather((error, encoded))
-        errors = [e for e, _ in shares if e]
-        if errors:
-            self._fail(step, tmp, errors[0])
+        shares = self._gather_or_fail(step, tmp, error, encoded)
         merged: dict[str, Any] = {}
-        for _, share in shares:  # replicated values are equal on every rank; per-rank keys differ
+        for share in shares:  # replicated values are equal on every rank; per-rank keys differ
             for key, value in share.items():
                 merged.setdefault(key, value)
         return merged
+
+    def _gather_or_fail(self, step: int, tmp: Path, error: str | None, share: dict[str, Any]) -> list[Any]:
+        """Every rank's (error, share) (a collective); the first rank's error fails the save on all ranks."""
+        shares = self._gather((error, share))
+        errors = [e for e, _ in shares if e]
+        if errors:
+            self._fail(step, tmp, errors[0])
+        return [s for _, s in shares]
 
     def _require_finite(self, step: int) -> None:
         """Refuse to save a state holding NaN or inf (every rank checks its own shards)."""
@@ -265,11 +270,8 @@ class CheckpointManager:
             digests = integrity.digest_share(tmp, rank=self._rank, world=self._world)
         except OSError as exc:
             error = _describe(exc)
-        shares = self._gather((error, digests))
-        errors = [e for e, _ in shares if e]
-        if errors:
-            self._fail(step, tmp, errors[0])
-        files = {name: digest for _, share in shares for name, digest in share.items()}
+        shares = self._gather_or_fail(step, tmp, error, digests)
+        files = {name: digest for share in shares for name, digest in share.items()}
         record = CheckpointRecord(self.identity, step, tokens_seen, self._world, files)
         self._agree_on_rank0(lambda: self._publish(tmp, record))
 

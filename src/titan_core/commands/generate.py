@@ -20,7 +20,7 @@ from ..hf.folder import is_hf_folder
 from ..sampling import Sampling, sample, takes_cache
 from ..weights.titan_checkpoint import is_titan_checkpoint, newest_checkpoint
 from ..whole_model import load_hf_folder, load_titan_checkpoint
-from .tool_main import run_tool
+from .tool_main import parse_and_run
 
 PROG = "titan-generate"
 
@@ -123,8 +123,7 @@ def generate(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
-    return run_tool(PROG, generate, args)
+    return parse_and_run(PROG, build_parser(), generate, argv)
 
 
 if __name__ == "__main__":  # pragma: no cover

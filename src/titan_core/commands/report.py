@@ -15,7 +15,7 @@ from pathlib import Path
 
 from ..errors import ConfigError
 from ..report import REPORT_FILE, write_report
-from .tool_main import run_tool
+from .tool_main import parse_and_run
 
 PROG = "titan-report"
 
@@ -51,8 +51,7 @@ def report(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
-    return run_tool(PROG, report, args)
+    return parse_and_run(PROG, build_parser(), report, argv)
 
 
 if __name__ == "__main__":  # pragma: no cover

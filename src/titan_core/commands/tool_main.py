@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from ..errors import Terminated, TitanError
 from ..os_errors import describe_os_error
@@ -38,3 +38,10 @@ def run_tool(prog: str, command: Callable[[argparse.Namespace], int], args: argp
     except Terminated:
         print(f"{prog}: stopped by SIGTERM{note}", file=sys.stderr)
         return 143
+
+
+def parse_and_run(prog: str, parser: argparse.ArgumentParser, command: Callable[[argparse.Namespace], int],
+                  argv: Sequence[str] | None) -> int:
+    """A tool's ``main``: parse ``argv`` (the command line when None), then ``run_tool``."""
+    args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
+    return run_tool(prog, command, args)

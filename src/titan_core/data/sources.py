@@ -29,6 +29,7 @@ from typing import Any
 from ..console import progress
 from ..errors import ConfigError
 from ..os_errors import file_kind
+from ..text_files import read_text_as
 from .corpus import builtin_documents
 from .deadline import stall_deadline
 from .json_lines import read_json_list, read_jsonl
@@ -158,14 +159,8 @@ def _read_files(files: list[Path], *, text_field: str, source: str) -> list[str]
 
 def _read_file(path: Path, *, text_field: str) -> list[str]:
     if path.suffix.lower() == ".txt":
-        raw = path.read_bytes()
-        try:
-            text = raw.decode("utf-8")
-        except UnicodeDecodeError as e:
-            raise ConfigError(
-                f"data file {path} is not UTF-8 text (undecodable byte at offset {e.start}); "
-                "convert it to UTF-8 or remove it from data.source."
-            ) from None
+        text = read_text_as(path, "utf-8", lambda e: f"data file {path} is not UTF-8 text (undecodable byte at offset "
+                            f"{e.start}); convert it to UTF-8 or remove it from data.source.")
         if "\x00" in text:
             raise ConfigError(f"data file {path} looks binary (it contains NUL bytes); give a text file.")
         return [text] if text.strip() else []

@@ -28,14 +28,13 @@ import torch
 from .. import discovery
 from ..build import build_converters
 from ..discovery import CONVERTERS, SPECS, discover, load_converter, load_train_spec
-from ..errors import DeadlinePassed, TitanError
+from ..errors import PluginHang, TitanError
 from ..hf.adapter import row_map
 from ..init import init_model_weights
 from ..meta_model import meta_model
 from ..plan.resolve import resolve_config
-from ..plugin_boundary import SpecCalls
-from ..plugin_calls import plugin_timeout, timeout_message
-from ..runtime.deadlines import call_deadline
+from ..plugin_boundary import SpecCalls, converter_calls
+from ..plugin_calls import timeout_message
 from ..trainer import Trainer
 from . import runs
 
@@ -252,17 +251,15 @@ def _under(name: str, roots: set[str]) -> bool:
 
 
 @contextlib.contextmanager
-def _bounded(t: Target, method: str) -> Iterator[None]:
-    """A call into the plugin under ``model.plugin_timeout_s`` (titan-plugin check --call-timeout): one that never
-    returns fails the check, naming it, instead of hanging the kit."""
-
-    seconds = plugin_timeout()
-    label = f"{t.kind} {t.name!r}"
-    message = timeout_message(label, method, seconds, setting="titan-plugin check --call-timeout")
+def _bounded(t: Target) -> Iterator[None]:
+    """Calls into the plugin through the facade (``plugin_boundary``), each under ``model.plugin_timeout_s``
+    (titan-plugin check --call-timeout): one that never returns fails the check, naming it, instead of
+    hanging the kit."""
     try:
-        with call_deadline(seconds, f"{method} of {label}", message=lambda: message):
-            yield
-    except DeadlinePassed:
+        yield
+    except PluginHang as exc:
+        message = timeout_message(f"{t.kind} {t.name!r}", exc.method, exc.seconds,
+                                  setting="titan-plugin check --call-timeout")
         raise Failed(message, TIMED_OUT) from None
 
 
@@ -273,19 +270,19 @@ def check_select_convert(t: Target) -> str:
                               ("model.converters", t.name)], world_size=1)
     spec = resolved.spec
     model = meta_model(spec, resolved.model_args)
-    ((_, conv),) = build_converters(resolved)
-    with _bounded(t, "compatible_with()"):
+    (conv,) = converter_calls(build_converters(resolved))
+    with _bounded(t):
         conv.compatible_with(spec)
     objects_before = dict(model.named_modules())
     before = {name: _signature(m) for name, m in objects_before.items()}
-    with _bounded(t, "select()"):
+    with _bounded(t):
         selected = conv.select(model)
     unknown = sorted(set(selected) - set(before))
     if unknown:
         raise Failed(f"select() named modules the model does not have: {unknown[:5]}")
     if not selected:
         raise Failed("select() chose no module of the model")
-    with _bounded(t, "convert()"):
+    with _bounded(t):
         conv.convert(model, list(selected))
     after = {name: _signature(m) for name, m in model.named_modules()}
     chosen = set(selected)
@@ -427,14 +424,20 @@ def check_tp(t: Target) -> str:
     figure = _matches_reference(t, "tp2", 2, *flags)
     # Matching numbers alone do not show TP ran: a parallelize_fn that ignores parallelism.tp trains a whole
     # copy on each rank, with the same numbers. The run's layout line says what was really sharded.
-    layout = next((line.split("parameters:", 1)[1].strip() for line in run.output.splitlines()
-                   if "[titan] parameters:" in line), "")
-    sharded = sum(int(part.split(" x ", 1)[0]) for part in layout.split("; ") if "tp:S" in part)
+    layout, sharded = _placed_params(run.output, "tp:S")
     if not sharded:
         raise Failed(f"the TP 2 run trained, but no parameter is sharded over the tp mesh (layout: "
                      f"{layout or 'not reported'}): the parallelize_fn ignored parallelism.tp. Apply the TP plan "
                      f"there, or refuse tp > 1 in the spec's validate_fn", "nothing sharded")
     return f"{figure}, {sharded} params sharded"
+
+
+def _placed_params(output: str, placement: str) -> tuple[str, int]:
+    """The run's ``[titan] parameters:`` layout line ("" when absent) and how many parameters it
+    lists with ``placement`` (e.g. ``tp:S`` sharded over tp)."""
+    layout = next((line.split("parameters:", 1)[1].strip() for line in output.splitlines()
+                   if "[titan] parameters:" in line), "")
+    return layout, sum(int(part.split(" x ", 1)[0]) for part in layout.split("; ") if placement in part)
 
 
 def check_pp(t: Target) -> str:
@@ -458,9 +461,7 @@ def check_ep(t: Target) -> str:
     _require_run(ref, "the one-process reference (2 micro-batches)")
     run = t.run("ep2", 5, "--parallelism.ep=2", half, nproc=2)
     _require_run(run, "the EP 2 run")
-    layout = next((line.split("parameters:", 1)[1].strip() for line in run.output.splitlines()
-                   if "[titan] parameters:" in line), "")
-    split = sum(int(part.split(" x ", 1)[0]) for part in layout.split("; ") if "ep:S(0)" in part)
+    layout, split = _placed_params(run.output, "ep:S(0)")
     if not split:
         raise Failed(f"the EP 2 run trained, but no parameter is split over the ep mesh (layout: "
                      f"{layout or 'not reported'}): the spec's parallelize_fn must apply "
@@ -503,7 +504,7 @@ def _spec_model(t: Target, *, device: str = "meta", seq_len: int | None = None) 
         ("training.seq_len", str(t.seq_len if seq_len is None else min(seq_len, t.seq_len)))])
     spec, args = resolved.spec, resolved.model_args
     with torch.device(device):
-        model = spec.model_cls(args)
+        model = resolved.calls.build_model(args)
     return spec, args, model
 
 

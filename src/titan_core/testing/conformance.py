@@ -40,6 +40,10 @@ class _Conformance:
         yield c.Target(self.kind, name, spec=self._spec(), compile=self.compile, extra_flags=tuple(self.extra_flags),
                        flavor=self.flavor, workdir=tmp_path_factory.mktemp(f"conformance-{name}"))
 
+    # Shared by both kinds; pytest runs a base class's tests first, so this one opens every suite.
+    def test_imports(self, titan_target: c.Target) -> None:
+        self._run(titan_target, c.check_import)
+
     def _run(self, target: c.Target, fn: Callable[[c.Target], str]) -> None:
         pool = c.CONVERTER_CHECKS if self.kind == "converter" else c.SPEC_CHECKS
         check = next(ch for ch in pool if ch.fn is fn)
@@ -63,9 +67,6 @@ class ConverterConformance(_Conformance):
 
     def _spec(self) -> str:
         return self.spec
-
-    def test_imports(self, titan_target: c.Target) -> None:
-        self._run(titan_target, c.check_import)
 
     def test_config_defaults_and_did_you_mean(self, titan_target: c.Target) -> None:
         self._run(titan_target, c.check_config)
@@ -97,9 +98,6 @@ class TrainSpecConformance(_Conformance):
 
     def _target_name(self) -> str:
         return self.train_spec
-
-    def test_imports(self, titan_target: c.Target) -> None:
-        self._run(titan_target, c.check_import)
 
     def test_builds_on_meta(self, titan_target: c.Target) -> None:
         self._run(titan_target, c.check_meta_build)

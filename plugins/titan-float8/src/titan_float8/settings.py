@@ -11,7 +11,8 @@ from dataclasses import dataclass
 
 import torch
 
-from titan_core import ConfigError, ParallelDims, RunContext, TitanError
+from titan_core import ConfigError, ParallelDims, RunContext
+from titan_core.emulation import KernelNeeds, resolve_emulation
 
 from . import hardware
 from .config import Float8Config
@@ -40,28 +41,18 @@ def resolve_settings(config: Float8Config, parallel_dims: ParallelDims, job: Run
     return Float8Settings(config.recipe, backend, emulate, emulate_reason, all_gather, all_gather, reason)
 
 
+_NEEDS = KernelNeeds(
+    section="float8", kernels="float8", emulated_in="float32", min_capability=hardware.MIN_FLOAT8_CAPABILITY,
+    hardware="a CUDA GPU with compute capability 8.9 or newer (SM89+: Ada, Hopper, Blackwell)",
+    too_old="float8 training needs an NVIDIA GPU with compute capability 8.9 or newer (SM89+: Ada, Hopper, "
+    "Blackwell); this GPU has compute capability {major}.{minor} (sm_{major}{minor}). Set --float8.emulate=true to "
+    "emulate float8 matmuls in float32 (slow; for testing only), or remove float8 from model.converters.",
+)
+
+
 def resolve_emulate(emulate: bool | str, device: torch.device) -> tuple[bool, str]:
     """(emulate?, why). Raises TitanError when real kernels are asked for but cannot run."""
-    need = ".".join(map(str, hardware.MIN_FLOAT8_CAPABILITY))
-    if emulate is True:
-        return True, "float8.emulate=true"
-    if device.type != "cuda":
-        if emulate is False:
-            raise TitanError(
-                f"float8.emulate=false asks for real float8 kernels, which need a CUDA GPU with compute capability "
-                f"{need} or newer (SM89+: Ada, Hopper, Blackwell), but this run uses device {device.type}. "
-                f"Set --float8.emulate=auto (or true) to emulate float8 matmuls in float32 (slow; for testing)."
-            )
-        return True, f"emulated: no float8 kernels on {device.type}"
-    major, minor = hardware.cuda_capability(device)
-    if (major, minor) >= hardware.MIN_FLOAT8_CAPABILITY:
-        return False, f"real float8 kernels on sm_{major}{minor}"
-    raise TitanError(
-        f"float8 training needs an NVIDIA GPU with compute capability {need} or newer (SM89+: Ada, Hopper, "
-        f"Blackwell); this GPU has compute capability {major}.{minor} (sm_{major}{minor}). Set "
-        f"--float8.emulate=true to emulate float8 matmuls in float32 (slow; for testing only), or remove "
-        f"float8 from model.converters."
-    )
+    return resolve_emulation(emulate, device, _NEEDS, hardware.cuda_capability)
 
 
 GLOO_REASON = "gloo cannot all-gather float8 dtypes (RuntimeError: Invalid scalar type)"

@@ -7,17 +7,14 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
+
+from titan_core.model_parts import DecoderSection
 
 
-class LlamaSection(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class LlamaSection(DecoderSection):
+    # The shared decoder fields (norm_eps, max_seq_len, rope_theta, n_layers, vocab_size), then its own.
 
-    norm_eps: float | None = Field(None, gt=0, description="RMSNorm epsilon (default: the flavor's).")
-    max_seq_len: int | None = Field(None, gt=0, description="Longest sequence the RoPE table covers (default: the flavor's).")
-    rope_theta: float | None = Field(None, gt=0, description="RoPE base frequency (default: the flavor's).")
-    n_layers: int | None = Field(None, gt=0, description="Number of transformer blocks (default: the flavor's).")
-    vocab_size: int | None = Field(None, gt=0, description="Vocabulary size (default: the flavor's, or the tokenizer's).")
     attention_kernel: Literal["auto", "sdpa"] | None = Field(
         None, description="auto: the fused CPU attention kernel for float32 CPU runs with 16/32/64-channel heads, "
         "SDPA elsewhere; sdpa: always torch's scaled_dot_product_attention (default: auto).")

@@ -21,12 +21,13 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
 
 from titan_core import ConfigError
+from titan_core.hf_names import DECODER_TOP, decoder_config, inverse, tensors_from_hf, tensors_to_hf
 
 from .model import LlamaArgs, RopeScaling
 
@@ -41,11 +42,13 @@ _LAYER = {
     "attention_norm": "input_layernorm",
     "ffn_norm": "post_attention_layernorm",
 }
-_TOP = {"tok_embeddings": "model.embed_tokens", "norm": "model.norm", "output": "lm_head"}
+_TOP = DECODER_TOP
 _NATIVE_LAYER = re.compile(r"^layers\.(\d+)\.(.+)\.weight$")
 _HF_LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)\.weight$")
-_LAYER_BACK = {v: k for k, v in _LAYER.items()}
-_TOP_BACK = {v: k for k, v in _TOP.items()}
+_LAYER_BACK = inverse(_LAYER)
+_TOP_BACK = inverse(_TOP)
+_NATIVE_QK = ("attention.wq", "attention.wk")  # the projections whose rows RoPE's layout orders
+_HF_QK = ("self_attn.q_proj", "self_attn.k_proj")
 
 
 def _heads_to_rotate_half(w: torch.Tensor, n_heads: int) -> torch.Tensor:
@@ -76,6 +79,15 @@ def _rename(key: str, layer_pattern: re.Pattern[str], layer_prefix: str, layer_n
     raise KeyError(f"{key!r} is not a Llama parameter this adapter knows")
 
 
+def _permute_heads(w: torch.Tensor, module: str, q_k: tuple[str, str], args: LlamaArgs,
+                   permute: Callable[[torch.Tensor, int], torch.Tensor]) -> torch.Tensor:
+    """``permute`` over the heads of ``w`` when ``module`` is the query or key projection (``q_k``, as
+    named on this side); any other module's tensor unchanged."""
+    if module not in q_k:
+        return w
+    return permute(w, args.n_heads if module == q_k[0] else args.kv_heads)
+
+
 class LlamaStateDictAdapter:
     """``TrainSpec.state_dict_adapter`` of the llama3 spec (the protocol in titan_core.hf)."""
 
@@ -83,30 +95,18 @@ class LlamaStateDictAdapter:
 
     # ---- tensors -------------------------------------------------------------------------------
     def to_hf(self, state_dict: Mapping[str, torch.Tensor], model_args: LlamaArgs) -> dict[str, torch.Tensor]:
-        out: dict[str, torch.Tensor] = {}
-        for key, tensor in state_dict.items():
-            if key == "output.weight" and model_args.tie_embeddings:
-                continue  # transformers ties lm_head to embed_tokens from config.json
+        def rename(key: str, tensor: torch.Tensor) -> tuple[str, torch.Tensor]:
             name, module = _rename(key, _NATIVE_LAYER, "model.layers", _LAYER, _TOP)
-            if module in ("attention.wq", "attention.wk"):
-                heads = model_args.n_heads if module == "attention.wq" else model_args.kv_heads
-                tensor = _heads_to_rotate_half(tensor, heads)
-            out[name] = tensor
-        return out
+            return name, _permute_heads(tensor, module, _NATIVE_QK, model_args, _heads_to_rotate_half)
+
+        return tensors_to_hf(state_dict, tied=model_args.tie_embeddings, rename=rename)
 
     def from_hf(self, state_dict: Mapping[str, torch.Tensor], model_args: LlamaArgs) -> dict[str, torch.Tensor]:
-        out: dict[str, torch.Tensor] = {}
-        for key, tensor in state_dict.items():
-            if key.endswith("rotary_emb.inv_freq"):
-                continue  # a buffer some old exports carry; recomputed from config
-            if key == "lm_head.weight" and model_args.tie_embeddings:
-                continue  # some tied exports still carry lm_head: the embedding is the source
+        def rename(key: str, tensor: torch.Tensor) -> tuple[str, torch.Tensor]:
             name, module = _rename(key, _HF_LAYER, "layers", _LAYER_BACK, _TOP_BACK)
-            if module in ("self_attn.q_proj", "self_attn.k_proj"):
-                heads = model_args.n_heads if module == "self_attn.q_proj" else model_args.kv_heads
-                tensor = _heads_to_interleaved(tensor, heads)
-            out[name] = tensor
-        return out
+            return name, _permute_heads(tensor, module, _HF_QK, model_args, _heads_to_interleaved)
+
+        return tensors_from_hf(state_dict, tied=model_args.tie_embeddings, rename=rename)
 
     def from_hf_rows(self, hf_key: str, hf_shape: tuple[int, ...], model_args: LlamaArgs) -> torch.Tensor | None:
         """Native row i of ``from_hf``'s tensor for ``hf_key`` is HF row ``rows[i]`` (None: a rename).
@@ -114,11 +114,11 @@ class LlamaStateDictAdapter:
         The core uses it to read only a rank's own rows (and columns) of each tensor.
         """
         _, module = _rename(hf_key, _HF_LAYER, "layers", _LAYER_BACK, _TOP_BACK)
-        if module not in ("self_attn.q_proj", "self_attn.k_proj"):
+        if module not in _HF_QK:
             return None
-        heads = model_args.n_heads if module == "self_attn.q_proj" else model_args.kv_heads
         # The same per-head permutation as from_hf, applied to the row numbers.
-        return _heads_to_interleaved(torch.arange(hf_shape[0]).unsqueeze(1), heads).squeeze(1)
+        rows = torch.arange(hf_shape[0]).unsqueeze(1)
+        return _permute_heads(rows, module, _HF_QK, model_args, _heads_to_interleaved).squeeze(1)
 
     # ---- config.json -----------------------------------------------------------------------------
     def hf_config(self, model_args: LlamaArgs) -> dict[str, Any]:
@@ -130,30 +130,12 @@ class LlamaStateDictAdapter:
                     "low_freq_factor": s.low_freq_factor, "high_freq_factor": s.high_freq_factor,
                     "original_max_position_embeddings": s.original_max_position_embeddings}
         legacy_scaling = None if a.rope_scaling is None else {k: v for k, v in rope.items() if k != "rope_theta"}
-        return {
-            "architectures": ["LlamaForCausalLM"],
-            "model_type": "llama",
-            "hidden_size": a.dim,
-            "num_hidden_layers": a.n_layers,
-            "num_attention_heads": a.n_heads,
-            "num_key_value_heads": a.kv_heads,
-            "head_dim": a.head_dim,
-            "intermediate_size": a.ffn_hidden_dim,
-            "vocab_size": a.vocab_size,
-            "rms_norm_eps": a.norm_eps,
-            "max_position_embeddings": a.max_seq_len,
-            "tie_word_embeddings": a.tie_embeddings,
-            "hidden_act": "silu",
-            "attention_bias": False,
-            "mlp_bias": False,
-            "attention_dropout": 0.0,
-            "initializer_range": 0.02,
-            # Both spellings: transformers 5 reads rope_parameters, 4.x reads rope_theta/rope_scaling.
-            "rope_parameters": rope,
-            "rope_theta": a.rope_theta,
-            "rope_scaling": legacy_scaling,
-            "use_cache": True,
-        }
+        return decoder_config(
+            architecture="LlamaForCausalLM", model_type="llama", dim=a.dim, n_layers=a.n_layers, n_heads=a.n_heads,
+            n_kv_heads=a.kv_heads, head_dim=a.head_dim, intermediate_size=a.ffn_hidden_dim, vocab_size=a.vocab_size,
+            norm_eps=a.norm_eps, max_seq_len=a.max_seq_len, tie_embeddings=a.tie_embeddings, rope=rope,
+            rope_scaling=legacy_scaling, mlp_bias=False,
+        )
 
     def model_args_from_hf(self, config: Mapping[str, Any]) -> LlamaArgs:
         model_type = config.get("model_type")

@@ -40,6 +40,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from titan_core.model_parts import (
+    FeedForward,
+    final_norm_and_head,
+    init_decoder_parameter,
+    output_head,
+    tied_head,
+)
+
 from . import cpu_attention
 
 if TYPE_CHECKING:  # imported where used: flex_attention is not needed to build or run the other kernels
@@ -268,19 +276,6 @@ class Attention(nn.Module):
         return self.wo(out.transpose(1, 2).reshape(bs, seqlen, -1))
 
 
-class FeedForward(nn.Module):
-    """SwiGLU: w2(silu(w1 x) * w3 x)."""
-
-    def __init__(self, dim: int, hidden_dim: int) -> None:
-        super().__init__()
-        self.w1 = nn.Linear(dim, hidden_dim, bias=False)
-        self.w2 = nn.Linear(hidden_dim, dim, bias=False)
-        self.w3 = nn.Linear(dim, hidden_dim, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.w2(F.silu(self.w1(x)) * self.w3(x))
-
-
 class TransformerBlock(nn.Module):
     """Pre-norm residual block: x + attention(norm(x)), then h + feed_forward(norm(h))."""
 
@@ -323,10 +318,6 @@ def _document_block_mask(starts: torch.Tensor) -> BlockMask:
     return build(visible, batch, None, seqlen, seqlen, device=starts.device)
 
 
-def _trunc_normal(tensor: torch.Tensor, std: float, generator: torch.Generator) -> None:
-    nn.init.trunc_normal_(tensor, mean=0.0, std=std, a=-3 * std, b=3 * std, generator=generator)
-
-
 class Transformer(nn.Module):
     """Token ids [b, s] -> logits [b, s, vocab]; a pipeline stage may lack either end."""
 
@@ -342,9 +333,7 @@ class Transformer(nn.Module):
         # the original names (and checkpoint keys) of the layers it holds.
         self.layers = nn.ModuleDict({str(i): TransformerBlock(args) for i in range(args.n_layers)})
         self.norm: RMSNorm | None = RMSNorm(args.dim, args.norm_eps)
-        self.output: nn.Linear | None = nn.Linear(args.dim, args.vocab_size, bias=False)
-        if args.tie_embeddings:
-            self.output.weight = self.tok_embeddings.weight
+        self.output: nn.Linear | None = output_head(self.tok_embeddings, args.tie_embeddings)
         # Non-persistent: derived from args, so not saved; recomputed by init_buffers().
         self.register_buffer("freqs_cis", rope_table(args), persistent=False)
 
@@ -376,34 +365,17 @@ class Transformer(nn.Module):
         for name, layer in self.layers.items():
             h = layer(h, freqs_cis, starts=starts, block_mask=block_mask,
                       cache=None if cache is None else cache.layer(name))
-        if self.norm is not None:
-            h = self.norm(h)
-        return self.output(h) if self.output is not None else h
+        return final_norm_and_head(h, self.norm, self.output)
 
     def tied_weights(self) -> list[tuple[str, str]]:
         """(source, alias) parameter names that are one tensor; the core keeps them tied."""
-        return [("tok_embeddings.weight", "output.weight")] if self.args.tie_embeddings else []
+        return tied_head(self.args.tie_embeddings)
 
     def init_parameter(self, fqn: str, tensor: torch.Tensor, generator: torch.Generator) -> None:
         """Fill ``tensor`` (full-shaped, plain) with the initial value of parameter ``fqn``."""
-        parts = fqn.split(".")
-        module = parts[-2] if len(parts) >= 2 else ""
-        if module == "tok_embeddings":
-            # Tied, the table is also the head: small, as Hugging Face initialises Llama (0.02).
-            std = 0.02 if self.args.tie_embeddings else 1.0
-            nn.init.normal_(tensor, mean=0.0, std=std, generator=generator)
-        elif module.endswith("norm"):
-            nn.init.ones_(tensor)
-        elif module in ("wq", "wk", "wv", "w1", "w3"):
-            _trunc_normal(tensor, 0.02, generator)
-        elif module in ("wo", "w2"):
-            # These write into the residual stream: deeper layers start smaller.
-            layer_id = int(parts[parts.index("layers") + 1])
-            _trunc_normal(tensor, 0.02 / math.sqrt(2 * (layer_id + 1)), generator)
-        elif module == "output":
-            _trunc_normal(tensor, self.args.dim**-0.5, generator)
-        else:
-            raise ValueError(f"Transformer.init_parameter: no init rule for parameter {fqn!r}")
+        # Tied, the table is also the head: small, as Hugging Face initialises Llama (0.02).
+        init_decoder_parameter(fqn, tensor, generator, dim=self.args.dim,
+                               embedding_std=0.02 if self.args.tie_embeddings else 1.0)
 
     def init_buffers(self) -> None:
         """Recompute the rotary table on the buffer's current device (after ``to_empty``)."""

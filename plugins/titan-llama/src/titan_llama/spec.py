@@ -1,17 +1,14 @@
 """The llama3 TrainSpec: what the titan.train_specs entry point ``llama3`` names.
 
-The parallelism functions are reached through thin wrappers that import their
-modules on first call: those modules import DTensor, which costs seconds, and
+The parallelism functions are reached through ``titan_core.deferred`` stand-ins that import
+their modules on first call: those modules import DTensor, which costs seconds, and
 ``titan-train --list`` / ``--help`` must stay about as cheap as ``import torch``.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
-from torch import nn
-
 from titan_core import TrainSpec
+from titan_core.deferred import deferred
 
 from .ac_ops import LLAMA_SELECTIVE_SAVE_OPS
 from .config import LlamaSection
@@ -19,33 +16,10 @@ from .flavors import llama3_flavors
 from .hf_adapter import LlamaStateDictAdapter
 from .model import Transformer, flops_per_token
 
-
-def parallelize_llama(model: nn.Module, **kwargs: Any) -> nn.Module:
-    """See titan_llama.parallelize.parallelize_llama."""
-    from .parallelize import parallelize_llama as impl
-
-    return impl(model, **kwargs)
-
-
-def llama_tp_plan(model: nn.Module, **kwargs: Any) -> Any:
-    """See titan_llama.tp_plan.llama_tp_plan."""
-    from .tp_plan import llama_tp_plan as impl
-
-    return impl(model, **kwargs)
-
-
-def pipeline_llama(model: nn.Module, **kwargs: Any) -> Any:
-    """See titan_llama.pipeline.pipeline_llama."""
-    from .pipeline import pipeline_llama as impl
-
-    return impl(model, **kwargs)
-
-
-def validate_llama_layout(args: Any, **kwargs: Any) -> None:
-    """See titan_llama.parallelize.validate_llama_layout."""
-    from .parallelize import validate_llama_layout as impl
-
-    impl(args, **kwargs)
+parallelize_llama = deferred("titan_llama.parallelize", "parallelize_llama")
+llama_tp_plan = deferred("titan_llama.tp_plan", "llama_tp_plan")
+pipeline_llama = deferred("titan_llama.pipeline", "pipeline_llama")
+validate_llama_layout = deferred("titan_llama.parallelize", "validate_llama_layout")
 
 
 llama3_spec = TrainSpec(

@@ -5,17 +5,14 @@ A field left ``None`` keeps the flavor's value.
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
+
+from titan_core.model_parts import DecoderSection
 
 
-class Qwen3Section(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class Qwen3Section(DecoderSection):
+    # The shared decoder fields (norm_eps, max_seq_len, rope_theta, n_layers, vocab_size), then its own.
 
-    norm_eps: float | None = Field(None, gt=0, description="RMSNorm epsilon (default: the flavor's).")
-    max_seq_len: int | None = Field(None, gt=0, description="Longest sequence the RoPE table covers (default: the flavor's).")
-    rope_theta: float | None = Field(None, gt=0, description="RoPE base frequency (default: the flavor's).")
-    n_layers: int | None = Field(None, gt=0, description="Number of transformer blocks (default: the flavor's).")
-    vocab_size: int | None = Field(None, gt=0, description="Vocabulary size (default: the flavor's, or the tokenizer's).")
     mlp_only_layers: tuple[int, ...] | None = Field(
         None, description="MoE flavors: layer ids that keep a dense MLP instead of experts, e.g. [0] (Hugging Face's "
         "mlp_only_layers; default: the flavor's).")

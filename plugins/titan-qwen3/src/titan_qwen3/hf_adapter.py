@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 from titan_core import ConfigError
+from titan_core.hf_names import DECODER_TOP, decoder_config, inverse, tensors_from_hf, tensors_to_hf
 
 from .model import Qwen3Args
 
@@ -48,9 +49,9 @@ _LAYER = {
     "moe.experts.w3": "mlp.experts.up_proj",
     "moe.experts.w2": "mlp.experts.down_proj",
 }
-_TOP = {"tok_embeddings": "model.embed_tokens", "norm": "model.norm", "output": "lm_head"}
-_LAYER_BACK = {v: k for k, v in _LAYER.items()}
-_TOP_BACK = {v: k for k, v in _TOP.items()}
+_TOP = DECODER_TOP
+_LAYER_BACK = inverse(_LAYER)
+_TOP_BACK = inverse(_TOP)
 _NATIVE_LAYER = re.compile(r"^layers\.(\d+)\.(.+)$")
 _HF_LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
 _EXPERT_FILE = re.compile(r"^(model\.layers\.\d+\.mlp\.experts)\.(\d+)\.((?:gate|up|down)_proj\.weight)$")
@@ -98,24 +99,15 @@ class Qwen3StateDictAdapter:
 
     # ---- tensors -------------------------------------------------------------------------------
     def to_hf(self, state_dict: Mapping[str, torch.Tensor], model_args: Qwen3Args) -> dict[str, torch.Tensor]:
-        out: dict[str, torch.Tensor] = {}
-        for key, tensor in state_dict.items():
-            if key == "output.weight" and model_args.tie_embeddings:
-                continue  # transformers ties lm_head to embed_tokens from config.json
+        def rename(key: str, tensor: torch.Tensor) -> tuple[str, torch.Tensor] | None:
             name = _to_hf_name(key)
-            if name is not None:
-                out[name] = tensor
-        return out
+            return None if name is None else (name, tensor)
+
+        return tensors_to_hf(state_dict, tied=model_args.tie_embeddings, rename=rename)
 
     def from_hf(self, state_dict: Mapping[str, torch.Tensor], model_args: Qwen3Args) -> dict[str, torch.Tensor]:
-        out: dict[str, torch.Tensor] = {}
-        for key, tensor in state_dict.items():
-            if key.endswith("rotary_emb.inv_freq"):
-                continue  # a buffer some exports carry; recomputed from config
-            if key == "lm_head.weight" and model_args.tie_embeddings:
-                continue  # some tied exports still carry lm_head: the embedding is the source
-            out[_from_hf_name(key)] = tensor
-        return out
+        return tensors_from_hf(state_dict, tied=model_args.tie_embeddings,
+                               rename=lambda key, tensor: (_from_hf_name(key), tensor))
 
     def from_hf_rows(self, hf_key: str, hf_shape: tuple[int, ...], model_args: Qwen3Args) -> None:
         """Every map is a rename: rows stay in order (each rank reads only its own rows)."""
@@ -134,31 +126,13 @@ class Qwen3StateDictAdapter:
     # ---- config.json -----------------------------------------------------------------------------
     def hf_config(self, model_args: Qwen3Args) -> dict[str, Any]:
         a = model_args
-        config: dict[str, Any] = {
-            "architectures": ["Qwen3ForCausalLM"],
-            "model_type": "qwen3",
-            "hidden_size": a.dim,
-            "num_hidden_layers": a.n_layers,
-            "num_attention_heads": a.n_heads,
-            "num_key_value_heads": a.n_kv_heads,
-            "head_dim": a.head_dim,
-            "intermediate_size": a.intermediate_size,
-            "vocab_size": a.vocab_size,
-            "rms_norm_eps": a.norm_eps,
-            "max_position_embeddings": a.max_seq_len,
-            "tie_word_embeddings": a.tie_embeddings,
-            "hidden_act": "silu",
-            "attention_bias": False,
-            "attention_dropout": 0.0,
-            "initializer_range": 0.02,
-            # Both spellings: transformers 5 reads rope_parameters, 4.x reads rope_theta.
-            "rope_parameters": {"rope_type": "default", "rope_theta": a.rope_theta},
-            "rope_theta": a.rope_theta,
-            "rope_scaling": None,
-            "use_sliding_window": False,
-            "sliding_window": None,
-            "use_cache": True,
-        }
+        config = decoder_config(
+            architecture="Qwen3ForCausalLM", model_type="qwen3", dim=a.dim, n_layers=a.n_layers, n_heads=a.n_heads,
+            n_kv_heads=a.n_kv_heads, head_dim=a.head_dim, intermediate_size=a.intermediate_size,
+            vocab_size=a.vocab_size, norm_eps=a.norm_eps, max_seq_len=a.max_seq_len, tie_embeddings=a.tie_embeddings,
+            rope={"rope_type": "default", "rope_theta": a.rope_theta}, rope_scaling=None,
+            use_sliding_window=False, sliding_window=None,
+        )
         if a.num_experts:
             if a.shared_expert_intermediate_size:
                 raise ConfigError(

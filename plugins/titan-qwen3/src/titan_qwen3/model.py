@@ -21,13 +21,19 @@ Nothing here knows about parallelism.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from titan_core.model_parts import (
+    FeedForward,
+    final_norm_and_head,
+    init_decoder_parameter,
+    output_head,
+    tied_head,
+)
 from titan_core.moe import MoE
 
 
@@ -134,19 +140,6 @@ class Attention(nn.Module):
         return self.wo(out.transpose(1, 2).reshape(bs, seqlen, -1))
 
 
-class FeedForward(nn.Module):
-    """SwiGLU: w2(silu(w1 x) * w3 x); also the shared experts of a MoE layer."""
-
-    def __init__(self, dim: int, hidden_dim: int) -> None:
-        super().__init__()
-        self.w1 = nn.Linear(dim, hidden_dim, bias=False)
-        self.w2 = nn.Linear(hidden_dim, dim, bias=False)
-        self.w3 = nn.Linear(dim, hidden_dim, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.w2(F.silu(self.w1(x)) * self.w3(x))
-
-
 class TransformerBlock(nn.Module):
     """x + attention(norm(x)), then h + mlp(norm(h)); the MLP is ``feed_forward`` (dense) or ``moe``."""
 
@@ -173,10 +166,6 @@ class TransformerBlock(nn.Module):
         return h + mlp(self.ffn_norm(h))
 
 
-def _trunc_normal(tensor: torch.Tensor, std: float, generator: torch.Generator) -> None:
-    nn.init.trunc_normal_(tensor, mean=0.0, std=std, a=-3 * std, b=3 * std, generator=generator)
-
-
 class Transformer(nn.Module):
     """Token ids [b, s] -> logits [b, s, vocab]."""
 
@@ -191,41 +180,22 @@ class Transformer(nn.Module):
         # Keyed "0".."n-1" so that checkpoint keys keep the layer ids.
         self.layers = nn.ModuleDict({str(i): TransformerBlock(args, i) for i in range(args.n_layers)})
         self.norm: RMSNorm | None = RMSNorm(args.dim, args.norm_eps)
-        self.output: nn.Linear | None = nn.Linear(args.dim, args.vocab_size, bias=False)
-        if args.tie_embeddings:
-            self.output.weight = self.tok_embeddings.weight
+        self.output: nn.Linear | None = output_head(self.tok_embeddings, args.tie_embeddings)
         self.register_buffer("rope", rope_table(args), persistent=False)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens
         for layer in self.layers.values():
             h = layer(h, self.rope)
-        if self.norm is not None:
-            h = self.norm(h)
-        return self.output(h) if self.output is not None else h
+        return final_norm_and_head(h, self.norm, self.output)
 
     def tied_weights(self) -> list[tuple[str, str]]:
         """(source, alias) parameter names that are one tensor; the core keeps them tied."""
-        return [("tok_embeddings.weight", "output.weight")] if self.args.tie_embeddings else []
+        return tied_head(self.args.tie_embeddings)
 
     def init_parameter(self, fqn: str, tensor: torch.Tensor, generator: torch.Generator) -> None:
         """Fill ``tensor`` (full-shaped, plain) with the initial value of parameter ``fqn``."""
-        parts = fqn.split(".")
-        owner, leaf = (parts[-2] if len(parts) >= 2 else ""), parts[-1]
-        if owner == "tok_embeddings":
-            nn.init.normal_(tensor, mean=0.0, std=0.02, generator=generator)
-        elif owner.endswith("norm"):
-            nn.init.ones_(tensor)
-        elif owner in ("wq", "wk", "wv", "w1", "w3", "gate") or (owner == "experts" and leaf in ("w1", "w3")):
-            _trunc_normal(tensor, 0.02, generator)
-        elif owner in ("wo", "w2") or (owner == "experts" and leaf == "w2"):
-            # Writes into the residual stream: deeper layers start smaller.
-            layer_id = int(parts[parts.index("layers") + 1])
-            _trunc_normal(tensor, 0.02 / math.sqrt(2 * (layer_id + 1)), generator)
-        elif owner == "output":
-            _trunc_normal(tensor, self.args.dim**-0.5, generator)
-        else:
-            raise ValueError(f"Transformer.init_parameter: no init rule for parameter {fqn!r}")
+        init_decoder_parameter(fqn, tensor, generator, dim=self.args.dim, embedding_std=0.02)
 
     def init_buffers(self) -> None:
         """Recompute the rotary table on its device and start every router unbiased (after ``to_empty``)."""

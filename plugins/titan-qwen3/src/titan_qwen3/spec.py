@@ -3,7 +3,7 @@
 Parallelism is titan-core's default (TP -> activation checkpointing -> compile -> FSDP2
 over the blocks) with Qwen3's TP plan (``tp_plan.py``: the dense parts sharded, MoE blocks
 replicated), and titan-core's pipeline splitter over ``layers``. The parallelism functions
-are reached through thin wrappers that import their modules on first call: those modules
+are reached through ``titan_core.deferred`` stand-ins that import their modules on first call: those modules
 import DTensor, which costs seconds, and ``titan-train --list`` must stay cheap.
 """
 
@@ -14,18 +14,15 @@ from typing import Any
 from torch import nn
 
 from titan_core import TrainSpec
+from titan_core.deferred import deferred
 
 from .config import Qwen3Section
 from .flavors import qwen3_flavors
 from .hf_adapter import Qwen3StateDictAdapter
 from .model import Transformer, flops_per_token
 
-
-def qwen3_tp_plan(model: nn.Module, **kwargs: Any) -> Any:
-    """See titan_qwen3.tp_plan.qwen3_tp_plan."""
-    from .tp_plan import qwen3_tp_plan as impl
-
-    return impl(model, **kwargs)
+qwen3_tp_plan = deferred("titan_qwen3.tp_plan", "qwen3_tp_plan")
+validate_qwen3_layout = deferred("titan_qwen3.parallelize", "validate_qwen3_layout")
 
 
 def pipeline_qwen3(model: nn.Module, **kwargs: Any) -> Any:
@@ -33,13 +30,6 @@ def pipeline_qwen3(model: nn.Module, **kwargs: Any) -> Any:
     from titan_core.parallel.pipeline import pipeline_model
 
     return pipeline_model(model, blocks_attr="layers", first=("tok_embeddings",), last=("norm", "output"), **kwargs)
-
-
-def validate_qwen3_layout(args: Any, **kwargs: Any) -> None:
-    """See titan_qwen3.parallelize.validate_qwen3_layout."""
-    from .parallelize import validate_qwen3_layout as impl
-
-    impl(args, **kwargs)
 
 
 qwen3_spec = TrainSpec(
