@@ -44,6 +44,19 @@ def qwen3_moe_on_meta() -> nn.Module:
         return Qwen3(args)
 
 
+def moe_losses_with_and_without(converted: nn.Module, steps: int) -> tuple[list[float], list[float]]:
+    """``converted`` (a converted ``qwen3_moe_on_meta()``) and the plain model, given the same init and trained
+    ``steps`` steps on one seeded batch: (the converted model's losses, the float32 losses)."""
+    models = [converted, qwen3_moe_on_meta()]
+    for model in models:
+        materialize(model)
+        model.init_weights(0)  # type: ignore[operator]
+    torch.manual_seed(0)
+    data = torch.randint(0, 256, (2, 33))
+    low, ref = (train_losses(model, data, steps=steps) for model in models)
+    return low, ref
+
+
 def on_meta(kind: str, toy: type[nn.Module]) -> nn.Module:
     """The tiny Llama (``kind`` "llama") or the test's ``toy`` model, on the meta device."""
     if kind == "llama":

@@ -19,7 +19,7 @@ from titan_float8.grouped_mm import emulated_float8_grouped_mm, grouped_mm_float
 from titan_mx_prototype import MXConfig, MXConverter
 
 from conftest import assert_user_error, titan
-from converter_helpers import job, materialize, qwen3_moe_on_meta, train_losses
+from converter_helpers import job, moe_losses_with_and_without, qwen3_moe_on_meta
 
 torch.set_num_threads(1)
 DIMS = ParallelDims(1, 1, 1, 1, 1)
@@ -100,14 +100,7 @@ def test_moe_experts_run_float8_grouped_gemms_and_train_close_to_fp32() -> None:
     # (measured 0.06 off fp32 at step 3 of this run) would hide the experts' (measured 0.008).
     converted = qwen3_moe_on_meta()
     apply_converters(converted, [("float8", float8(fqns=["layers.0.attention.wq"], moe_fqns=["experts"]))], spec=None)
-    materialize(converted)
-    converted.init_weights(0)
-    reference = qwen3_moe_on_meta()
-    materialize(reference)
-    reference.init_weights(0)
-    torch.manual_seed(0)
-    data = torch.randint(0, 256, (2, 33))
-    low, ref = train_losses(converted, data, steps=5), train_losses(reference, data, steps=5)
+    low, ref = moe_losses_with_and_without(converted, steps=5)
     assert all(math.isfinite(v) for v in low) and low[-1] < low[0] - 1.0
     assert low != ref  # float8 really changes the numbers
     assert max(abs(a - b) for a, b in zip(low, ref)) < 0.05, (low, ref)

@@ -7,13 +7,28 @@ in each of them (``--float8.fqns`` and ``--mx.fqns`` follow one matching rule).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
+from pydantic import Field
 from torch import nn
 
 from .errors import ConfigError
 
 M = TypeVar("M", bound=nn.Module)
+
+
+def filter_fqns_field() -> Any:
+    """The ``filter_fqns`` config field every converter declares: the output head is never converted by default."""
+    return Field(default_factory=lambda: ["output"],
+                 description="Opt-out: linears matching an entry are never converted (default: the output head).")
+
+
+def moe_fqns_field(kernels: str) -> Any:
+    """The ``moe_fqns`` config field: MoE experts (``titan_core.moe.GroupedExperts``) opted in to ``kernels``."""
+    return Field(default_factory=list,
+                 description="Opt-in: MoE experts (titan_core.moe.GroupedExperts, stacked weights run by grouped GEMM) "
+                 f'matching an entry run {kernels} grouped GEMMs, e.g. ["experts"] (default: none; filter_fqns '
+                 "applies too).")
 
 
 def fqn_matches(fqn: str, entry: str) -> bool:

@@ -6,6 +6,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from titan_core.selection import filter_fqns_field, moe_fqns_field
+
 AutoBool = Literal["auto"] | bool
 
 
@@ -39,15 +41,8 @@ class Float8Config(BaseModel):
         default_factory=list,
         description="Opt-in: if non-empty, only linears matching an entry are converted (an entry matches whole dot-separated parts of a module name).",
     )
-    filter_fqns: list[str] = Field(
-        default_factory=lambda: ["output"],
-        description="Opt-out: linears matching an entry are never converted (default: the output head).",
-    )
-    moe_fqns: list[str] = Field(
-        default_factory=list,
-        description='Opt-in: MoE experts (titan_core.moe.GroupedExperts, stacked weights run by grouped GEMM) matching '
-        'an entry run float8 rowwise grouped GEMMs, e.g. ["experts"] (default: none; filter_fqns applies too).',
-    )
+    filter_fqns: list[str] = filter_fqns_field()
+    moe_fqns: list[str] = moe_fqns_field("float8 rowwise")
     auto_filter_small_kn: bool = Field(
         False, description="Skip linears too small to gain from float8 (torchao's size heuristic for the recipe; not for rowwise_with_gw_hp)."
     )

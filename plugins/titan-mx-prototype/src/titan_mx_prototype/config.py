@@ -6,6 +6,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from titan_core.selection import filter_fqns_field, moe_fqns_field
+
 AutoBool = Literal["auto"] | bool
 
 #: The feed-forward projections of every block (Llama naming); see README for combining with float8.
@@ -30,15 +32,8 @@ class MXConfig(BaseModel):
         default_factory=lambda: list(DEFAULT_FQNS),
         description="Opt-in: only linears matching an entry are converted (default: the feed-forward projections of every block).",
     )
-    filter_fqns: list[str] = Field(
-        default_factory=lambda: ["output"],
-        description="Opt-out: linears matching an entry are never converted (default: the output head).",
-    )
-    moe_fqns: list[str] = Field(
-        default_factory=list,
-        description='Opt-in: MoE experts (titan_core.moe.GroupedExperts, stacked weights run by grouped GEMM) matching '
-        'an entry run MXFP8 grouped GEMMs, e.g. ["experts"] (default: none; filter_fqns applies too).',
-    )
+    filter_fqns: list[str] = filter_fqns_field()
+    moe_fqns: list[str] = moe_fqns_field("MXFP8")
     emulate: AutoBool = Field(
         "auto", description="Emulate MXFP8 matmuls in high precision: auto = on CPU, real kernels on CUDA SM100+ (Blackwell); true = always (slow)."
     )
