@@ -186,3 +186,14 @@ def test_update_expert_bias_and_imbalance_figures() -> None:
     assert bias.tolist() == pytest.approx([1.34657, -1.34657], abs=1e-5)
     assert load_imbalance(torch.tensor([10, 2, 2, 2])) == pytest.approx(2.5)
     assert load_imbalance(torch.zeros(4)) == 1.0
+
+
+@pytest.mark.parametrize(("tied", "std"), [(False, 1.0), (True, 0.02)])
+def test_embedding_init_scale(tied: bool, std: float) -> None:
+    """Untied, the embedding starts at unit scale (at 0.02 every token's hidden state starts out
+    nearly the same and a MoE router sends them all to the same experts); tied, it is also the
+    head and starts as small as Hugging Face's."""
+    args = dataclasses.replace(qwen3_flavors["debugmoe"], vocab_size=512, n_layers=1, tie_embeddings=tied)
+    model = Transformer(args)
+    model.init_weights(seed=0)
+    assert model.tok_embeddings.weight.std().item() == pytest.approx(std, rel=0.05)
