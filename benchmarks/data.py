@@ -83,7 +83,7 @@ def bench_prepare(args: argparse.Namespace) -> None:
                 shutil.rmtree(out, ignore_errors=True)
                 start, parent, children = time.perf_counter(), _cpu(resource.RUSAGE_SELF), _cpu(resource.RUSAGE_CHILDREN)
                 index = prepare(PrepareRequest(sources=[str(path)], tokenizer="builtin", out=out, workers=workers,
-                                               progress=False))
+                                               shard_tokens=args.shard_tokens, progress=False))
                 rates[f"prepare --workers {workers}"] = index["num_tokens"] / (time.perf_counter() - start)
                 # CPU seconds, which the load does not stretch: the workers' (reaped when the pool
                 # closes) per token against the tokenizer's own, and the parent's against the workers'.
@@ -92,7 +92,8 @@ def bench_prepare(args: argparse.Namespace) -> None:
                 rates[f"{workers}w workers cpu s"] = index["num_tokens"] / rates[f"{workers}w worker cpu"]
             rounds.append(rates)
     load_after = os.getloadavg()
-    print(f"corpus: {args.mb} MB of text, {len(docs)} documents, {n:,} tokens; {args.rounds} rounds")
+    print(f"corpus: {args.mb} MB of text, {len(docs)} documents, {n:,} tokens; {args.rounds} rounds; "
+          f"shards of {args.shard_tokens:,} tokens")
     print(f"load average (1, 5, 15 min) before: {', '.join(f'{x:.2f}' for x in load_before)}; "
           f"after: {', '.join(f'{x:.2f}' for x in load_after)}")
     print(f"{'round':<6} {'tokenizer tok/s':>16} {'1 worker tok/s':>15} {'2 workers tok/s':>16} "
@@ -243,6 +244,8 @@ def main() -> None:
     p = sub.add_parser("prepare")
     p.add_argument("--mb", type=float, default=40.0)
     p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--shard-tokens", type=int, default=1 << 22,
+                   help="tokens per shard (prepare's default is 1 << 26; smaller here so a 40 MB corpus writes several)")
     s = sub.add_parser("startup")
     s.add_argument("--big", type=int, default=2_000_000_000)
     s.add_argument("--small", type=int, default=20_000_000)

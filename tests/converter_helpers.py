@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -21,6 +23,17 @@ def job(device: str = "cpu", backend: str = "gloo") -> RunContext:
 def llama_on_meta() -> Transformer:
     with torch.device("meta"):
         return Transformer(LLAMA)
+
+
+def qwen3_moe_on_meta() -> nn.Module:
+    """debugmoe cut to 2 layers, layer 0 dense (so the default feed-forward selection has linears)."""
+    from titan_qwen3.flavors import qwen3_flavors
+    from titan_qwen3.model import Transformer as Qwen3
+
+    args = dataclasses.replace(qwen3_flavors["debugmoe"], n_layers=2, vocab_size=256, mlp_only_layers=(0,),
+                               max_seq_len=64)
+    with torch.device("meta"):
+        return Qwen3(args)
 
 
 def materialize(model: nn.Module, seed: int = 0) -> nn.Module:

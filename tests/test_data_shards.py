@@ -3,6 +3,7 @@ resume of a real process, hostile shard sets, mixtures and the prefetching loade
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import signal
@@ -206,6 +207,37 @@ def test_an_interrupt_after_any_shard_resumes_to_the_same_bytes_with_or_without_
             assert prepare(capsys, *args, "--out", str(out)).code == 0
             assert output_bytes(out) == reference, (stop_after, keep_hint)
     assert (True, True) in hints  # a later task and a document cut by the shard's end were resumed
+
+
+def test_a_shard_write_failing_in_the_writer_thread_is_one_message_and_the_next_call_finishes(
+        corpus: Path, shards: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Shards are written by a background thread: a full disk on the third shard still stops prepare
+    with one message, the progress record names only the shards on disk, and the next call writes
+    the same bytes as an uninterrupted run."""
+    from titan_core.commands import prepare_shards
+
+    real_write = prepare_shards._write_atomic
+    written: list[str] = []
+
+    def write_until_full(path: Path, data: bytes | memoryview) -> None:
+        if path.name.endswith(".bin") and path.name.startswith("shard-"):
+            if len(written) == 2:
+                raise OSError(errno.ENOSPC, "No space left on device", str(path))
+            written.append(path.name)
+        real_write(path, data)
+
+    monkeypatch.setattr(prepare_shards, "_write_atomic", write_until_full)
+    out = tmp_path / "out"
+    args = [str(corpus), "--tokenizer", "builtin", "--shard-tokens", "4000", "--workers", "2", "--out", str(out)]
+    failed = prepare(capsys, *args)
+    assert failed.code != 0 and failed.err.count("titan-data: error:") == 1, failed.err
+    assert "space" in failed.err.lower() and "Traceback" not in failed.err
+    saved = json.loads((out / "prepare.json").read_text())
+    assert [s["file"] for s in saved["shards"]] == written and not (out / "index.json").exists()
+    monkeypatch.setattr(prepare_shards, "_write_atomic", real_write)
+    assert prepare(capsys, *args).code == 0
+    assert output_bytes(out) == output_bytes(shards)
 
 
 @pytest.mark.parametrize("signum, code, said", [(signal.SIGTERM, 143, "stopped by SIGTERM"),

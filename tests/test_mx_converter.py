@@ -22,7 +22,15 @@ from titan_float8 import Float8Config, Float8Converter
 from titan_mx_prototype import MXConfig, MXConverter, hardware
 
 from conftest import REPO
-from converter_helpers import LLAMA, assert_same_as_reference, job, llama_on_meta, materialize, train_losses
+from converter_helpers import (
+    LLAMA,
+    assert_same_as_reference,
+    job,
+    llama_on_meta,
+    materialize,
+    qwen3_moe_on_meta,
+    train_losses,
+)
 
 torch.set_num_threads(1)
 FFN = [f"layers.{i}.feed_forward.w{j}" for i in range(2) for j in (1, 2, 3)]
@@ -189,29 +197,18 @@ def test_llama_trains_with_float8_and_mx() -> None:
     assert isinstance(converted.layers["0"].feed_forward.w1.weight.data, MXFP8TrainingWeightWrapperTensor)
 
 
-def _qwen3_moe_on_meta() -> nn.Module:
-    """debugmoe cut to 2 layers, layer 0 dense (so the default feed-forward selection has linears)."""
-    from titan_qwen3.flavors import qwen3_flavors
-    from titan_qwen3.model import Transformer as Qwen3
-
-    args = dataclasses.replace(qwen3_flavors["debugmoe"], n_layers=2, vocab_size=256, mlp_only_layers=(0,),
-                               max_seq_len=64)
-    with torch.device("meta"):
-        return Qwen3(args)
-
-
 def test_moe_experts_run_mxfp8_grouped_gemms_and_train_close_to_fp32() -> None:
     """--mx.moe_fqns=experts: the stacked experts' grouped GEMMs go through torchao's MXFP8 path
     (emulated on CPU); the table names them; a few AdamW steps stay finite and near fp32."""
-    assert make().select(_qwen3_moe_on_meta()) == FFN[:3]  # opt-in: the experts only when asked
-    converted = _qwen3_moe_on_meta()
+    assert make().select(qwen3_moe_on_meta()) == FFN[:3]  # opt-in: the experts only when asked
+    converted = qwen3_moe_on_meta()
     table = apply_converters(converted, [("mx", make(moe_fqns=["experts"]))], spec=None)
     rows = {row.module: row.after for row in table.rows}
     assert rows == {**{f: "Linear(weight=MXFP8TrainingWeightWrapperTensor)" for f in FFN[:3]},
                     "layers.1.moe.experts": "GroupedExperts(w1,w2,w3=MXFP8TrainingWeightWrapperTensor)"}
     materialize(converted)
     converted.init_weights(0)
-    reference = _qwen3_moe_on_meta()
+    reference = qwen3_moe_on_meta()
     materialize(reference)
     reference.init_weights(0)
     torch.manual_seed(0)
@@ -226,4 +223,4 @@ def test_moe_experts_run_mxfp8_grouped_gemms_and_train_close_to_fp32() -> None:
 
 def test_moe_fqns_that_match_no_experts_is_an_error() -> None:
     with pytest.raises(ConfigError, match=r"mx.moe_fqns entries \['expert'\] match no GroupedExperts"):
-        make(moe_fqns=["expert"]).select(_qwen3_moe_on_meta())
+        make(moe_fqns=["expert"]).select(qwen3_moe_on_meta())

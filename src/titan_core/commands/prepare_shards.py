@@ -5,9 +5,10 @@ and byte range or row group, the same for any number of workers) and hands them 
 processes, at most ``3 N`` in flight so memory stays flat (``prepare_tasks.Workers``). Each worker reads, parses and
 tokenizes its piece and returns a token array and the documents' lengths. Results are taken
 in task order, so the bytes written do not depend on N. The parent copies the arrays into a
-shard buffer, writes each full shard beside its final name and renames it, then records in
-``prepare.json`` how far it got (the document to continue from, how many of its tokens are
-already written, and the task that holds it).
+shard buffer; a full shard goes to a writer thread (while the parent fills a second buffer),
+which writes it beside its final name and renames it, then records in ``prepare.json`` how
+far it got (the document to continue from, how many of its tokens are already written, and
+the task that holds it).
 
 Interrupted in any way (Ctrl+C, SIGTERM, SIGKILL), the next call with the same inputs
 restarts at that task (earlier documents are not read again where the source can be
@@ -24,6 +25,7 @@ import json
 import os
 import sys
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -92,7 +94,7 @@ def describe_inputs(req: PrepareRequest, tok: Tokenizer) -> dict[str, Any]:
     }
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
+def _write_atomic(path: Path, data: bytes | memoryview) -> None:
     tmp = path.with_name(path.name + ".tmp")
     with tmp.open("wb") as f:
         f.write(data)
@@ -164,6 +166,12 @@ class ShardWriter:
         # The block being added: its task, first document, and documents' stream offsets.
         self.block: tuple[int, int, np.ndarray, np.ndarray] = (self.start_task, self.start_doc, np.zeros(0, np.int64),
                                                               np.zeros(0, np.int64))
+        # A full shard is hashed, written and recorded by one background thread while the next one
+        # fills a second buffer: at 64M tokens a shard is 128 MB to hash, write and fsync, which
+        # would otherwise stop the parent, and with it every worker, for most of a second per shard.
+        self.spare: np.ndarray | None = None  # the buffer the writer thread may still be reading
+        self.pending: Future[None] | None = None
+        self.writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="titan-shard-writer")
 
     @property
     def position(self) -> int:
@@ -206,23 +214,50 @@ class ShardWriter:
                 "task": {"index": task, "first_doc": first_doc, "task_bytes": TASK_BYTES}}
 
     def flush(self, *, final: bool = False) -> None:
+        """Hand the filled part of the buffer to the writer thread and go on in the other buffer."""
         if self.fill == 0:
             return
         end = self.position
         name = shard_name(len(self.shards))
-        data = self.buf[: self.fill].tobytes()
-        _write_atomic(self.out / name, data)
         starts = np.concatenate(self.doc_starts) if self.doc_starts else np.zeros(0, np.int64)
         here = int(np.searchsorted(starts, end, side="left"))
-        _write_atomic(self.out / (name + ".docs"), starts[:here].astype("<i8").tobytes())
+        docs = starts[:here].astype("<i8").tobytes()
         self.doc_starts = [starts[here:]]
-        self.shards.append({"file": name, "tokens": self.fill, "sha256": hashlib.sha256(data).hexdigest()})
-        self.fill = 0
+        record: dict[str, Any] = {"file": name, "tokens": self.fill}  # its sha256 is added by the writer
+        self.shards.append(record)
         point = {"next_doc": self.documents, "skip": 0} if final else self._resume_point(end)
-        _write_atomic(self.out / PROGRESS_NAME, _json_bytes({"inputs": self.inputs, "shards": self.shards, **point}))
+        self.wait()  # one write in flight at most: the spare buffer is free again
+        self.pending = self.writer.submit(self._write_shard, self.buf[: self.fill], docs, record, list(self.shards),
+                                          point)
+        self.buf, self.spare = (self.spare if self.spare is not None else np.empty(self.size, self.dtype)), self.buf
+        self.fill = 0
+
+    def _write_shard(self, data: np.ndarray, docs: bytes, record: dict[str, Any], shards: list[dict[str, Any]],
+                     point: dict[str, Any]) -> None:
+        """In the writer thread: the shard, its documents, then the progress record naming it (in that
+        order, so a record never names a shard that is not on disk)."""
+        raw = data.data.cast("B")  # no copy: the buffer is not touched until the next wait()
+        _write_atomic(self.out / record["file"], raw)
+        record["sha256"] = hashlib.sha256(raw).hexdigest()
+        _write_atomic(self.out / (record["file"] + ".docs"), docs)
+        _write_atomic(self.out / PROGRESS_NAME, _json_bytes({"inputs": self.inputs, "shards": shards, **point}))
+
+    def wait(self) -> None:
+        """Until the shard being written is on disk and recorded; its write's error, if it failed."""
+        pending, self.pending = self.pending, None
+        if pending is not None:
+            pending.result()
+
+    def close(self) -> None:
+        """Finish the write in flight (a stop keeps every shard already handed over) and end the thread."""
+        try:
+            self.wait()
+        finally:
+            self.writer.shutdown(wait=True)
 
     def finish(self) -> dict[str, Any]:
         self.flush(final=True)
+        self.wait()
         starts = [np.fromfile(self.out / (s["file"] + ".docs"), dtype="<i8") for s in self.shards]
         num_tokens = sum(int(s["tokens"]) for s in self.shards)
         offsets = np.concatenate([*starts, np.asarray([num_tokens], dtype="<i8")]).astype("<i8")
@@ -291,14 +326,17 @@ def prepare(req: PrepareRequest) -> dict[str, Any]:
     writer = ShardWriter(req.out, inputs, saved)
     progress = Progress(req.progress)
     try:
-        _run(req, writer, progress, tok)
+        try:
+            _run(req, writer, progress, tok)
+            index = writer.finish()
+        finally:
+            writer.close()
     except ConfigError:
         if created and not writer.shards:  # nothing worth keeping: leave no half-made folder behind
             import shutil
 
             shutil.rmtree(req.out, ignore_errors=True)
         raise
-    index = writer.finish()
     progress.show(index["num_documents"], index["num_tokens"], final=True)
     return index
 

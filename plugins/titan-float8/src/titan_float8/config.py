@@ -43,6 +43,11 @@ class Float8Config(BaseModel):
         default_factory=lambda: ["output"],
         description="Opt-out: linears matching an entry are never converted (default: the output head).",
     )
+    moe_fqns: list[str] = Field(
+        default_factory=list,
+        description='Opt-in: MoE experts (titan_core.moe.GroupedExperts, stacked weights run by grouped GEMM) matching '
+        'an entry run float8 rowwise grouped GEMMs, e.g. ["experts"] (default: none; filter_fqns applies too).',
+    )
     auto_filter_small_kn: bool = Field(
         False, description="Skip linears too small to gain from float8 (torchao's size heuristic for the recipe; not for rowwise_with_gw_hp)."
     )

@@ -18,6 +18,7 @@ from torch import nn
 
 from titan_core import (
     ConfigError,
+    GroupedExperts,
     ModelConverter,
     ParallelDims,
     RunContext,
@@ -27,6 +28,7 @@ from titan_core import (
 )
 
 from .config import Float8Config
+from .moe import convert_experts, select_experts
 from .settings import Float8Settings, resolve_settings
 
 logger = logging.getLogger(__name__)
@@ -88,7 +90,7 @@ class Float8Converter(ModelConverter[Float8Config]):
             self.post_optimizer_hook = self._precompute_scales  # type: ignore[method-assign]
 
     def selection_keys(self) -> list[str]:
-        return ["fqns", "filter_fqns", "auto_filter_small_kn"]
+        return ["fqns", "filter_fqns", "auto_filter_small_kn", "moe_fqns"]
 
     def select(self, model: nn.Module) -> list[str]:
         size_filter = None
@@ -106,9 +108,10 @@ class Float8Converter(ModelConverter[Float8Config]):
                 return False
             return not isinstance(module, self._ao.float8_linear_utils.Float8Linear)
 
-        return select_linears(
+        linears = select_linears(
             model, section="float8", fqns=self.config.fqns, filter_fqns=self.config.filter_fqns, eligible=eligible
         )
+        return linears + select_experts(self.config, model)
 
     def torchao_config(self) -> Any:
         """The ``Float8LinearConfig`` this converter applies."""
@@ -120,6 +123,12 @@ class Float8Converter(ModelConverter[Float8Config]):
         )
 
     def convert(self, model: nn.Module, fqns: list[str]) -> None:
+        experts = [fqn for fqn in fqns if isinstance(model.get_submodule(fqn), GroupedExperts)]
+        if experts:
+            convert_experts(model, experts, self.settings.emulate, self.job.device)
+        fqns = [fqn for fqn in fqns if fqn not in experts]
+        if not fqns:
+            return
         wanted = set(fqns)
         self._ao.convert_to_float8_training(
             model, config=self.torchao_config(), module_filter_fn=lambda module, fqn: fqn in wanted
