@@ -4,15 +4,19 @@ Trains ``--steps`` steps with ``titan-train`` (one process, the flavor's balanci
 unless overridden with extra ``--section.key=value`` arguments) and reads ``metrics.jsonl``:
 the load imbalance (max / mean tokens per expert, averaged over the MoE layers) at step 1,
 its peak, and the mean of the last 20 steps, with the worst layer's figure beside it.
-Target: the last-20 mean at most 1.3 over 200 steps.
+Target: the last-20 mean at most 1.3 over 200 steps (the defaults: ``debugmoe`` as shipped,
+the default batch of 8 x 256 tokens). ``--threads`` caps the run's compute threads (on a shared
+machine, 1 keeps it from slowing everyone else; another count sums in another order, so the
+figures can differ a little).
 
-    python benchmarks/moe_balance.py [--steps 200] [-- --qwen3.moe_bias_update_rate=0.01]
+    python benchmarks/moe_balance.py [--steps 200] [--threads 1] [-- --qwen3.moe_bias_update_rate=0.1]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -27,6 +31,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=None, help="compute threads of the run (default: torch's)")
     parser.add_argument("extra", nargs="*", help="more titan-train arguments (after --)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
@@ -34,7 +39,10 @@ def main() -> None:
         cmd = [sys.executable, "-m", "titan_core", "--spec", "qwen3", "--flavor", "debugmoe",
                f"--training.steps={args.steps}", f"--training.seed={args.seed}", "--metrics.log_freq=1",
                "--checkpoint.enable=false", f"--job.run_dir={run_dir}", *args.extra]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
+        env = dict(os.environ)
+        if args.threads is not None:
+            env["OMP_NUM_THREADS"] = str(args.threads)
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
         if proc.returncode != 0:
             sys.exit(f"titan-train failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
         records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]

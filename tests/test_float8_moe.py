@@ -165,8 +165,10 @@ def test_float8_experts_train_near_fp32_through_the_cli_and_compose_with_ep2(tmp
     assert {(row["module"], row["after"]) for row in table} == {
         (f"layers.{i}.moe.experts", "GroupedExperts(w1,w2,w3=EmulatedFloat8ExpertWeight)") for i in range(2)}
     fp32, low, ep2 = losses["fp32"], losses["float8"], losses["ep2"]
-    # float8 is applied (measured 1.4e-3 off fp32 at step 1) and trains as fp32 does (measured at most 0.033).
-    assert abs(low[0] - fp32[0]) > 1e-4 and low[-1] < low[0] - 0.3
+    # float8 is applied (measured 1.1e-4 off fp32 at step 1, since qwen3's untied embedding starts at
+    # unit scale; fp32 runs repeat bit for bit) and trains as fp32 does (measured: falls 0.23 in 4 steps,
+    # at most 8.4e-4 off fp32).
+    assert abs(low[0] - fp32[0]) > 2e-5 and low[-1] < low[0] - 0.15
     assert max(abs(a - b) for a, b in zip(low, fp32)) < 0.05, (low, fp32)
     # EP 2: every scale sees the same values, so the first steps equal one process (measured 1.2e-7 relative);
     # later, float32 reduction-order differences flip float8 roundings and the runs drift apart slowly

@@ -6,14 +6,24 @@
   (DeepSeek-V3's sequence-wise form). Per sequence, it does not depend on how the batch is
   split over data-parallel ranks: every layout trains on the same loss.
 * :func:`update_expert_bias`: the auxiliary-loss-free method (DeepSeek-V3, section 2.1.2):
-  after each optimizer step every expert's routing bias moves by ``rate`` towards even
-  load (up when under-loaded, down when over-loaded), then the biases are re-centred.
+  after each optimizer step every expert's routing bias (on the router logits) moves towards
+  even load (up when under-loaded, down when over-loaded), then the biases are re-centred.
+  The step is ``rate`` times the log of mean load over the expert's load (clipped to
+  +-``MAX_LOG_RATIO``), not DeepSeek-V3's fixed ``rate`` times its sign: an expert's share
+  of tokens grows roughly exponentially with its logit bias, so the log ratio is the size of
+  correction that evens it out; it is large while one expert takes every token (early in
+  training the router collapses within a few steps) and shrinks to nothing near even load,
+  where a fixed step kept overshooting (measured: see docs/benchmarks.md).
 * :func:`load_imbalance`: max / mean tokens per expert (1.0 is perfectly even).
 """
 
 from __future__ import annotations
 
 import torch
+
+# The largest correction one step makes, in log load ratio (e**2: an expert with a 7x excess
+# or shortfall moves as far as one with 100x): one empty or overfull step cannot throw the bias far.
+MAX_LOG_RATIO = 2.0
 
 
 def load_balancing_loss(probs: torch.Tensor, experts: torch.Tensor) -> torch.Tensor:
@@ -33,9 +43,13 @@ def load_balancing_loss(probs: torch.Tensor, experts: torch.Tensor) -> torch.Ten
 
 @torch.no_grad()
 def update_expert_bias(bias: torch.Tensor, counts: torch.Tensor, rate: float) -> None:
-    """Move ``bias`` (in place) by ``rate`` towards even load, given the step's ``counts``."""
+    """Move ``bias`` (in place) by ``rate`` x log(mean load / load) towards even load, given the step's ``counts``."""
     load = counts.to(torch.float32)
-    bias.add_(rate * torch.sign(load.mean() - load))
+    if float(load.sum()) == 0:
+        return  # nothing routed: no evidence either way
+    # An expert that got no token counts as half of one: the log stays finite (then clipped).
+    ratio = torch.log(load.mean() / load.clamp(min=0.5)).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)
+    bias.add_(rate * ratio)
     bias.sub_(bias.mean())
 
 

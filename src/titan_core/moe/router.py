@@ -6,6 +6,13 @@ auxiliary-loss-free balancing) shifts only the *choice* of experts, never the we
 chosen experts' outputs are mixed with; it is a persistent buffer, so a resumed run picks
 the same experts, and :func:`titan_core.moe.balance.update_expert_bias` moves it after
 each optimizer step.
+
+The bias is added to the router's logits, not to the softmax probabilities: once the router
+prefers a few experts, the others' probabilities are tiny and nearly equal for every token,
+so a bias step of fixed size in probability space moves all their tokens at once (the load
+then flips between two experts step after step); in logit space the tokens' spread does not
+shrink with the probability. With a zero bias the choice is the same either way (softmax is
+monotonic), so Hugging Face's routing is unchanged.
 """
 
 from __future__ import annotations
@@ -31,9 +38,10 @@ class TopKRouter(nn.Module):
         self.register_buffer("expert_bias", torch.zeros(num_experts, dtype=torch.float32), persistent=True)
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        probs = F.softmax(self.gate(x), dim=-1, dtype=torch.float32)
+        logits = self.gate(x).float()
+        probs = F.softmax(logits, dim=-1)
         # The bias only ranks the experts (no gradient flows through the choice anyway).
-        _, experts = torch.topk(probs + self.expert_bias, self.top_k, dim=-1)
+        _, experts = torch.topk(logits + self.expert_bias, self.top_k, dim=-1)
         weights = probs.gather(-1, experts)
         if self.norm_topk_prob:
             weights = weights / weights.sum(dim=-1, keepdim=True)

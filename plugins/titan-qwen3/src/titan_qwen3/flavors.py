@@ -24,12 +24,11 @@ qwen3_flavors: dict[str, Qwen3Args] = {
     ),
     # MoE: 8 experts, 2 per token, each expert half the debugmodel's MLP, so the active MLP
     # width equals debugmodel's (the benchmark compares the two). Balanced by the routing-bias
-    # update (DeepSeek-V3), no auxiliary loss; 1e-2 balanced best of 1e-3, 1e-2 and 5e-2 over
-    # 200 steps on the built-in corpus.
+    # update (DeepSeek-V3), no auxiliary loss; rate 0.1: see docs/benchmarks.md (MoE load balance).
     "debugmoe": Qwen3Args(
         dim=256, n_layers=6, n_heads=8, n_kv_heads=4, head_dim=32, vocab_size=None, intermediate_size=512,
         max_seq_len=2048, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=256,
-        moe_bias_update_rate=1e-2,
+        moe_bias_update_rate=0.1,
     ),
     "0.6B": replace(_QWEN3, dim=1024, n_layers=28, n_heads=16, n_kv_heads=8, intermediate_size=3072,
                     tie_embeddings=True),
