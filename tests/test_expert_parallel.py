@@ -91,9 +91,6 @@ def test_ep2_and_ep2_x_fsdp2_match_one_process_and_checkpoints_cross_layouts(tmp
     pytest.param(("--flavor", "debugmodel", "--parallelism.ep=2"), 2,
                  "parallelism.ep=2 splits the experts of MoE layers over ranks, but spec qwen3, flavor debugmodel "
                  "has no experts", id="dense"),
-    pytest.param(("--flavor", "debugmoe", "--parallelism.ep=2", "--parallelism.tp=2"), 4,
-                 "parallelism.ep=2 with tp=2 and pp=1: expert parallelism does not compose with tensor or pipeline "
-                 "parallelism yet", id="ep-with-tp"),
 ])
 def test_ep_refusals_are_one_message_exit_2(cli: Any, tmp_path: Path, args: tuple[str, ...], nproc: int,
                                            message: str) -> None:
