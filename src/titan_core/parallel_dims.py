@@ -106,7 +106,9 @@ class ParallelDims:
         """(the ``ep`` mesh the experts are split over, the mesh FSDP2 shards each rank's experts over).
 
         ``dp_shard`` unflattened into ``(expert_dp_shard, ep)``, ``ep`` innermost: an EP group
-        is ``ep`` consecutive ranks (on one machine when it can be). The expert FSDP2 mesh is
+        is ``ep`` consecutive dp_shard ranks (on one machine when it can be), within one tp slice
+        and one pipeline stage: tp ranks route the same tokens, so each slice exchanges its own
+        (the experts are replicated over tp). The expert FSDP2 mesh is
         ``(dp_replicate, expert_dp_shard)`` for HSDP, else ``expert_dp_shard``. Both come from
         the same root mesh as ``dp_mesh``, as FSDP2 requires of a parameter sharded on two meshes.
         Creates process groups: every rank calls it, once per model part.
