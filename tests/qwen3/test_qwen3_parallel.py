@@ -7,7 +7,8 @@ MoE layer on stage 1 (the load figures then come from the other ranks' stage). E
 processes with EP 2 carved out of dp_shard 2 (2 rows each, the same global batch as one
 process): EP 2 x TP 2 (each tp slice exchanges its tokens within its own EP group, experts
 replicated over tp) and EP 2 x PP 2 (each stage's experts split over its 2 data-parallel ranks;
-stage 0 has none to split). Both must reproduce the single-process losses (within 1e-6
+stage 0 has none to split); and EP 2 x HSDP (dp_replicate 2 x dp_shard 2, 1 row each). All
+must reproduce the single-process losses (within 1e-6
 relative, the issue's bar for EP), gradient norms (the tolerance of the llama layouts in
 test_distributed_cli.py) and expert-load figures of 4 steps. The EP x TP run saves its last
 step, which one process loads bit for bit.
@@ -39,6 +40,9 @@ EP_ROWS = ("--parallelism.ep=2", "--training.local_batch_size=2")
 LAYOUTS = {
     "ep2_tp2": (*EP_ROWS, "--parallelism.tp=2", "--checkpoint.enable=true", f"--checkpoint.interval={STEPS}"),
     "ep2_pp2_1f1b": (*EP_ROWS, "--parallelism.pp=2", "--parallelism.pp_schedule=1F1B"),
+    # HSDP: experts split over ep within dp_shard, replicated over dp_replicate (1 row each).
+    "ep2_hsdp": ("--parallelism.ep=2", "--training.local_batch_size=1", "--parallelism.dp_replicate=2",
+                 "--parallelism.dp_shard=2"),
 }
 EP_LOSS_TOLERANCE = 1e-6
 
