@@ -73,3 +73,27 @@ def test_per_op_checkpointing_uses_the_spec_list_unless_the_config_names_one() -
     assert recomputed == {"full": 12, "spec": 6, "config": 12}
     for other in (full_grads, spec_grads):
         assert all(torch.equal(grads[n], other[n]) for n in grads)
+
+
+def test_compile_goes_around_the_experts_of_a_moe_block() -> None:
+    from titan_core.moe import MoE
+    from titan_core.parallel.compile import apply_compile
+
+    class Block(nn.Module):
+        def __init__(self, ffn: nn.Module) -> None:
+            super().__init__()
+            self.norm, self.attention, self.ffn = nn.LayerNorm(8), nn.Linear(8, 8), ffn
+
+    shared = nn.Linear(8, 8)
+    moe = Block(MoE(8, 16, 4, 2, norm_topk_prob=True, shared_experts=shared))
+    dense = Block(nn.Linear(8, 8))
+    apply_compile([dense, moe])
+
+    def compiled(m: nn.Module) -> bool:
+        return getattr(m, "_compiled_call_impl", None) is not None
+
+    assert compiled(dense)  # a block without experts: compiled whole, as before
+    # Around the experts: the block and its MoE layer run eagerly, everything else in them compiled.
+    ffn: Any = moe.ffn
+    assert [compiled(m) for m in (moe, moe.norm, moe.attention, ffn, ffn.router, ffn.experts, shared)] == [
+        False, True, True, False, True, False, True]

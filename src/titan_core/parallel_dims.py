@@ -66,7 +66,7 @@ class ParallelDims:
                 f"number of processes (dp_shard=-1 takes what the others leave)."
             )
         if ep > 1:
-            _check_ep(ep, dp_shard=dp_shard, tp=tp, pp=pp)
+            _check_ep(ep, dp_shard=dp_shard)
         return ParallelDims(dp_replicate, dp_shard, tp, pp, world_size, ep)
 
     @property
@@ -108,7 +108,9 @@ class ParallelDims:
         """(the ``ep`` mesh the experts are split over, the mesh FSDP2 shards each rank's experts over).
 
         ``dp_shard`` unflattened into ``(expert_dp_shard, ep)``, ``ep`` innermost: an EP group
-        is ``ep`` consecutive ranks (on one machine when it can be). The expert FSDP2 mesh is
+        is ``ep`` consecutive dp_shard ranks (on one machine when it can be), within one tp slice
+        and one pipeline stage: tp ranks route the same tokens, so each slice exchanges its own
+        (the experts are replicated over tp). The expert FSDP2 mesh is
         ``(dp_replicate, expert_dp_shard)`` for HSDP, else ``expert_dp_shard``. Both come from
         the same root mesh as ``dp_mesh``, as FSDP2 requires of a parameter sharded on two meshes.
         Creates process groups: every rank calls it, once per model part.
@@ -127,17 +129,12 @@ class ParallelDims:
         return mesh["dp_shard"]
 
 
-def _check_ep(ep: int, *, dp_shard: int, tp: int, pp: int) -> None:
-    """EP groups are carved out of the dp_shard ranks; TP and PP do not compose with EP yet."""
+def _check_ep(ep: int, *, dp_shard: int) -> None:
+    """EP groups are carved out of the dp_shard ranks (within one tp slice and one pipeline stage)."""
     if dp_shard % ep:
         raise ConfigError(
             f"parallelism.ep={ep} does not divide the data-parallel shard degree dp_shard={dp_shard}: the "
             f"expert-parallel groups are carved out of the dp_shard ranks (dp_shard = ep x the ranks each expert "
             f"is FSDP-sharded over). Choose an ep that divides {dp_shard}, or launch a multiple of {ep} "
             f"data-parallel processes."
-        )
-    if tp > 1 or pp > 1:
-        raise ConfigError(
-            f"parallelism.ep={ep} with tp={tp} and pp={pp}: expert parallelism does not compose with tensor or "
-            f"pipeline parallelism yet. Set parallelism.tp=1 and parallelism.pp=1 with ep > 1, or ep=1."
         )

@@ -38,7 +38,7 @@ from .hf.export import export_hf
 from .loss import cross_entropy_loss
 from .metrics import MetricsLogger
 from .moe import MoEMonitor
-from .parallel import check_expert_parallel
+from .parallel import check_expert_parallel, check_experts_split
 from .parallel_dims import ParallelDims
 from .param_groups import run_layout
 from .parameter_layout import describe_parameter_layout
@@ -253,6 +253,8 @@ class Trainer:
         self.accum = accumulation_steps(self.config, self.dims.dp)
         self.pipeline = None
         if self.dims.pp_enabled:
+            if self.dims.ep_enabled:  # the whole model has experts for EP (a stage may hold dense layers only)
+                check_experts_split(model, self.dims.ep, what=f"spec {self.spec.name}")
             self.pipeline = self.calls.pipeline(
                 model, parallel_dims=self.dims, mesh=self.mesh, parallelism=self.config.parallelism,
                 training=self.config.training, device=self.device, loss_fn=self.scaled_loss, parallelize=self.parallelize,

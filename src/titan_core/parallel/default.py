@@ -6,7 +6,8 @@ checkpoints and the per-parameter init seeds do not depend on the layout.
 
 The order is fixed, and each step assumes the previous ones:
   1. TP shards the modules the plan names (parameters become DTensors on ``mesh["tp"]``);
-     EP (``parallelism.ep``) splits every ``titan_core.moe`` experts module over ``ep`` ranks;
+     EP (``parallelism.ep``) splits every ``titan_core.moe`` experts module over ``ep`` ranks
+     (the ep ranks of one tp slice and one pipeline stage);
   2. activation checkpointing wraps each block's forward;
   3. ``torch.compile`` compiles each block, checkpointing included;
   4. FSDP2 shards (or replicates, or HSDP) every block, then the part as a whole.
@@ -33,7 +34,7 @@ from ..protocols import TensorParallelStyles, TrainSpec
 from ..spec_factories import ParallelizeFn, TensorParallelPlanFn
 from .checkpointing import apply_activation_checkpointing
 from .compile import apply_compile
-from .expert_parallel import apply_expert_parallel
+from .expert_parallel import apply_expert_parallel, experts_modules
 from .fsdp import apply_fsdp
 from .tensor_parallel import apply_tensor_parallel
 
@@ -95,8 +96,9 @@ def default_parallelize_fn(
         expert_mesh = None
         if parallel_dims.ep_enabled:
             assert mesh is not None  # ep > 1: a multi-process run, which has a mesh
-            ep_mesh, expert_mesh = parallel_dims.expert_meshes(mesh)
-            apply_expert_parallel(model, ep_mesh, what=spec_name)
+            ep_mesh, expert_mesh = parallel_dims.expert_meshes(mesh)  # every part: it creates process groups
+            if experts_modules(model) or not parallel_dims.pp_enabled:  # a stage may hold dense layers only
+                apply_expert_parallel(model, ep_mesh, what=spec_name)
         blocks = _blocks(model, blocks_attr)
         apply_activation_checkpointing(blocks, activation_checkpoint, spec_save_ops=save_ops)
         if compile.enable:

@@ -112,11 +112,13 @@ def shard_experts(experts: nn.Module, *, mesh: Any, mp_policy: Any, reshard_afte
 
 def check_expert_parallel(model_parts: list[nn.Module], dims: ParallelDims, *, what: str) -> None:
     """With ep > 1, every experts module was split by EP (a spec's own parallelize_fn must call
-    ``apply_expert_parallel``); a model without experts is refused."""
+    ``apply_expert_parallel``); a model without experts is refused. A pipeline stage may hold
+    dense layers only: there the whole model was checked before the split
+    (:func:`check_experts_split`)."""
     if not dims.ep_enabled:
         return
     found = [(name, m) for part in model_parts for name, m in experts_modules(part)]
-    if not found:
+    if not found and not dims.pp_enabled:
         raise dense_model_error(dims.ep, what)
     missed = [name for name, m in found if not getattr(m, "_titan_expert_parallel", False)]
     if missed:
