@@ -216,7 +216,7 @@ def test_diloco_is_within_2_percent_of_synchronous_training_and_resumes_exactly(
 
     # A DiLoCo checkpoint resumes a plain run (its weights and optimizer; the outer state is not needed), and a
     # synchronous run's checkpoint resumes DiLoCo (the outer state then starts from the checkpoint's weights).
-    at198 = tmp_path / "diloco" / "replica_0" / "checkpoints" / "step-198"
+    [at198] = (tmp_path / "diloco" / "replica_0" / "checkpoints").glob("step-*198")
     finish(tmp_path / "plain", "--llama3.n_layers=1", "--training.seq_len=64", "--training.steps=200",
            "--training.local_batch_size=8", f"--checkpoint.resume={at198}", "--checkpoint.enable=true")
     assert [int(r["step"]) for r in steps_logged(tmp_path / "plain")] == [199, 200]
@@ -280,3 +280,39 @@ def test_the_test_only_variables_refuse_garbage_with_one_message(name: str, valu
     monkeypatch.setenv(name, value)
     with pytest.raises(ConfigError, match=f"{name}=.*test-only variable must be unset in real runs"):
         read_absent() if name.endswith("ABSENT") else short_step_seconds()
+
+
+def test_diloco_outer_state_in_a_checkpoint_is_checked_before_use() -> None:
+    # What a resume hands OuterState (the checkpoint's "diloco" entry) is untrusted: each bad value is one message.
+    import torch
+
+    from titan_core.errors import CheckpointError
+    from titan_core.fault_tolerance.diloco import OuterState, OuterStep
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 2)
+    outer = OuterStep([model], lr=1.4, momentum=0.5, sync_steps=5)
+    good = {k: v.clone() for k, v in OuterState(outer).state_dict().items()}
+    assert sorted(good) == ["anchor.bias", "anchor.weight", "momentum.bias", "momentum.weight", "sync_steps", "synced_at"]
+    saved = {**good, "anchor.weight": torch.full((2, 3), 0.25), "momentum.bias": torch.ones(2), "synced_at": torch.tensor(195)}
+    fresh = OuterStep([torch.nn.Linear(3, 2)], lr=1.4, momentum=0.5, sync_steps=5)
+    OuterState(fresh).load_state_dict(saved)
+    assert torch.equal(fresh.anchor[0], torch.full((2, 3), 0.25)) and fresh.synced_at == 195 and fresh.loaded
+    assert torch.equal(fresh.optimizer.state[fresh.anchor[1]]["momentum_buffer"], torch.ones(2))
+    fresh.restart_from_model(0)  # a loaded anchor is kept at the first step
+    assert torch.equal(fresh.anchor[0], torch.full((2, 3), 0.25))
+    bad = [({"anchor.weight": torch.zeros(3, 2)}, r"diloco.anchor.weight is torch.float32\[3, 2\], expected torch.float32\[2, 3\]"),
+           ({"anchor.weight": torch.zeros(2, 3, dtype=torch.float64)}, "diloco.anchor.weight is torch.float64"),
+           ({"momentum.bias": "rm -rf"}, "diloco.momentum.bias is str"),
+           ({"anchor.bias": torch.tensor([1.0, float("nan")])}, "diloco.anchor.bias holds NaN or inf"),
+           ({"sync_steps": torch.tensor(3)}, r"sync_steps=3, this run has 5; resume with --fault_tolerance.sync_steps=3"),
+           ({"synced_at": torch.tensor(-4)}, "DiLoCo state is damaged"),
+           ({"sync_steps": torch.tensor(1.5)}, "diloco.sync_steps is torch.float32")]
+    for change, message in bad:
+        with pytest.raises(CheckpointError, match=message):
+            OuterState(OuterStep([torch.nn.Linear(3, 2)], lr=1.4, momentum=0.5, sync_steps=5)).load_state_dict(
+                {**good, **change})
+    missing = dict(good)
+    del missing["momentum.weight"]
+    with pytest.raises(CheckpointError, match="diloco.momentum.weight is NoneType"):
+        OuterState(outer).load_state_dict(missing)
