@@ -171,7 +171,7 @@ def test_replica_with_another_config_is_refused_with_one_message(tmp_path: Path)
 
 # The DiLoCo bar: 200 steps of 2 groups on the built-in corpus, validation loss within 2% of synchronous
 # training's (benchmarks/diloco.py measures the same on a 2-layer model; docs/fault-tolerance.md).
-DILOCO_RUN = ("--fault_tolerance.local_replicas=2", "--llama3.n_layers=1", "--training.seq_len=64",
+DILOCO_RUN = ("--fault_tolerance.local_replicas=2", "--llama3.n_layers=1", "--training.seq_len=32",
               "--training.steps=200", "--lr_scheduler.warmup_steps=20", "--validation.enable=true",
               "--validation.freq=200", "--validation.steps=8")
 CKPT_198 = ("--checkpoint.enable=true", "--checkpoint.interval=198", "--checkpoint.keep_latest_k=0",
@@ -217,7 +217,7 @@ def test_diloco_is_within_2_percent_of_synchronous_training_and_resumes_exactly(
     # A DiLoCo checkpoint resumes a plain run (its weights and optimizer; the outer state is not needed), and a
     # synchronous run's checkpoint resumes DiLoCo (the outer state then starts from the checkpoint's weights).
     [at198] = (tmp_path / "diloco" / "replica_0" / "checkpoints").glob("step-*198")
-    finish(tmp_path / "plain", "--llama3.n_layers=1", "--training.seq_len=64", "--training.steps=200",
+    finish(tmp_path / "plain", "--llama3.n_layers=1", "--training.seq_len=32", "--training.steps=200",
            "--training.local_batch_size=8", f"--checkpoint.resume={at198}", "--checkpoint.enable=true")
     assert [int(r["step"]) for r in steps_logged(tmp_path / "plain")] == [199, 200]
     from_sync = back_to_198(tmp_path / "sync", tmp_path / "from-sync")
