@@ -10,6 +10,7 @@ Printed: both losses and their ratio diloco / synchronous (the issue's bar: at m
 
     python benchmarks/diloco.py                 # 2 groups, 200 steps (the figure in docs/fault-tolerance.md)
     python benchmarks/diloco.py --steps 20      # a quick look
+    python benchmarks/diloco.py --seed 1        # another initialisation and data order
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ def train(run_dir: Path, args: argparse.Namespace, *extra: str) -> float:
            f"--training.local_batch_size={args.batch}", f"--training.steps={args.steps}",
            f"--fault_tolerance.local_replicas={args.groups}", "--validation.enable=true",
            f"--validation.freq={args.steps}", f"--validation.steps={args.val_batches}",
-           "--metrics.log_freq=1000000", f"--job.run_dir={run_dir}", *extra]
+           "--metrics.log_freq=1000000", f"--training.seed={args.seed}", f"--job.run_dir={run_dir}", *extra]
     with open(run_dir.parent / f"{run_dir.name}.log", "w") as log:  # torchft is chatty: never an unread pipe
         rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT).returncode
     if rc != 0:
@@ -50,6 +51,7 @@ def main() -> None:
     p.add_argument("--seq-len", type=int, default=64)
     p.add_argument("--batch", type=int, default=4, help="sequences per group per step")
     p.add_argument("--val-batches", type=int, default=16)
+    p.add_argument("--seed", type=int, default=0, help="training.seed of both runs")
     p.add_argument("--sync-steps", type=int, default=None, help="DiLoCo's sync_steps (default: the config's)")
     args = p.parse_args()
     diloco = ["--fault_tolerance.semi_sync=diloco"]

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -598,6 +599,46 @@ def test_named_states_restore_every_state_and_the_old_constructor_reads_the_same
     info = old.resume()
     assert info is not None and (info.step, old_pos.sample) == (2, 20)
     assert_same(model_tensors(old_model), model_tensors(model))
+
+
+class ExtraState:
+    """A named state beyond the training states (like DiLoCo's outer state)."""
+
+    def __init__(self, optional: bool) -> None:
+        self.optional_in_checkpoint, self.value, self.loaded = optional, torch.zeros(3), False
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"value": self.value}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.value.copy_(state_dict["value"])
+        self.loaded = True
+
+
+def test_a_state_marked_optional_is_skipped_when_the_checkpoint_lacks_it_and_loaded_when_it_has_it(
+        tmp_path: Path) -> None:
+    from titan_core.checkpoint import training_states
+
+    config = CheckpointSection(enable=True, interval=1, keep_latest_k=0)
+
+    def manager(run_dir: Path, extra: ExtraState | None) -> CheckpointManager:
+        model, optimizer, scheduler, position = build()
+        states = training_states([model], optimizer, lr_schedulers=scheduler, dataloader=position)
+        return CheckpointManager(config=config, run_dir=run_dir, identity=identity_of(model), is_rank0=True,
+                                 states={**states, **({"extra": extra} if extra else {})})
+
+    manager(tmp_path / "without", None).maybe_save(1, tokens_seen=8)
+    skipped = ExtraState(optional=True)
+    info = manager(tmp_path / "without", skipped).resume()
+    assert info is not None and info.step == 1 and not skipped.loaded  # left as it was
+    with pytest.raises(CheckpointError, match="extra.value"):  # a required state the checkpoint lacks
+        manager(tmp_path / "without", ExtraState(optional=False)).resume()
+    saved = ExtraState(optional=True)
+    saved.value.fill_(7.0)
+    manager(tmp_path / "with", saved).maybe_save(1, tokens_seen=8)
+    loaded = ExtraState(optional=True)
+    assert manager(tmp_path / "with", loaded).resume() is not None
+    assert loaded.loaded and torch.equal(loaded.value, torch.full((3,), 7.0))
 
 
 def test_a_weights_only_checkpoint_is_published_with_its_extra_files_in_the_manifest(tmp_path: Path) -> None:

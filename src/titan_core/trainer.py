@@ -22,7 +22,7 @@ from torch import nn
 
 from . import build, distributed
 from .checkpoint import CheckpointManager, RunIdentity, collect_param_shapes, export_safetensors, training_states
-from .checkpoint.stateful import progress_state
+from .checkpoint.stateful import Stateful, progress_state
 from .config.job import JobConfig, accumulation_steps
 from .config.toml_out import dumps
 from .console import progress
@@ -313,8 +313,13 @@ class Trainer:
         )
         states = training_states(self.model_parts, self.optimizer, lr_schedulers=self.lr_schedulers,
                                  dataloader=self.dataloader, progress=self)
+        states.update(self.extra_states())
         self.checkpointer = CheckpointManager(config=c.checkpoint, run_dir=self.run_dir, states=states,
                                               identity=identity, is_rank0=self.is_rank0)
+
+    def extra_states(self) -> dict[str, Stateful]:
+        """Named states a subclass adds to its checkpoints (e.g. DiLoCo's outer optimizer)."""
+        return {}
 
     # The Trainer is the checkpoint's ``progress`` state: the step and the tokens seen.
     def state_dict(self) -> dict[str, Any]:

@@ -401,7 +401,7 @@ class CheckpointManager:
             if key.startswith(f"rng.{rng_key}.")
         }
         # The checkpoint's values are loaded into these templates in place (DCP), then handed to each state.
-        state: dict[str, Any] = {name: held.state_dict() for name, held in self._loaded(weights_only)}
+        state: dict[str, Any] = {name: held.state_dict() for name, held in self._loaded(weights_only, index)}
         if rng_template:
             state[RNG] = {rng_key: rng_template}
         tensors, values, mappings = storage.split_values(state)
@@ -431,12 +431,20 @@ class CheckpointManager:
         step, tokens = int(state[PROGRESS]["step"]), int(state[PROGRESS]["tokens_seen"])
         return ResumeInfo(step=step, tokens_seen=tokens, path=path, optimizer_loaded=not weights_only)
 
-    def _loaded(self, weights_only: bool) -> list[tuple[str, Stateful]]:
-        """The states a resume loads, in order (the model before the optimizer, whose state is keyed by it)."""
-        return [(name, held) for name, held in self.states.items() if not (weights_only and name == OPTIMIZER)]
+    def _loaded(self, weights_only: bool, index: TensorIndex) -> list[tuple[str, Stateful]]:
+        """The states a resume loads, in order (the model before the optimizer, whose state is keyed by it).
+        A state marked ``optional_in_checkpoint`` (e.g. DiLoCo's outer state) that the checkpoint lacks
+        is left as it is: a checkpoint of a run without it still resumes."""
+        def present(name: str) -> bool:
+            return any(key.startswith(f"{name}.") for key in (*index.tensors, *index.values))
+
+        return [(name, held) for name, held in self.states.items() if not (weights_only and name == OPTIMIZER)
+                and (present(name) or not getattr(held, "optional_in_checkpoint", False))]
 
     def _apply(self, path: Path, state: dict[str, Any], *, weights_only: bool, has_rng: bool) -> None:
-        for name, held in self._loaded(weights_only):
+        for name, held in self.states.items():
+            if name not in state:  # not loaded (see _loaded)
+                continue
             held.load_state_dict(state[name])
         if weights_only:
             self._log(f"converters changed ({list(self.identity.converters)}): loaded the model weights from {path}, "

@@ -24,6 +24,9 @@ class FaultToleranceSection(Section):
         1.4, gt=0, description="DiLoCo: outer SGD learning rate on the averaged pseudo-gradient; about sqrt(groups) (docs/fault-tolerance.md).")
     outer_momentum: float = Field(
         0.0, ge=0, lt=1, description="DiLoCo: outer Nesterov momentum; the paper's 0.9 (with outer_lr 0.7) is for hundreds of inner steps.")
+    average_inner_state: bool = Field(
+        True, description="DiLoCo: at each sync also average the inner optimizer's moments over the groups "
+                          "(3x the traffic of the pseudo-gradient alone with Adam); false: each group keeps its own.")
     save_replicas: Literal["all", "first"] = Field("all", description="Which replica groups save checkpoints: all, or only replica 0.")
 
     @model_validator(mode="after")

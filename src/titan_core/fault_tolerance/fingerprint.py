@@ -22,6 +22,8 @@ def fingerprint(config: JobConfig, model_parts: list[nn.Module]) -> dict[str, st
         "data.source": c.data.source, "data.tokenizer": c.data.tokenizer,
         "fault_tolerance.group_size": str(ft.group_size), "fault_tolerance.semi_sync": ft.semi_sync,
         "fault_tolerance.sync_steps": str(ft.sync_steps), "fault_tolerance.outer_lr": str(ft.outer_lr),
+        "fault_tolerance.outer_momentum": str(ft.outer_momentum),
+        "fault_tolerance.average_inner_state": str(ft.average_inner_state),
     }
 
 

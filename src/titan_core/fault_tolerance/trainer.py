@@ -19,10 +19,11 @@ from typing import Any
 
 import torch
 
+from ..checkpoint import Stateful
 from ..errors import ConfigError, LighthouseLost, TitanError
 from ..grad_norm import clip_grad_norm
 from ..trainer import StepResult, Trainer
-from .diloco import OuterStep
+from .diloco import DILOCO, OuterState, OuterStep, inner_state
 from .fingerprint import check_same_run, fingerprint
 from .rehearsal import absent_windows, short_step_seconds
 from .replica import RESTARTED_ENV, NothingToRejoin, ReplicaGroup
@@ -56,8 +57,12 @@ class FaultTolerantTrainer(Trainer):
     def build_optimizers(self) -> None:
         super().build_optimizers()
 
-        self.outer = (OuterStep(self.model_parts, lr=self.ft.outer_lr, momentum=self.ft.outer_momentum)
-                      if self.ft.semi_sync == "diloco" else None)
+        self.outer = (OuterStep(self.model_parts, lr=self.ft.outer_lr, momentum=self.ft.outer_momentum,
+                                sync_steps=self.ft.sync_steps) if self.ft.semi_sync == "diloco" else None)
+
+    def extra_states(self) -> dict[str, Stateful]:
+        # DiLoCo's checkpoints hold the outer state too, so a resume between two syncs is exact.
+        return {DILOCO: OuterState(self.outer)} if self.outer is not None else {}
 
     def data_shard(self) -> tuple[int, int]:
         # Group g's ranks read shares g*dp .. g*dp+dp-1 of a global batch shared by every group's ranks.
@@ -110,7 +115,7 @@ class FaultTolerantTrainer(Trainer):
             self.replica.set_step(self.step)
             self.manager_synced = True
             if self.outer is not None:  # the weights may have been loaded since the optimizers were built
-                self.outer.restart_from_model()
+                self.outer.restart_from_model(self.step)
         try:
             self.replica.start_step()
         except ConfigError:
@@ -173,9 +178,15 @@ class FaultTolerantTrainer(Trainer):
         self.optimizer.step()
         self.lr_schedulers.step()
         if sync:
-            self.replica.average(self.outer.pseudo_gradients())
+            # The inner optimizer's moments are averaged too (into copies: applied only if the sync commits):
+            # each group's Adam then resumes from the groups' common momentum, not its own noisier one.
+            inner = [t.clone() for t in inner_state(self.optimizer)] if self.ft.average_inner_state else []
+            self.replica.average([*self.outer.pseudo_gradients(), *inner])
             if self.replica.commit():
-                self.outer.step()
+                self.outer.step(self.step + 1)
+                with torch.no_grad():
+                    for mine, mean in zip(inner_state(self.optimizer), inner):
+                        mine.copy_(mean)
         return StepResult(group_loss, grad_norm, skipped=False)
 
     def attempt_sync_step(self, batches: Iterator[tuple[torch.Tensor, torch.Tensor]]) -> StepResult | None:
