@@ -22,6 +22,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from _common import int_parser
+
 
 def validation_loss(run_dir: Path) -> float:
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
@@ -44,14 +46,8 @@ def train(run_dir: Path, args: argparse.Namespace, *extra: str) -> float:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--steps", type=int, default=200)
-    p.add_argument("--groups", type=int, default=2)
-    p.add_argument("--layers", type=int, default=2)
-    p.add_argument("--seq-len", type=int, default=64)
-    p.add_argument("--batch", type=int, default=4, help="sequences per group per step")
-    p.add_argument("--val-batches", type=int, default=16)
-    p.add_argument("--seed", type=int, default=0, help="training.seed of both runs")
+    # --batch: sequences per group per step; --seed: training.seed of both runs
+    p = int_parser(__doc__, steps=200, groups=2, layers=2, seq_len=64, batch=4, val_batches=16, seed=0)
     p.add_argument("--sync-steps", type=int, default=None, help="DiLoCo's sync_steps (default: the config's)")
     args = p.parse_args()
     diloco = ["--fault_tolerance.semi_sync=diloco"]
