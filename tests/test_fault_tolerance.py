@@ -82,8 +82,11 @@ def test_killed_groups_rejoin_and_lose_nothing_but_their_own_batches(tmp_path: P
     assert min(r["step"] for r in steps_logged(run / "replica_2")) > 7
     # The reference: an unfailed run in which the groups sat out the same steps (test-only hook) commits the
     # same losses, bit for bit: fault tolerance lost nothing but the lost groups' batches.
+    # Usually the fresh restart of replica 2 takes steps that the survivors commit without it; when a
+    # group is back before any step commits without it (a quiet machine), there is nothing to sit out,
+    # and the failed run must then equal the unfailed one exactly.
     absent = absent_windows(run, 3)
-    assert "2:" in absent, absent  # the fresh restart took steps
+    print(f"windows sat out: {absent or 'none'}")
     ref = start(tmp_path / "ref", *args, log=tmp_path / "ref.log", env_extra={"TITAN_FT_TEST_ABSENT": absent})
     ref.wait(timeout=300)
     assert ref.returncode == 0, (tmp_path / "ref.log").read_text()[-3000:]
