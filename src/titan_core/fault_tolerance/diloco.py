@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..checkpoint.states import optimizers_of
 from ..errors import CheckpointError
 from ..param_groups import clean_name
 from .shards import local
@@ -85,8 +86,6 @@ class OuterStep:
 def inner_state(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
     """The inner optimizer's per-parameter state tensors (Adam's two moments), local shards, in an order
     every group shares (parameter groups' order, then the state's keys sorted; not the scalar step)."""
-    from ..checkpoint.states import optimizers_of
-
     tensors = []
     for opt in optimizers_of(optimizer):
         for group in opt.param_groups:
