@@ -128,8 +128,11 @@ def test_plain_torchrun_still_prints_each_ranks_message(tmp_path: Path) -> None:
 
     run = torchrun(tmp_path / "run", *TINY, f"--data.source={tmp_path}/missing.txt", timeout=300)
     assert run.code != 0
-    prefixes = sorted(line.split("]")[0] for line in errors(run.text) if "does not exist" in line)
     # Each worker prints its own message (rank-prefixed: nothing is handed to a launcher that is not there).
     # torchrun's agent stops the group once one worker has failed, so on a loaded machine the slower rank
     # may be stopped before it gets to print: one or both ranks, never none, never unprefixed.
+    messages = [line for line in errors(run.text) if "does not exist" in line]
+    prefixes = sorted(line.split("]")[0] for line in messages)
     assert prefixes in (["[rank0", "[rank1"], ["[rank0"], ["[rank1"]), run.text
+    # Each message is a whole line of its own: one rank's line is never spliced into another's.
+    assert all(line.startswith("[rank") and line.count("[rank") == 1 for line in messages), run.text

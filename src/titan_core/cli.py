@@ -17,7 +17,7 @@ from .commands.list_plugins import print_plugin_list
 from .config.environment import check_environment
 from .config.overrides import parse_override_args
 from .config.toml_out import dumps
-from .console import rank_prefix
+from .console import rank_prefix, say
 from .errors import StopRequested, TitanError
 from .os_errors import describe_os_error
 from .path_settings import remember_paths
@@ -182,14 +182,13 @@ def _report(exc: TitanError, *, with_traceback: bool, cause: BaseException | Non
         return exc.exit_code
 
     if isinstance(exc, StopRequested):
-        print(str(exc), file=sys.stderr, flush=True)
+        say(str(exc))
         return exc.exit_code
 
     if hand_to_launcher(str(exc), hint=not with_traceback):  # --nproc-per-node prints each message once
         return exc.exit_code
-    print(f"{rank_prefix()}titan-train: error: {exc}", file=sys.stderr)
-    if not with_traceback:
-        print("(run with --traceback to see where it happened)", file=sys.stderr)
+    hint = () if with_traceback else ("(run with --traceback to see where it happened)",)
+    say(f"{rank_prefix()}titan-train: error: {exc}", *hint)
     return exc.exit_code
 
 

@@ -12,7 +12,17 @@ import sys
 def progress(message: str, *, is_rank0: bool) -> None:
     """A short status line so nobody stares at a silent terminal during set-up."""
     if is_rank0:
-        print(f"{rank_prefix()}[titan] {message}", file=sys.stderr, flush=True)
+        say(f"{rank_prefix()}[titan] {message}")
+
+
+def say(*lines: str) -> None:
+    """Write whole lines to stderr in one call.
+
+    ``print`` writes the text and its newline separately, so two ranks sharing a pipe can splice their
+    lines together; one short write to a pipe is atomic.
+    """
+    sys.stderr.write("".join(f"{line}\n" for line in lines))
+    sys.stderr.flush()
 
 
 def rank_prefix() -> str:

@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable, Iterator
 from types import FrameType
 
+from ..console import say
 from ..errors import DeadlinePassed
 from .worker_errors import hand_to_launcher
 
@@ -36,7 +37,7 @@ def _hard_exit(message: str) -> None:
         if not hand_to_launcher(message, hint=False):
             prog = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "titan"
             prog = "titan-train" if prog in ("__main__.py", "-m", "-c") else prog
-            print(f"{prog}: error: {message}", file=sys.stderr, flush=True)
+            say(f"{prog}: error: {message}")
     os._exit(2)
 
 
