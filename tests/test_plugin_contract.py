@@ -11,7 +11,7 @@ import torch
 from pydantic import BaseModel, ConfigDict
 from torch import nn
 
-from titan_core import EmptyConfig, ModelConverter, ParallelDims, discovery
+from titan_core import ConfigError, EmptyConfig, ModelConverter, ParallelDims, discovery
 from titan_core.converters import apply_converters
 from titan_core.data.packing import clear_cache, pack_documents, tokenized_source
 from titan_core.plan.tokenizer import build_tokenizer
@@ -78,6 +78,31 @@ def test_generic_and_old_style_converters_run_the_same_pipeline(cls: type[ModelC
     assert table.modules_of("pick") == ["1"]
     assert float(model.get_submodule("1").scale) == 3.0
     assert not hasattr(model.get_submodule("0"), "scale")
+
+
+class SetUpPick(_Picks, ModelConverter[PickConfig]):
+    """Prepares in ``setup()``: no constructor of its own."""
+
+    calls: list[tuple[float, ParallelDims, object]] = []
+
+    def setup(self) -> None:
+        type(self).calls.append((self.config.scale, self.parallel_dims, self.job))
+        if self.config.scale <= 0:
+            raise ConfigError(f"pick.scale is {self.config.scale}; give a positive number")
+
+
+def test_setup_runs_once_after_the_config_is_validated_and_its_error_reaches_the_caller() -> None:
+    SetUpPick.calls.clear()
+    job = object()
+    conv = SetUpPick({"names": ["0"], "scale": 2.5}, parallel_dims=DIMS, job=job)  # type: ignore[arg-type]
+    # A dict became the validated config before setup() saw it, with the dims and the job already set.
+    assert SetUpPick.calls == [(2.5, DIMS, job)] and isinstance(conv.config, PickConfig)
+    with pytest.raises(ConfigError, match=r"^pick.scale is -1.0; give a positive number$"):
+        SetUpPick({"scale": -1}, parallel_dims=DIMS, job=job)  # type: ignore[arg-type]
+    assert len(SetUpPick.calls) == 2
+    model = _model()
+    apply_converters(model, [("pick", conv)], None)
+    assert float(model.get_submodule("0").scale) == 2.5
 
 
 def test_old_style_converter_through_registration(monkeypatch: pytest.MonkeyPatch) -> None:

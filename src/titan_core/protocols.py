@@ -180,7 +180,8 @@ class ModelConverter(abc.ABC, Generic[ConfigT]):
     """Base class of a converter plugin (low precision, fused kernels, ...).
 
     Lifecycle, all on the meta-device model before any parallelism:
-      ``__init__`` (raise ``TitanError`` when hardware or settings cannot support it)
+      ``__init__`` (validates the section, then calls ``setup()``: override that, not the
+      constructor, and raise ``TitanError`` there when hardware or settings cannot support it)
       -> ``compatible_with(spec)`` -> ``select(model)`` -> the core resolves overlaps
       between converters (the converter named later wins) -> ``convert(model, fqns)``.
     ``pre_optimizer_hook`` / ``post_optimizer_hook`` run around every optimizer step.
@@ -222,6 +223,15 @@ class ModelConverter(abc.ABC, Generic[ConfigT]):
         self.config = cast(ConfigT, config)  # an instance of Config, which is ConfigT
         self.parallel_dims = parallel_dims
         self.job = job
+        self.setup()
+
+    def setup(self) -> None:  # noqa: B027
+        """Check the hardware and settings and prepare what the other calls need.
+
+        Called once at the end of ``__init__``, with ``self.config`` (validated), ``self.parallel_dims``
+        and ``self.job`` set, so a converter has no constructor signature to repeat. Raise
+        ``TitanError`` (what is wrong, how to fix it) when the run cannot work.
+        """
 
     def compatible_with(self, spec: TrainSpec) -> None:  # noqa: B027
         """Raise ``TitanError`` for a spec this converter cannot serve."""

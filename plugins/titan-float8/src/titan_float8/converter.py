@@ -9,19 +9,15 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-from collections.abc import Mapping
 from types import ModuleType
 from typing import Any
 
-from pydantic import BaseModel
 from torch import nn
 
 from titan_core import (
     ConfigError,
     GroupedExperts,
     ModelConverter,
-    ParallelDims,
-    RunContext,
     TensorParallelStyles,
     TitanError,
     select_linears,
@@ -56,13 +52,10 @@ def import_torchao_float8() -> ModuleType:
 class Float8Converter(ModelConverter[Float8Config]):
     """Float8 training (torchao) for the selected linear layers; see ``Float8Config``."""
 
-    prototype = False
     plugin_api_version = "1.0"  # the titan-core plugin API this converter was written for
 
-    def __init__(self, config: Float8Config | BaseModel | Mapping[str, Any], *, parallel_dims: ParallelDims,
-                 job: RunContext) -> None:
-        super().__init__(config, parallel_dims=parallel_dims, job=job)
-        config = self.config  # validated by the base class
+    def setup(self) -> None:
+        config, parallel_dims = self.config, self.parallel_dims
         self._ao = import_torchao_float8()
         if config.auto_filter_small_kn and config.recipe == "rowwise_with_gw_hp":
             raise ConfigError(
@@ -70,7 +63,7 @@ class Float8Converter(ModelConverter[Float8Config]):
                 "no size heuristic for that recipe. Turn auto_filter_small_kn off and choose layers with "
                 "float8.fqns / float8.filter_fqns, or use recipe tensorwise or rowwise."
             )
-        self.settings: Float8Settings = resolve_settings(config, parallel_dims, job)
+        self.settings: Float8Settings = resolve_settings(config, parallel_dims, self.job)
         logger.info(
             "float8: recipe %s, %s; fsdp float8 all-gather %s (%s)",
             self.settings.recipe, self.settings.emulate_reason,

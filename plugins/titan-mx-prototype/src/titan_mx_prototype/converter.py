@@ -11,19 +11,15 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Mapping
 from typing import Any
 
 import torch
-from pydantic import BaseModel
 from torch import nn
 
 from titan_core import (
     ConfigError,
     GroupedExperts,
     ModelConverter,
-    ParallelDims,
-    RunContext,
     TitanError,
     select_linears,
     select_modules,
@@ -38,31 +34,25 @@ logger = logging.getLogger(__name__)
 BLOCK_SIZE = 32
 
 
-@dataclasses.dataclass(frozen=True)
-class _TorchAO:
-    """The few torchao names this converter uses, imported on demand."""
+class TorchAOMX:
+    """The few torchao names this converter uses, imported on demand (a TitanError saying how to install it)."""
 
-    quantize_: Any
-    MXFP8TrainingOpConfig: Any
-    MXFP8TrainingRecipe: Any
-    KernelPreference: Any
-    MXFP8TrainingWeightWrapperTensor: Any
-
-
-def import_torchao_mx() -> _TorchAO:
-    """torchao's MX training API, or a TitanError saying how to install it."""
-    try:
-        from torchao import quantize_
-        from torchao.prototype.moe_training.config import MXFP8TrainingOpConfig, MXFP8TrainingRecipe
-        from torchao.prototype.moe_training.tensor import MXFP8TrainingWeightWrapperTensor
-        from torchao.quantization.quantize_.common import KernelPreference
-    except ImportError as exc:
-        raise TitanError(
-            f"the mx converter needs torchao's MX training prototype: pip install 'torchao>=0.18' "
-            f"(import failed: {exc})"
-        ) from exc
-    return _TorchAO(quantize_, MXFP8TrainingOpConfig, MXFP8TrainingRecipe, KernelPreference,
-                    MXFP8TrainingWeightWrapperTensor)
+    def __init__(self) -> None:
+        try:
+            from torchao import quantize_
+            from torchao.prototype.moe_training.config import MXFP8TrainingOpConfig, MXFP8TrainingRecipe
+            from torchao.prototype.moe_training.tensor import MXFP8TrainingWeightWrapperTensor
+            from torchao.quantization.quantize_.common import KernelPreference
+        except ImportError as exc:
+            raise TitanError(
+                f"the mx converter needs torchao's MX training prototype: pip install 'torchao>=0.18' "
+                f"(import failed: {exc})"
+            ) from exc
+        self.quantize_: Any = quantize_
+        self.MXFP8TrainingOpConfig: Any = MXFP8TrainingOpConfig
+        self.MXFP8TrainingRecipe: Any = MXFP8TrainingRecipe
+        self.KernelPreference: Any = KernelPreference
+        self.MXFP8TrainingWeightWrapperTensor: Any = MXFP8TrainingWeightWrapperTensor
 
 
 class MXConverter(ModelConverter[MXConfig]):
@@ -71,13 +61,10 @@ class MXConverter(ModelConverter[MXConfig]):
     prototype = True
     plugin_api_version = "1.0"  # the titan-core plugin API this converter was written for
 
-    def __init__(self, config: MXConfig | BaseModel | Mapping[str, Any], *, parallel_dims: ParallelDims,
-                 job: RunContext) -> None:
-        super().__init__(config, parallel_dims=parallel_dims, job=job)
-        config = self.config  # validated by the base class
-        self._ao = import_torchao_mx()
-        self.emulate, self.emulate_reason = resolve_emulate(config.emulate, job.device)
-        logger.info("mx (prototype): recipe %s, %s", config.recipe, self.emulate_reason)
+    def setup(self) -> None:
+        self._ao = TorchAOMX()
+        self.emulate, self.emulate_reason = resolve_emulate(self.config.emulate, self.job.device)
+        logger.info("mx (prototype): recipe %s, %s", self.config.recipe, self.emulate_reason)
 
     def selection_keys(self) -> list[str]:
         return ["fqns", "filter_fqns", "moe_fqns"]
