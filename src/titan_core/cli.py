@@ -93,7 +93,7 @@ def run(args: argparse.Namespace, rest: list[str], argv: list[str], trainer_clas
     from .plan.resolve import resolve_config  # start-up: --help and --list stay without torch
 
     resolved = resolve_config(config_source=args.config, override_pairs=_override_pairs(args, rest), world_size=world_size)
-    from .run_limits import apply_run_limits
+    from .run_limits import apply_run_limits  # start-up: imports torch
 
     apply_run_limits(resolved.config)
 
@@ -123,7 +123,7 @@ def run(args: argparse.Namespace, rest: list[str], argv: list[str], trainer_clas
 
         return compare_baseline(resolved, **({"trainer_class": trainer_class} if trainer_class else {}))
     if resolved.config.fault_tolerance.local_replicas:
-        from .fault_tolerance.supervisor import supervise
+        from .fault_tolerance.supervisor import supervise  # start-up: imports torch
 
         return supervise(resolved.config, _worker_argv(args, argv, trainer_class))
     if args.nproc_per_node and world_size_from_env() == 1:

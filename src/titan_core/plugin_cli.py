@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from .discovery import import_modules
 from .errors import ConfigError, Terminated, TitanError
 from .os_errors import describe_os_error
+from .plugin_calls import set_plugin_timeout
 from .runtime.signals import sigterm_raises
 from .scaffold import write_package
 
@@ -69,7 +70,6 @@ def _run(args: argparse.Namespace) -> int:
         import math
 
         from .commands.plugin_check import check  # start-up: `titan-plugin new` needs no torch
-        from .plugin_calls import set_plugin_timeout
 
         if not (math.isfinite(args.call_timeout) and 0 < args.call_timeout <= 604800):
             raise ConfigError(f"--call-timeout {args.call_timeout!r}: give the seconds one plugin call may take, a "

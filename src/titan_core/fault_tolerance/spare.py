@@ -20,8 +20,8 @@ def main() -> None:
     import torch  # noqa: F401
     import torchft.manager  # noqa: F401
 
-    from ..plan import resolve  # noqa: F401
-    from . import trainer  # noqa: F401
+    from ..plan import resolve  # noqa: F401  (warm-up: importing these while waiting is the spare's job)
+    from . import trainer  # noqa: F401  (warm-up: as above)
 
     line = sys.stdin.readline()
     if not line:  # the supervisor ended without needing this spare

@@ -32,6 +32,7 @@ from ..errors import PluginHang, TitanError
 from ..hf.adapter import row_map
 from ..init import init_model_weights
 from ..meta_model import meta_model
+from ..moe import GroupedExperts
 from ..plan.resolve import resolve_config
 from ..plugin_boundary import SpecCalls, converter_calls
 from ..plugin_calls import timeout_message
@@ -448,8 +449,6 @@ def check_pp(t: Target) -> str:
 def check_ep(t: Target) -> str:
     """EP 2 on 2 processes matches one process taking the same micro-batches, with the experts
     really split over ``ep`` (a flavor with ``titan_core.moe`` experts; skipped without)."""
-    from ..moe import GroupedExperts
-
     _, _, model = _spec_model(t)
     experts = [m for m in model.modules() if isinstance(m, GroupedExperts)]
     if not experts:
