@@ -20,6 +20,7 @@ __all__ = [
     "DeadlinePassed",
     "LighthouseLost",
     "NonFiniteError",
+    "NothingToRejoin",
     "OutOfMemory",
     "PeerLost",
     "PluginError",
@@ -119,6 +120,14 @@ class LighthouseLost(TitanError):
     def __init__(self, message: str) -> None:
         super().__init__(message)
         self.quiet = bool(os.environ.get("TITAN_FT_SUPERVISED"))  # the local supervisor prints one message for all
+
+
+class NothingToRejoin(TitanError):
+    """A restarted replica group came up after the other groups had finished: there is no run left to
+    rejoin (training on alone would redo the run from this group's last state). Not an error: exit 0."""
+
+    exit_code = 0
+    quiet = True
 
 
 class StopRequested(TitanError):

@@ -20,16 +20,7 @@ from typing import Any
 import torch
 
 from ..config.fault_tolerance import FaultToleranceSection
-from ..errors import ConfigError, LighthouseLost, TitanError
-
-
-class NothingToRejoin(TitanError):
-    """A restarted group came up after the other groups had finished: there is no run left to rejoin
-    (training on alone would redo the run from this group's last state). Not an error: exit 0."""
-
-    exit_code = 0
-    quiet = True
-
+from ..errors import ConfigError, LighthouseLost
 
 # Set by the local supervisor on a group it restarted (a group that must rejoin, never start alone).
 RESTARTED_ENV = "TITAN_FT_RESTARTED"

@@ -20,13 +20,13 @@ from typing import Any
 import torch
 
 from ..checkpoint import Stateful
-from ..errors import ConfigError, LighthouseLost, TitanError
+from ..errors import ConfigError, LighthouseLost, NothingToRejoin, TitanError
 from ..grad_norm import clip_grad_norm
 from ..trainer import StepResult, Trainer
 from .diloco import DILOCO, OuterState, OuterStep, inner_state
 from .fingerprint import check_same_run, fingerprint
 from .rehearsal import absent_windows, short_step_seconds
-from .replica import RESTARTED_ENV, NothingToRejoin, ReplicaGroup
+from .replica import RESTARTED_ENV, ReplicaGroup
 from .shards import local, local_tree, redistribute_optimizer_state
 
 # Uncommitted attempts of one step before the group gives up (each one already waited a quorum).
