@@ -15,7 +15,10 @@ class FaultToleranceSection(Section):
     group_size: int = Field(1, ge=1, description="Number of replica groups the global batch is shared among.")
     min_replicas: int = Field(1, ge=1, description="Fewest live replica groups a step may commit with.")
     lighthouse: str = Field("", description="Address of the torchft lighthouse (http://host:port); empty: the TORCHFT_LIGHTHOUSE variable.")
-    quorum_timeout_s: float = Field(30.0, gt=0, description="Seconds to wait for a quorum (and for each cross-group collective) before giving up.")
+    quorum_timeout_s: float = Field(30.0, gt=0, description="Seconds to wait for a quorum, a slow group to join it, or a peer's state before giving up.")
+    collective_timeout_s: float = Field(
+        10.0, gt=0, description="Seconds a cross-group collective may wait for the other groups before the step is retried; "
+                                "a group lost mid-step holds the survivors at most this long.")
     local_replicas: int = Field(0, ge=0, description="Local supervisor: start a lighthouse and this many replica groups on this machine (0: off).")
     max_restarts: int = Field(3, ge=0, description="Local supervisor: restarts allowed per replica group before the run fails.")
     semi_sync: Literal["none", "diloco"] = Field("none", description="none: average gradients every step; diloco: local steps, an outer step every sync_steps.")

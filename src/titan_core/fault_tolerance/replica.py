@@ -81,9 +81,13 @@ class ReplicaGroup:
     def _manager(Manager: Callable[..., Any], ProcessGroupGloo: Callable[..., object], ft: FaultToleranceSection, lighthouse: str, timeout: timedelta,
                  group_rank: int, group_world_size: int, store_addr: str, store_port: int,
                  state_dict: Callable[[], dict[str, Any]], load_state_dict: Callable[[dict[str, Any]], None]) -> Any:
+        # The collectives get their own, shorter timeout: when a group dies mid-step, a survivor whose ring
+        # neighbour has already failed over waits on it until this runs out, and the lighthouse holds the next
+        # quorum for that survivor meanwhile (seen as a 30 s stall with a single timeout).
+        collective = timedelta(seconds=ft.collective_timeout_s)
         return Manager(
-            pg=ProcessGroupGloo(timeout=timeout), load_state_dict=load_state_dict, state_dict=state_dict,
-            min_replica_size=ft.min_replicas, use_async_quorum=False, timeout=timeout, quorum_timeout=timeout,
+            pg=ProcessGroupGloo(timeout=collective), load_state_dict=load_state_dict, state_dict=state_dict,
+            min_replica_size=ft.min_replicas, use_async_quorum=False, timeout=collective, quorum_timeout=timeout,
             connect_timeout=timeout, rank=group_rank, world_size=group_world_size, store_addr=store_addr,
             store_port=store_port, lighthouse_addr=lighthouse, replica_id=f"titan_replica_{ft.replica_id}",
             checkpoint_transport=_safe_http_transport(timeout),
