@@ -7,9 +7,9 @@ import json
 from pathlib import Path
 
 import pytest
+from ft_helpers import rejoin_seconds
 
 from doc_commands import blocks, run_blocks
-from ft_helpers import rejoin_seconds
 
 pytest.importorskip("torchft")
 
