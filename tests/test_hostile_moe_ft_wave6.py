@@ -142,10 +142,10 @@ EXPERTS = "model.layers.0.mlp.experts"
 def hf_moe(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny Qwen3-MoE folder as transformers saves it: 4 experts of 2 per token, one tensor per expert."""
     from safetensors.torch import save_file
-    from titan_qwen3.hf_adapter import Qwen3StateDictAdapter
-    from titan_qwen3.model import Qwen3Args, Transformer
 
     from titan_core.hf.stacks import unstack
+    from titan_qwen3.hf_adapter import Qwen3StateDictAdapter
+    from titan_qwen3.model import Qwen3Args, Transformer
 
     args = Qwen3Args(dim=32, n_layers=2, n_heads=2, n_kv_heads=1, head_dim=16, vocab_size=64, intermediate_size=48,
                      max_seq_len=64, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16)
