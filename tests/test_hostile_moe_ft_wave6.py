@@ -74,7 +74,7 @@ CLI_CASES = [
     Case("semi_sync unknown", ("--fault_tolerance.semi_sync=async",), "fault_tolerance.semi_sync"),
     Case("min_replicas > local_replicas", ("--fault_tolerance.local_replicas=2", "--fault_tolerance.min_replicas=3"),
          "min_replicas=3 is more than group_size=2"),
-    # ---- [qwen3] MoE knobs and expert parallelism ----------------------------------------------------
+    # ---- [qwen3] MoE knobs, expert parallelism, moe_fqns ----------------------------------------------------
     # was: silently ignored (no layer -1 or 6 in a 6-layer model), the flag did nothing
     Case("mlp_only_layers [-1]", ("--qwen3.mlp_only_layers=[-1]",),
          "mlp_only_layers names layer -1, but the layers are numbered 0..5"),
@@ -84,15 +84,14 @@ CLI_CASES = [
          "none of the 6 layers has experts"),
     Case("every layer mlp_only", ("--qwen3.mlp_only_layers=[0,1,2,3,4,5]",), "none of the 6 layers has experts"),
     Case("moe_aux_loss_coeff NaN", ("--qwen3.moe_aux_loss_coeff=nan",), "qwen3.moe_aux_loss_coeff = nan"),
-    Case("moe_bias_update_rate negative", ("--qwen3.moe_bias_update_rate=-0.1",), "qwen3.moe_bias_update_rate"),
-    Case("decoder_sparse_step 0", ("--qwen3.decoder_sparse_step=0",), "qwen3.decoder_sparse_step"),
-    Case("ep 3 with one rank", ("--parallelism.ep=3",), "parallelism.ep=3 does not divide the data-parallel shard degree"),
-    Case("ep 0", ("--parallelism.ep=0",), "parallelism.ep"),
-    # ---- moe_fqns ---------------------------------------------------------------------------------------
     Case("float8.moe_fqns matching no experts", ("--converters", "float8", '--float8.moe_fqns=["attention"]'),
          "float8.moe_fqns entries ['attention'] match no GroupedExperts of this model"),
+    Case("moe_bias_update_rate negative", ("--qwen3.moe_bias_update_rate=-0.1",), "qwen3.moe_bias_update_rate"),
+    Case("decoder_sparse_step 0", ("--qwen3.decoder_sparse_step=0",), "qwen3.decoder_sparse_step"),
     Case("mx.moe_fqns matching no experts", ("--converters", "mx", '--mx.fqns=["attention"]', '--mx.moe_fqns=["router"]'),
          "mx.moe_fqns entries ['router'] match no GroupedExperts"),
+    Case("ep 3 with one rank", ("--parallelism.ep=3",), "parallelism.ep=3 does not divide the data-parallel shard degree"),
+    Case("ep 0", ("--parallelism.ep=0",), "parallelism.ep"),
 ]
 
 
