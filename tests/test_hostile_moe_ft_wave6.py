@@ -79,6 +79,8 @@ CLI_CASES = [
     Case("mlp_only_layers [-1]", ("--qwen3.mlp_only_layers=[-1]",),
          "mlp_only_layers names layer -1, but the layers are numbered 0..5"),
     Case("mlp_only_layers [6]", ("--qwen3.mlp_only_layers=[6]",), "mlp_only_layers names layer 6"),
+    # was: true read as layer 1
+    Case("mlp_only_layers [true]", ("--qwen3.mlp_only_layers=[true]",), "qwen3.mlp_only_layers"),
     # was: a "MoE" model with no MoE layer, trained as a dense one without a word
     Case("decoder_sparse_step past the last layer", ("--qwen3.decoder_sparse_step=100",),
          "none of the 6 layers has experts"),

@@ -38,11 +38,15 @@ class FaultToleranceSection(Section):
     replica_id: int = Field(0, ge=0, description="This replica group's index, 0..group_size-1; it picks the group's share of each global batch.")
     group_size: int = Field(1, ge=1, description="Number of replica groups the global batch is shared among.")
     min_replicas: int = Field(1, ge=1, description="Fewest live replica groups a step may commit with.")
-    lighthouse: str = Field("", description="Address of the torchft lighthouse (http://host:port); empty: the TORCHFT_LIGHTHOUSE variable.")
-    quorum_timeout_s: float = Field(30.0, gt=0, le=86400, description="Seconds to wait for a quorum (and for each cross-group collective) before giving up.")
+    lighthouse: str = Field(
+        "", description="Address of the torchft lighthouse, http://HOST:PORT (checked before the run starts); empty: the "
+                        "TORCHFT_LIGHTHOUSE variable.")
+    quorum_timeout_s: float = Field(
+        30.0, gt=0, le=86400,
+        description="Seconds to wait for a quorum (and for each cross-group collective) before giving up (at most 86400).")
     local_replicas: int = Field(
         0, ge=0, le=MAX_LOCAL_REPLICAS,
-        description="Local supervisor: start a lighthouse and this many replica groups on this machine (0: off).")
+        description="Local supervisor: start a lighthouse and this many replica groups on this machine (0: off; at most 64).")
     max_restarts: int = Field(3, ge=0, description="Local supervisor: restarts allowed per replica group before the run fails.")
     semi_sync: Literal["none", "diloco"] = Field("none", description="none: average gradients every step; diloco: local steps, an outer step every sync_steps.")
     sync_steps: int = Field(5, ge=1, description="DiLoCo: inner steps between two synchronisations of the groups.")
