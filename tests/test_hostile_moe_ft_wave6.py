@@ -72,6 +72,9 @@ CLI_CASES = [
     Case("outer_lr NaN", ("--fault_tolerance.outer_lr=nan",), "fault_tolerance.outer_lr = nan"),
     Case("outer_momentum 1", ("--fault_tolerance.outer_momentum=1",), "fault_tolerance.outer_momentum"),
     Case("semi_sync unknown", ("--fault_tolerance.semi_sync=async",), "fault_tolerance.semi_sync"),
+    # was: accepted, and the run trained as one plain group without a word
+    Case("semi_sync diloco without replica groups", ("--fault_tolerance.semi_sync=diloco",),
+         "semi_sync=diloco synchronises replica groups, but there are none"),
     Case("min_replicas > local_replicas", ("--fault_tolerance.local_replicas=2", "--fault_tolerance.min_replicas=3"),
          "min_replicas=3 is more than group_size=2"),
     # ---- [qwen3] MoE knobs, expert parallelism, moe_fqns ----------------------------------------------------

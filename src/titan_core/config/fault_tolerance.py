@@ -76,6 +76,11 @@ class FaultToleranceSection(Section):
                 raise ValueError(f"group_size={self.group_size} differs from local_replicas={self.local_replicas}; "
                                  "leave group_size unset with the local supervisor")
             object.__setattr__(self, "group_size", self.local_replicas)
+        if self.semi_sync != "none" and not (self.enable or self.local_replicas):
+            # Otherwise the run trains as one plain group and the setting silently does nothing.
+            raise ValueError(f"semi_sync={self.semi_sync} synchronises replica groups, but there are none: set "
+                             "fault_tolerance.enable=true (with a lighthouse) or fault_tolerance.local_replicas=K, "
+                             "or leave semi_sync=none")
         if self.replica_id >= self.group_size:
             raise ValueError(f"replica_id={self.replica_id} is outside 0..{self.group_size - 1} (group_size={self.group_size})")
         if self.min_replicas > self.group_size:
