@@ -30,7 +30,7 @@ from hostile_harness import (
     table_printer,
 )
 
-from conftest import CliResult
+from conftest import CliResult, run_cli
 
 QWEN3_MOE = ("--spec", "qwen3", "--flavor", "debugmoe", "--training.steps=2", "--training.seq_len=32",
              "--training.local_batch_size=2", "--dry-run")
@@ -134,6 +134,22 @@ def test_a_garbage_lighthouse_variable_is_a_config_error(monkeypatch: pytest.Mon
                                           r"start with http://\. Set it"):
         ReplicaGroup(FaultToleranceSection(enable=True), group_rank=0, group_world_size=1,
                      state_dict=dict, load_state_dict=lambda state: None)
+
+
+def test_a_moe_flavor_under_fault_tolerance_balances_its_experts(tmp_path: Path) -> None:
+    """was: the fault-tolerant step skipped the MoE monitor, so debugmoe's routing bias never moved and the
+    load figures were missing. The one multi-process run of this file: 2 local groups, 3 steps, sync and DiLoCo
+    alike go through the same call (this runs the synchronous one)."""
+    run = tmp_path / "ft"
+    result = run_cli("--spec", "qwen3", "--flavor", "debugmoe", "--qwen3.n_layers=2", "--training.steps=3",
+                     "--training.seq_len=32", "--training.local_batch_size=2", "--metrics.log_freq=1",
+                     "--metrics.report=false", "--fault_tolerance.local_replicas=2", f"--job.run_dir={run}", timeout=300)
+    assert result.code == 0, result.text[-3000:]
+    for group in (0, 1):
+        records = [json.loads(line) for line in (run / f"replica_{group}" / "metrics.jsonl").read_text().splitlines()]
+        steps = [r for r in records if "loss" in r]
+        assert [r["step"] for r in steps] == [1, 2, 3]
+        assert all(r["moe_load_imbalance"] >= 1.0 and r["ft_replicas"] == 2 for r in steps), steps
 
 
 # ---- Qwen3-MoE Hugging Face folders --------------------------------------------------------------------
