@@ -70,7 +70,8 @@ CLI_CASES = [
          "replica_id=2 is outside 0..1"),
     Case("sync_steps 0", ("--fault_tolerance.sync_steps=0",), "fault_tolerance.sync_steps"),
     Case("outer_lr NaN", ("--fault_tolerance.outer_lr=nan",), "fault_tolerance.outer_lr = nan"),
-    Case("outer_momentum 1", ("--fault_tolerance.outer_momentum=1",), "fault_tolerance.outer_momentum"),
+    Case("outer_momentum 1 with the local supervisor", ("--fault_tolerance.local_replicas=2", "--fault_tolerance.outer_momentum=1"),
+         "fault_tolerance.outer_momentum"),
     Case("semi_sync unknown", ("--fault_tolerance.semi_sync=async",), "fault_tolerance.semi_sync"),
     # was: accepted, and the run trained as one plain group without a word
     Case("semi_sync diloco without replica groups", ("--fault_tolerance.semi_sync=diloco",),
