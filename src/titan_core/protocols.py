@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict
 from torch import nn
 
 from ._version import PLUGIN_API_VERSION
+from .errors import ConfigError
 from .spec_factories import (
     BuildDataloaderFn,
     BuildLossFn,
@@ -164,7 +165,11 @@ class TrainSpec:
         if vocab_size is not None and "vocab_size" in names and args.vocab_size is None \
                 and "vocab_size" not in overrides:
             overrides["vocab_size"] = vocab_size
-        return dataclasses.replace(args, **overrides)
+        try:
+            return dataclasses.replace(args, **overrides)
+        except ValueError as exc:  # the args' own checks (__post_init__) refused the section's values
+            raise ConfigError(f"the [{self.name}] settings do not fit flavor {flavor!r}: {exc}. Change the "
+                              f"{self.name}.* values (or pick another flavor).") from None
 
 
 class EmptyConfig(BaseModel):

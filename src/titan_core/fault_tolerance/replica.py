@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from ..config.fault_tolerance import FaultToleranceSection
+from ..config.fault_tolerance import FaultToleranceSection, lighthouse_problem
 from ..errors import ConfigError, LighthouseLost
 
 # Set by the local supervisor on a group it restarted (a group that must rejoin, never start alone).
@@ -62,6 +62,10 @@ class ReplicaGroup:
             raise ConfigError("fault_tolerance.enable=true needs the lighthouse's address: set "
                               "--fault_tolerance.lighthouse=http://HOST:PORT (or TORCHFT_LIGHTHOUSE), or start "
                               "a local demo with --fault_tolerance.local_replicas=K.")
+        problem = lighthouse_problem(lighthouse)
+        if problem:  # the section checked its own field; the variable is read only here
+            raise ConfigError(f"{LIGHTHOUSE_ENV}={lighthouse!r} is not a lighthouse address: {problem}. Set it (or "
+                              "--fault_tolerance.lighthouse) to http://HOST:PORT, the address torchft_lighthouse listens on.")
         self.config = ft
         # torchft logs every quorum, and every failed collective it recovers from (the step is retried); keep the console readable.
         logging.getLogger("torchft").setLevel(logging.CRITICAL)

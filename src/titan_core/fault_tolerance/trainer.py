@@ -176,6 +176,7 @@ class FaultTolerantTrainer(Trainer):
         if not (math.isfinite(group_loss) and math.isfinite(grad_norm)):
             return self.handle_nonfinite(group_loss, grad_norm)
         self.optimizer.step()
+        self.moe.after_step()  # as the plain step does (see attempt_sync_step)
         self.lr_schedulers.step()
         if sync:
             # The inner optimizer's moments are averaged too (into copies: applied only if the sync commits):
@@ -208,6 +209,10 @@ class FaultTolerantTrainer(Trainer):
         if not (math.isfinite(global_loss) and math.isfinite(grad_norm)):
             return self.handle_nonfinite(global_loss, grad_norm)
         self.optimizer.step()
+        # MoE routing-bias update and load figures, as Trainer.train_step does (it was skipped here: the
+        # biases of a MoE flavor never moved under fault tolerance). Each group balances its own routing
+        # from the tokens its ranks routed; the bias travels with the weights to a group that heals.
+        self.moe.after_step()
         self.lr_schedulers.step()
         return StepResult(global_loss, grad_norm, skipped=False)
 

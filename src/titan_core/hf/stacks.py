@@ -80,12 +80,13 @@ def stack_folder(folder: HFFolder, adapter: object, *, what: str) -> HFFolder:
         groups.setdefault(stacked, {})[index] = key
     stacks: dict[str, list[str]] = {}
     for stacked, by_index in sorted(groups.items()):
-        count = max(by_index) + 1
-        absent = [i for i in range(count) if i not in by_index]
-        if absent or min(by_index) < 0:
-            raise ConfigError(f"{what}: {folder.path} holds {len(by_index)} expert tensors of {stacked} but not "
-                              f"expert {absent[0] if absent else min(by_index)}; the folder is incomplete, "
-                              f"re-download it.")
+        count = len(by_index)
+        # Indexes 0..count-1 with none missing; found without walking up to the largest index a
+        # header names (a forged "experts.99999999999" would take that long, and the memory).
+        absent = next((i for i in range(count) if i not in by_index), None)
+        if absent is not None:
+            raise ConfigError(f"{what}: {folder.path} holds {count} expert tensors of {stacked} but not "
+                              f"expert {absent}; the folder is incomplete, re-download it.")
         pieces = [by_index[i] for i in range(count)]
         infos = [folder.tensors[p] for p in pieces]
         odd = next((p for p, i in zip(pieces, infos) if (i.shape, i.dtype) != (infos[0].shape, infos[0].dtype)), None)

@@ -26,7 +26,7 @@ from torch.distributed.tensor import DTensor, distribute_tensor
 from ..checkpoint import collect_param_shapes
 from ..checkpoint.states import full_shapes, merged_view, model_state
 from ..console import progress
-from ..errors import ConfigError
+from ..errors import ConfigError, PluginError
 from ..hf.adapter import adapter_of, hf_key_of, row_map
 from ..hf.folder import HFFolder, open_hf_folder
 from ..hf.stacks import stack_folder
@@ -194,6 +194,13 @@ def plan_hf_load(folder: HFFolder, *, adapter: StateDictAdapter, expected: dict[
             mapped = hf_key_of(adapter, name, info.shape, info.dtype, model_args, to_hf=False)
         except (KeyError, ValueError, RuntimeError) as exc:
             problems.append(f"{name}: {exc}")
+            continue
+        except PluginError as exc:
+            if not isinstance(exc.__cause__, KeyError):
+                raise
+            # from_hf's KeyError names a tensor the adapter has no place for: the folder's
+            # problem (a stray or foreign tensor), not the plugin's
+            problems.append(f"{name} is not a tensor of this model ({exc.__cause__.args[0] if exc.__cause__.args else ''})")
             continue
         if mapped is None:
             continue

@@ -5,7 +5,7 @@ A field left ``None`` keeps the flavor's value.
 
 from __future__ import annotations
 
-from pydantic import Field
+from pydantic import Field, StrictInt
 
 from titan_core.model_parts import DecoderSection
 
@@ -13,7 +13,8 @@ from titan_core.model_parts import DecoderSection
 class Qwen3Section(DecoderSection):
     # The shared decoder fields (norm_eps, max_seq_len, rope_theta, n_layers, vocab_size), then its own.
 
-    mlp_only_layers: tuple[int, ...] | None = Field(
+    # StrictInt: a layer id written as true or 1.0 is a mistake, not layer 1.
+    mlp_only_layers: tuple[StrictInt, ...] | None = Field(
         None, description="MoE flavors: layer ids that keep a dense MLP instead of experts, e.g. [0] (Hugging Face's "
         "mlp_only_layers; default: the flavor's).")
     decoder_sparse_step: int | None = Field(

@@ -54,7 +54,9 @@ _LAYER_BACK = inverse(_LAYER)
 _TOP_BACK = inverse(_TOP)
 _NATIVE_LAYER = re.compile(r"^layers\.(\d+)\.(.+)$")
 _HF_LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
-_EXPERT_FILE = re.compile(r"^(model\.layers\.\d+\.mlp\.experts)\.(\d+)\.((?:gate|up|down)_proj\.weight)$")
+# The expert index in plain ASCII digits without leading zeros: "experts.03" or a non-ASCII digit would
+# otherwise read as a second copy of expert 3.
+_EXPERT_FILE = re.compile(r"^(model\.layers\.\d+\.mlp\.experts)\.(0|[1-9][0-9]*)\.((?:gate|up|down)_proj\.weight)$")
 _STACKED = re.compile(r"^(model\.layers\.\d+\.mlp\.experts)\.((?:gate|up|down)_proj\.weight)$")
 _NOT_EXPORTED = ("moe.router.expert_bias",)
 

@@ -74,6 +74,15 @@ class Qwen3Args:
                              f"num_experts={self.num_experts}")
         if self.decoder_sparse_step < 1:
             raise ValueError(f"Qwen3Args: decoder_sparse_step={self.decoder_sparse_step} must be 1 or more")
+        outside = [i for i in self.mlp_only_layers if not 0 <= i < self.n_layers]
+        if outside:
+            raise ValueError(f"Qwen3Args: mlp_only_layers names layer {outside[0]}, but the layers are numbered 0.."
+                             f"{self.n_layers - 1} (n_layers={self.n_layers}); list only existing layers")
+        if self.num_experts and not any(self.is_sparse(i) for i in range(self.n_layers)):
+            # A MoE shape with no MoE layer is a dense model in disguise (and expert settings would do nothing).
+            raise ValueError(f"Qwen3Args: with decoder_sparse_step={self.decoder_sparse_step} and mlp_only_layers="
+                             f"{list(self.mlp_only_layers)} none of the {self.n_layers} layers has experts; make a "
+                             f"layer sparse, or use a dense flavor (num_experts=0)")
 
     def is_sparse(self, layer_id: int) -> bool:
         """Whether layer ``layer_id`` is a MoE layer (Hugging Face's rule)."""
