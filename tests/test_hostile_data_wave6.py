@@ -31,8 +31,9 @@ from hostile_harness import (
     table_printer,
 )
 
-from conftest import CliResult
 from titan_core.commands.data_prepare import main as data_main
+
+from conftest import CliResult
 
 TABLE: list[tuple[str, int, str]] = []
 table = table_printer(TABLE, "data input (wave 6)")
