@@ -25,7 +25,7 @@ def build_parser() -> argparse.ArgumentParser:
     prep.add_argument("--tokenizer", required=True, help="as data.tokenizer: builtin or a tokenizer.model path")
     prep.add_argument("--out", required=True, type=Path, help="the folder to write (new, or an unfinished prepare)")
     prep.add_argument("--workers", type=int, default=1, help="tokenizer processes (default 1)")
-    prep.add_argument("--shard-tokens", type=int, default=1 << 26, help="tokens per shard file (default 2^26)")
+    prep.add_argument("--shard-tokens", type=int, default=1 << 26, help="tokens per shard file (default 2^26, at most 2^31)")
     prep.add_argument("--text-field", default="text", help="field holding the text in .jsonl/.json/.parquet rows")
     prep.add_argument("--hf-split", default="train", help="split of an hf: dataset")
     prep.add_argument("--allow-download", action="store_true", help="permit hf: sources to download")

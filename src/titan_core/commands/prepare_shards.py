@@ -47,6 +47,7 @@ from ..data.sources import HF_PREFIX, source_files
 from ..errors import ConfigError
 from ..plan.tokenizer import build_tokenizer
 from ..spec_factories import Tokenizer
+from .prepare_checks import check_finished_index, check_out_place, check_saved_progress, check_settings
 from .prepare_tasks import TASK_BYTES, Workers, plan_tasks
 
 PROGRESS_NAME = "prepare.json"
@@ -119,19 +120,21 @@ def _check_out(req: PrepareRequest, inputs: dict[str, Any]) -> dict[str, Any] | 
     if index_path.exists():
         try:
             index = json.loads(index_path.read_text())
-        except (OSError, ValueError) as e:
-            raise ConfigError(f"--out {out}: its index.json cannot be read ({e}); give a new folder.") from None
+        except (OSError, ValueError, RecursionError) as e:
+            raise ConfigError(f"--out {out}: its index.json cannot be read ({str(e)[:200]}); give a new folder.") from None
         if isinstance(index, dict) and index.get("inputs") == inputs:
+            check_finished_index(out, index)
             return {"done": True}
         raise ConfigError(f"{other}; give a new folder or delete that one.")
     if progress_path.exists():
         try:
             saved = json.loads(progress_path.read_text())
-        except (OSError, ValueError) as e:
-            raise ConfigError(f"--out {out}: its {PROGRESS_NAME} cannot be read ({e}); delete the folder and "
+        except (OSError, ValueError, RecursionError) as e:
+            raise ConfigError(f"--out {out}: its {PROGRESS_NAME} cannot be read ({str(e)[:200]}); delete the folder and "
                               "prepare again.") from None
         if not isinstance(saved, dict) or saved.get("inputs") != inputs:
             raise ConfigError(f"{other} (an unfinished prepare); rerun it with its own inputs, or give a new folder.")
+        check_saved_progress(out, saved, req.shard_tokens, np.dtype(inputs["dtype"]).itemsize, PROGRESS_NAME)
         return saved
     if any(out.iterdir()):
         raise ConfigError(f"--out {out} already holds files that titan-data did not write; give a new or empty folder.")
@@ -139,6 +142,14 @@ def _check_out(req: PrepareRequest, inputs: dict[str, Any]) -> dict[str, Any] | 
 
 
 # ---- the writer --------------------------------------------------------------------------------------
+
+
+def _buffer(size: int, dtype: np.dtype[Any]) -> np.ndarray:
+    try:
+        return np.empty(size, dtype=dtype)
+    except MemoryError:
+        raise ConfigError(f"--shard-tokens {size}: a shard buffer of {size * dtype.itemsize / 2**30:.1f} GiB does not "
+                          "fit in memory; give a smaller --shard-tokens (the default is 2^26).") from None
 
 
 class ShardWriter:
@@ -149,7 +160,7 @@ class ShardWriter:
         self.inputs = inputs
         self.dtype = np.dtype(inputs["dtype"]).newbyteorder("<")
         self.size = int(inputs["shard_tokens"])
-        self.buf = np.empty(self.size, dtype=self.dtype)
+        self.buf = _buffer(self.size, self.dtype)
         self.fill = 0
         self.shards: list[dict[str, Any]] = list(saved["shards"]) if saved else []
         # The resume point: document resume_doc, of which resume_skip tokens are already written.
@@ -229,7 +240,7 @@ class ShardWriter:
         self.wait()  # one write in flight at most: the spare buffer is free again
         self.pending = self.writer.submit(self._write_shard, self.buf[: self.fill], docs, record, list(self.shards),
                                           point)
-        self.buf, self.spare = (self.spare if self.spare is not None else np.empty(self.size, self.dtype)), self.buf
+        self.buf, self.spare = (self.spare if self.spare is not None else _buffer(self.size, self.dtype)), self.buf
         self.fill = 0
 
     def _write_shard(self, data: np.ndarray, docs: bytes, record: dict[str, Any], shards: list[dict[str, Any]],
@@ -258,6 +269,9 @@ class ShardWriter:
     def finish(self) -> dict[str, Any]:
         self.flush(final=True)
         self.wait()
+        if not self.shards:  # an index of no tokens would only fail later, in the trainer
+            raise ConfigError("the sources hold no documents (every file, row or text is empty); nothing to "
+                              "prepare. Check the files and --text-field.")
         starts = [np.fromfile(self.out / (s["file"] + ".docs"), dtype="<i8") for s in self.shards]
         num_tokens = sum(int(s["tokens"]) for s in self.shards)
         offsets = np.concatenate([*starts, np.asarray([num_tokens], dtype="<i8")]).astype("<i8")
@@ -304,12 +318,10 @@ class Progress:
 def prepare(req: PrepareRequest) -> dict[str, Any]:
     """Write (or finish) the shard set; returns its index. ConfigError before anything is written for bad input."""
 
-    if req.workers < 1:
-        raise ConfigError(f"--workers {req.workers}: give at least 1 worker process.")
-    if req.shard_tokens < 1:
-        raise ConfigError(f"--shard-tokens {req.shard_tokens}: give a positive number of tokens per shard.")
+    check_settings(req.workers, req.shard_tokens)
     if not req.sources:
         raise ConfigError("give at least one SOURCE (a file, a folder, builtin or hf:<name>).")
+    check_out_place(req.out, req.sources)
     tok = build_tokenizer(req.tokenizer)
     inputs = describe_inputs(req, tok)
     saved = _check_out(req, inputs)
@@ -319,11 +331,11 @@ def prepare(req: PrepareRequest) -> dict[str, Any]:
             print(f"prepare: {req.out} is already complete ({index['num_tokens']:,} tokens in "
                   f"{index['num_documents']:,} documents)", file=sys.stderr)
         return dict(index)
+    writer = ShardWriter(req.out, inputs, saved)  # its buffers first: a --shard-tokens too large writes nothing
     created = not req.out.exists()
     req.out.mkdir(parents=True, exist_ok=True)
     for leftover in req.out.glob("*.tmp"):  # a write that a SIGKILL cut short
         leftover.unlink()
-    writer = ShardWriter(req.out, inputs, saved)
     progress = Progress(req.progress)
     try:
         try:

@@ -144,7 +144,7 @@ def spilled_texts(texts: Sequence[str]) -> bytes:
 def read_spilled_texts(path: Path) -> tuple[str, ...]:
     try:
         texts = json.loads(path.read_bytes())
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:
         raise TitanError(f"titan-data: the task file {path} cannot be read back ({exc}); it is written and read "
                          f"by prepare itself: run the same command again.") from None
     if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):

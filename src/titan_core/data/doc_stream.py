@@ -88,7 +88,7 @@ def json_lines(path: Path, start: int, end: int, text_field: str) -> Iterator[st
             continue
         try:
             record = json.loads(line)
-        except ValueError as e:
+        except (ValueError, RecursionError) as e:  # RecursionError: nested too deep for the parser
             raise ConfigError(f"data file {path} could not be read as JSON (line {_rows_before(path, start) + i + 1}: "
                               f"{e}); fix the file or leave it out.") from None
         if not isinstance(record, dict) or text_field not in record or not isinstance(record[text_field], (str, type(None))):
@@ -109,7 +109,7 @@ def json_is_list(path: Path) -> bool:
 def json_list(path: Path, text_field: str) -> Iterator[str]:
     try:
         records = json.loads(path.read_bytes())
-    except ValueError as e:
+    except (ValueError, RecursionError) as e:
         raise ConfigError(f"data file {path} could not be read as JSON ({e}); fix the file or leave it out.") from None
     for row, record in enumerate(records):
         text = _text(_field(record, where=str(path), row=row, text_field=text_field), where=str(path), row=row,

@@ -64,7 +64,7 @@ def read_jsonl(path: Path, *, text_field: str) -> list[str]:
             ) from None
         try:
             row = json.loads(text)
-        except ValueError as e:
+        except (ValueError, RecursionError) as e:  # RecursionError: nested too deep for the parser
             raise ConfigError(
                 f"data file {path} could not be read as JSON: line {number} is not valid JSON ({str(e)[:120]}); "
                 f"each line of a .jsonl file "
@@ -93,6 +93,9 @@ def read_json_list(path: Path, *, text_field: str) -> list[str] | None:
         data = json.loads(path.read_bytes().decode("utf-8"))
     except (OSError, ValueError):
         return None
+    except RecursionError:
+        raise ConfigError(f"data file {path} could not be read as JSON: it is nested too deeply to parse; fix the "
+                          "file or remove it from data.source.") from None
     if not isinstance(data, list) or not all(isinstance(row, dict) for row in data):
         return None
     fields: dict[str, None] = {}

@@ -30,6 +30,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -87,8 +88,9 @@ class ShardInfo:
 class ShardSet:
     """A checked shard set: its shards memory-mapped lazily, its index values."""
 
-    def __init__(self, folder: Path, index: dict[str, Any], shards: list[ShardInfo]) -> None:
+    def __init__(self, folder: Path, index: dict[str, Any], shards: list[ShardInfo], vocab_size: int) -> None:
         self.folder = folder
+        self.vocab_size = vocab_size  # the tokenizer's: an id at or above it is a damaged shard
         self.index = index
         self.shards = shards
         self.dtype = np.dtype(index["dtype"]).newbyteorder("<")
@@ -157,6 +159,8 @@ def _check_file(folder: Path, path: Path, entry: dict[str, Any], size: int, mtim
     except OSError as e:
         raise _refuse(folder, f"{path.name} cannot be read ({e.strerror or e})",
                       "restore the file, or prepare the corpus again") from None
+    if not stat.S_ISREG(st.st_mode):  # a pipe would block the hash forever, a folder cannot be mapped
+        raise _refuse(folder, f"{path.name} is not a regular file", "restore the file, or prepare the corpus again")
     if st.st_size != size:
         raise _refuse(folder, f"{path.name} has {st.st_size} bytes but the index records {size} (a truncated or "
                       "replaced file)", "restore the file, or prepare the corpus again")
@@ -175,7 +179,7 @@ def _int(folder: Path, value: object, what: str) -> int:
 def _verified_mtimes(folder: Path) -> dict[str, Any]:
     try:
         cache = json.loads((folder / VERIFIED_NAME).read_text())
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return {}  # no cache: every file is hashed (slower start-up, same checks)
     return cache if isinstance(cache, dict) else {}
 
@@ -191,8 +195,8 @@ def read_index(folder: Path) -> dict[str, Any]:
         raise _refuse(folder, "index.json is too large to be an index")
     try:
         index = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, ValueError) as e:
-        raise _refuse(folder, f"index.json is not valid JSON ({e})") from None
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:  # RecursionError: nesting too deep to parse
+        raise _refuse(folder, f"index.json is not valid JSON ({str(e)[:200]})") from None
     if not isinstance(index, dict) or index.get("format") != FORMAT:
         raise _refuse(folder, "index.json is not a titan-data index")
     if index.get("version") != VERSION:
@@ -204,6 +208,9 @@ def read_index(folder: Path) -> dict[str, Any]:
 
 def open_shard_set(folder_text: str, tokenizer: Tokenizer) -> ShardSet:
     """Open ``tokens:DIR``'s folder, check every file it names and the tokenizer; ConfigError otherwise."""
+    if not folder_text.strip():
+        raise ConfigError(f'data source "{TOKENS_PREFIX}" names no folder; give the --out folder of titan-data prepare '
+                          f'("{TOKENS_PREFIX}DIR").')
     folder = Path(folder_text).expanduser()
     if not folder.is_dir():
         raise ConfigError(f'data source "{TOKENS_PREFIX}{folder_text}": {folder} is not a folder; give the --out '
@@ -244,10 +251,9 @@ def open_shard_set(folder_text: str, tokenizer: Tokenizer) -> ShardSet:
     if docs_path.name != DOCUMENTS_NAME:
         raise _refuse(folder, f"the document file must be {DOCUMENTS_NAME}")
     _check_file(folder, docs_path, docs, (num_docs + 1) * 8, mtimes)
-    shard_set = ShardSet(folder, index, shards)
-    ends = shard_set.document_offsets(num_docs, 1)
-    if int(ends[0]) != num_tokens:
-        raise _refuse(folder, "documents.bin does not end at num_tokens")
+    shard_set = ShardSet(folder, index, shards, int(tokenizer.vocab_size))
+    if int(shard_set.document_offsets(0, 1)[0]) != 0 or int(shard_set.document_offsets(num_docs, 1)[0]) != num_tokens:
+        raise _refuse(folder, "documents.bin does not start at 0 and end at num_tokens")
     return shard_set
 
 
@@ -281,6 +287,10 @@ class SplitWindows:
                 self.shard_set.read(int(self.seg_start[k]) + lo, take, out[r, filled : filled + take])
                 filled += take
                 pos += take
+        if out.size and int(out.max()) >= self.shard_set.vocab_size:  # the index's hashes match, the ids do not
+            raise _refuse(self.shard_set.folder, f"it holds token id {int(out.max())}, outside the tokenizer's "
+                          f"vocabulary of {self.shard_set.vocab_size} ids (its shards were edited or written by "
+                          "another program)")
         return torch.from_numpy(out)
 
 
@@ -295,8 +305,13 @@ def split_windows(shard_set: ShardSet, *, split: str, val_fraction: float) -> Sp
             i = np.arange(first, first + count, dtype=np.float64)
             # The same float64 products as math.floor((i + 1) * f) in is_validation_doc.
             held = np.nonzero(np.floor((i + 1) * val_fraction) > np.floor(i * val_fraction))[0]
+            # Every chunk is read and checked (its hash may match an index that was edited along with it):
+            # offsets that go backwards or past the stream would make segments of negative length.
+            offsets = shard_set.document_offsets(first, count + 1)
+            if offsets.size != count + 1 or bool(np.any(np.diff(offsets) < 0)) or int(offsets[-1]) > shard_set.num_tokens:
+                raise _refuse(shard_set.folder, f"documents.bin's offsets {first}..{first + count} are not "
+                              "increasing within the stream (the file was edited or is not from titan-data)")
             if held.size:
-                offsets = shard_set.document_offsets(first, count + 1)
                 val_starts.append(offsets[held])
                 val_ends.append(offsets[held + 1])
     starts = np.concatenate(val_starts) if val_starts else np.zeros(0, dtype=np.int64)
