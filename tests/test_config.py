@@ -13,6 +13,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
+from titan_core import ConfigError
 from titan_core.plan.resolve import resolve_config
 
 from conftest import assert_user_error
@@ -181,3 +182,29 @@ def test_traceback_flag_shows_the_traceback(cli) -> None:
 def test_misspelt_converter_key_is_named(cli) -> None:
     assert_user_error(cli("--print-config", "--converters", "float8", "--float8.recipee=rowwise"),
                       'unknown key "float8.recipee"', 'Did you mean "recipe"')
+
+
+@pytest.mark.parametrize("pairs, toml, message", [
+    (("training.steps=true",), None, "training.steps = true is a boolean, but training.steps takes a number; "
+                                     "give one (e.g. training.steps=200)."),
+    ((), "[optimizer]\nlr = false\n", "optimizer.lr = false is a boolean, but optimizer.lr takes a number"),
+    (("llama3.n_layers=true",), None, "llama3.n_layers = true is a boolean, but llama3.n_layers takes a number"),
+    ((), '[data.mix.web]\nsource = "builtin"\nweight = true\n',
+     "data.mix.web.weight = true is a boolean, but data.mix.web.weight takes a number"),
+])
+def test_a_boolean_where_a_number_is_wanted_is_refused(tmp_path: Path, pairs: tuple[str, ...], toml: str | None,
+                                                       message: str) -> None:
+    # pydantic's lax mode would read true as 1 and false as 0: `steps = true` would train one step.
+    config = None
+    if toml is not None:
+        (tmp_path / "c.toml").write_text(toml)
+        config = str(tmp_path / "c.toml")
+    with pytest.raises(ConfigError) as caught:
+        resolve(*pairs, config=config)
+    assert str(caught.value).startswith(message), caught.value
+
+
+def test_booleans_still_set_boolean_fields_and_numbers_still_set_numbers() -> None:
+    c = resolve("checkpoint.enable=true", "training.steps=3", "optimizer.lr=0.01", "validation.enable=false")
+    assert c.checkpoint.enable is True and c.validation.enable is False
+    assert c.training.steps == 3 and c.optimizer.lr == 0.01

@@ -288,7 +288,7 @@ def test_a_mixture_weight_of_true_is_refused_not_read_as_1(
     config.write_text(f'[data.mix.notes]\nsource = "tokens:{prepared / "good"}"\nweight = true\n', encoding="utf-8")
     result = run_in_process(capsys, *TRAIN, "--config", str(config), f"--job.run_dir={tmp_path / 'run'}")
     TABLE.append(("data.mix weight = true (ran as weight 1)", result.code, first_error_line(result)))
-    assert_one_clean_error(result, "a weight is a positive number, not true")
+    assert_one_clean_error(result, "data.mix.notes.weight = true is a boolean, but data.mix.notes.weight takes a number")
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
 
 

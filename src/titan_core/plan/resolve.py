@@ -9,6 +9,7 @@ import torch
 from pydantic import BaseModel, ValidationError
 
 from .. import discovery
+from ..config.booleans import refuse_booleans_for_numbers
 from ..config.finite import refuse_nonfinite
 from ..config.job import JobConfig, build_job_model
 from ..config.layers import Layer, load_config_source, merge
@@ -151,6 +152,7 @@ def resolve_config(
     _check_sections([file_layer, override_layer], job_model)
     merged = merge(spec_layer, file_layer, override_layer)
     refuse_nonfinite(merged)
+    refuse_booleans_for_numbers(merged, job_model)
     try:
         config = job_model.model_validate(merged, context={"world_size": world_size})
     except ValidationError as exc:
