@@ -38,21 +38,21 @@ def _is_number(value: object) -> bool:
     return isinstance(value, _NUMBERS) and not isinstance(value, bool)
 
 
-def _members(annotation: Any) -> tuple[Any, ...]:
+def _members(annotation: object) -> tuple[object, ...]:
     """The types of a union (``int | None`` -> int, None), or the annotation itself."""
     if typing.get_origin(annotation) in (typing.Union, types.UnionType):
         return typing.get_args(annotation)
     return (annotation,)
 
 
-def _numbers_only(annotation: Any) -> bool:
+def _numbers_only(annotation: object) -> bool:
     """True for int, float and their unions with None (constraints in ``Annotated`` are looked through)."""
     members = [typing.get_args(m)[0] if typing.get_origin(m) is typing.Annotated else m for m in _members(annotation)]
     kinds = [m for m in members if m is not type(None)]
     return bool(kinds) and all(m in _NUMBERS for m in kinds)
 
 
-def _models_in(annotation: Any, value: Any, where: str) -> list[tuple[type[BaseModel], dict[str, Any], str]]:
+def _models_in(annotation: object, value: object, where: str) -> list[tuple[type[BaseModel], dict[str, Any], str]]:
     """The nested sections of a value, with their key prefix: a model's table, or each entry of a table of models."""
     found: list[tuple[type[BaseModel], dict[str, Any], str]] = []
     if not isinstance(value, dict):
