@@ -547,3 +547,26 @@ def test_task_files_hold_json_texts_and_a_pickle_or_garbage_in_their_place_is_re
             read_spilled_texts(path)
         assert path.read_bytes() == payload  # left as it was
     assert not marker.exists()  # the pickle's code never ran
+
+
+def _worker_deaf_to_sigterm(conn: object, *args: object) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # as a worker that swallowed the stop before its own handler
+    while True:
+        time.sleep(1)
+
+
+def test_a_worker_that_does_not_end_when_stopped_is_killed_not_waited_on_for_ever(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A forked worker inherits the caller's SIGTERM handler until it sets its own, so an early stop can be
+    # swallowed (a CI run hung on it in prepare's close()).
+    from titan_core.commands import prepare_tasks
+
+    monkeypatch.setattr(prepare_tasks, "_worker_main", _worker_deaf_to_sigterm)  # workers are forked here
+    workers = prepare_tasks.Workers(1, tokenizer="builtin", dtype="uint32", text_field="text",
+                                    tok=build_tokenizer("builtin"), spill=tmp_path)
+    proc = workers.procs[0]
+    time.sleep(0.5)  # let it ignore SIGTERM
+    start = time.monotonic()
+    workers.close(stop=True)
+    assert not proc.is_alive() and proc.exitcode == -signal.SIGKILL
+    assert prepare_tasks.WORKER_EXIT_S <= time.monotonic() - start < prepare_tasks.WORKER_EXIT_S + 10

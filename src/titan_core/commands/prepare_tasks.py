@@ -171,6 +171,10 @@ def _worker_main(conn: Connection, tokenizer: str, dtype: str, text_field: str, 
         pass
 
 
+# Seconds a worker has to end once asked (it is idle by then: every result was taken, or the run is stopping).
+WORKER_EXIT_S = 5.0
+
+
 class Workers:
     """N tokenizer processes; ``submit`` tasks in order, then ``result`` of each in the same order."""
 
@@ -221,7 +225,13 @@ class Workers:
                 except OSError:
                     pass
         for conn, proc in zip(self.conns, self.procs):
-            proc.join()
+            proc.join(timeout=WORKER_EXIT_S)
+            if proc.is_alive():
+                # A forked worker inherits the caller's SIGTERM handler until it installs its own, so a stop
+                # that reaches it in its first moments can be swallowed (seen: a worker left waiting for
+                # work, and this join waiting on it for ever). Nothing it holds is needed any more.
+                proc.kill()
+                proc.join()
             conn.close()
         for left in self.spill.glob("task-*.tmp"):  # texts no worker took (a stop)
             left.unlink(missing_ok=True)
