@@ -110,13 +110,6 @@ class MixSource(Section):
     source: str = Field(description='A data source as data.source: "builtin", a file or folder, "hf:<name>" or "tokens:<dir>" (titan-data prepare).')
     weight: float = Field(gt=0, description="Relative share of the training rows (weights are normalised to sum to 1).")
 
-    @field_validator("weight", mode="before")
-    @classmethod
-    def _not_a_bool(cls, value: object) -> object:
-        if isinstance(value, bool):  # pydantic would take true as 1.0: a typo for a number, not a weight
-            raise ValueError(f"a weight is a positive number, not {str(value).lower()}")
-        return value
-
 
 class DataSection(Section):
     source: str = Field("builtin", description='"builtin" (a fixed snapshot of CPython 3.11.7 docs and sources shipped in the wheel), a local .txt/.jsonl/.json/.parquet file or folder, "hf:<name>" (opt-in hub download), or "tokens:<dir>" (shards written by titan-data prepare; docs/data.md).')
