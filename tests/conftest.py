@@ -149,7 +149,7 @@ def wheels(tmp_path_factory: pytest.TempPathFactory) -> Wheels:
 
 def run_main(capsys: pytest.CaptureFixture[str], *args: str) -> CliResult:
     """The CLI's ``main`` in this process (fast; same code path after process start)."""
-    from titan_core.cli import main
+    from titan_core.commands.titan_train import main
 
     code = main(list(args))
     captured = capsys.readouterr()

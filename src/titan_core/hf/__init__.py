@@ -6,6 +6,7 @@ The core never names a model: every name and shape mapping goes through the spec
 
 from __future__ import annotations
 
-from .adapter import StateDictAdapter, adapter_of
+from ..plugin.spec_factories import StateDictAdapter
+from .adapter import adapter_of
 
 __all__ = ["StateDictAdapter", "adapter_of"]

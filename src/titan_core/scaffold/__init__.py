@@ -8,7 +8,7 @@ from pathlib import Path
 from string import Template
 
 from ..errors import ConfigError
-from ..section_names import refuse_core_section_name
+from ..plugin.section_names import refuse_core_section_name
 from . import converter_files, spec_files
 
 __all__ = ["write_package"]
