@@ -6,6 +6,9 @@
 ``shards`` (``tokens:DIR``, memory-mapped), ``permutation`` (its window order),
 ``prepare`` and ``doc_stream`` (``titan-data prepare``), ``mixture``
 (``data.mix``) and ``prefetch`` (the background thread). docs/data.md.
+
+May import ``optim``, ``moe``, ``plugin``, ``models``, ``config``, ``runtime`` and the leaves;
+independent of ``checkpoint``, ``observability`` and ``parallel``.
 """
 
 from __future__ import annotations
@@ -71,7 +74,8 @@ def build_dataloader(
     return loader
 
 
-def _split_of(source: str, tokenizer: Tokenizer, *, split: str, val_fraction: float, text_field: str, hf_split: str,
+def _split_of(source: str, tokenizer: Tokenizer, *, split: str, val_fraction: float, text_field:
+str, hf_split: str,
               allow_download: bool) -> tuple[torch.Tensor | WindowSource, int]:
     """One split of ``source`` as a token stream (or, for shards, a window reader) and its document count."""
     if split not in ("train", "validation"):

@@ -46,7 +46,7 @@ BOS_TOKEN = "<|begin_of_text|>"
 EOS_TOKEN = "<|end_of_text|>"
 LLAMA3_NUM_SPECIAL_TOKENS = 256
 BUILTIN_VOCAB_SIZE = 2048
-BUILTIN_PATH = Path(__file__).parent / "assets" / "builtin_tokenizer.model"
+BUILTIN_PATH = Path(__file__).resolve().parents[1] / "assets" / "builtin_tokenizer.model"
 
 
 def llama3_special_tokens() -> list[str]:

@@ -1,4 +1,8 @@
-"""``titan-plugin new converter|spec NAME --dir DIR``: write a plugin package that installs and passes the checks."""
+"""``titan-plugin new converter|spec NAME --dir DIR``: write a plugin package that installs and
+passes the checks.
+
+May import ``plugin``, ``models``, ``config``, ``runtime`` and the leaves.
+"""
 
 from __future__ import annotations
 
