@@ -74,8 +74,7 @@ def build_dataloader(
     return loader
 
 
-def _split_of(source: str, tokenizer: Tokenizer, *, split: str, val_fraction: float, text_field:
-str, hf_split: str,
+def _split_of(source: str, tokenizer: Tokenizer, *, split: str, val_fraction: float, text_field: str, hf_split: str,
               allow_download: bool) -> tuple[torch.Tensor | WindowSource, int]:
     """One split of ``source`` as a token stream (or, for shards, a window reader) and its document count."""
     if split not in ("train", "validation"):
