@@ -65,6 +65,7 @@ class PrepareRequest:
     hf_split: str = "train"
     allow_download: bool = False
     progress: bool = True
+    hf_timeout_s: float = 60.0  # an hf: source silent this long stops prepare (--hf-timeout)
 
 
 # ---- inputs ----------------------------------------------------------------------------------------
@@ -318,7 +319,7 @@ class Progress:
 def prepare(req: PrepareRequest) -> dict[str, Any]:
     """Write (or finish) the shard set; returns its index. ConfigError before anything is written for bad input."""
 
-    check_settings(req.workers, req.shard_tokens)
+    check_settings(req.workers, req.shard_tokens, req.hf_timeout_s)
     if not req.sources:
         raise ConfigError("give at least one SOURCE (a file, a folder, builtin or hf:<name>).")
     check_out_place(req.out, req.sources)
@@ -354,7 +355,8 @@ def prepare(req: PrepareRequest) -> dict[str, Any]:
 
 
 def _run(req: PrepareRequest, writer: ShardWriter, progress: Progress, tok: Tokenizer) -> None:
-    tasks = itertools.islice(plan_tasks(req.sources, text_field=req.text_field, hf_split=req.hf_split),
+    tasks = itertools.islice(plan_tasks(req.sources, text_field=req.text_field, hf_split=req.hf_split,
+                                            hf_timeout_s=req.hf_timeout_s),
                              writer.start_task, None)
     workers = Workers(req.workers, tokenizer=req.tokenizer, dtype=writer.inputs["dtype"], text_field=req.text_field,
                       tok=tok, spill=req.out)

@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from ..data.corpus import builtin_documents
+from ..data.deadline import bounded_rows
 from ..data.doc_stream import (
     hub_rows,
     json_is_list,
@@ -42,6 +43,7 @@ from ..data.sources import HF_PREFIX, _read_file, source_files
 from ..errors import TitanError
 from ..plan.tokenizer import build_tokenizer
 from ..plugin.spec_factories import Tokenizer
+from ..runtime.parent_death import end_with_parent
 
 TASK_BYTES = 1 << 18  # about this much text per task: small enough that N workers end together
 
@@ -57,13 +59,15 @@ class Task:
     texts: tuple[str, ...] = ()
 
 
-def plan_tasks(sources: list[str], *, text_field: str, hf_split: str) -> Iterator[Task]:
+def plan_tasks(sources: list[str], *, text_field: str, hf_split: str, hf_timeout_s: float = 60.0) -> Iterator[Task]:
     """Every task of ``sources``, in source order (local sources were checked by the caller)."""
     for source in sources:
         if source == "builtin":
             yield from _text_tasks(builtin_documents())
         elif source.startswith(HF_PREFIX):
-            yield from _text_tasks(hub_rows(source[len(HF_PREFIX):], text_field=text_field, split=hf_split))
+            # Every network read is bounded: a hub or proxy that accepts and never answers stops prepare, named.
+            rows = hub_rows(source[len(HF_PREFIX):], text_field=text_field, split=hf_split)
+            yield from _text_tasks(bounded_rows(rows, seconds=hf_timeout_s, source=source, flag="--hf-timeout"))
         else:
             for path in source_files(source):
                 yield from _file_tasks(path, text_field)
@@ -153,7 +157,10 @@ def read_spilled_texts(path: Path) -> tuple[str, ...]:
     return tuple(texts)
 
 
-def _worker_main(conn: Connection, tokenizer: str, dtype: str, text_field: str, tok: Tokenizer | None) -> None:
+def _worker_main(conn: Connection, tokenizer: str, dtype: str, text_field: str, tok: Tokenizer | None,
+                 parent_pid: int) -> None:
+    # A parent killed outright (SIGKILL, the OOM killer) closes no pipe a sibling still holds open: end with it.
+    end_with_parent(parent_pid)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl+C and stops the workers
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     try:
@@ -187,7 +194,8 @@ class Workers:
         for _ in range(n):
             parent, child = ctx.Pipe()
             # Forked workers share the parent's tokenizer (a large vocabulary is not loaded N more times).
-            proc = ctx.Process(target=_worker_main, args=(child, tokenizer, dtype, text_field, tok if fork else None),
+            proc = ctx.Process(target=_worker_main, args=(child, tokenizer, dtype, text_field, tok if fork else None,
+                                                           os.getpid()),
                                daemon=True)
             proc.start()
             child.close()
