@@ -90,7 +90,13 @@ def run(args: argparse.Namespace, rest: list[str], argv: list[str], trainer_clas
         trainer_class = chosen_trainer(args.trainer, trainer_class)
     check_launch_environment(args.nproc_per_node)
     world_size = args.nproc_per_node or world_size_from_env()
-    from ..plan.resolve import resolve_config  # start-up: --help and --list stay without torch
+    from ..plan.resolve import installed_job_model, resolve_config  # start-up: --help and --list stay without torch
+
+    if args.schema and not _names_a_spec(args, rest):
+        import json
+
+        print(json.dumps(installed_job_model().model_json_schema(), indent=2))
+        return 0
 
     resolved = resolve_config(config_source=args.config, override_pairs=_override_pairs(args, rest), world_size=world_size)
     from ..train.run_limits import apply_run_limits  # start-up: imports torch
@@ -194,3 +200,8 @@ def _report(exc: TitanError, *, with_traceback: bool, cause: BaseException | Non
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(main())
+
+
+def _names_a_spec(args: argparse.Namespace, rest: list[str]) -> bool:
+    """Whether the command line chooses a spec (``--spec``, ``--model.spec``, or a ``--config`` that may)."""
+    return bool(args.spec or args.config or any(a.startswith("--model.spec") for a in rest))

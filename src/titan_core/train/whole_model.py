@@ -7,6 +7,7 @@ shapes) and DCP reshards it into one plain model; nothing but the weights is rea
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -69,12 +70,27 @@ def read_checked_run_config(path: Path | None) -> dict[str, Any]:
     return layer
 
 
+def check_config_matches(run_config: Mapping[str, Any], config_path: Path | None, *, spec: str, flavor: str,
+                         checkpoint: Path) -> None:
+    """The run config the model's shape is read from must be one of the checkpoint's spec and flavor: another
+    spec's config gives another shape, and the load would fail on a tensor shape without naming why."""
+    model = run_config.get("model", {})
+    said = (model.get("spec"), model.get("flavor")) if isinstance(model, dict) else (None, None)
+    if said[0] not in (None, "", spec) or said[1] not in (None, "", flavor):
+        raise ConfigError(f"{config_path} is the config of a {said[0]}/{said[1]} run, but {checkpoint} was saved by "
+                          f"spec {spec}, flavor {flavor} (titan_checkpoint.json): the model's shape would be read "
+                          f"from the wrong spec. Give the checkpoint's own run config.toml with --config (or leave "
+                          f"--config out when the checkpoint is inside its run folder).")
+
+
 def load_titan_checkpoint(checkpoint: Path, *, config: Path | None = None) -> WholeModel:
     """The model of ``checkpoint`` (a step-N folder) in float32 on the CPU; ``config``: the run's
     config.toml (default: two levels up, where titan-train writes it)."""
 
     identity = read_record(checkpoint).identity
-    run_config = read_checked_run_config(config or run_config_of(checkpoint))
+    config_path = config or run_config_of(checkpoint)
+    run_config = read_checked_run_config(config_path)
+    check_config_matches(run_config, config_path, spec=identity.spec, flavor=identity.flavor, checkpoint=checkpoint)
     spec = discovery.load_train_spec(identity.spec)
     data = run_config.get("data", {})
     tokenizer = build_tokenizer(str(data.get("tokenizer", "builtin") if isinstance(data, dict) else "builtin"))
