@@ -35,13 +35,14 @@ config values:
   section works the same way (--CONVERTER.KEY=VALUE).
   Sources, later wins: defaults < the spec's defaults < --config < --section.key flags.
   titan-train --schema lists every section and key; docs/configuration.md explains them.
-  Without --spec the run uses the only installed spec (titan-train --list shows them).
+  Without --spec the run uses the only installed spec; with several installed, name one
+  (titan-train --list shows them).
 
 examples:
-  titan-train --flavor debugmodel --training.steps=200
-  titan-train --spec SPEC --converters CONVERTER,CONVERTER --dry-run
-  titan-train --nproc-per-node 2 --parallelism.dp_shard=2 --training.steps=20
-  torchrun --nproc-per-node 2 -m titan_core --parallelism.tp=2
+  titan-train --spec llama3 --flavor debugmodel --training.steps=200
+  titan-train --spec llama3 --converters float8,mx --dry-run
+  titan-train --spec llama3 --nproc-per-node 2 --parallelism.dp_shard=2 --training.steps=20
+  torchrun --nproc-per-node 2 -m titan_core --spec llama3 --parallelism.tp=2
 """
 
 
