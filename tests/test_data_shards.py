@@ -252,6 +252,7 @@ def test_a_shard_write_failing_in_the_writer_thread_is_one_message_and_the_next_
         real_publish(f, tmp, path)
 
     monkeypatch.setattr(writer, "publish", publish_until_full)
+    monkeypatch.setattr(writer, "SYNC_BYTES", 1000)  # shards of 8000 bytes: flushed to disk while they fill
     out = tmp_path / "out"
     args = [str(corpus), "--tokenizer", "builtin", "--shard-tokens", "4000", "--workers", "2", "--out", str(out)]
     failed = prepare(capsys, *args)

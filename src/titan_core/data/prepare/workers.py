@@ -117,11 +117,11 @@ class Workers:
     def finished(self) -> list[Piece]:
         """The pieces finished since the last call, in any order (waits for at least one)."""
         waiting = [c for c, q in zip(self.conns, self.queued) if q]
-        pieces = []
-        for conn in wait(waiting):
-            w = self.conns.index(conn)  # type: ignore[arg-type]
+        pieces: list[Piece] = []
+        for ready in wait(waiting):
+            w = next(i for i, c in enumerate(self.conns) if c is ready)
             try:
-                piece = conn.recv()  # type: ignore[union-attr]
+                piece: Piece = self.conns[w].recv()
             except EOFError:
                 raise TitanError(f"a titan-data worker process died (exit code {self.procs[w].exitcode}), perhaps "
                                  "killed for lack of memory; the finished shards are kept: run the same command "

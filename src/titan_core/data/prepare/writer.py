@@ -2,9 +2,12 @@
 fixed-size shard files (format in ``data/shards.py``) and records after every shard how far it got.
 
 A piece is read from the page cache and written once into the shard being filled; its SHA-256
-grows as it is written. A full shard is made durable (fsync, rename to its final name, its
-documents' offsets, then ``prepare.json``) by one background thread while the next shard fills,
-so the disk's pace does not stop the parent, and with it the workers.
+grows as it is written. One background thread does everything that waits on the disk, so the
+disk's pace does not stop the parent, and with it the workers: every ``SYNC_BYTES`` written it
+flushes the shard so far to disk (a shard's fsync at its end would otherwise wait for all of it,
+most of a second for a 128 MB shard, and the last one's wait would be added to the whole run);
+a full shard is then made durable (fsync, rename to its final name, its documents' offsets, then
+``prepare.json``) while the next one fills.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from ..shard_format import DOCUMENTS_NAME, FORMAT, INDEX_NAME, VERIFIED_NAME, VE
 from .tasks import TASK_BYTES
 
 PROGRESS_NAME = "prepare.json"
+SYNC_BYTES = 16 << 20  # a shard's bytes written between two background flushes to disk
 
 
 def write_atomic(path: Path, data: bytes | memoryview) -> None:
@@ -81,6 +85,8 @@ class ShardWriter:
         self.block: tuple[int, int, np.ndarray, np.ndarray] = (self.start_task, self.start_doc, np.zeros(0, np.int64),
                                                               np.zeros(0, np.int64))
         self.pending: Future[None] | None = None
+        self.syncs: list[Future[None]] = []  # background flushes of the shard being filled
+        self.unsynced = 0  # its bytes written since the last one
         self.writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="titan-shard-writer")
 
     @property
@@ -115,7 +121,12 @@ class ShardWriter:
             self.file.write(chunk)
             self.digest.update(chunk)
             self.fill += take // self.itemsize
+            self.unsynced += take
             done += take
+            if self.unsynced >= SYNC_BYTES and self.fill < self.size:
+                self.file.flush()
+                self.syncs.append(self.writer.submit(os.fdatasync, self.file.fileno()))
+                self.unsynced = 0
             if self.fill == self.size:
                 self.flush()
         self.documents = max(self.documents, first_doc + n)
@@ -146,14 +157,21 @@ class ShardWriter:
         record: dict[str, Any] = {"file": name, "tokens": self.fill, "sha256": self.digest.hexdigest()}
         self.shards.append(record)
         point = {"next_doc": self.documents, "skip": 0} if final else self._resume_point(end)
+        syncs, self.syncs = self.syncs, []
         self.wait()  # one shard in flight at most
-        self.pending = self.writer.submit(self._write_shard, self.file, docs, record, list(self.shards), point)
-        self.file, self.digest, self.fill = None, hashlib.sha256(), 0
+        self.pending = self.writer.submit(self._write_shard, self.file, syncs, docs, record, list(self.shards), point)
+        self.file, self.digest, self.fill, self.unsynced = None, hashlib.sha256(), 0, 0
 
-    def _write_shard(self, f: IO[bytes], docs: bytes, record: dict[str, Any], shards: list[dict[str, Any]],
-                     point: dict[str, Any]) -> None:
+    def _write_shard(self, f: IO[bytes], syncs: list[Future[None]], docs: bytes, record: dict[str, Any],
+                     shards: list[dict[str, Any]], point: dict[str, Any]) -> None:
         """In the writer thread: the shard, its documents, then the progress record naming it (in that
-        order, so a record never names a shard that is not on disk)."""
+        order, so a record never names a shard that is not on disk). The shard's earlier flushes ran
+        before this (one thread, in order); an error of theirs stops it here, as the kernel reports a
+        failed write-back once, to the first sync that asks."""
+        for sync in syncs:
+            if sync.exception() is not None:
+                f.close()
+                sync.result()
         publish(f, self._tmp(len(shards) - 1), self.out / record["file"])
         write_atomic(self.out / (record["file"] + ".docs"), docs)
         write_atomic(self.out / PROGRESS_NAME, json_bytes({"inputs": self.inputs(), "shards": shards, **point}))
