@@ -4,7 +4,8 @@
 
 Throughput: the command (a subprocess, start-up included: ``titan-data prepare CORPUS
 --tokenizer builtin --out DIR --workers N``) against the bare loop: N processes, each a script
-that builds the same tokenizer with tiktoken alone (the built-in ranks and split pattern) and
+that builds the same tokenizer with tiktoken alone (the built-in ranks, split pattern and special
+tokens: tiktoken encodes half as fast with no special tokens at all) and
 runs ``encode_to_numpy`` over its 1/N of the corpus lines (``json.loads`` of each line first, as
 any reader of a .jsonl must), timed from launch to the last exit. Each round runs both sides
 for every N, in alternating order (bare first in odd rounds, the command first in even ones),
@@ -44,10 +45,13 @@ from pathlib import Path
 BARE = r"""
 import base64, json, sys, time
 import tiktoken
-path, pattern, corpus, start, end = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
+path, pattern, specials, corpus = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), sys.argv[4]
+start, end = int(sys.argv[5]), int(sys.argv[6])
 with open(path, "rb") as f:
     ranks = {base64.b64decode(tok): int(rank) for tok, rank in (line.split() for line in f if line.strip())}
-enc = tiktoken.Encoding("builtin", pat_str=pattern, mergeable_ranks=ranks, special_tokens={})
+# The special tokens too: without any, tiktoken's search for them costs as much again as the encoding.
+enc = tiktoken.Encoding("builtin", pat_str=pattern, mergeable_ranks=ranks,
+                        special_tokens={s: len(ranks) + i for i, s in enumerate(specials)})
 with open(corpus, "rb") as f:
     f.seek(start)
     lines = f.read(end - start).splitlines()
@@ -64,11 +68,12 @@ for line in lines:
 print(tokens, docs, encode_s)
 """
 LOAD_ONLY = r"""
-import base64, sys
+import base64, json, sys
 import numpy, tiktoken
 with open(sys.argv[1], "rb") as f:
     ranks = {base64.b64decode(tok): int(rank) for tok, rank in (line.split() for line in f if line.strip())}
-tiktoken.Encoding("builtin", pat_str=sys.argv[2], mergeable_ranks=ranks, special_tokens={})
+tiktoken.Encoding("builtin", pat_str=sys.argv[2], mergeable_ranks=ranks,
+                  special_tokens={s: len(ranks) + i for i, s in enumerate(json.loads(sys.argv[3]))})
 """
 
 
@@ -113,15 +118,15 @@ def titan_data() -> list[str]:
 
 class Bench:
     def __init__(self, corpus: Path, tmp: Path) -> None:
-        from titan_core.tokenizer import BUILTIN_PATH, LLAMA3_PATTERN
+        from titan_core.tokenizer import BUILTIN_PATH, BUILTIN_SPECIAL_TOKENS, LLAMA3_PATTERN
 
         self.corpus, self.tmp = corpus, tmp
-        self.ranks, self.pattern = str(BUILTIN_PATH), LLAMA3_PATTERN
+        self.tokenizer = [str(BUILTIN_PATH), LLAMA3_PATTERN, json.dumps(list(BUILTIN_SPECIAL_TOKENS))]
 
     def bare(self, workers: int) -> dict[str, float]:
         cpu, start = children_cpu(), time.perf_counter()
-        procs = [subprocess.Popen([sys.executable, "-c", BARE, self.ranks, self.pattern, str(self.corpus), str(a),
-                                   str(b)], stdout=subprocess.PIPE, text=True)
+        procs = [subprocess.Popen([sys.executable, "-c", BARE, *self.tokenizer, str(self.corpus), str(a), str(b)],
+                                  stdout=subprocess.PIPE, text=True)
                  for a, b in line_cuts(self.corpus, workers)]
         outs = [p.communicate()[0].split() for p in procs]
         wall = time.perf_counter() - start
@@ -183,7 +188,7 @@ def startup(bench: Bench, repeats: int) -> None:
     small.write_text("".join(json.dumps({"text": f"a small document number {i}"}) + "\n" for i in range(20)))
     commands = {
         "python -c pass": [sys.executable, "-c", "pass"],
-        "tokenizer load": [sys.executable, "-c", LOAD_ONLY, bench.ranks, bench.pattern],
+        "tokenizer load": [sys.executable, "-c", LOAD_ONLY, *bench.tokenizer],
         "titan-data prepare --help": [*titan_data(), "prepare", "--help"],
         "prepare of one small file": [*titan_data(), "prepare", str(small), "--tokenizer", "builtin", "--out",
                                       str(bench.tmp / "small-out"), "--quiet"],

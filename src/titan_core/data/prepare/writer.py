@@ -30,12 +30,13 @@ PROGRESS_NAME = "prepare.json"
 SYNC_BYTES = 16 << 20  # a shard's bytes written between two background flushes to disk
 
 
-def write_atomic(path: Path, data: bytes | memoryview) -> None:
+def write_atomic(path: Path, data: bytes | memoryview, *, sync: bool = True) -> None:
     tmp = path.with_name(path.name + ".tmp")
     with tmp.open("wb") as f:
         f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
+        if sync:
+            f.flush()
+            os.fsync(f.fileno())
     os.replace(tmp, path)
 
 
@@ -86,6 +87,7 @@ class ShardWriter:
                                                               np.zeros(0, np.int64))
         self.pending: Future[None] | None = None
         self.syncs: list[Future[None]] = []  # background flushes of the shard being filled
+        self.final_docs: bytes | None = None  # the last shard's document offsets (finish() writes them)
         self.unsynced = 0  # its bytes written since the last one
         self.writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="titan-shard-writer")
 
@@ -159,6 +161,9 @@ class ShardWriter:
         point = {"next_doc": self.documents, "skip": 0} if final else self._resume_point(end)
         syncs, self.syncs = self.syncs, []
         self.wait()  # one shard in flight at most
+        if final:  # finish() writes the index next: no progress record, the documents kept here for it
+            self.final_docs = docs
+            docs, point = b"", {}
         self.pending = self.writer.submit(self._write_shard, self.file, syncs, docs, record, list(self.shards), point)
         self.file, self.digest, self.fill, self.unsynced = None, hashlib.sha256(), 0, 0
 
@@ -173,8 +178,9 @@ class ShardWriter:
                 f.close()
                 sync.result()
         publish(f, self._tmp(len(shards) - 1), self.out / record["file"])
-        write_atomic(self.out / (record["file"] + ".docs"), docs)
-        write_atomic(self.out / PROGRESS_NAME, json_bytes({"inputs": self.inputs(), "shards": shards, **point}))
+        if point:
+            write_atomic(self.out / (record["file"] + ".docs"), docs)
+            write_atomic(self.out / PROGRESS_NAME, json_bytes({"inputs": self.inputs(), "shards": shards, **point}))
 
     def wait(self) -> None:
         """Until the shard being written is on disk and recorded; its write's error, if it failed."""
@@ -199,7 +205,10 @@ class ShardWriter:
         if not self.shards:  # an index of no tokens would only fail later, in the trainer
             raise ConfigError("the sources hold no documents (every file, row or text is empty); nothing to "
                               "prepare. Check the files and --text-field.")
-        starts = [np.fromfile(self.out / (s["file"] + ".docs"), dtype="<i8") for s in self.shards]
+        recorded = self.shards if self.final_docs is None else self.shards[:-1]
+        starts = [np.fromfile(self.out / (s["file"] + ".docs"), dtype="<i8") for s in recorded]
+        if self.final_docs is not None:
+            starts.append(np.frombuffer(self.final_docs, dtype="<i8"))
         num_tokens = sum(int(s["tokens"]) for s in self.shards)
         offsets = np.concatenate([*starts, np.asarray([num_tokens], dtype="<i8")]).astype("<i8")
         write_atomic(self.out / DOCUMENTS_NAME, offsets.tobytes())
@@ -211,10 +220,11 @@ class ShardWriter:
             "documents": {"file": DOCUMENTS_NAME, "sha256": hashlib.sha256(offsets.tobytes()).hexdigest()},
             "shards": self.shards, "inputs": inputs,
         }
-        # mtimes are a local cache, not part of the (byte-identical) output: see shards._check_file.
+        # mtimes are a local cache, not part of the (byte-identical) output: see shards._check_file. Not
+        # synced: after a crash that loses it, the reader hashes the files instead.
         verified = {name: os.stat(self.out / name).st_mtime_ns
                     for name in [DOCUMENTS_NAME, *(s["file"] for s in self.shards)]}
-        write_atomic(self.out / VERIFIED_NAME, json_bytes(verified))
+        write_atomic(self.out / VERIFIED_NAME, json_bytes(verified), sync=False)
         write_atomic(self.out / INDEX_NAME, json_bytes(index))
         (self.out / PROGRESS_NAME).unlink(missing_ok=True)
         for s in self.shards:
