@@ -118,7 +118,7 @@ def titan_data() -> list[str]:
 
 class Bench:
     def __init__(self, corpus: Path, tmp: Path) -> None:
-        from titan_core.tokenizer import BUILTIN_PATH, BUILTIN_SPECIAL_TOKENS, LLAMA3_PATTERN
+        from titan_core.data.tokenizer import BUILTIN_PATH, BUILTIN_SPECIAL_TOKENS, LLAMA3_PATTERN
 
         self.corpus, self.tmp = corpus, tmp
         self.tokenizer = [str(BUILTIN_PATH), LLAMA3_PATTERN, json.dumps(list(BUILTIN_SPECIAL_TOKENS))]

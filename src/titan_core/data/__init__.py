@@ -9,6 +9,9 @@ and ``prefetch`` (the background thread). docs/data.md.
 
 The names below are loaded on first use, so ``titan-data prepare`` (``data.prepare``) starts
 without torch, which the loaders need.
+
+May import ``optim``, ``moe``, ``plugin``, ``models``, ``config``, ``runtime`` and the leaves;
+independent of ``checkpoint``, ``observability`` and ``parallel``.
 """
 
 from __future__ import annotations

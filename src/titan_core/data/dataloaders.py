@@ -10,7 +10,7 @@ import torch
 
 from ..config.sections import DataSection
 from ..errors import ConfigError
-from ..protocols import Tokenizer
+from ..plugin.protocols import Tokenizer
 from .loader import TokenDataLoader, WindowSource
 from .mixture import MixtureDataLoader
 from .packing import check_split, split_stream, tokenized_source

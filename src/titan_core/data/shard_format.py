@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from ..errors import ConfigError
 
 if TYPE_CHECKING:  # its module imports torch
-    from ..spec_factories import Tokenizer
+    from ..plugin.spec_factories import Tokenizer
 
 FORMAT = "titan-tokens"
 VERSION = 1

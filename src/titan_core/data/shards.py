@@ -39,7 +39,7 @@ import numpy as np
 import torch
 
 from ..errors import ConfigError
-from ..spec_factories import Tokenizer
+from ..plugin.spec_factories import Tokenizer
 from .shard_format import DOCUMENTS_NAME, FORMAT, INDEX_NAME, VERIFIED_NAME, VERSION, file_sha256, tokenizer_fingerprint
 
 TOKENS_PREFIX = "tokens:"

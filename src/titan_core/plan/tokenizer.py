@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..tokenizer import TiktokenTokenizer, _builtin
+from ..data.tokenizer import TiktokenTokenizer, _builtin
 
 if TYPE_CHECKING:
     from ..hf.tokenizer_folder import HFTokenizersTokenizer

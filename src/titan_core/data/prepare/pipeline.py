@@ -46,7 +46,7 @@ from .workers import Piece, Workers, piece_path
 from .writer import PROGRESS_NAME, ShardWriter
 
 if TYPE_CHECKING:  # its module imports torch; prepare never needs it at run time
-    from ...spec_factories import Tokenizer
+    from ...plugin.spec_factories import Tokenizer
 
 WINDOW_PER_WORKER = 4  # tasks handed out ahead of the shards, per worker (each waits as a piece file at most)
 

@@ -36,7 +36,7 @@ from ..doc_stream import (
 from ..sources import HF_PREFIX, _read_file, source_files
 
 if TYPE_CHECKING:  # its module imports torch; prepare never needs it at run time
-    from ...spec_factories import Tokenizer
+    from ...plugin.spec_factories import Tokenizer
 
 TASK_BYTES = 1 << 18  # about this much text per task: small enough that N workers end together
 

@@ -27,7 +27,7 @@ from ...errors import TitanError
 from .tasks import Task, encode_documents, read_spilled_texts, spilled_texts, task_texts
 
 if TYPE_CHECKING:  # its module imports torch; prepare never needs it at run time
-    from ...spec_factories import Tokenizer
+    from ...plugin.spec_factories import Tokenizer
 
 # Seconds a worker has to end once asked (it is idle by then: every result was taken, or the run is stopping).
 WORKER_EXIT_S = 5.0
