@@ -2,8 +2,9 @@
 
 Pipeline: the parent cuts the sources into tasks (``tasks.py``: pieces named by file and byte
 range or row group, the same for any number of workers) and hands them to N worker processes
-(``workers.py``), at most ``WINDOW_PER_WORKER * N`` ahead of the shards so disk and memory stay
-flat. Each worker reads, parses and tokenizes its task and writes the tokens to a piece file;
+(``workers.py``; with one worker the command's own process tokenizes), at most
+``WINDOW_PER_WORKER * N`` ahead of the shards so disk and memory stay flat. Each worker reads,
+parses and tokenizes its task and writes the tokens to a piece file;
 the parent appends the pieces in task order to the shard being filled (``writer.py``), so the
 bytes written do not depend on N. The parent only waits, reads pieces back from the page cache
 and hashes them: the cores are the workers'. After every shard ``prepare.json`` records how far
@@ -29,7 +30,7 @@ import json
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,8 +42,7 @@ from ...errors import ConfigError
 from ..shard_format import FORMAT, INDEX_NAME, VERSION, dtype_for_vocab, file_sha256, tokenizer_fingerprint
 from ..sources import HF_PREFIX, source_files
 from .checks import check_finished_index, check_out_place, check_saved_progress, check_settings
-from .tasks import plan_tasks
-from .workers import Piece, Workers, piece_path
+from .tasks import Task, encode_documents, plan_tasks, task_texts
 from .writer import PROGRESS_NAME, ShardWriter
 
 if TYPE_CHECKING:  # its module imports torch; prepare never needs it at run time
@@ -210,6 +210,30 @@ def _run(req: PrepareRequest, writer: ShardWriter, progress: Progress, tok: Toke
          load_tokenizer: Callable[[str], Tokenizer]) -> None:
     tasks = itertools.islice(plan_tasks(req.sources, text_field=req.text_field, hf_split=req.hf_split),
                              writer.start_task, None)
+    if req.workers == 1:
+        _run_here(req, writer, progress, tok, tasks)
+    else:
+        _run_workers(req, writer, progress, tok, load_tokenizer, tasks)
+
+
+def _run_here(req: PrepareRequest, writer: ShardWriter, progress: Progress, tok: Tokenizer,
+              tasks: Iterator[Task]) -> None:
+    """One worker: the command's own process tokenizes, with no second process to start, feed or wait for
+    (the source hashing and the disk writes run in threads that release the GIL). Same tasks, same order,
+    same bytes as N workers."""
+    next_doc = writer.start_doc
+    for index, task in enumerate(tasks, start=writer.start_task):
+        tokens, lengths = encode_documents(task_texts(task, req.text_field), tok, writer.dtype)
+        writer.add_piece(tokens.data.cast("B"), lengths, task=index, first_doc=next_doc)
+        next_doc += int(lengths.size)
+        progress.show(writer.documents, writer.position)
+
+
+def _run_workers(req: PrepareRequest, writer: ShardWriter, progress: Progress, tok: Tokenizer,
+                 load_tokenizer: Callable[[str], Tokenizer], tasks: Iterator[Task]) -> None:
+    """N worker processes, each writing its own piece files; the pieces are added in task order."""
+    from .workers import Piece, Workers, piece_path  # start-up: multiprocessing only when there are workers
+
     workers = Workers(req.workers, out=req.out, dtype=writer.dtype, text_field=req.text_field, tok=tok,
                       load_tokenizer=load_tokenizer, tokenizer=req.tokenizer)
     finished: dict[int, Piece] = {}  # pieces that came back before their turn

@@ -95,9 +95,9 @@ class ShardWriter:
     def position(self) -> int:
         return len(self.shards) * self.size + self.fill
 
-    def add_piece(self, piece: Path, lengths: np.ndarray, *, task: int, first_doc: int) -> None:
-        """The documents ``first_doc ..`` of task ``task`` (their tokens in the file ``piece``, cut by
-        ``lengths``); the part an earlier run wrote is dropped. The piece file is removed."""
+    def add_piece(self, piece: Path | memoryview, lengths: np.ndarray, *, task: int, first_doc: int) -> None:
+        """The documents ``first_doc ..`` of task ``task`` (their tokens' bytes, or the file ``piece`` that holds
+        them, which is then removed; cut by ``lengths``); the part an earlier run wrote is dropped."""
         ends = np.cumsum(lengths)
         starts = ends - lengths
         n = int(lengths.size)
@@ -110,10 +110,13 @@ class ShardWriter:
         base = self.position - cut  # the stream offset of this piece's first token
         self.block = (task, first_doc, starts + base, ends + base)
         self.doc_starts.append(starts[first_new:] + base)
-        with piece.open("rb") as f:
-            f.seek(cut * self.itemsize)
-            data = memoryview(f.read())
-        piece.unlink()
+        if isinstance(piece, memoryview):
+            data = piece[cut * self.itemsize :]
+        else:
+            with piece.open("rb") as f:
+                f.seek(cut * self.itemsize)
+                data = memoryview(f.read())
+            piece.unlink()
         done = 0
         while done < len(data):
             take = min(len(data) - done, (self.size - self.fill) * self.itemsize)
@@ -200,8 +203,7 @@ class ShardWriter:
                 self.file = None
 
     def finish(self) -> dict[str, Any]:
-        self.flush(final=True)
-        self.wait()
+        self.flush(final=True)  # the last shard's fsync runs in the writer thread while documents.bin is written
         if not self.shards:  # an index of no tokens would only fail later, in the trainer
             raise ConfigError("the sources hold no documents (every file, row or text is empty); nothing to "
                               "prepare. Check the files and --text-field.")
@@ -212,6 +214,7 @@ class ShardWriter:
         num_tokens = sum(int(s["tokens"]) for s in self.shards)
         offsets = np.concatenate([*starts, np.asarray([num_tokens], dtype="<i8")]).astype("<i8")
         write_atomic(self.out / DOCUMENTS_NAME, offsets.tobytes())
+        self.wait()
         inputs = self.inputs()
         index = {
             "format": FORMAT, "version": VERSION, "dtype": self.dtype,
