@@ -16,11 +16,11 @@ import torch
 from torch import nn
 
 from titan_core.config.sections import ActivationCheckpointSection
-from titan_core.metrics import reset_peak_memory
 from titan_core.moe import MoE, MoEMonitor, experts as experts_module
 from titan_core.moe.layer import tokens_per_expert
+from titan_core.observability.metrics import reset_peak_memory
+from titan_core.observability.profiling import DeviceRange, device_phase_ms
 from titan_core.parallel.checkpointing import KERNEL_SAVE_OPS, selective_save_ops
-from titan_core.profiling import DeviceRange, device_phase_ms
 from titan_core.runtime.determinism import CUBLAS_ENV, enable_deterministic
 
 from conftest import CliResult, assert_user_error
@@ -87,7 +87,7 @@ def test_fused_adamw_on_mixed_dtensor_and_plain_parameters_falls_back_and_says_s
     from torch.distributed.tensor import Replicate, distribute_tensor
 
     from titan_core.config.sections import OptimizerSection
-    from titan_core.optim import OptimizersContainer
+    from titan_core.optim.containers import OptimizersContainer
 
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
     try:

@@ -47,8 +47,8 @@ def test_convert_both_ways_on_an_fsdp2_checkpoint(tmp_path: Path) -> None:
         json.loads((tmp_path / "run" / "export" / "hf" / "config.json").read_text())
 
     # titan-generate reads the same sharded checkpoint on one process: the export's greedy tokens.
-    from titan_core.sampling import Sampling, sample
-    from titan_core.whole_model import load_hf_folder, load_titan_checkpoint
+    from titan_core.models.sampling import Sampling, sample
+    from titan_core.train.whole_model import load_hf_folder, load_titan_checkpoint
 
     greedy = Sampling(max_new_tokens=8)
     sharded = sample(load_titan_checkpoint(step).model, [5, 17, 300, 42], greedy)
