@@ -15,11 +15,11 @@ import pytest
 import torch
 from torch import nn
 
-from titan_core.config.sections import ActivationCheckpointSection
+from titan_core.config.sections import ActivationCheckpointSection, ProfilingSection
 from titan_core.moe import MoE, MoEMonitor, experts as experts_module
 from titan_core.moe.layer import tokens_per_expert
 from titan_core.observability.metrics import reset_peak_memory
-from titan_core.observability.profiling import DeviceRange, device_phase_ms
+from titan_core.observability.profiling import DeviceRange, StepProfiler, device_phase_ms
 from titan_core.parallel.checkpointing import KERNEL_SAVE_OPS, selective_save_ops
 from titan_core.runtime.determinism import CUBLAS_ENV, enable_deterministic
 
@@ -135,7 +135,7 @@ class FakeEvent:
         return end.at - self.at
 
 
-def test_profiler_phases_on_cuda_are_read_from_device_events() -> None:
+def test_profiler_phases_on_cuda_are_read_from_device_events(tmp_path: Any) -> None:
     ranges: list[tuple[str, Any, Any]] = []
     for _ in range(2):  # two steps
         for phase in ("forward", "backward"):
@@ -143,6 +143,11 @@ def test_profiler_phases_on_cuda_are_read_from_device_events() -> None:
                 pass
     assert [name for name, _, _ in ranges] == ["forward", "backward"] * 2
     assert device_phase_ms(ranges, steps=2) == {"forward": 1.5, "backward": 1.5}
+    # While profiling on CUDA, the compute phases take device events; waiting for data stays host time.
+    profiler = StepProfiler(ProfilingSection(), run_dir=tmp_path, rank=0, device=torch.device("cuda"), is_rank0=True)
+    profiler._prof = object()  # a window is open
+    assert [type(profiler.phase(p)) is DeviceRange for p in ("forward", "backward", "optimizer", "data")] == \
+        [True, True, True, False]
 
 
 def test_peak_memory_is_reset_on_cuda_only(monkeypatch: pytest.MonkeyPatch) -> None:

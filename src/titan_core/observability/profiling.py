@@ -7,8 +7,9 @@ prints one line: the mean time per step in forward, backward, optimizer, data an
 communication. The phases are the trainer's ``phase("forward")``... ranges; the
 communication figure is the time spent in collective calls (c10d ops; on CUDA the
 NCCL kernels' device time), which overlaps the other phases when FSDP prefetches.
-On CUDA the phases are device time: CUDA events recorded around each phase on the current
-stream, read when the window closes (host time there is only the time to queue kernels).
+On CUDA the compute phases are device time: CUDA events recorded around forward, backward and
+optimizer on the current stream, read when the window closes (host time there is only the time
+to queue kernels); data stays host time.
 
 Outside the window nothing is recorded: ``phase`` returns a shared null context,
 so profiling off costs one attribute check per phase (benchmarks/profiling_overhead.py).
@@ -73,7 +74,7 @@ class StepProfiler:
         """A named range in the trace while profiling; a null context otherwise (no cost)."""
         if self._prof is None:
             return _NULL
-        if self.device.type == "cuda":
+        if self.device.type == "cuda" and name != "data":  # waiting for batches is host time
             return DeviceRange(name, self._device_ranges, lambda: torch.cuda.Event(enable_timing=True))
         return torch.profiler.record_function(_LABEL + name)
 
