@@ -9,7 +9,10 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from . import _moved
 from ._version import PLUGIN_API_VERSION, __version__
+
+_moved.install()  # old import paths of modules that moved into packages keep working (docs/plugins.md)
 
 
 def _lazy_table(source: str = __file__) -> dict[str, str]:
@@ -68,11 +71,14 @@ if TYPE_CHECKING:
         export_safetensors as export_safetensors,
         read_checkpoint_tensors as read_checkpoint_tensors,
     )
-    from .cli import main as main
+    from .commands.titan_train import main as main
     from .config.job import JobConfig as JobConfig
-    from .config.sections import CheckpointSection as CheckpointSection, ModelSection as ModelSection
-    from .converters import ConversionTable as ConversionTable, apply_converters as apply_converters
+    from .config.sections import (
+        CheckpointSection as CheckpointSection,
+        ModelSection as ModelSection,
+    )
     from .data.documents import split_documents as split_documents
+    from .data.tokenizer import TiktokenTokenizer as TiktokenTokenizer
     from .errors import (
         CheckpointError as CheckpointError,
         NonFiniteError as NonFiniteError,
@@ -80,11 +86,17 @@ if TYPE_CHECKING:
         RunFolderBusy as RunFolderBusy,
         StopRequested as StopRequested,
     )
-    from .kv_cache import KVCache as KVCache
+    from .models.kv_cache import KVCache as KVCache
+    from .models.sampling import (
+        Sampling as Sampling,
+        sample as sample,
+    )
     from .moe import MoEMonitor as MoEMonitor
+    from .observability.report import write_run_report as write_run_report
     from .plugin_api import *  # noqa: F403
-    from .report import write_run_report as write_run_report
     from .runtime.run_lock import acquire_run_lock as acquire_run_lock
-    from .sampling import Sampling as Sampling, sample as sample
-    from .tokenizer import TiktokenTokenizer as TiktokenTokenizer
-    from .trainer import Trainer as Trainer
+    from .train.converters import (
+        ConversionTable as ConversionTable,
+        apply_converters as apply_converters,
+    )
+    from .train.trainer import Trainer as Trainer

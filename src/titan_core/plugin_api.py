@@ -54,6 +54,7 @@ from ._version import PLUGIN_API_VERSION
 
 if TYPE_CHECKING:
     # "X as X": explicit re-exports; this block is the one list of public names (read by _lazy_table).
+    from .config.parallel_dims import ParallelDims as ParallelDims
     from .config.sections import (
         ActivationCheckpointSection as ActivationCheckpointSection,
         CompileSection as CompileSection,
@@ -65,54 +66,54 @@ if TYPE_CHECKING:
         TrainingSection as TrainingSection,
     )
     from .data import build_dataloader as build_dataloader
-    from .discovery import (
-        register_model_converter as register_model_converter,
-        register_train_spec as register_train_spec,
-    )
     from .errors import (
         ConfigError as ConfigError,
         PluginError as PluginError,
         TitanError as TitanError,
     )
-    from .hf.adapter import StateDictAdapter as StateDictAdapter
-    from .init import (
+    from .models.init import (
         init_model_weights as init_model_weights,
         parameter_generator as parameter_generator,
     )
-    from .loss import (
+    from .models.loss import (
         IGNORE_INDEX as IGNORE_INDEX,
         cross_entropy_loss as cross_entropy_loss,
     )
-    from .metrics import (
-        FlopsPerToken as FlopsPerToken,
-        MetricsLogger as MetricsLogger,
+    from .models.ties import (
+        check_ties as check_ties,
+        declared_ties as declared_ties,
+        retie_weights as retie_weights,
     )
     from .moe import (
         GroupedExperts as GroupedExperts,
         MoE as MoE,
         TopKRouter as TopKRouter,
     )
-    from .optim import (
+    from .observability.metrics import MetricsLogger as MetricsLogger
+    from .optim.containers import (
         LRSchedulersContainer as LRSchedulersContainer,
         OptimizersContainer as OptimizersContainer,
     )
     from .parallel import default_parallelize_fn as default_parallelize_fn
-    from .parallel_dims import ParallelDims as ParallelDims
     from .plan.tokenizer import build_tokenizer as build_tokenizer
-    from .precision import MixedPrecision as MixedPrecision
-    from .protocols import (
+    from .plugin.discovery import (
+        register_model_converter as register_model_converter,
+        register_train_spec as register_train_spec,
+    )
+    from .plugin.protocols import (
         EmptyConfig as EmptyConfig,
         ModelConverter as ModelConverter,
         RunContext as RunContext,
         TensorParallelStyles as TensorParallelStyles,
         TrainSpec as TrainSpec,
     )
-    from .selection import (
+    from .plugin.resolved import MixedPrecision as MixedPrecision
+    from .plugin.selection import (
         fqn_matches as fqn_matches,
         select_linears as select_linears,
         select_modules as select_modules,
     )
-    from .spec_factories import (
+    from .plugin.spec_factories import (
         BatchEncoder as BatchEncoder,
         BuildDataloaderFn as BuildDataloaderFn,
         BuildLossFn as BuildLossFn,
@@ -122,6 +123,7 @@ if TYPE_CHECKING:
         BuildTokenizerFn as BuildTokenizerFn,
         DataLoader as DataLoader,
         Fingerprinted as Fingerprinted,
+        FlopsPerToken as FlopsPerToken,
         FlopsPerTokenFn as FlopsPerTokenFn,
         LegacyFlopsPerTokenFn as LegacyFlopsPerTokenFn,  # deprecated (below)
         LossFn as LossFn,
@@ -130,18 +132,14 @@ if TYPE_CHECKING:
         ParallelizeFn as ParallelizeFn,
         Pipeline as Pipeline,
         PipeliningFn as PipeliningFn,
+        StateDictAdapter as StateDictAdapter,
         TensorParallelPlanFn as TensorParallelPlanFn,
         Tokenizer as Tokenizer,
         ValidateFn as ValidateFn,
     )
-    from .ties import (
-        check_ties as check_ties,
-        declared_ties as declared_ties,
-        retie_weights as retie_weights,
-    )
 
 # Deprecated names, still served with a DeprecationWarning (docs/plugins.md): name -> the module serving it.
-_DEPRECATED: dict[str, str] = {"LegacyFlopsPerTokenFn": "spec_factories"}
+_DEPRECATED: dict[str, str] = {"LegacyFlopsPerTokenFn": "plugin.spec_factories"}
 
 # name -> the module that defines it, read from the block above; imported when first used, so importing a
 # plugin stays cheap (``titan-train --list`` imports every plugin).

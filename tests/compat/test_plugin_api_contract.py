@@ -15,10 +15,11 @@ import pytest
 import torch
 
 import titan_core
-from titan_core import PLUGIN_API_VERSION, PluginError, TensorParallelStyles, build, discovery, plugin_api
+from titan_core import PLUGIN_API_VERSION, MixedPrecision, PluginError, TensorParallelStyles, plugin_api
 from titan_core.plan.resolve import resolve_config
-from titan_core.precision import MixedPrecision
+from titan_core.plugin import discovery
 from titan_core.testing.tiny_spec import TINY_SPEC
+from titan_core.train import build
 
 MAJOR, MINOR = (int(part) for part in PLUGIN_API_VERSION.split("."))
 NEWER_MINOR = f"{MAJOR}.{MINOR + 1}"
@@ -190,7 +191,7 @@ def test_plugin_api_serves_every_name_it_lists_and_titan_core_the_same_objects()
 
 
 def test_a_deprecated_name_still_works_with_a_warning() -> None:
-    from titan_core import spec_factories
+    from titan_core.plugin import spec_factories
 
     for module in (plugin_api, spec_factories):
         with warnings.catch_warnings(record=True) as caught:

@@ -8,9 +8,9 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
+from ..config.parallel_dims import ParallelDims
 from ..config.sections import ParallelismSection
-from ..parallel_dims import ParallelDims
-from ..precision import resolve_param_dtype
+from ..plugin.resolved import resolve_param_dtype
 from .expert_parallel import experts_modules, shard_experts
 
 if TYPE_CHECKING:
