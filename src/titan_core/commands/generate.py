@@ -76,6 +76,9 @@ def usable_device(name: str) -> torch.device:
         raise ConfigError(f"--device {name!r} is not a torch device ({exc}); give cpu, cuda or cuda:N.") from None
     if device.type == "meta":
         raise ConfigError("--device meta holds shapes, not values: nothing can be generated on it; give cpu or cuda.")
+    if device.type == "cuda" and not torch.cuda.is_available():  # torch itself would raise an AssertionError
+        raise ConfigError(f"--device {name}: this torch sees no CUDA device (CUDA build: "
+                          f"{torch.version.cuda or 'none'}). Use --device cpu.")
     try:
         torch.zeros(1, device=device) + 1  # the backend is compiled in, present and computes
     except Exception as exc:  # noqa: BLE001 (a torch without CUDA raises AssertionError)
