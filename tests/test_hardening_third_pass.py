@@ -144,3 +144,21 @@ def test_schema_needs_no_spec_and_covers_every_installed_plugin(capsys: pytest.C
     assert main(["--schema"]) == 0
     schema = json.loads(capsys.readouterr().out)
     assert {"llama3", "qwen3", "float8", "mx", "training", "model"} <= set(schema["properties"])
+
+
+def test_generate_on_a_hugging_face_folder_needs_no_spec(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two specs installed: config.json's model_type says which adapter reads the folder (it once asked for a
+    --model.spec flag titan-generate does not have)."""
+    from titan_core.commands.generate import main as generate
+    from titan_core.commands.titan_train import main as train
+
+    monkeypatch.delenv("TITAN_DEFAULT_SPEC", raising=False)
+    run = tmp_path / "run"
+    assert train([*TINY, f"--job.run_dir={run}", "--training.steps=1", "--checkpoint.enable=true",
+                  "--checkpoint.export_at_end=true", "--checkpoint.export_format=hf"]) == 0
+    capsys.readouterr()
+    assert generate([str(run / "export" / "hf"), "--prompt", "The", "--max-new-tokens", "3"]) == 0
+    captured = capsys.readouterr()
+    assert "Hugging Face folder, spec llama3" in captured.err, captured.err
+    assert captured.out.startswith("The")

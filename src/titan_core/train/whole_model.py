@@ -102,10 +102,37 @@ def load_titan_checkpoint(checkpoint: Path, *, config: Path | None = None) -> Wh
     return WholeModel(model, spec, model_args, tokenizer)
 
 
+def spec_reading(folder: Path, *, what: str) -> str:
+    """The installed spec whose adapter reads ``folder``'s config.json (its model_type says the family): the
+    only one, or the default spec when several or none do (their own error then names the folder)."""
+    import json
+
+    try:
+        config = json.loads((folder / "config.json").read_text())
+    except (OSError, ValueError):
+        return discovery.default_spec_name()
+    readers = []
+    for name in sorted(discovery.discover(discovery.SPECS)):
+        adapter = discovery.load_train_spec(name).state_dict_adapter
+        if adapter is None or not isinstance(config, dict):
+            continue
+        try:
+            adapter.model_args_from_hf(config)
+        except Exception:  # noqa: BLE001 (any refusal means: not this spec's family)
+            continue
+        readers.append(name)
+    if len(readers) == 1:
+        return readers[0]
+    if len(readers) > 1:
+        raise ConfigError(f"{what}: {folder}/config.json can be read by the specs {', '.join(readers)}; choose one "
+                          f"with --spec NAME.")
+    return discovery.default_spec_name()
+
+
 def load_hf_folder(folder_path: Path, *, spec_name: str | None, what: str) -> WholeModel:
     """The model of a Hugging Face folder through the spec's adapter (default: the only installed spec)."""
 
-    spec = discovery.load_train_spec(spec_name or discovery.default_spec_name())
+    spec = discovery.load_train_spec(spec_name or spec_reading(folder_path, what=what))
     weights, folder = hf_starting_weights(spec, folder_path, what=what, purpose=what)  # before any weight is allocated
     model_args = weights.model_args
     model, ties = cpu_model(spec, model_args)
