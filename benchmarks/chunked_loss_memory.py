@@ -40,9 +40,9 @@ def available_gib() -> float:
 
 def child(variant: str, args: argparse.Namespace) -> None:
     import torch
+    import torch.distributed.tensor  # noqa: F401  # imported by the chunked loss: not part of the step
     import torch.nn.functional as F
 
-    import torch.distributed.tensor  # noqa: F401  # imported by the chunked loss: not part of the step
     from titan_core.chunked_loss import chunked_cross_entropy
 
     torch.manual_seed(0)
