@@ -72,3 +72,12 @@ def test_data_prepare_benchmark_prints_tokenizer_and_worker_rates() -> None:
     assert set(rates) == {"tokenizer alone, 1 core", "prepare --workers 1", "prepare --workers 2"}, out
     assert all(int(r.replace(",", "")) > 0 for r in rates.values())
     assert re.search(r"^2 workers / 1 worker(?: \(best of each\))?: [\d.]+x$", out, re.M), out
+
+
+def test_chunked_loss_memory_prints_both_variants_and_their_ratio() -> None:
+    out = bench("chunked_loss_memory.py", "--vocab", "3000", "--batch", "2", "--seq-len", "512", "--dim", "32",
+                "--chunk-tokens", "64")
+    rows = dict(re.findall(r"^(full|chunked)\s+\d+\s+[\d.]+\s+([\d.]+)$", out, re.M))
+    assert set(rows) == {"full", "chunked"}, out
+    assert abs(float(rows["full"]) - float(rows["chunked"])) < 1e-5, out  # the same loss
+    assert re.search(r"chunked / full: peak memory [\d.]+, time [\d.]+, loss difference [\d.e+-]+$", out, re.M), out
