@@ -73,7 +73,7 @@ def run(cmd: list[str], env: dict[str, str], pattern: re.Pattern[str], steps: in
     seen: dict[int, float] = {}
     with log.open("w") as out:
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                env={**os.environ, **env}, start_new_session=True)
+                                env={**os.environ, "PYTHONUNBUFFERED": "1", **env}, start_new_session=True)
         assert proc.stdout is not None
         for line in proc.stdout:
             out.write(line)
