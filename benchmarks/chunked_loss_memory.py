@@ -1,5 +1,5 @@
 """Peak memory and time of one loss step (head + cross-entropy, forward and backward): full logits
-against the chunked loss (``titan_core.chunked_loss``), float32 on the CPU.
+against the chunked loss (``titan_core.train.chunked_loss``), float32 on the CPU.
 
 Each variant runs in a fresh process: it builds the hidden states [batch, seq, dim] (requiring
 grad), a bias-free head [vocab, dim] and the labels, resets the kernel's peak-RSS mark
@@ -43,7 +43,7 @@ def child(variant: str, args: argparse.Namespace) -> None:
     import torch.distributed.tensor  # noqa: F401  # imported by the chunked loss: not part of the step
     import torch.nn.functional as F
 
-    from titan_core.chunked_loss import chunked_cross_entropy
+    from titan_core.train.chunked_loss import chunked_cross_entropy
 
     torch.manual_seed(0)
     head = torch.nn.Linear(args.dim, args.vocab, bias=False)

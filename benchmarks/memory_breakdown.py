@@ -67,9 +67,9 @@ def main() -> int:
         build_dataloader,
         build_tokenizer,
     )
-    from titan_core.chunked_loss import chunked_cross_entropy
-    from titan_core.model_parts import hidden_states_for_loss
+    from titan_core.models.model_parts import hidden_states_for_loss
     from titan_core.runtime.cpu_allocator import keep_freed_memory_in_heap
+    from titan_core.train.chunked_loss import chunked_cross_entropy
     from titan_llama.flavors import llama3_flavors
     from titan_llama.model import Transformer
     from titan_llama.parallelize import parallelize_llama

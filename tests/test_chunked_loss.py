@@ -15,8 +15,8 @@ import torch
 import torch.nn.functional as F
 
 from titan_core import IGNORE_INDEX
-from titan_core.chunked_loss import chunkable_head, chunked_cross_entropy, rows_per_chunk
-from titan_core.model_parts import hidden_states_for_loss
+from titan_core.models.model_parts import hidden_states_for_loss
+from titan_core.train.chunked_loss import chunkable_head, chunked_cross_entropy, rows_per_chunk
 from titan_llama.model import LlamaArgs, Transformer
 
 pytestmark = pytest.mark.fast

@@ -32,11 +32,11 @@ import numpy as np
 import torch
 
 from ..errors import ConfigError
+from ..plugin.spec_factories import BatchEncoder, Fingerprinted, Tokenizer
 from ..runtime.cpu_allocator import release_freed_memory
-from ..spec_factories import BatchEncoder, Fingerprinted, Tokenizer
-from ..token_ids import check_tokenizer_ids
 from .loader import WindowSource
 from .sources import HF_PREFIX, read_documents, source_files
+from .token_ids import check_tokenizer_ids
 
 _CACHE_ENTRIES = 4
 _cache: OrderedDict[Hashable, tuple[Any, PackedDocuments]] = OrderedDict()
