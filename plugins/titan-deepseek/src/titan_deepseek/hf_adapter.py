@@ -14,10 +14,8 @@ Experts: the model stacks them (``moe.experts.w1`` is [experts, hidden, dim]); c
 tensor per expert (``mlp.experts.E.gate_proj.weight``), read and written through the core's
 stacking (``hf_stacked_name`` / ``hf_expert_name``, ``titan_core.hf.stacks``).
 
-The routing bias is exported (transformers routes with it), but not read back: the core loads
-parameters, and the bias is a buffer (training state), so a loaded model starts unbiased.
-Checkpoints of published models that carry a trained bias route slightly differently until the
-bias update has run (see the plugin's README). The multi-token-prediction layer a published
+The routing bias (a persistent buffer) goes both ways: transformers routes with it, and the
+published checkpoints hold a trained one. The multi-token-prediction layer a published
 checkpoint holds after the last layer (``model.layers.61`` in DeepSeek-V3) is not read.
 """
 
@@ -90,12 +88,14 @@ def _to_hf_name(key: str) -> str:
 
 
 def _from_hf_name(key: str, n_layers: int) -> str | None:
-    """The native name; None for a tensor that is deliberately not read (the routing bias, the MTP layer)."""
+    """The native name; None for a tensor that is deliberately not read (the MTP layer)."""
     match = _HF_LAYER.match(key)
     if match:
         layer, rest = match.group(1), match.group(2)
-        if rest == _HF_BIAS or int(layer) >= n_layers:
+        if int(layer) >= n_layers:
             return None
+        if rest == _HF_BIAS:
+            return f"layers.{layer}.{_BIAS}"
         module = rest.removesuffix(".weight")
         if rest.endswith(".weight") and module in _LAYER_BACK:
             native = _LAYER_BACK[module]
@@ -151,7 +151,7 @@ class DeepSeekV3StateDictAdapter:
                 if value:
                     rope[key] = value
         legacy = None if a.rope_type == "default" else {k: v for k, v in rope.items() if k != "rope_theta"}
-        # An all-dense model is written with one expert that no layer uses (transformers' fields need values).
+        # An all-dense model is written with experts that no layer uses (transformers' fields need values).
         experts = a.n_routed_experts
         return decoder_config(
             architecture="DeepseekV3ForCausalLM", model_type="deepseek_v3", dim=a.dim, n_layers=a.n_layers,
@@ -160,7 +160,7 @@ class DeepSeekV3StateDictAdapter:
             max_seq_len=a.max_seq_len, tie_embeddings=a.tie_embeddings, rope=rope, rope_scaling=legacy,
             q_lora_rank=a.q_lora_rank or None, kv_lora_rank=a.kv_lora_rank, qk_nope_head_dim=a.qk_nope_head_dim,
             qk_rope_head_dim=a.qk_rope_head_dim, v_head_dim=a.v_head_dim, rope_interleave=a.rope_interleave,
-            n_routed_experts=experts or 1, num_experts_per_tok=a.num_experts_per_tok if experts else 1,
+            n_routed_experts=experts or a.num_experts_per_tok, num_experts_per_tok=a.num_experts_per_tok,
             moe_intermediate_size=a.moe_intermediate_size, n_shared_experts=a.n_shared_experts,
             first_k_dense_replace=a.first_k_dense_replace if experts else a.n_layers, n_group=a.n_group,
             topk_group=a.topk_group, routed_scaling_factor=a.routed_scaling_factor, norm_topk_prob=a.norm_topk_prob,
