@@ -207,7 +207,8 @@ class DeepSeekV3StateDictAdapter:
         rope = _rope_fields(config, max_len, problems)
         if problems:
             raise ConfigError("config.json sets what the deepseek_v3 spec cannot express: " + "; ".join(problems) + ".")
-        dense_layers = min(c["first_k_dense_replace"], c["num_hidden_layers"])
+        # Every layer dense (first_k_dense_replace >= layers): no experts at all.
+        sparse = c["first_k_dense_replace"] < c["num_hidden_layers"]
         try:
             return DeepSeekV3Args(
                 dim=c["hidden_size"], n_layers=c["num_hidden_layers"], n_heads=c["num_attention_heads"],
@@ -215,10 +216,9 @@ class DeepSeekV3StateDictAdapter:
                 tie_embeddings=c["tie_word_embeddings"], q_lora_rank=q_lora or 0, kv_lora_rank=c["kv_lora_rank"],
                 qk_nope_head_dim=c["qk_nope_head_dim"], qk_rope_head_dim=c["qk_rope_head_dim"],
                 v_head_dim=c["v_head_dim"], rope_interleave=c["rope_interleave"], **rope,
-                # Every layer dense (first_k_dense_replace >= layers): no experts at all.
-                n_routed_experts=c["n_routed_experts"] if dense_layers < c["num_hidden_layers"] else 0,
+                n_routed_experts=c["n_routed_experts"] if sparse else 0,
                 num_experts_per_tok=c["num_experts_per_tok"], moe_intermediate_size=c["moe_intermediate_size"],
-                n_shared_experts=c["n_shared_experts"], first_k_dense_replace=dense_layers, n_group=c["n_group"],
+                n_shared_experts=c["n_shared_experts"], first_k_dense_replace=c["first_k_dense_replace"] if sparse else 0, n_group=c["n_group"],
                 topk_group=c["topk_group"], routed_scaling_factor=scaling, norm_topk_prob=c["norm_topk_prob"],
             )
         except (ValueError, ArithmeticError) as exc:
