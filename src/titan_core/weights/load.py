@@ -49,7 +49,7 @@ def _local_tensors(model_parts: list[nn.Module]) -> dict[str, torch.Tensor]:
     for part in model_parts:
         found.update(part.named_parameters(remove_duplicate=False))
         for module_name, module in part.named_modules(remove_duplicate=False):
-            skipped = getattr(module, "_non_persistent_buffers_set", set())
+            skipped: set[str] = getattr(module, "_non_persistent_buffers_set", set())
             for name, buffer in module.named_buffers(recurse=False):
                 if name not in skipped:
                     found[f"{module_name}.{name}" if module_name else name] = buffer

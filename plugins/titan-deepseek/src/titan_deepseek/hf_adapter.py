@@ -200,7 +200,7 @@ class DeepSeekV3StateDictAdapter:
                 problems.append(f"{key}={c.get(key)!r} (true or false)")
         eps = _positive(c.get("rms_norm_eps"), "rms_norm_eps", problems)
         scaling = _positive(c.get("routed_scaling_factor"), "routed_scaling_factor", problems)
-        max_len = c.get("max_position_embeddings")
+        max_len: int = c["max_position_embeddings"]
         if not _is_int(max_len) or not 1 <= max_len <= 10**7:
             problems.append(f"max_position_embeddings={max_len!r} (a whole number from 1 to 10,000,000)")
             max_len = 4096
