@@ -114,3 +114,28 @@ def test_every_combination_of_the_block_switches_runs_forward_and_backward() -> 
         out.sum().backward()
         assert out.shape == (1, 8, 64) and torch.isfinite(out).all()
         assert isinstance(model.layers["1"].moe, MoE) and (model.layers["1"].moe.shared_experts is None) == (shared == 0)
+
+
+def test_the_latent_cache_samples_as_the_full_forward_and_holds_a_fraction_of_mha() -> None:
+    """Token by token with the cache (prefix 5, then 1, then 3 at once) = one forward over the whole
+    sequence; the cache holds kv_lora_rank + qk_rope_head_dim numbers per token and layer."""
+    from titan_core import KVCache
+    from titan_deepseek.model import cache_bytes_per_token
+
+    args = replace(deepseek_v3_flavors["debugmoe"], vocab_size=64, n_layers=2)
+    model = Transformer(args)
+    model.init_weights(seed=0)
+    model.eval()
+    tokens = torch.randint(0, 64, (2, 9), generator=torch.Generator().manual_seed(0))
+    cache = KVCache(16)
+    with torch.no_grad():
+        full = model(tokens)
+        parts = []
+        for a, b in ((0, 5), (5, 6), (6, 9)):
+            parts.append(model(tokens[:, a:b], cache=cache))
+            cache.advance(b - a)
+    torch.testing.assert_close(torch.cat(parts, dim=1), full, rtol=0, atol=1e-5)
+    stored = sum(t.numel() * t.element_size() for layer in cache._layers.values() for t in (layer._k, layer._v))
+    latent, mha = cache_bytes_per_token(args)
+    assert stored == latent * 2 * 16  # 2 sequences x 16 positions
+    assert (latent, mha) == (2 * 80 * 4, 2 * 8 * (48 + 32) * 4) and latent * 8 == mha  # 1/8 of MHA's

@@ -16,6 +16,9 @@ Features:
     ``titan_core.moe.MoE``: sigmoid scores, group-limited top-k (``n_group``, ``topk_group``),
     renormalised weights times ``routed_scaling_factor``, ``n_shared_experts`` shared experts,
     the auxiliary-loss-free routing bias and the optional sequence-wise auxiliary loss;
+  * an optional latent cache for sampling (``forward(tokens, cache=...)``, the contract of
+    ``titan_core.KVCache``): each layer caches its key/value latent and its rotary key
+    (``kv_lora_rank + qk_rope_head_dim`` numbers per token), and expands them per step;
   * a forward that tolerates the pipeline splitter removing ``tok_embeddings`` (a later
     stage receives hidden states) or ``norm`` and ``output`` (an earlier stage returns them);
   * buildable on the meta device; weights filled per parameter name (``init_parameter``).
@@ -31,6 +34,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -45,6 +49,9 @@ from titan_core.model_parts import (
     trunc_normal_,
 )
 from titan_core.moe import MoE, check_routing, is_moe_layer
+
+if TYPE_CHECKING:
+    from titan_core.kv_cache import KVCache, LayerCache
 
 # transformers builds the two latent norms with RMSNorm's default epsilon, whatever rms_norm_eps says.
 LATENT_NORM_EPS = 1e-6
@@ -245,23 +252,36 @@ class MultiHeadLatentAttention(nn.Module):
         k_rope_BS1R = apply_rope(k_rope_BSR.unsqueeze(2), rope, interleave=self.interleave, start=start)
         return self.kv_norm(kv_BSC), k_rope_BS1R
 
-    def attend(self, q_BSHK: torch.Tensor, kv_BLC: torch.Tensor, k_rope_BL1R: torch.Tensor,
-               *, causal: bool) -> torch.Tensor:
-        """Queries over the latents of L positions -> [B, S, D]."""
+    def attend(self, q_BSHK: torch.Tensor, kv_BLC: torch.Tensor, k_rope_BL1R: torch.Tensor) -> torch.Tensor:
+        """The S new queries (the last S of L positions) over the latents of all L positions -> [B, S, D]."""
         batch, length = kv_BLC.shape[:2]
+        seqlen = q_BSHK.shape[1]
         kv_BLHX = self.wkv_b(kv_BLC).view(batch, length, -1, self.nope_dim + self.v_dim)
         k_nope_BLHN, v_BLHV = kv_BLHX.split([self.nope_dim, self.v_dim], dim=-1)
         k_BLHK = torch.cat([k_nope_BLHN, k_rope_BL1R.expand(-1, -1, k_nope_BLHN.shape[2], -1)], dim=-1)
         q, k, v = (t.transpose(1, 2) for t in (q_BSHK, k_BLHK, v_BLHV))
-        out_BHSV = F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=self.scale)
-        return self.wo(out_BHSV.transpose(1, 2).reshape(*q_BSHK.shape[:2], -1))
+        # SDPA's is_causal aligns the mask to the top left: right without a past; with one, one new
+        # query sees every key, and several need the mask shifted by the past.
+        past = length - seqlen
+        mask = None
+        if past and seqlen > 1:
+            mask = torch.ones(seqlen, length, dtype=torch.bool, device=q.device).tril(diagonal=past)
+        out_BHSV = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=not past and seqlen > 1,
+                                                  scale=self.scale)
+        return self.wo(out_BHSV.transpose(1, 2).reshape(batch, seqlen, -1))
 
-    def forward(self, x_BSD: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
+    def forward(self, x_BSD: torch.Tensor, rope: torch.Tensor, cache: LayerCache | None = None,
+                start: int = 0) -> torch.Tensor:
+        """``cache`` (sampling only): this layer's latents of the ``start`` earlier positions; the new ones are
+        added. It holds C + R numbers per position (the latent and the rotary key), not 2 x H heads of keys
+        and values."""
         q_BSHK = self.queries(x_BSD)
         q_nope, q_rope = q_BSHK.split([self.nope_dim, self.rope_dim], dim=-1)
-        q_BSHK = torch.cat([q_nope, apply_rope(q_rope, rope, interleave=self.interleave)], dim=-1)
-        kv_BSC, k_rope_BS1R = self.latent(x_BSD, rope)
-        return self.attend(q_BSHK, kv_BSC, k_rope_BS1R, causal=True)
+        q_BSHK = torch.cat([q_nope, apply_rope(q_rope, rope, interleave=self.interleave, start=start)], dim=-1)
+        kv_BLC, k_rope_BL1R = self.latent(x_BSD, rope, start)
+        if cache is not None:
+            kv_BLC, k_rope_BL1R = cache.append(kv_BLC, k_rope_BL1R)
+        return self.attend(q_BSHK, kv_BLC, k_rope_BL1R)
 
 
 class TransformerBlock(nn.Module):
@@ -286,8 +306,9 @@ class TransformerBlock(nn.Module):
         else:
             self.feed_forward = FeedForward(args.dim, args.intermediate_size)
 
-    def forward(self, x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
-        h = x + self.attention(self.attention_norm(x), rope)
+    def forward(self, x: torch.Tensor, rope: torch.Tensor, cache: LayerCache | None = None,
+                start: int = 0) -> torch.Tensor:
+        h = x + self.attention(self.attention_norm(x), rope, cache, start)
         return h + self.mlp(self.ffn_norm(h))
 
     def mlp(self, x: torch.Tensor) -> torch.Tensor:
@@ -314,10 +335,12 @@ class Transformer(nn.Module):
         self.output: nn.Linear | None = output_head(self.tok_embeddings, args.tie_embeddings)
         self.register_buffer("rope", rope_table(args), persistent=False)
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+    def forward(self, tokens: torch.Tensor, *, cache: KVCache | None = None) -> torch.Tensor:
+        """``cache`` (sampling only, ``titan_core.KVCache``): ``tokens`` are the new tokens, at positions
+        from ``cache.offset``; each layer caches its latents, not its keys and values."""
         h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens
-        for layer in self.layers.values():
-            h = layer(h, self.rope)
+        for name, layer in self.layers.items():
+            h = layer(h, self.rope) if cache is None else layer(h, self.rope, cache.layer(name), cache.offset)
         return final_norm_and_head(h, self.norm, self.output)
 
     def tied_weights(self) -> list[tuple[str, str]]:
@@ -346,6 +369,14 @@ class Transformer(nn.Module):
         from titan_core import init_model_weights
 
         init_model_weights(self, seed=seed)
+
+
+def cache_bytes_per_token(args: DeepSeekV3Args, *, bytes_per_number: int = 4) -> tuple[int, int]:
+    """(latent cache, the same model's cache with multi-head attention) bytes per token, all layers: the
+    latent and rotary key, against every head's key (qk_head_dim) and value (v_head_dim)."""
+    latent = args.n_layers * (args.kv_lora_rank + args.qk_rope_head_dim) * bytes_per_number
+    mha = args.n_layers * args.n_heads * (args.qk_head_dim + args.v_head_dim) * bytes_per_number
+    return latent, mha
 
 
 def attention_parameters(args: DeepSeekV3Args) -> int:
