@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from titan_core.metrics import peak_flops
-from titan_core.precision import autocast_for, resolve_compute_dtype
+from titan_core.observability.metrics import peak_flops
+from titan_core.parallel.precision import autocast_for, resolve_compute_dtype
 
 from conftest import trained
 

@@ -16,10 +16,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ..errors import ConfigError
-from ..hf.folder import is_hf_folder
-from ..sampling import Sampling, sample, takes_cache
-from ..weights.titan_checkpoint import is_titan_checkpoint, newest_checkpoint
-from ..whole_model import load_hf_folder, load_titan_checkpoint
+from ..models.sampling import Sampling, sample, takes_cache
+from ..runtime.folder_kinds import is_hf_folder, is_titan_checkpoint
+from ..train.whole_model import load_hf_folder, load_titan_checkpoint
+from ..weights.titan_checkpoint import newest_checkpoint
 from .tool_main import parse_and_run
 
 PROG = "titan-generate"

@@ -1,4 +1,5 @@
-"""Mixture-of-Experts building blocks for any TrainSpec: router, stacked experts, grouped GEMM, balancing.
+"""Mixture-of-Experts building blocks for any TrainSpec: router, stacked experts, grouped GEMM,
+balancing.
 
 What a MoE family needs, written once: softmax or sigmoid scoring, group-limited top-k,
 renormalised and scaled top-k weights, shared experts, the auxiliary-loss-free routing bias and
@@ -7,6 +8,9 @@ the optional sequence-wise auxiliary loss, and dense-first layers (:func:`is_moe
 A model puts :class:`MoE` blocks where its dense MLPs would be; the trainer finds them
 (``MoEMonitor``), adds their auxiliary loss to the training loss, updates their routing
 biases after each optimizer step and logs their load. Nothing here names a model.
+
+May import ``plugin``, ``models``, ``config``, ``runtime`` and the leaves; ``parallel`` (expert
+parallelism) and the model plugins use it.
 """
 
 from .balance import load_balancing_loss, load_imbalance, update_expert_bias

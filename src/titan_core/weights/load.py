@@ -23,6 +23,7 @@ import torch
 from torch import nn
 from torch.distributed.tensor import DTensor, distribute_tensor
 
+from ..boundary.meta_model import meta_model
 from ..checkpoint import collect_param_shapes
 from ..checkpoint.states import full_shapes, merged_view, model_state
 from ..console import progress
@@ -30,14 +31,13 @@ from ..errors import ConfigError, PluginError
 from ..hf.adapter import adapter_of, hf_key_of, row_map
 from ..hf.folder import HFFolder, open_hf_folder
 from ..hf.stacks import stack_folder
-from ..meta_model import meta_model
-from ..ties import declared_ties
+from ..models.ties import declared_ties
 from .source import WHAT, StartingWeights, source_kind
 from .titan_checkpoint import load_model_weights
 
 if TYPE_CHECKING:
-    from ..hf.adapter import StateDictAdapter
-    from ..protocols import TrainSpec
+    from ..plugin.protocols import TrainSpec
+    from ..plugin.spec_factories import StateDictAdapter
 
 
 def _local_tensors(model_parts: list[nn.Module]) -> dict[str, torch.Tensor]:
