@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from titan_core.model_parts import DecoderSection
+from titan_core.models.model_parts import DecoderSection
 
 
 class DeepSeekV3Section(DecoderSection):

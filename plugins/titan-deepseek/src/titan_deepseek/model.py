@@ -40,7 +40,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from titan_core.model_parts import (
+from titan_core.models.model_parts import (
     FeedForward,
     final_norm_and_head,
     init_decoder_parameter,
@@ -51,7 +51,7 @@ from titan_core.model_parts import (
 from titan_core.moe import MoE, check_routing, is_moe_layer
 
 if TYPE_CHECKING:
-    from titan_core.kv_cache import KVCache, LayerCache
+    from titan_core.models.kv_cache import KVCache, LayerCache
 
 # transformers builds the two latent norms with RMSNorm's default epsilon, whatever rms_norm_eps says.
 LATENT_NORM_EPS = 1e-6

@@ -3,7 +3,7 @@
 Parallelism is titan-core's default (activation checkpointing -> compile -> FSDP2 over the
 blocks; expert parallelism from ``titan_core.moe``'s blocks) and titan-core's pipeline splitter
 over ``layers``. No TP plan yet: ``parallelism.tp > 1`` is refused by the core. The layout check
-is reached through a ``titan_core.deferred`` stand-in, so ``titan-train --list`` stays cheap.
+is reached through a ``titan_core.plugin.deferred`` stand-in, so ``titan-train --list`` stays cheap.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 from torch import nn
 
 from titan_core import TrainSpec
-from titan_core.deferred import deferred
+from titan_core.plugin.deferred import deferred
 
 from .config import DeepSeekV3Section
 from .flavors import deepseek_v3_flavors
