@@ -30,6 +30,17 @@ from .experts import GroupedExperts
 from .router import ScoreFunc, TopKRouter
 
 
+def tokens_per_expert(sorted_choices: torch.Tensor, num_experts: int) -> torch.Tensor:
+    """How many routing choices went to each expert, from the choices sorted by expert (int64 [experts]).
+
+    Where each expert's block starts in the sorted list, found by binary search: the same
+    figures as ``torch.bincount``, which has no deterministic CUDA kernel (it adds with
+    atomics) and so stopped runs with ``training.deterministic=true``.
+    """
+    bounds = torch.arange(num_experts + 1, device=sorted_choices.device, dtype=sorted_choices.dtype)
+    return torch.diff(torch.searchsorted(sorted_choices, bounds))
+
+
 class MoE(nn.Module):
     """[B, S, D] (or [T, D]) -> the same shape, through ``top_k`` of ``num_experts`` SwiGLU experts.
 
@@ -66,10 +77,10 @@ class MoE(nn.Module):
         weights_TK, expert_ids_TK, probs_TE = self.router(x_TD)
         top_k = expert_ids_TK.shape[-1]
         expert_ids_N = expert_ids_TK.flatten()
-        num_tokens_per_expert_E = torch.bincount(expert_ids_N, minlength=self.router.num_experts)
         # Stable sort: within an expert the tokens keep their order, so results do not
         # depend on the sort's tie-breaking.
         pair_order_N = torch.argsort(expert_ids_N, stable=True)
+        num_tokens_per_expert_E = tokens_per_expert(expert_ids_N[pair_order_N], self.router.num_experts)
         token_ids_N = pair_order_N // top_k
         routed_ND = self.experts(x_TD[token_ids_N], num_tokens_per_expert_E)
         routed_ND = routed_ND * weights_TK.flatten()[pair_order_N].unsqueeze(-1)
