@@ -70,6 +70,15 @@ def test_moe_balance_prints_start_peak_and_last_steps() -> None:
     assert re.search(r"^target <= 1.3: (met|MISSED)$", out, re.M), out
 
 
+def test_chunked_loss_memory_prints_both_variants_and_their_ratio() -> None:
+    out = bench("chunked_loss_memory.py", "--vocab", "3000", "--batch", "2", "--seq-len", "512", "--dim", "32",
+                "--chunk-tokens", "64")
+    rows = dict(re.findall(r"^(full|chunked)\s+\d+\s+[\d.]+\s+([\d.]+)$", out, re.M))
+    assert set(rows) == {"full", "chunked"}, out
+    assert abs(float(rows["full"]) - float(rows["chunked"])) < 1e-5, out  # the same loss
+    assert re.search(r"chunked / full: peak memory [\d.]+, time [\d.]+, loss difference [\d.e+-]+$", out, re.M), out
+
+
 def test_prepare_benchmark_prints_the_command_against_the_bare_loop_and_its_start_up() -> None:
     out = bench("prepare.py", "--mb", "0.2", "--rounds", "1", "--startup-repeats", "1")
     rows = {int(m[1]): [float(x.replace(",", "")) for x in m.groups()[1:]]
@@ -100,6 +109,11 @@ SMALLEST = {
     "fsdp_gather_bytes.py": (["--steps", "1"], r"^ratio bfloat16 / float32: [\d.]+$"),
     "data.py": (["data-ms", "--steps", "2", "--seq-len", "64", "--batch", "2"], r"^\s+[\d.]+\s+[\d.]+\s+[\d.]+%$"),
     "hf_initial_load_memory.py": ([], r"^\| 1 \| \d+ \| \d+ \| \d+ \| \d+ \| \d+ \| yes \|"),
+    "memory_breakdown.py": (["--batch", "1", "--seq-len", "64", "--steps", "1"],
+                            r"^sum = peak resident memory of the step\s+\d+$"),
+    # Without a torchtitan source: titan-core alone, and the script says so.
+    "vs_torchtitan.py": (["--tt-src", "", "--steps", "4", "--batch", "1", "--seq-len", "32", "--layouts", "single"],
+                         r"^single\s+titan\s+[\d.]+\s+\d+\s+[\d.]+\s+[\d.]+$"),
 }
 
 
@@ -113,5 +127,6 @@ def test_every_benchmark_runs_in_a_default_install(script: str) -> None:
 
 def test_every_benchmark_script_is_run_by_a_test() -> None:
     scripts = {p.name for p in (REPO / "benchmarks").glob("*.py") if not p.name.startswith("_")}
-    covered = set(SMALLEST) | {"overhead.py", "attention.py", "moe_step_time.py", "moe_balance.py", "prepare.py"}
+    covered = set(SMALLEST) | {"overhead.py", "attention.py", "moe_step_time.py", "moe_balance.py", "prepare.py",
+                               "chunked_loss_memory.py"}
     assert scripts == covered

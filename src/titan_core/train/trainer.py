@@ -35,6 +35,7 @@ from ..data.token_ids import check_batch_ids
 from ..errors import ConfigError, NonFiniteError
 from ..hf.export import export_hf
 from ..models.loss import cross_entropy_loss
+from ..models.model_parts import HeadRequest, hidden_states_for_loss
 from ..models.ties import check_ties, retie_weights
 from ..moe import MoEMonitor
 from ..observability.metrics import MetricsLogger, reset_peak_memory
@@ -56,6 +57,7 @@ from ..runtime.signals import no_interrupt, requested_signal
 from ..weights.load import load_starting_weights
 from ..weights.shape import check_shape_file_unchanged, record_shape_file
 from . import build
+from .chunked_loss import chunkable_head, chunked_cross_entropy
 from .converters import ConversionTable
 from .finite_watch import FiniteWatch
 from .grad_norm import clip_grad_norm_on_device
@@ -259,6 +261,13 @@ class Trainer:
 
     def build_model_parts(self, model: nn.Module) -> None:
         self.loss_fn = self.calls.loss_fn() or cross_entropy_loss
+        t, p = self.config.training, self.config.parallelism
+        # The chunked loss stands in for the built-in one only; with FSDP's reshard-always the
+        # head's weight is sharded again once the forward returns, so the head stays in the forward.
+        self.chunk_loss = (t.chunked_loss and self.loss_fn is cross_entropy_loss
+                           and type(self).compute_loss is Trainer.compute_loss
+                           and not (self.dims.fsdp_enabled and p.fsdp_reshard_after_forward == "always"))
+        self.pipe_head: HeadRequest | None = None  # the request of the pipeline step under way
         self.accum = accumulation_steps(self.config, self.dims.dp)
         self.pipeline = None
         if self.dims.pp_enabled:
@@ -294,10 +303,11 @@ class Trainer:
         """The pipeline's per-microbatch loss, weighted by its share of the step's valid tokens;
         the schedule divides gradients by its number of microbatches, hence ``splits``.
         Validation runs the schedule forward-only under no_grad: there the sum of its token losses."""
-        loss = self.compute_loss(logits, labels)
+        valid = count_valid(labels)
+        loss = self.micro_batch_loss(logits, labels, self.pipe_head, valid=valid)
         if not torch.is_grad_enabled():
-            return token_loss_sum(loss, valid=count_valid(labels))
-        return token_weighted(loss, valid=count_valid(labels), global_valid=self.step_valid_tokens, dp=self.dims.dp,
+            return token_loss_sum(loss, valid=valid)
+        return token_weighted(loss, valid=valid, global_valid=self.step_valid_tokens, dp=self.dims.dp,
                               splits=self.pp_batch_rows // labels.shape[0])
 
     def materialize_and_init(self) -> None:
@@ -382,6 +392,23 @@ class Trainer:
         """The mean loss of one micro-batch (the spec's ``build_loss_fn``, or cross-entropy)."""
         return self.loss_fn(logits, labels)
 
+    def head_request(self) -> contextlib.AbstractContextManager[HeadRequest | None]:
+        """Around a forward: asks a model that ends in ``final_norm_and_head`` for its hidden states
+        and head, when the loss is chunked (chunked_loss.py)."""
+        return hidden_states_for_loss() if self.chunk_loss else contextlib.nullcontext(None)
+
+    def micro_batch_loss(self, output: torch.Tensor, labels: torch.Tensor, request: HeadRequest | None, *,
+                         valid: int) -> torch.Tensor:
+        """The mean loss of one micro-batch from the forward's ``output``: logits, or the final hidden
+        states when the forward handed its head over in ``request``."""
+        head = request.head if request is not None else None
+        if head is None:
+            return self.compute_loss(output, labels)
+        if chunkable_head(head):
+            return chunked_cross_entropy(output, head, labels, valid=valid,
+                                         chunk_tokens=self.config.training.loss_chunk_tokens)
+        return self.compute_loss(head(output), labels)
+
     def model_kwargs(self, positions: torch.Tensor | None) -> dict[str, torch.Tensor]:
         return {} if positions is None else {"positions": to_device(positions, self.device)}
 
@@ -395,10 +422,10 @@ class Trainer:
         if self.pipeline is not None:
             return self.pipeline_forward_backward(inputs, labels, positions)
         with self.autocast(), self.loss_context():
-            with self.profiler.phase("forward"):
-                logits = self.calls.forward(self.model_parts[0], inputs, **self.model_kwargs(positions))
-            loss = token_weighted(self.compute_loss(logits, labels), valid=valid, global_valid=self.step_valid_tokens,
-                                  dp=self.dims.dp)
+            with self.profiler.phase("forward"), self.head_request() as request:
+                output = self.calls.forward(self.model_parts[0], inputs, **self.model_kwargs(positions))
+            loss = token_weighted(self.micro_batch_loss(output, labels, request, valid=valid), valid=valid,
+                                  global_valid=self.step_valid_tokens, dp=self.dims.dp)
             aux = self.moe.after_forward()  # MoE load-balancing loss: trained on, not reported in `loss`
             with self.profiler.phase("backward"):
                 (loss if aux is None else loss + aux / self.accum).backward()
@@ -414,9 +441,10 @@ class Trainer:
         args = (inputs,) if pipe.has_first_stage else ()
         # Keyword arguments reach every stage (split into microbatches like the inputs): the
         # document positions travel beside the activations (TrainSpec.pipeline_takes_positions).
-        with self.autocast(), self.loss_context():
+        with self.autocast(), self.loss_context(), self.head_request() as self.pipe_head:
             pipe.schedule.step(*args, target=target, losses=losses, return_outputs=False,
                                **self.model_kwargs(positions))
+        self.pipe_head = None
         if losses:
             return torch.stack([_plain(loss) for loss in losses]).mean()
         return torch.zeros((), device=self.device)
@@ -617,13 +645,18 @@ class Trainer:
         last PP stage."""
         with self.autocast(), self.loss_context():
             if self.pipeline is None:
-                logits = self.calls.forward(self.model_parts[0], inputs, **self.model_kwargs(positions))
-                return _plain(token_loss_sum(self.compute_loss(logits, labels), valid=count_valid(labels))).double()
+                with self.head_request() as request:
+                    output = self.calls.forward(self.model_parts[0], inputs, **self.model_kwargs(positions))
+                valid = count_valid(labels)
+                return _plain(token_loss_sum(self.micro_batch_loss(output, labels, request, valid=valid),
+                                             valid=valid)).double()
             pipe = self.pipeline
             losses: list[torch.Tensor] | None = [] if pipe.has_last_stage else None
             target = labels if pipe.has_last_stage else None
             args = (inputs,) if pipe.has_first_stage else ()
-            pipe.schedule.eval(*args, target=target, losses=losses, **self.model_kwargs(positions))
+            with self.head_request() as self.pipe_head:
+                pipe.schedule.eval(*args, target=target, losses=losses, **self.model_kwargs(positions))
+            self.pipe_head = None
         if losses:  # each microbatch's sum (scaled_loss under no_grad)
             return torch.stack([_plain(loss) for loss in losses]).double().sum()
         return torch.zeros((), device=self.device, dtype=torch.float64)
