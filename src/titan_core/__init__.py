@@ -10,6 +10,10 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from ._version import PLUGIN_API_VERSION, __version__
+from .runtime.torch_floor import require_torch_floor
+
+# A torch older than the floor ends the process here (one message, exit 2), not in a traceback later.
+require_torch_floor()
 
 
 def _lazy_table() -> dict[str, str]:

@@ -92,7 +92,7 @@ def plain_tensor(value: object) -> object:
 
 
 def _plain(state: dict[str, Any]) -> dict[str, Any]:
-    from torch.utils._pytree import tree_map
+    from ..runtime.torch_compat import tree_map
 
     plain: dict[str, Any] = tree_map(plain_tensor, state)
     return plain

@@ -33,15 +33,16 @@ def _safe_http_transport(timeout: timedelta) -> Any:
     """torchft's HTTP transport, but loading what a peer sends with ``weights_only=True``."""
     import urllib.request
 
-    from torch.distributed._serialization import _streaming_load
     from torchft.checkpointing.http_transport import HTTPTransport
+
+    from ..runtime.torch_compat import streaming_load
 
     class SafeHTTPTransport(HTTPTransport):  # type: ignore[misc]
         @classmethod
         def _load_from_address(cls, address: str, timeout: timedelta) -> object:
             # torchft loads with weights_only=False (arbitrary pickles); our state is tensors and plain values.
             with urllib.request.urlopen(address, timeout=timeout.total_seconds()) as f:
-                return _streaming_load(f, weights_only=True)
+                return streaming_load(f, weights_only=True)
 
     return SafeHTTPTransport(timeout=timeout, num_chunks=0)
 

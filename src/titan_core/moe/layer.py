@@ -19,6 +19,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ..runtime.torch_compat import current_graph_task_id
 from .balance import load_balancing_loss
 from .experts import GroupedExperts
 from .router import TopKRouter
@@ -69,7 +70,7 @@ class MoE(nn.Module):
             aux_loss = (self.aux_loss_coeff * load_balancing_loss(probs.reshape(*per_sequence, probs.shape[-1]),
                                                                   experts.reshape(*per_sequence, top_k))
                         if self.aux_loss_coeff > 0 else None)
-            if torch._C._current_graph_task_id() == -1:  # not a recompute in backward: count the tokens once
+            if current_graph_task_id() == -1:  # not a recompute in backward: count the tokens once
                 before = self.tokens_per_expert
                 self.tokens_per_expert = counts.detach() if before is None else before + counts.detach()
                 self.aux_loss = aux_loss

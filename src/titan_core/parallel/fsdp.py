@@ -72,8 +72,9 @@ def apply_fsdp(
                               reduce_dtype=_DTYPES[parallelism.reduce_dtype])
     blocks = list(blocks)
     if not parallel_dims.fsdp_enabled:
-        from torch.distributed._composable.replicate_with_fsdp import replicate
+        from ..runtime.torch_compat import replicate_with_fsdp
 
+        replicate = replicate_with_fsdp()
         for block in blocks:
             replicate(block, mesh=dp_mesh, mp_policy=mp)
         replicate(model, mesh=dp_mesh, mp_policy=mp)
