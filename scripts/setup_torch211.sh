@@ -6,10 +6,11 @@
 # CPU, with the CUDA libraries its own libraries link against, so only those are installed (about 3 GB
 # in all): not triton, cuda-bindings, nvrtc or nvtx, which torch's metadata also asks for. pip therefore
 # reports torch's requirements as unmet; that is expected. Re-running reinstalls this checkout's wheels.
+# PYTHON picks the interpreter (python3 by default; the GPU image has 3.12).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
-VENV=.venv-torch211
+VENV=${TORCH211_VENV:-.venv-torch211}  # another folder (e.g. for a second Python): TORCH211_VENV=...
 quiet=(-q)
 if [ "${TITAN_SETUP_VERBOSE:-0}" = 1 ]; then quiet=(); fi
 say() { echo "[setup-torch211] $*"; }
