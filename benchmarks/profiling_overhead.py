@@ -27,7 +27,7 @@ from _common import int_parser
 
 STUB = r'''
 import contextlib
-from titan_core.profiling import StepProfiler
+from titan_core.observability.profiling import StepProfiler
 
 
 _null = contextlib.nullcontext()

@@ -112,10 +112,10 @@ def state_bytes(trainer: Any) -> dict[str, int]:
 def worker(overrides: list[str], out_dir: Path) -> None:
     import torch
 
-    from titan_core import distributed
+    from titan_core.parallel import distributed
     from titan_core.plan.resolve import resolve_config
     from titan_core.runtime import launch_env
-    from titan_core.trainer import Trainer
+    from titan_core.train.trainer import Trainer
 
     torch.set_num_threads(1)
     register_scaling_spec()

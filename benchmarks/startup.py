@@ -21,7 +21,7 @@ COMMANDS = {
     "titan-train --list": [sys.executable, "-m", "titan_core", "--list"],
 }
 TORCHAO_CHECK = (
-    "import sys; from titan_core.cli import main; main([{flag!r}]); "
+    "import sys; from titan_core.commands.titan_train import main; main([{flag!r}]); "
     "print('TORCHAO_IMPORTED' if 'torchao' in sys.modules else 'TORCHAO_NOT_IMPORTED', file=sys.stderr)"
 )
 

@@ -3,7 +3,13 @@
 - cycles between the direct children of ``titan_core`` (modules and subpackages), counting
   imports inside functions too and leaving out ``if TYPE_CHECKING:`` imports;
 - function-level imports of ``titan_core`` modules inside ``titan_core`` (import statements);
-- parameters annotated ``Any`` in src (``*args`` / ``**kwargs`` not counted).
+- parameters annotated ``Any`` in src (``*args`` / ``**kwargs`` not counted);
+- at file level (each module and package ``__init__`` a node; ``if TYPE_CHECKING:`` imports
+  counted too, since a reader follows them, but not the package root's lazy re-export list):
+  the import circles, and the arrows running back up: imports of a module in a higher layer of
+  the import-linter contract (pyproject.toml), which lint-imports does not see when they are
+  type-only;
+- the top-level modules of ``titan_core`` (files directly in the package).
 
     python scripts/import_graph.py            # the three figures and each cycle
     python scripts/import_graph.py --list     # also every function-level import, with its reason
@@ -46,8 +52,10 @@ class Imports(ast.NodeVisitor):
         self.found: list[tuple[str, bool, int]] = []
         self.depth = 0
 
+    with_type_checking = False
+
     def visit_If(self, node: ast.If) -> None:
-        if is_type_checking(node.test):
+        if is_type_checking(node.test) and not self.with_type_checking:
             for child in node.orelse:
                 self.visit(child)
             return
@@ -159,11 +167,55 @@ def any_params(tree: ast.AST) -> list[int]:
     return lines
 
 
+def contract_layers() -> dict[str, int]:
+    """titan_core unit -> its layer's index in the import-linter contract (0 = top)."""
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib  # type: ignore[no-redef]
+    contracts = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+    (layers,) = [c["layers"] for c in contracts if c["type"] == "layers"]
+    return {name.strip(): i for i, layer in enumerate(layers) for name in layer.split("|")}
+
+
+def layer_of(module: str, layers: dict[str, int]) -> int | None:
+    parts = module.split(".")
+    for k in range(len(parts), 1, -1):
+        if ".".join(parts[:k]) in layers:
+            return layers[".".join(parts[:k])]
+    return None
+
+
+def file_level(files: list[Path], modules: set[str], lazy: dict[str, str]) -> tuple[list[list[str]], list[str]]:
+    """(import circles between files, arrows running back up), TYPE_CHECKING imports included."""
+    graph: dict[str, set[str]] = defaultdict(set)
+    for path in files:
+        mod = module_name(path)
+        if mod == "titan_core":
+            continue  # the root's TYPE_CHECKING block is the public name list, loaded lazily
+        visitor = Imports(mod, path.name == "__init__.py")
+        visitor.with_type_checking = True
+        visitor.visit(ast.parse(path.read_text()))
+        for target, _in_function, _lineno in visitor.found:
+            dest = resolve(target, modules, lazy)
+            if dest is not None and dest != mod and dest != "titan_core":
+                graph[mod].add(dest)
+    layers = contract_layers()
+    up = []
+    for a in sorted(graph):
+        for b in sorted(graph[a]):
+            la, lb = layer_of(a, layers), layer_of(b, layers)
+            if la is not None and lb is not None and lb < la:
+                up.append(f"{a} -> {b}")
+    return strongly_connected(graph), up
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--list", action="store_true", help="print every function-level import")
     parser.add_argument("--edges", action="store_true", help="print every edge between units")
     parser.add_argument("--any", action="store_true", help="print every parameter annotated Any")
+    parser.add_argument("--files", action="store_true", help="print each file-level circle and arrow back up")
     parser.add_argument("--modules", action="store_true",
                         help="also check module-level imports between modules for cycles (an import-time crash risk)")
     args = parser.parse_args()
@@ -224,6 +276,17 @@ def main() -> int:
     if args.any:
         for line in any_where:
             print(f"  {line}")
+    circles, up = file_level(files, modules, lazy)
+    print(f"file-level import circles: {len(circles)}")
+    if args.files:
+        for comp in circles:
+            print(f"  {', '.join(comp)}")
+    print(f"file-level arrows running back up a layer: {len(up)}")
+    if args.files:
+        for edge in up:
+            print(f"  {edge}")
+    top = sorted(p.stem for p in PKG.glob("*.py"))
+    print(f"top-level modules of titan_core: {len(top)} ({', '.join(top)})")
     if args.modules:
         module_cycles = strongly_connected(top_graph)
         print(f"cycles between modules through module-level imports: {len(module_cycles)}")

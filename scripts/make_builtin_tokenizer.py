@@ -25,7 +25,7 @@ from pathlib import Path
 import regex
 
 from titan_core.data.corpus import builtin_documents
-from titan_core.tokenizer import (
+from titan_core.data.tokenizer import (
     BUILTIN_PATH,
     BUILTIN_SPECIAL_TOKENS,
     BUILTIN_VOCAB_SIZE,

@@ -16,9 +16,9 @@ from pydantic import BaseModel, ValidationError
 from torch import nn
 
 from titan_core.config.sections import CompileSection, ParallelismSection, TrainingSection
-from titan_core.converters import apply_converters
 from titan_core.errors import TitanError
-from titan_core.protocols import RunContext
+from titan_core.plugin.protocols import RunContext
+from titan_core.train.converters import apply_converters
 from titan_llama.model import LlamaArgs, Transformer
 
 LLAMA = LlamaArgs(dim=64, n_layers=2, n_heads=4, vocab_size=256, multiple_of=32, max_seq_len=64)

@@ -78,3 +78,29 @@ def test_every_function_level_import_says_why() -> None:
                          text=True, check=True, env={"PYTHONPATH": str(REPO / "src"), "PATH": "/usr/bin:/bin"}).stdout
     lines = [line for line in out.splitlines() if line.startswith("  src/")]
     assert lines and all("#" in line and line.split("#", 1)[1].strip() for line in lines), out
+
+
+def _figures() -> str:
+    return subprocess.run([sys.executable, str(REPO / "scripts/import_graph.py"), "--files"], capture_output=True,
+                          text=True, check=True, env={"PYTHONPATH": str(REPO / "src"), "PATH": "/usr/bin:/bin"}).stdout
+
+
+def test_the_layout_figures_issue_28_tracks() -> None:
+    """At most 12 top-level modules, no import circle between files (type-only imports included), at most 5
+    file-level arrows back up a layer; the doc states the true counts."""
+    out = _figures()
+    top = re.search(r"top-level modules of titan_core: (\d+)", out)
+    circles = re.search(r"file-level import circles: (\d+)", out)
+    up = re.search(r"file-level arrows running back up a layer: (\d+)", out)
+    assert top and circles and up, out
+    assert int(top.group(1)) <= 12, out
+    assert int(circles.group(1)) == 0, out
+    assert int(up.group(1)) <= 5, out
+    doc = " ".join(DOC.read_text().split())
+    assert f"the arrows running back up a layer ({up.group(1)}:" in doc, out
+
+
+def test_every_package_docstring_says_what_lives_there_and_what_it_may_import() -> None:
+    for init in sorted(PACKAGE.glob("*/__init__.py")):
+        doc = init.read_text().split('"""')[1] if init.read_text().lstrip().startswith('"""') else ""
+        assert len(doc.split()) >= 15, f"{init.relative_to(REPO)} has no docstring saying what lives there"

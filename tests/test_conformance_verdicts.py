@@ -100,7 +100,7 @@ def test_a_plugin_that_fails_to_import_gets_one_row_not_a_traceback_per_check(tm
         [titan.model_converters]
         broken_conv = broken_conv_pkg:Conv
     """))
-    proc = subprocess.run([sys.executable, "-m", "titan_core.plugin_cli", "check", "broken_conv"], capture_output=True,
+    proc = subprocess.run([sys.executable, "-m", "titan_core.commands.titan_plugin", "check", "broken_conv"], capture_output=True,
                           text=True, timeout=300, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(site)})
     assert proc.returncode == 1, proc.stdout + proc.stderr
     rows = {line[:29].strip(): line[29:].split() for line in proc.stdout.splitlines()[3:11]}

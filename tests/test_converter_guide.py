@@ -52,7 +52,7 @@ def test_the_shown_typo_error_and_overlap_table_are_what_the_cli_prints(tmp_path
         "from titan_core import register_model_converter\n"
         "from titan_int8_fake import Int8FakeConverter\n"
         "register_model_converter('int8fake', Int8FakeConverter)\n"
-        "from titan_core.cli import main\n"
+        "from titan_core.commands.titan_train import main\n"
         "raise SystemExit(main(sys.argv[2:]))\n"
     )
 

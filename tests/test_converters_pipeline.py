@@ -9,10 +9,10 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 
-from titan_core.converters import ConversionTable, apply_converters, register_converter_hooks
+from titan_core.config.parallel_dims import ParallelDims
 from titan_core.errors import ConfigError
-from titan_core.parallel_dims import ParallelDims
-from titan_core.protocols import ModelConverter
+from titan_core.plugin.protocols import ModelConverter
+from titan_core.train.converters import ConversionTable, apply_converters, register_converter_hooks
 
 
 class Block(nn.Module):

@@ -59,13 +59,13 @@ def test_a_bad_trainer_is_one_message_and_exit_2(cli, ref: str, fragments: tuple
 
 def test_a_class_given_to_main_reaches_the_workers_by_name(capsys: pytest.CaptureFixture[str]) -> None:
     from titan_core import Trainer, main
-    from titan_core.cli import _worker_argv, build_parser
+    from titan_core.commands.titan_train import _worker_argv, build_parser
 
     class Local(Trainer):
         pass
 
     args = build_parser().parse_known_args([])[0]
-    assert _worker_argv(args, ["--x"], Trainer) == ["--x", "--trainer", "titan_core.trainer:Trainer"]
+    assert _worker_argv(args, ["--x"], Trainer) == ["--x", "--trainer", "titan_core.train.trainer:Trainer"]
     with pytest.raises(Exception, match="worker processes cannot import it"):
         _worker_argv(args, [], Local)
     capsys.readouterr()

@@ -22,9 +22,9 @@ from titan_core.data.loader import TokenDataLoader
 from titan_core.data.packing import pack_documents, split_stream
 from titan_core.data.prefetch import PrefetchingLoader
 from titan_core.data.sources import read_documents
+from titan_core.data.tokenizer import TiktokenTokenizer, read_bpe_ranks
 from titan_core.errors import ConfigError
 from titan_core.plan.tokenizer import build_tokenizer
-from titan_core.tokenizer import TiktokenTokenizer, read_bpe_ranks
 
 from conftest import REPO, CliResult, assert_user_error
 
@@ -363,7 +363,7 @@ def test_prepare_into_a_finished_folder_of_other_inputs_is_refused_and_the_same_
 
 
 def other_tokenizer(tmp_path: Path) -> TiktokenTokenizer:
-    from titan_core.tokenizer import BUILTIN_PATH, BUILTIN_SPECIAL_TOKENS
+    from titan_core.data.tokenizer import BUILTIN_PATH, BUILTIN_SPECIAL_TOKENS
 
     ranks = read_bpe_ranks(BUILTIN_PATH)
     ranks = dict(sorted(ranks.items(), key=lambda kv: kv[1])[:1500])  # a smaller vocabulary: another tokenizer
@@ -411,7 +411,7 @@ def test_hostile_shard_sets_are_refused_naming_the_problem(case: str, shards: Pa
 
 
 def test_a_run_on_shards_of_another_tokenizer_stops_at_start_up_with_exit_2(shards: Path, tmp_path: Path) -> None:
-    from titan_core.tokenizer import write_bpe_ranks
+    from titan_core.data.tokenizer import write_bpe_ranks
 
     write_bpe_ranks(tmp_path / "small.model", other_tokenizer(tmp_path).mergeable_ranks)
     from conftest import run_cli

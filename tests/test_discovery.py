@@ -8,7 +8,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from titan_core import ModelConverter, PluginError, discovery
+from titan_core import ModelConverter, PluginError
+from titan_core.plugin import discovery
 
 from conftest import assert_user_error
 

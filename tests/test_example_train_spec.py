@@ -141,7 +141,7 @@ def _args(tg: ModuleType, **changes: Any) -> Any:
 
 
 def test_meta_build_plus_init_equals_cpu_build_plus_init(tg: ModuleType) -> None:
-    from titan_core.init import init_model_weights
+    from titan_core.models.init import init_model_weights
 
     args = _args(tg)
     torch.manual_seed(123)  # the CPU build starts from torch's default init, which must all be overwritten
@@ -162,7 +162,7 @@ def test_meta_build_plus_init_equals_cpu_build_plus_init(tg: ModuleType) -> None
 
 
 def test_init_follows_the_documented_rules(tg: ModuleType) -> None:
-    from titan_core.init import init_model_weights
+    from titan_core.models.init import init_model_weights
 
     args = _args(tg, dim=128, n_layers=8)
     model = tg.TinyGPT(args)
@@ -218,7 +218,7 @@ def test_flops_per_token_counts_every_linear_weight(tg: ModuleType) -> None:
 def test_activation_checkpointing_recomputes_and_keeps_names_and_gradients(tg: ModuleType) -> None:
     from parallelize_helpers import parallelize_alone
 
-    from titan_core.init import init_model_weights
+    from titan_core.models.init import init_model_weights
     from titan_core.parallel import spec_parallelize_fn
 
     def build(mode: str) -> tuple[torch.nn.Module, list[int]]:

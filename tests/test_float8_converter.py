@@ -11,9 +11,9 @@ from pydantic import ValidationError
 from torch import nn
 from torchao.float8.float8_linear import Float8Linear
 
-from titan_core.converters import apply_converters, register_converter_hooks
+from titan_core.config.parallel_dims import ParallelDims
 from titan_core.errors import ConfigError, TitanError
-from titan_core.parallel_dims import ParallelDims
+from titan_core.train.converters import apply_converters, register_converter_hooks
 from titan_float8 import Float8Config, Float8Converter, fqn_matches, hardware
 from titan_float8.settings import GLOO_REASON
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from titan_core.converters import apply_converters
-from titan_core.parallel_dims import ParallelDims
+from titan_core.config.parallel_dims import ParallelDims
+from titan_core.train.converters import apply_converters
 from titan_float8 import Float8Config, Float8Converter
 from titan_float8.experts import EmulatedFloat8ExpertWeight
 from titan_float8.grouped_mm import emulated_float8_grouped_mm, grouped_mm_float32

@@ -18,8 +18,8 @@ import torch
 from torch import nn
 
 from titan_core.commands import generate as generate_cli
-from titan_core.sampling import Sampling, sample, takes_cache
-from titan_core.whole_model import WholeModel, load_titan_checkpoint
+from titan_core.models.sampling import Sampling, sample, takes_cache
+from titan_core.train.whole_model import WholeModel, load_titan_checkpoint
 
 from conftest import REPO
 

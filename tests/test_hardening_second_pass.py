@@ -273,7 +273,7 @@ def test_a_convert_that_never_returns_stops_at_its_deadline_in_titan_train(tmp_p
 
 
 def test_a_convert_that_never_returns_fails_its_check_in_titan_plugin_check() -> None:
-    proc = run("check", "hang_convert", "--fast", "--call-timeout", "2", *PLUGINS, module="titan_core.plugin_cli",
+    proc = run("check", "hang_convert", "--fast", "--call-timeout", "2", *PLUGINS, module="titan_core.commands.titan_plugin",
                timeout=300)
     text = proc.stdout + proc.stderr
     assert proc.returncode == 1, text
@@ -303,7 +303,7 @@ def test_plugins_named_like_core_sections_are_refused(tmp_path: Path) -> None:
             'converter "optimizer" of <registered in _hardening_plugins>', "core config section ([optimizer])")
     refused(run(*PLUGINS, "--spec", "training", f"--job.run_dir={tmp_path / 'b'}", "--dry-run"),
             'spec "training" of <registered in ', "core config section ([training])")
-    refused(run("new", "converter", "lr_scheduler", "--dir", str(tmp_path / "pkg"), module="titan_core.plugin_cli"),
+    refused(run("new", "converter", "lr_scheduler", "--dir", str(tmp_path / "pkg"), module="titan_core.commands.titan_plugin"),
             'is named "lr_scheduler", which is also the name of a core config section')
     assert not (tmp_path / "pkg").exists() and not (tmp_path / "a").exists()
 

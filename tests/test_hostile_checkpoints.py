@@ -438,7 +438,7 @@ def test_non_finite_config_values_are_config_errors(args: tuple[str, ...], fragm
 def test_a_non_finite_state_is_never_saved(good_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                            capsys: pytest.CaptureFixture[str]) -> None:
     """Step 1's loss and gradients are finite but its update leaves an inf weight: step 1 is not saved."""
-    from titan_core.trainer import Trainer
+    from titan_core.train.trainer import Trainer
 
     original = Trainer.train_step
 

@@ -292,7 +292,7 @@ CASES = [
 
 @pytest.fixture(scope="module")
 def good_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from titan_core.cli import main
+    from titan_core.commands.titan_train import main
 
     run = tmp_path_factory.mktemp("survey") / "run"
     with signals_restored():

@@ -14,8 +14,8 @@ import pytest
 import torch
 from torch import nn
 
-from titan_core.converters import apply_converters
-from titan_core.parallel_dims import ParallelDims
+from titan_core.config.parallel_dims import ParallelDims
+from titan_core.train.converters import apply_converters
 
 from conftest import REPO, Wheels
 

@@ -13,10 +13,10 @@ from torchao.prototype.moe_training.config import MXFP8TrainingOpConfig, MXFP8Tr
 from torchao.prototype.moe_training.tensor import MXFP8TrainingWeightWrapperTensor
 from torchao.quantization.quantize_.common import KernelPreference
 
-from titan_core.converters import apply_converters, register_converter_hooks
+from titan_core.config.parallel_dims import ParallelDims
 from titan_core.errors import ConfigError, TitanError
-from titan_core.parallel_dims import ParallelDims
 from titan_core.runtime.torch_compat import dtensor_has_single_dim_scaled_mm
+from titan_core.train.converters import apply_converters, register_converter_hooks
 from titan_float8 import Float8Config, Float8Converter
 from titan_mx_prototype import MXConfig, MXConverter, hardware
 

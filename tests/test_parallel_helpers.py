@@ -20,7 +20,7 @@ from titan_core import (
     ConfigError,
     default_parallelize_fn,
 )
-from titan_core.init import init_model_weights
+from titan_core.models.init import init_model_weights
 from titan_core.parallel import apply_activation_checkpointing, apply_tensor_parallel, spec_parallelize_fn
 from titan_core.testing.tiny_spec import TINY_SPEC, TinyArgs, TinyTransformer
 

@@ -10,8 +10,8 @@ from pydantic import ValidationError
 from torch import nn
 
 from titan_core import LRSchedulersContainer, LRSchedulerSection, OptimizersContainer, OptimizerSection
-from titan_core.optim import lr_multiplier
-from titan_core.param_groups import assign, describe_difference, layout
+from titan_core.optim.containers import lr_multiplier
+from titan_core.optim.param_groups import assign, describe_difference, layout
 
 
 class Tiny(nn.Module):

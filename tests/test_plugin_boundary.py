@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from titan_core import PluginError
+from titan_core.boundary.plugin_boundary import CheckedAdapter, SpecCalls
 from titan_core.hf.adapter import row_map
-from titan_core.plugin_boundary import CheckedAdapter, SpecCalls
-from titan_core.plugin_calls import call_accepting
+from titan_core.plugin.guard import call_accepting
 from titan_core.testing.tiny_spec import TINY_SPEC
 
 

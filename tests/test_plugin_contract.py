@@ -1,6 +1,6 @@
 """The typed plugin contract at run time: ModelConverter[Config], old-style converters, the
 tokenizer's optional extras. (The static side, that the core's defaults satisfy the factory
-Protocols, is checked by mypy over src/titan_core/_contract_check.py in CI.)"""
+Protocols, is checked by mypy over src/titan_core/testing/contract_check.py in CI.)"""
 
 from __future__ import annotations
 
@@ -11,10 +11,11 @@ import torch
 from pydantic import BaseModel, ConfigDict
 from torch import nn
 
-from titan_core import ConfigError, EmptyConfig, ModelConverter, ParallelDims, discovery
-from titan_core.converters import apply_converters
+from titan_core import ConfigError, EmptyConfig, ModelConverter, ParallelDims
 from titan_core.data.packing import clear_cache, pack_documents, tokenized_source
 from titan_core.plan.tokenizer import build_tokenizer
+from titan_core.plugin import discovery
+from titan_core.train.converters import apply_converters
 
 DIMS = ParallelDims.resolve(dp_replicate=1, dp_shard=1, tp=1, pp=1, world_size=1)
 TOK = build_tokenizer("builtin")

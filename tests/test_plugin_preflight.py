@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from titan_core import ConfigError, ModelConverter, TensorParallelStyles
-from titan_core.cli import main
-from titan_core.tp_styles import resolve_tp_styles
+from titan_core.commands.titan_train import main
+from titan_core.train.tp_styles import resolve_tp_styles
 
 PLUGINS = textwrap.dedent('''
     from titan_core import ModelConverter, TensorParallelStyles, TitanError, register_model_converter

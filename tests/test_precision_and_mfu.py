@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from titan_core.metrics import peak_flops
-from titan_core.precision import autocast_for, resolve_compute_dtype
+from titan_core.observability.metrics import peak_flops
+from titan_core.parallel.precision import autocast_for, resolve_compute_dtype
 
 from conftest import trained
 
@@ -39,6 +39,9 @@ def test_autocast_runs_matmuls_in_the_compute_dtype_only_when_asked() -> None:
         ("NVIDIA H200", 989.0),
         ("NVIDIA H100 80GB HBM3", 989.0),
         ("NVIDIA H100 PCIe", 756.0),
+        ("NVIDIA H100 NVL", 835.0),
+        ("NVIDIA H200", 989.0),
+        ("NVIDIA H200 NVL", 835.0),
         ("NVIDIA GH200 480GB", 989.0),
         ("NVIDIA B200", 2250.0),
         ("NVIDIA GB200", 2500.0),

@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 
 from titan_core.commands import report as report_cli
-from titan_core.report import png_path_of, report_at_end, write_report
-from titan_core.report.page import CHARTS
-from titan_core.report.runs import config_differences, read_run
-from titan_core.report.svg import COLORS
+from titan_core.observability.report import png_path_of, report_at_end, write_report
+from titan_core.observability.report.page import CHARTS
+from titan_core.observability.report.runs import config_differences, read_run
+from titan_core.observability.report.svg import COLORS
 
 from browser import Browser, find_chromium
 from conftest import REPO

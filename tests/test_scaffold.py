@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import tomllib
 
-from titan_core.plugin_cli import main
+from titan_core.commands.titan_plugin import main
 from titan_core.scaffold import write_package
 
 REPO = Path(__file__).resolve().parents[1]

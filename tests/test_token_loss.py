@@ -18,7 +18,7 @@ import torch
 from safetensors.torch import load_file
 
 from titan_core import IGNORE_INDEX, build_dataloader, build_tokenizer, split_documents
-from titan_core.token_loss import token_weighted
+from titan_core.train.token_loss import token_weighted
 
 from conftest import DEBUG_LLAMA_2_LAYERS, PARITY_SEQ_LEN, titan, write_uneven_corpus
 

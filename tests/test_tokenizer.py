@@ -10,9 +10,7 @@ from pathlib import Path
 import pytest
 import tiktoken
 
-from titan_core.errors import ConfigError
-from titan_core.plan.tokenizer import build_tokenizer
-from titan_core.tokenizer import (
+from titan_core.data.tokenizer import (
     BUILTIN_PATH,
     LLAMA3_PATTERN,
     TiktokenTokenizer,
@@ -21,6 +19,8 @@ from titan_core.tokenizer import (
     read_bpe_ranks,
     write_bpe_ranks,
 )
+from titan_core.errors import ConfigError
+from titan_core.plan.tokenizer import build_tokenizer
 
 from conftest import REPO
 

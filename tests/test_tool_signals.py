@@ -21,7 +21,7 @@ from conftest import REPO, alive, descendants
 ])
 def test_a_signal_stops_plugin_check_with_one_line_and_its_training_run(signum: int, code: int, line: str) -> None:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-    proc = subprocess.Popen([sys.executable, "-m", "titan_core.plugin_cli", "check", "float8"], cwd=REPO, env=env,
+    proc = subprocess.Popen([sys.executable, "-m", "titan_core.commands.titan_plugin", "check", "float8"], cwd=REPO, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
@@ -47,7 +47,7 @@ def test_a_signal_stops_plugin_check_with_one_line_and_its_training_run(signum: 
 def test_plugin_new_into_an_unusable_folder_is_one_error(tmp_path: Path) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("x")
-    proc = subprocess.run([sys.executable, "-m", "titan_core.plugin_cli", "new", "converter", "xx", "--dir",
+    proc = subprocess.run([sys.executable, "-m", "titan_core.commands.titan_plugin", "new", "converter", "xx", "--dir",
                            str(blocker / "pkg")], cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2, proc.stderr

@@ -31,7 +31,7 @@ def saved(tmp_path_factory: pytest.TempPathFactory) -> Path:
     import signal
 
     run = tmp_path_factory.mktemp("verified") / "run"
-    from titan_core.cli import main
+    from titan_core.commands.titan_train import main
 
     handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
     try:

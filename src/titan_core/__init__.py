@@ -9,11 +9,14 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from . import _moved
 from ._version import PLUGIN_API_VERSION, __version__
 from .runtime.torch_floor import require_torch_floor
 
 # A torch older than the floor ends the process here (one message, exit 2), not in a traceback later.
 require_torch_floor()
+
+_moved.install()  # old import paths of modules that moved into packages keep working (docs/plugins.md)
 
 
 def _lazy_table() -> dict[str, str]:
@@ -56,8 +59,9 @@ if TYPE_CHECKING:
         export_safetensors as export_safetensors,
         read_checkpoint_tensors as read_checkpoint_tensors,
     )
-    from .cli import main as main
+    from .commands.titan_train import main as main
     from .config.job import JobConfig as JobConfig
+    from .config.parallel_dims import ParallelDims as ParallelDims
     from .config.sections import (
         ActivationCheckpointSection as ActivationCheckpointSection,
         CheckpointSection as CheckpointSection,
@@ -70,16 +74,9 @@ if TYPE_CHECKING:
         ParallelismSection as ParallelismSection,
         TrainingSection as TrainingSection,
     )
-    from .converters import (
-        ConversionTable as ConversionTable,
-        apply_converters as apply_converters,
-    )
     from .data import build_dataloader as build_dataloader
     from .data.documents import split_documents as split_documents
-    from .discovery import (
-        register_model_converter as register_model_converter,
-        register_train_spec as register_train_spec,
-    )
+    from .data.tokenizer import TiktokenTokenizer as TiktokenTokenizer
     from .errors import (
         CheckpointError as CheckpointError,
         ConfigError as ConfigError,
@@ -90,28 +87,37 @@ if TYPE_CHECKING:
         StopRequested as StopRequested,
         TitanError as TitanError,
     )
-    from .hf.adapter import StateDictAdapter as StateDictAdapter
-    from .init import (
+    from .models.init import (
         init_model_weights as init_model_weights,
         parameter_generator as parameter_generator,
     )
-    from .kv_cache import KVCache as KVCache
-    from .loss import IGNORE_INDEX as IGNORE_INDEX, cross_entropy_loss as cross_entropy_loss
-    from .metrics import MetricsLogger as MetricsLogger
+    from .models.kv_cache import KVCache as KVCache
+    from .models.loss import IGNORE_INDEX as IGNORE_INDEX, cross_entropy_loss as cross_entropy_loss
+    from .models.sampling import Sampling as Sampling, sample as sample
+    from .models.ties import (
+        check_ties as check_ties,
+        declared_ties as declared_ties,
+        retie_weights as retie_weights,
+    )
     from .moe import (
         GroupedExperts as GroupedExperts,
         MoE as MoE,
         MoEMonitor as MoEMonitor,
         TopKRouter as TopKRouter,
     )
-    from .optim import (
+    from .observability.metrics import MetricsLogger as MetricsLogger
+    from .observability.report import write_run_report as write_run_report
+    from .optim.containers import (
         LRSchedulersContainer as LRSchedulersContainer,
         OptimizersContainer as OptimizersContainer,
     )
     from .parallel import default_parallelize_fn as default_parallelize_fn
-    from .parallel_dims import ParallelDims as ParallelDims
     from .plan.tokenizer import build_tokenizer as build_tokenizer
-    from .protocols import (
+    from .plugin.discovery import (
+        register_model_converter as register_model_converter,
+        register_train_spec as register_train_spec,
+    )
+    from .plugin.protocols import (
         EmptyConfig as EmptyConfig,
         ModelConverter as ModelConverter,
         RunContext as RunContext,
@@ -119,15 +125,12 @@ if TYPE_CHECKING:
         Tokenizer as Tokenizer,
         TrainSpec as TrainSpec,
     )
-    from .report import write_run_report as write_run_report
-    from .runtime.run_lock import acquire_run_lock as acquire_run_lock
-    from .sampling import Sampling as Sampling, sample as sample
-    from .selection import (
+    from .plugin.selection import (
         fqn_matches as fqn_matches,
         select_linears as select_linears,
         select_modules as select_modules,
     )
-    from .spec_factories import (
+    from .plugin.spec_factories import (
         BatchEncoder as BatchEncoder,
         BuildDataloaderFn as BuildDataloaderFn,
         BuildLossFn as BuildLossFn,
@@ -144,13 +147,13 @@ if TYPE_CHECKING:
         ParallelizeFn as ParallelizeFn,
         Pipeline as Pipeline,
         PipeliningFn as PipeliningFn,
+        StateDictAdapter as StateDictAdapter,
         TensorParallelPlanFn as TensorParallelPlanFn,
         ValidateFn as ValidateFn,
     )
-    from .ties import (
-        check_ties as check_ties,
-        declared_ties as declared_ties,
-        retie_weights as retie_weights,
+    from .runtime.run_lock import acquire_run_lock as acquire_run_lock
+    from .train.converters import (
+        ConversionTable as ConversionTable,
+        apply_converters as apply_converters,
     )
-    from .tokenizer import TiktokenTokenizer as TiktokenTokenizer
-    from .trainer import Trainer as Trainer
+    from .train.trainer import Trainer as Trainer

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-import titan_core.trainer as trainer_module
+import titan_core.train.trainer as trainer_module
 from titan_core import Trainer
 
 READS: list[int] = []

@@ -583,8 +583,8 @@ def snapshot(root: Path) -> dict[str, str]:
 
 def invoke(case: Case, hf: Path, root: Path) -> tuple[CliResult, Callable[[], Any]]:
     """Run the case's entry point; (its result, a callable that checks a loaded result)."""
-    from titan_core.cli import main as train_main
     from titan_core.commands.convert import main as convert_main
+    from titan_core.commands.titan_train import main as train_main
 
     out, run = root / "out", root / "run"
     step = run / "checkpoints" / "step-000000"
@@ -703,7 +703,7 @@ CHECKS: dict[str, Callable[[Path, Path], None]] = {
 
 def test_tokenizer_json_without_the_tokenizers_package(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                        capsys: pytest.CaptureFixture[str]) -> None:
-    from titan_core.cli import main
+    from titan_core.commands.titan_train import main
 
     tok_folder(tmp_path / "tok")
     shutil.rmtree(tmp_path / "tok" / "original")
@@ -768,7 +768,7 @@ def set_theta(folder: Path, theta: float) -> None:
 
 def test_a_resume_refuses_an_initial_load_config_json_edited_since_the_run_started(
         sources: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from titan_core.cli import main
+    from titan_core.commands.titan_train import main
 
     hf = tmp_path / "hf"
     shutil.copytree(sources["single"], hf)

@@ -7,17 +7,17 @@ from pathlib import Path
 
 import pytest
 
+from titan_core.data.tokenizer import BUILTIN_PATH, LLAMA3_NUM_SPECIAL_TOKENS
 from titan_core.hf.tokenizer_folder import HFTokenizersTokenizer
 from titan_core.hf.tokenizer_json import write_hf_tokenizer
 from titan_core.plan.tokenizer import build_tokenizer
-from titan_core.tokenizer import BUILTIN_PATH, LLAMA3_NUM_SPECIAL_TOKENS
 
 from conftest import assert_user_error
 
 TEXTS = [
     "Hello world!  It's 12345 tokens\n\n  def f(x):\treturn x**2 # ünïcödé 日本語 ",
     "A document that spells <|end_of_text|> and <|begin_of_text|> keeps them as text.",
-    (Path(__file__).resolve().parents[2] / "src/titan_core/trainer.py").read_text(),  # real code, long
+    (Path(__file__).resolve().parents[2] / "src/titan_core/train/trainer.py").read_text(),  # real code, long
 ]
 
 

@@ -53,7 +53,7 @@ def init_model_weights(model_parts: list[nn.Module], *, seed: int) -> None:
 
     Each parameter's full tensor is generated on CPU from a generator seeded by
     (seed, fqn), then only this rank's shard is kept: identical weights under
-    any layout. (Candidate for ``titan_core.init.init_model_weights``.)
+    any layout. (Candidate for ``titan_core.models.init.init_model_weights``.)
     """
     from torch.distributed.tensor import DTensor, distribute_tensor
 

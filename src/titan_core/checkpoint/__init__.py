@@ -13,6 +13,9 @@ The trainer's whole use::
     ckpt.wait()                             # before export / exit
 
 ``write_weights_checkpoint`` publishes a checkpoint of the weights alone, with extra files.
+
+May import ``optim``, ``moe``, ``plugin``, ``models``, ``config``, ``runtime`` and the leaves;
+independent of ``data``, ``observability`` and ``parallel``.
 """
 
 from __future__ import annotations

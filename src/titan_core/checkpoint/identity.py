@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import CheckpointError
-from ..param_groups import describe_difference
+from ..optim.param_groups import describe_difference
 from .json_strict import unique_keys
 from .layout import IDENTITY_FILE
 

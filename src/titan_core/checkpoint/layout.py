@@ -24,11 +24,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..errors import CheckpointError
-from ..os_errors import describe_os_error
+from ..runtime.folder_kinds import TITAN_CHECKPOINT_MARKER
+from ..runtime.os_errors import describe_os_error
 from .tensor_index import INDEX_FILE
 
 LEGACY_METADATA_FILE = ".metadata"  # DCP's pickled index: written by titan-core before it stored JSON
-IDENTITY_FILE = "titan_checkpoint.json"  # written by us, last, by rank 0
+IDENTITY_FILE = TITAN_CHECKPOINT_MARKER  # written by us, last, by rank 0
 
 _STEP_RE = re.compile(r"^step-(\d+)$")
 _STALE_PREFIXES = (".tmp-step-", ".old-step-")

@@ -28,7 +28,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from ..errors import CheckpointError
-from ..os_errors import describe_os_error, io_errno
+from ..runtime.os_errors import describe_os_error, io_errno
 from . import states
 
 

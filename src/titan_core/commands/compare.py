@@ -19,16 +19,16 @@ import json
 import math
 from pathlib import Path
 
-from .. import distributed
 from ..config.job import build_job_model
 from ..console import progress
 from ..errors import ConfigError, StopRequested
-from ..folder_locks import acquire_run_folders
+from ..parallel import distributed
 from ..plan.resolve import ResolvedConfig
-from ..run_files import atomic_write_bytes, atomic_write_text
 from ..runtime import signals
+from ..runtime.folder_locks import acquire_run_folders
 from ..runtime.launch_env import world_size_from_env
-from ..trainer import Trainer
+from ..runtime.run_files import atomic_write_bytes, atomic_write_text
+from ..train.trainer import Trainer
 
 __all__ = ["LossCurve", "baseline_of", "compare_baseline", "format_comparison", "relative_gap", "with_run_dir"]
 

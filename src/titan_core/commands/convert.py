@@ -18,19 +18,19 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from .. import discovery
 from ..checkpoint import RunIdentity, collect_param_shapes
 from ..checkpoint.weights_only import write_weights_checkpoint
 from ..config.finite import FLOAT32_MAX
 from ..errors import ConfigError
-from ..folder_publish import fresh_partial, publish
 from ..hf.export import export_hf
-from ..hf.folder import is_hf_folder
+from ..plugin import discovery
+from ..runtime.folder_kinds import is_hf_folder, is_titan_checkpoint
+from ..runtime.folder_publish import fresh_partial, publish
+from ..train.whole_model import cpu_model, load_titan_checkpoint
 from ..weights.load import load_hf_weights
 from ..weights.shape import hf_starting_weights
 from ..weights.source import HF_CONFIG_IN_CHECKPOINT
-from ..weights.titan_checkpoint import is_titan_checkpoint, run_folder_hint
-from ..whole_model import cpu_model, load_titan_checkpoint
+from ..weights.titan_checkpoint import run_folder_hint
 from .tool_main import run_tool
 
 

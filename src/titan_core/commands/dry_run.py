@@ -16,10 +16,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .. import build
 from ..console import progress
 from ..plan.resolve import ResolvedConfig
 from ..runtime.launch_env import rank_env
+from ..train import build
 
 
 def dry_run(resolved: ResolvedConfig) -> int:

@@ -16,10 +16,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ..errors import ConfigError
-from ..hf.folder import is_hf_folder
-from ..sampling import Sampling, sample, takes_cache
-from ..weights.titan_checkpoint import is_titan_checkpoint, newest_checkpoint
-from ..whole_model import load_hf_folder, load_titan_checkpoint
+from ..models.sampling import Sampling, sample, takes_cache
+from ..runtime.folder_kinds import is_hf_folder, is_titan_checkpoint
+from ..train.whole_model import load_hf_folder, load_titan_checkpoint
+from ..weights.titan_checkpoint import newest_checkpoint
 from .tool_main import parse_and_run
 
 PROG = "titan-generate"
@@ -84,13 +84,19 @@ def generate(args: argparse.Namespace) -> int:
 
 
     check_settings(args)
+    try:
+        device = torch.device(args.device)
+    except (RuntimeError, ValueError) as exc:
+        raise ConfigError(f"--device {args.device} cannot be used: {exc}.") from None
+    if device.type == "cuda" and not torch.cuda.is_available():  # before loading; torch would raise an AssertionError
+        raise ConfigError(f"--device {args.device}: this torch sees no CUDA device (CUDA build: "
+                          f"{torch.version.cuda or 'none'}). Use --device cpu.")
     kind, folder = resolve_source(args.source)
     if kind == "titan":
         whole = load_titan_checkpoint(folder, config=args.config)
     else:
         whole = load_hf_folder(folder, spec_name=args.spec, what=PROG)
     try:
-        device = torch.device(args.device)
         model = whole.model.to(device)
     except (RuntimeError, ValueError) as exc:
         raise ConfigError(f"--device {args.device} cannot be used: {exc}.") from None

@@ -29,7 +29,7 @@ def relaunch(nproc: int, argv: list[str], *, config: JobConfig | None = None) ->
 
     The launcher holds the locks of the folders the run writes for its workers (taken before any starts).
     """
-    from ..folder_locks import acquire_run_folders  # start-up: imports torch, which the launcher otherwise never needs
+    from ..runtime.folder_locks import acquire_run_folders  # start-up: imports torch, unneeded by the launcher
 
     run_dir = Path(config.job.run_dir) if config is not None else None
     lock = acquire_run_folders(config) if config is not None else None

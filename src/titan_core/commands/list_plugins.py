@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .. import discovery
+from ..plugin import discovery
 
 
 def print_plugin_list(*, with_traceback: bool = False) -> int:

@@ -6,8 +6,8 @@ import shutil
 import sys
 from collections.abc import Sequence
 
-from ..discovery import CONVERTERS, SPECS, discover
 from ..errors import ConfigError, did_you_mean
+from ..plugin.discovery import CONVERTERS, SPECS, discover
 from ..testing import CheckResult, Target
 from ..testing.checks import Check, run_all
 

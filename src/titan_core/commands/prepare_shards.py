@@ -46,7 +46,7 @@ from ..data.shards import (
 from ..data.sources import HF_PREFIX, source_files
 from ..errors import ConfigError
 from ..plan.tokenizer import build_tokenizer
-from ..spec_factories import Tokenizer
+from ..plugin.spec_factories import Tokenizer
 from .prepare_checks import check_finished_index, check_out_place, check_saved_progress, check_settings
 from .prepare_tasks import TASK_BYTES, Workers, plan_tasks
 

@@ -41,7 +41,7 @@ from ..data.doc_stream import (
 from ..data.sources import HF_PREFIX, _read_file, source_files
 from ..errors import TitanError
 from ..plan.tokenizer import build_tokenizer
-from ..spec_factories import Tokenizer
+from ..plugin.spec_factories import Tokenizer
 
 TASK_BYTES = 1 << 18  # about this much text per task: small enough that N workers end together
 

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ..errors import ConfigError
-from ..report import REPORT_FILE, write_report
+from ..observability.report import REPORT_FILE, write_report
 from .tool_main import parse_and_run
 
 PROG = "titan-report"

@@ -12,7 +12,7 @@ import traceback
 from collections.abc import Callable, Sequence
 
 from ..errors import Terminated, TitanError
-from ..os_errors import describe_os_error
+from ..runtime.os_errors import describe_os_error
 from ..runtime.signals import sigterm_raises
 
 

@@ -5,19 +5,19 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .. import distributed
-from ..folder_locks import acquire_run_folders
+from ..parallel import distributed
 from ..plan.resolve import ResolvedConfig
 from ..runtime import signals
+from ..runtime.folder_locks import acquire_run_folders
 from ..runtime.launch_env import rank_env, world_size_from_env
 from ..runtime.out_of_memory import out_of_memory_named
 from ..runtime.peer_failure import lost_peer
 from ..runtime.run_lock import lock_held_by_launcher
-from ..trainer import Trainer
+from ..train.trainer import Trainer
 from .trainer_class import trainer_for_run
 
 if TYPE_CHECKING:
-    from ..folder_locks import HeldFolders
+    from ..runtime.folder_locks import HeldFolders
 
 
 def _take_run_folders(resolved: ResolvedConfig) -> HeldFolders | None:

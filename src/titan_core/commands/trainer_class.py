@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 
 from ..errors import ConfigError
-from ..trainer import Trainer
+from ..train.trainer import Trainer
 
 _FORM = "give MODULE:CLASS, a Trainer subclass in an importable module (e.g. --trainer my_pkg.trainers:MyTrainer)"
 

@@ -25,8 +25,8 @@ from pydantic import (
 )
 
 from ..errors import ConfigError
-from ..parallel_dims import ParallelDims
 from .fault_tolerance import FaultToleranceSection
+from .parallel_dims import ParallelDims
 from .sections import (
     ActivationCheckpointSection,
     CheckpointSection,

@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel
 
 from ..errors import ConfigError, did_you_mean
-from ..os_errors import file_kind
+from ..runtime.os_errors import file_kind
 
 T = TypeVar("T")
 

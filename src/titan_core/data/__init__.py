@@ -6,6 +6,9 @@
 ``shards`` (``tokens:DIR``, memory-mapped), ``permutation`` (its window order),
 ``prepare`` and ``doc_stream`` (``titan-data prepare``), ``mixture``
 (``data.mix``) and ``prefetch`` (the background thread). docs/data.md.
+
+May import ``optim``, ``moe``, ``plugin``, ``models``, ``config``, ``runtime`` and the leaves;
+independent of ``checkpoint``, ``observability`` and ``parallel``.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import torch
 
 from ..config.sections import DataSection
 from ..errors import ConfigError
-from ..protocols import Tokenizer
+from ..plugin.protocols import Tokenizer
 from .loader import TokenDataLoader, WindowSource
 from .mixture import MixtureDataLoader
 from .packing import check_split, split_stream, tokenized_source

@@ -22,7 +22,7 @@ import inspect
 import torch
 
 from ..errors import ConfigError
-from ..loss import IGNORE_INDEX
+from ..models.loss import IGNORE_INDEX
 
 #: the keyword argument of the model's forward that receives the positions
 POSITIONS_KWARG = "positions"

@@ -32,10 +32,10 @@ import numpy as np
 import torch
 
 from ..errors import ConfigError
-from ..spec_factories import BatchEncoder, Fingerprinted, Tokenizer
-from ..token_ids import check_tokenizer_ids
+from ..plugin.spec_factories import BatchEncoder, Fingerprinted, Tokenizer
 from .loader import WindowSource
 from .sources import HF_PREFIX, read_documents, source_files
+from .token_ids import check_tokenizer_ids
 
 _CACHE_ENTRIES = 4
 _cache: OrderedDict[Hashable, tuple[Any, PackedDocuments]] = OrderedDict()

@@ -39,7 +39,7 @@ import numpy as np
 import torch
 
 from ..errors import ConfigError
-from ..spec_factories import Fingerprinted, Tokenizer
+from ..plugin.spec_factories import Fingerprinted, Tokenizer
 
 TOKENS_PREFIX = "tokens:"
 FORMAT = "titan-tokens"

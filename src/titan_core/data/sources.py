@@ -28,11 +28,11 @@ from typing import Any
 
 from ..console import progress
 from ..errors import ConfigError
-from ..os_errors import file_kind
-from ..text_files import read_text_as
+from ..runtime.os_errors import file_kind
 from .corpus import builtin_documents
 from .deadline import stall_deadline
 from .json_lines import read_json_list, read_jsonl
+from .text_files import read_text_as
 
 SUPPORTED_SUFFIXES = (".txt", ".jsonl", ".json", ".parquet")
 HF_PREFIX = "hf:"

@@ -6,4 +6,6 @@ around one replica group), ``trainer`` (the Trainer whose step follows the quoru
 ``supervisor`` (the local lighthouse + K groups launcher) and ``spare`` (its pre-imported
 restart process), ``rehearsal`` (test-only hooks). torchft is imported only when
 ``fault_tolerance.enable`` is on.
+
+May import ``train`` and everything below it; only ``commands`` imports it.
 """

@@ -18,7 +18,7 @@ from torch import nn
 
 from ..checkpoint.states import optimizers_of
 from ..errors import CheckpointError
-from ..param_groups import clean_name
+from ..optim.param_groups import clean_name
 from .shards import local
 
 DILOCO = "diloco"  # the checkpoint's top-level key (part of the on-disk format)

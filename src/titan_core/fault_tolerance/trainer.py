@@ -21,8 +21,8 @@ import torch
 
 from ..checkpoint import Stateful
 from ..errors import ConfigError, LighthouseLost, NothingToRejoin, TitanError
-from ..grad_norm import clip_grad_norm
-from ..trainer import StepResult, Trainer
+from ..train.grad_norm import clip_grad_norm
+from ..train.trainer import StepResult, Trainer
 from .diloco import DILOCO, OuterState, OuterStep, inner_state
 from .fingerprint import check_same_run, fingerprint
 from .rehearsal import absent_windows, short_step_seconds

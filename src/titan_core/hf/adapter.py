@@ -41,30 +41,16 @@ model parts hold whole, one at a time, and keeps its shard (peak: shard + one te
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING
 
 import torch
 
+from ..boundary.plugin_boundary import CheckedAdapter
 from ..errors import ConfigError, PluginError
-from ..plugin_boundary import CheckedAdapter
+from ..plugin.spec_factories import StateDictAdapter
 
 if TYPE_CHECKING:
-    from ..protocols import TrainSpec
-
-
-@runtime_checkable
-class StateDictAdapter(Protocol):
-    """What ``TrainSpec.state_dict_adapter`` provides (see the module docstring)."""
-
-    runtime_fields: tuple[str, ...]
-
-    def model_args_from_hf(self, config: Mapping[str, Any]) -> Any: ...
-    def hf_config(self, model_args: Any) -> dict[str, Any]: ...
-    def from_hf(self, state_dict: Mapping[str, torch.Tensor], model_args: Any) -> dict[str, torch.Tensor]: ...
-    def to_hf(self, state_dict: Mapping[str, torch.Tensor], model_args: Any) -> dict[str, torch.Tensor]: ...
-    # Optional (not part of the runtime check): def from_hf_rows(self, hf_key, hf_shape, model_args)
-    #   -> torch.Tensor | None; see the module docstring and row_map().
+    from ..plugin.protocols import TrainSpec
 
 
 def adapter_of(spec: TrainSpec, *, purpose: str) -> CheckedAdapter:

@@ -30,16 +30,16 @@ from torch.distributed.tensor import DTensor
 
 from ..checkpoint import states
 from ..errors import CheckpointError, ConfigError
-from ..folder_publish import fresh_partial, partial_of, publish
-from ..os_errors import describe_os_error, io_errno
+from ..runtime.folder_publish import fresh_partial, partial_of, publish
+from ..runtime.os_errors import describe_os_error, io_errno
 from .adapter import adapter_of
 from .folder import INDEX, SINGLE
 from .stacks import unstack
 from .tokenizer_json import write_hf_tokenizer
 
 if TYPE_CHECKING:
-    from ..protocols import Tokenizer, TrainSpec
-    from ..tokenizer import TiktokenTokenizer
+    from ..data.tokenizer import TiktokenTokenizer
+    from ..plugin.protocols import Tokenizer, TrainSpec
 
 
 def check_hf_export(spec: TrainSpec, tokenizer: Tokenizer) -> None:

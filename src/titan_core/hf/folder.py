@@ -15,21 +15,15 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ..errors import ConfigError
+from ..runtime.folder_kinds import HF_WEIGHTS_INDEX, HF_WEIGHTS_SINGLE
 from .rope_fields import check_rope_fields
-from .slice_reader import SliceReader
+from .slice_reader import SliceReader, TensorInfo
 
 if TYPE_CHECKING:
     from .slice_reader import SliceReader
 
-SINGLE = "model.safetensors"
-INDEX = "model.safetensors.index.json"
-
-
-@dataclass(frozen=True)
-class TensorInfo:
-    file: str
-    shape: tuple[int, ...]
-    dtype: torch.dtype
+SINGLE = HF_WEIGHTS_SINGLE
+INDEX = HF_WEIGHTS_INDEX
 
 
 @dataclass(frozen=True)
@@ -42,10 +36,6 @@ class HFFolder:
         """A reader of row/column slices of this folder's tensors (a context manager)."""
 
         return SliceReader(self)
-
-
-def is_hf_folder(path: Path) -> bool:
-    return (path / "config.json").is_file() and ((path / SINGLE).is_file() or (path / INDEX).is_file())
 
 
 def open_hf_folder(path: str | Path, *, what: str) -> HFFolder:

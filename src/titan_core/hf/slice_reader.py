@@ -17,27 +17,47 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
 from ..errors import ConfigError
 
 if TYPE_CHECKING:
-    from .folder import HFFolder
+    from pathlib import Path
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """Where one tensor of a Hugging Face folder lies: its file, shape and dtype (from the header)."""
+
+    file: str
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+
+
+class TensorFolder(Protocol):
+    """What the reader needs of a folder (``folder.HFFolder`` is one); a Protocol so this module
+    does not import ``folder``, which imports it."""
+
+    @property
+    def path(self) -> Path: ...
+    @property
+    def tensors(self) -> Mapping[str, TensorInfo]: ...
+
 
 Box = Sequence[tuple[int, int]]  # [start, stop) per tensor dim after the first
 
 
 class SliceReader:
-    """Reads row/box slices of the tensors of one :class:`HFFolder` (a context manager).
+    """Reads row/box slices of the tensors of one folder (:class:`folder.HFFolder`; a context manager).
 
     ``bytes_read`` counts the tensor bytes read so far (headers not included), so a test
     or a log line can show that a rank read its shard, not the model.
     """
 
-    def __init__(self, folder: HFFolder) -> None:
+    def __init__(self, folder: TensorFolder) -> None:
         self.folder = folder
         self.bytes_read = 0
         self._fd: int | None = None

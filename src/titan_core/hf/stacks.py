@@ -27,8 +27,8 @@ from collections.abc import Mapping
 import torch
 
 from ..errors import ConfigError
-from .folder import HFFolder, TensorInfo
-from .slice_reader import Box, SliceReader
+from .folder import HFFolder
+from .slice_reader import Box, SliceReader, TensorInfo
 
 
 @dataclasses.dataclass(frozen=True)

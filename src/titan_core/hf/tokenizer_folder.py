@@ -16,8 +16,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from ..data.tokenizer import BOS_TOKEN, EOS_TOKEN, TiktokenTokenizer, llama3_special_tokens, read_bpe_ranks
 from ..errors import ConfigError
-from ..tokenizer import BOS_TOKEN, EOS_TOKEN, TiktokenTokenizer, llama3_special_tokens, read_bpe_ranks
 
 WHAT = "data.tokenizer"
 

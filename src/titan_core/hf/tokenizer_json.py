@@ -16,7 +16,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ..tokenizer import BOS_TOKEN, EOS_TOKEN, TiktokenTokenizer, write_bpe_ranks
+from ..data.tokenizer import BOS_TOKEN, EOS_TOKEN, TiktokenTokenizer, write_bpe_ranks
 
 
 @functools.lru_cache(maxsize=1)

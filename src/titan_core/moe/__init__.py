@@ -1,8 +1,12 @@
-"""Mixture-of-Experts building blocks for any TrainSpec: router, stacked experts, grouped GEMM, balancing.
+"""Mixture-of-Experts building blocks for any TrainSpec: router, stacked experts, grouped GEMM,
+balancing.
 
 A model puts :class:`MoE` blocks where its dense MLPs would be; the trainer finds them
 (``MoEMonitor``), adds their auxiliary loss to the training loss, updates their routing
 biases after each optimizer step and logs their load. Nothing here names a model.
+
+May import ``plugin``, ``models``, ``config``, ``runtime`` and the leaves; ``parallel`` (expert
+parallelism) and the model plugins use it.
 """
 
 from .balance import load_balancing_loss, load_imbalance, update_expert_bias

@@ -1,9 +1,14 @@
 """The shared pieces of every ``parallelize_fn``: TP from a plan, expert parallelism, activation
 checkpointing, compile and FSDP2/HSDP, and ``default_parallelize_fn`` that composes them in the
-fixed order TP -> EP -> AC -> compile -> FSDP2. A model plugin supplies its model and a TP plan function.
+fixed order TP -> EP -> AC -> compile -> FSDP2. A model plugin supplies its model and a TP plan
+function.
 
 Degrees come from the ``ParallelDims`` and mesh the core hands to ``parallelize_fn``;
 nothing here re-reads them from the config.
+
+Also the process group and device (``distributed``), compute dtype and autocast (``precision``) and
+the printed parameter layout (``parameter_layout``). May import ``optim``, ``moe``, ``plugin``,
+``models``, ``config``, ``runtime`` and the leaves; independent of the other components.
 """
 
 from .checkpointing import apply_activation_checkpointing, checkpoint_module, resolve_ops, selective_context_fn

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
+from ..config.parallel_dims import ParallelDims
 from ..config.sections import (
     ActivationCheckpointSection,
     CompileSection,
@@ -28,14 +29,13 @@ from ..config.sections import (
     TrainingSection,
 )
 from ..errors import ConfigError
-from ..parallel_dims import ParallelDims
-from ..precision import resolve_compute_dtype
-from ..protocols import TensorParallelStyles, TrainSpec
-from ..spec_factories import ParallelizeFn, TensorParallelPlanFn
+from ..plugin.protocols import TensorParallelStyles, TrainSpec
+from ..plugin.spec_factories import ParallelizeFn, TensorParallelPlanFn
 from .checkpointing import apply_activation_checkpointing
 from .compile import apply_compile
 from .expert_parallel import apply_expert_parallel, experts_modules
 from .fsdp import apply_fsdp
+from .precision import resolve_compute_dtype
 from .tensor_parallel import apply_tensor_parallel
 
 if TYPE_CHECKING:

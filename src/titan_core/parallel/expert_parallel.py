@@ -20,9 +20,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..config.parallel_dims import ParallelDims
 from ..errors import ConfigError
 from ..moe import GroupedExperts
-from ..parallel_dims import ParallelDims
 from .token_exchange import exchange_through_experts
 
 

@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
+from ..config.parallel_dims import ParallelDims
 from ..config.sections import ParallelismSection
-from ..parallel_dims import ParallelDims
 from .expert_parallel import experts_modules, shard_experts
 
 if TYPE_CHECKING:

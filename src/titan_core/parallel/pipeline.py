@@ -41,10 +41,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..config.parallel_dims import ParallelDims
 from ..config.sections import ParallelismSection, TrainingSection
 from ..errors import ConfigError
-from ..parallel_dims import ParallelDims
-from ..spec_factories import PipeliningFn
+from ..plugin.spec_factories import PipeliningFn
 
 # Schedules offered, in the spelling torch's get_schedule_class accepts.
 SINGLE_STAGE_SCHEDULES = ("1F1B", "GPipe")

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 from torch import nn
 
 from ..errors import ConfigError
-from ..ties import retie_weights
+from ..models.ties import retie_weights
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh

@@ -22,7 +22,7 @@ from typing import Any
 
 from torch import nn
 
-from ..protocols import TensorParallelStyles
+from ..plugin.protocols import TensorParallelStyles
 
 
 def _positional_arity(module: nn.Module) -> int:

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import torch
 
+from ..boundary.plugin_boundary import SpecCalls
 from ..config.job import JobConfig
-from ..distributed import pick_device, resolve_backend
 from ..errors import ConfigError
-from ..plugin_boundary import SpecCalls
-from ..protocols import Tokenizer
+from ..parallel.distributed import pick_device, resolve_backend
+from ..plugin.protocols import Tokenizer
 from ..runtime.launch_env import rank_env
 from ..weights.shape import resolve_starting_weights
 from ..weights.source import StartingWeights

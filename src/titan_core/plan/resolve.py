@@ -8,18 +8,18 @@ from typing import Any
 import torch
 from pydantic import BaseModel, ValidationError
 
-from .. import discovery
+from ..boundary.plugin_boundary import SpecCalls
 from ..config.booleans import refuse_booleans_for_numbers
 from ..config.finite import refuse_nonfinite
 from ..config.job import JobConfig, build_job_model
 from ..config.layers import Layer, load_config_source, merge
 from ..config.messages import describe
 from ..config.overrides import overrides_layer, typed_value
+from ..config.parallel_dims import ParallelDims
 from ..data.documents import check_document_masking
 from ..errors import ConfigError, PluginError, did_you_mean
-from ..parallel_dims import ParallelDims
-from ..plugin_boundary import SpecCalls
-from ..protocols import ModelConverter, Tokenizer, TrainSpec
+from ..plugin import discovery
+from ..plugin.protocols import ModelConverter, Tokenizer, TrainSpec
 from ..weights.source import StartingWeights
 from .derived import run_device_and_backend, run_tokenizer, run_weights
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..data.tokenizer import TiktokenTokenizer, _builtin
 from ..hf.tokenizer_folder import HFTokenizersTokenizer, load_tokenizer_folder
-from ..tokenizer import TiktokenTokenizer, _builtin
 
 
 def build_tokenizer(source: str) -> TiktokenTokenizer | HFTokenizersTokenizer:

@@ -1,4 +1,8 @@
-"""``titan-plugin new converter|spec NAME --dir DIR``: write a plugin package that installs and passes the checks."""
+"""``titan-plugin new converter|spec NAME --dir DIR``: write a plugin package that installs and
+passes the checks.
+
+May import ``plugin``, ``models``, ``config``, ``runtime`` and the leaves.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +12,7 @@ from pathlib import Path
 from string import Template
 
 from ..errors import ConfigError
-from ..section_names import refuse_core_section_name
+from ..plugin.section_names import refuse_core_section_name
 from . import converter_files, spec_files
 
 __all__ = ["write_package"]

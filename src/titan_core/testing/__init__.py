@@ -1,7 +1,12 @@
-"""The conformance kit for plugin authors: the checks ``titan-plugin check`` runs, as pytest classes.
+"""The conformance kit for plugin authors: the checks ``titan-plugin check`` runs, as pytest
+classes.
 
 ``ConverterConformance`` and ``TrainSpecConformance`` need pytest (imported on first use);
 ``run_checks`` returns the results ``titan-plugin check`` prints.
+
+Also ``contract_check``, which only mypy reads: it checks that the core's default factories satisfy
+the protocols of ``plugin.spec_factories``. May import ``train`` and everything below it; only
+``commands`` imports it.
 """
 
 from __future__ import annotations

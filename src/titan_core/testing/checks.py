@@ -25,23 +25,23 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .. import discovery
-from ..build import build_converters
-from ..discovery import CONVERTERS, SPECS, discover, load_converter, load_train_spec
+from ..boundary.meta_model import meta_model
+from ..boundary.plugin_boundary import SpecCalls, converter_calls
 from ..errors import PluginHang, TitanError
 from ..hf.adapter import row_map
-from ..init import init_model_weights
-from ..meta_model import meta_model
+from ..models.init import init_model_weights
 from ..moe import GroupedExperts
 from ..plan.resolve import resolve_config
-from ..plugin_boundary import SpecCalls, converter_calls
-from ..plugin_calls import timeout_message
+from ..plugin import discovery
+from ..plugin.discovery import CONVERTERS, SPECS, discover, load_converter, load_train_spec
+from ..plugin.guard import timeout_message
 from ..runtime.torch_compat import grouped_mm_op
-from ..trainer import Trainer
+from ..train.build import build_converters
+from ..train.trainer import Trainer
 from . import runs
 
 if TYPE_CHECKING:
-    from ..protocols import TrainSpec
+    from ..plugin.protocols import TrainSpec
 
 SEQ_LEN = 64
 BATCH = 4  # the global batch of every run: layouts with 2 data-parallel ranks take 2 each

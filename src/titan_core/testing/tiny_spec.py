@@ -7,8 +7,8 @@ It uses only the core's defaults: ``default_parallelize_fn`` with the scaffold's
 
 from __future__ import annotations
 
-from ..discovery import register_train_spec
-from ..protocols import TrainSpec
+from ..plugin.discovery import register_train_spec
+from ..plugin.protocols import TrainSpec
 
 # The model and TP plan that ``titan-plugin new spec`` writes into a new package (scaffold/): one
 # decoder serves both, so what the kit checks converters against is what an author starts from.

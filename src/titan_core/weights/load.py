@@ -23,6 +23,7 @@ import torch
 from torch import nn
 from torch.distributed.tensor import DTensor, distribute_tensor
 
+from ..boundary.meta_model import meta_model
 from ..checkpoint import collect_param_shapes
 from ..checkpoint.states import full_shapes, merged_view, model_state
 from ..console import progress
@@ -30,15 +31,14 @@ from ..errors import ConfigError, PluginError
 from ..hf.adapter import adapter_of, hf_key_of, row_map
 from ..hf.folder import HFFolder, open_hf_folder
 from ..hf.stacks import stack_folder
-from ..meta_model import meta_model
+from ..models.ties import declared_ties
 from ..runtime.torch_compat import compute_local_shape_and_global_offset
-from ..ties import declared_ties
 from .source import WHAT, StartingWeights, source_kind
 from .titan_checkpoint import load_model_weights
 
 if TYPE_CHECKING:
-    from ..hf.adapter import StateDictAdapter
-    from ..protocols import TrainSpec
+    from ..plugin.protocols import TrainSpec
+    from ..plugin.spec_factories import StateDictAdapter
 
 
 def _local_params(model_parts: list[nn.Module]) -> dict[str, nn.Parameter]:

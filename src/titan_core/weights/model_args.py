@@ -13,16 +13,17 @@ import dataclasses
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..boundary.meta_model import meta_model
 from ..errors import ConfigError
 from ..hf.adapter import adapter_of
-from ..hf.folder import is_hf_folder, open_hf_folder
-from ..meta_model import meta_model
+from ..hf.folder import open_hf_folder
+from ..runtime.folder_kinds import is_hf_folder
 from .shape import read_json_object
 from .source import HF_CONFIG_IN_CHECKPOINT, RECORDED
 from .titan_checkpoint import saved_param_shapes
 
 if TYPE_CHECKING:
-    from ..protocols import TrainSpec
+    from ..plugin.protocols import TrainSpec
 
 
 def run_config_of(checkpoint: Path) -> Path | None:

@@ -17,13 +17,13 @@ from ..errors import ConfigError
 from ..hf.adapter import adapter_of
 from ..hf.export import check_hf_export
 from ..hf.folder import HFFolder, open_hf_folder
-from ..run_files import atomic_write_text
+from ..runtime.run_files import atomic_write_text
 from .load import check_hf_fits
 from .source import HF_CONFIG_IN_CHECKPOINT, RECORDED, WHAT, SourceKind, StartingWeights, source_kind
 
 if TYPE_CHECKING:
     from ..config.job import JobConfig
-    from ..protocols import Tokenizer, TrainSpec
+    from ..plugin.protocols import Tokenizer, TrainSpec
 
 
 def shape_file_of(kind: SourceKind, path: Path) -> Path | None:

@@ -11,8 +11,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 from ..errors import ConfigError
-from ..hf.folder import is_hf_folder, open_hf_folder
-from .titan_checkpoint import is_titan_checkpoint, run_folder_hint
+from ..hf.folder import open_hf_folder
+from ..runtime.folder_kinds import is_hf_folder, is_titan_checkpoint
+from .titan_checkpoint import run_folder_hint
 
 WHAT = "checkpoint.initial_load"
 # The config.json a run's shape came from, as it was when the run started (in the run folder).

@@ -20,10 +20,7 @@ from ..checkpoint.reading import open_checked_record
 from ..checkpoint.storage import CheckedLoadPlanner, IndexedReader
 from ..checkpoint.tensor_index import read_index
 from ..errors import CheckpointError
-
-
-def is_titan_checkpoint(path: Path) -> bool:
-    return (Path(path) / layout.IDENTITY_FILE).is_file()
+from ..runtime.folder_kinds import is_titan_checkpoint
 
 
 def newest_checkpoint(folder: Path) -> tuple[Path, str] | None:

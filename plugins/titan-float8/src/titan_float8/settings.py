@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from titan_core import ConfigError, ParallelDims, RunContext
-from titan_core.emulation import KernelNeeds, resolve_emulation
+from titan_core.plugin.emulation import KernelNeeds, resolve_emulation
 
 from . import hardware
 from .config import Float8Config

@@ -9,7 +9,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from titan_core.model_parts import DecoderSection
+from titan_core.models.model_parts import DecoderSection
 
 
 class LlamaSection(DecoderSection):

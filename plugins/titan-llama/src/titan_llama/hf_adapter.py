@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from titan_core import ConfigError
-from titan_core.hf_names import DECODER_TOP, decoder_config, inverse, tensors_from_hf, tensors_to_hf
+from titan_core.models.hf_names import DECODER_TOP, decoder_config, inverse, tensors_from_hf, tensors_to_hf
 
 from .model import LlamaArgs, RopeScaling
 

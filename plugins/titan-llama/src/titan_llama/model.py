@@ -40,7 +40,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from titan_core.model_parts import (
+from titan_core.models.model_parts import (
     FeedForward,
     final_norm_and_head,
     init_decoder_parameter,
@@ -53,7 +53,7 @@ from . import cpu_attention
 if TYPE_CHECKING:  # imported where used: flex_attention is not needed to build or run the other kernels
     from torch.nn.attention.flex_attention import BlockMask
 
-    from titan_core.kv_cache import KVCache, LayerCache
+    from titan_core.models.kv_cache import KVCache, LayerCache
 
 ATTENTION_KERNELS = ("auto", "sdpa", "flex")
 

@@ -1,6 +1,6 @@
 """The llama3 TrainSpec: what the titan.train_specs entry point ``llama3`` names.
 
-The parallelism functions are reached through ``titan_core.deferred`` stand-ins that import
+The parallelism functions are reached through ``titan_core.plugin.deferred`` stand-ins that import
 their modules on first call: those modules import DTensor, which costs seconds, and
 ``titan-train --list`` / ``--help`` must stay about as cheap as ``import torch``.
 """
@@ -8,7 +8,7 @@ their modules on first call: those modules import DTensor, which costs seconds, 
 from __future__ import annotations
 
 from titan_core import TrainSpec
-from titan_core.deferred import deferred
+from titan_core.plugin.deferred import deferred
 
 from .ac_ops import LLAMA_SELECTIVE_SAVE_OPS
 from .config import LlamaSection

@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from titan_core.selection import filter_fqns_field, moe_fqns_field
+from titan_core.plugin.selection import filter_fqns_field, moe_fqns_field
 
 AutoBool = Literal["auto"] | bool
 

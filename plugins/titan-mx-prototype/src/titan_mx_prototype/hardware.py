@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from titan_core.emulation import KernelNeeds, resolve_emulation
+from titan_core.plugin.emulation import KernelNeeds, resolve_emulation
 
 
 def cuda_capability(device: torch.device) -> tuple[int, int]:

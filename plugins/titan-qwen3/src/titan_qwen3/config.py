@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pydantic import Field, StrictInt
 
-from titan_core.model_parts import DecoderSection
+from titan_core.models.model_parts import DecoderSection
 
 
 class Qwen3Section(DecoderSection):

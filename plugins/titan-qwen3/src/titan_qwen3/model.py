@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from titan_core.model_parts import (
+from titan_core.models.model_parts import (
     FeedForward,
     final_norm_and_head,
     init_decoder_parameter,

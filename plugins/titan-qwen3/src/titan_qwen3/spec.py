@@ -3,7 +3,7 @@
 Parallelism is titan-core's default (TP -> activation checkpointing -> compile -> FSDP2
 over the blocks) with Qwen3's TP plan (``tp_plan.py``: the dense parts sharded, MoE blocks
 replicated), and titan-core's pipeline splitter over ``layers``. The parallelism functions
-are reached through ``titan_core.deferred`` stand-ins that import their modules on first call: those modules
+are reached through ``titan_core.plugin.deferred`` stand-ins that import their modules on first call: those modules
 import DTensor, which costs seconds, and ``titan-train --list`` must stay cheap.
 """
 
@@ -14,7 +14,7 @@ from typing import Any
 from torch import nn
 
 from titan_core import TrainSpec
-from titan_core.deferred import deferred
+from titan_core.plugin.deferred import deferred
 
 from .config import Qwen3Section
 from .flavors import qwen3_flavors

@@ -1,0 +1,196 @@
+"""``titan-train``: a few run-level flags; every config value is ``--section.key=value``.
+
+Kept light: ``--help`` and ``--list`` import neither torchao nor the data stack.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import traceback
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from ..config.environment import check_environment
+from ..config.overrides import parse_override_args
+from ..config.toml_out import dumps
+from ..console import rank_prefix, say
+from ..errors import StopRequested, TitanError
+from ..plugin import discovery
+from ..runtime.launch_env import world_size_from_env
+from ..runtime.launch_environment import check_launch_environment
+from ..runtime.os_errors import describe_os_error
+from ..runtime.path_settings import remember_paths
+from ..runtime.worker_errors import INTERRUPTED, hand_to_launcher, under_launcher
+from .launch import relaunch
+from .list_plugins import print_plugin_list
+
+if TYPE_CHECKING:
+    from ..train.trainer import Trainer
+
+EPILOG = """\
+config values:
+  Every field of every section is set as --section.key=value (lists as a,b), e.g.
+  --training.steps=50 --optimizer.lr=1e-3 --parallelism.tp=2; a requested plugin's
+  section works the same way (--CONVERTER.KEY=VALUE).
+  Sources, later wins: defaults < the spec's defaults < --config < --section.key flags.
+  titan-train --schema lists every section and key; docs/configuration.md explains them.
+  Without --spec the run uses the only installed spec (titan-train --list shows them).
+
+examples:
+  titan-train --flavor debugmodel --training.steps=200
+  titan-train --spec SPEC --converters CONVERTER,CONVERTER --dry-run
+  titan-train --nproc-per-node 2 --parallelism.dp_shard=2 --training.steps=20
+  torchrun --nproc-per-node 2 -m titan_core --parallelism.tp=2
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="titan-train", description="Pre-train an LLM with titan-core; models and converters are plugins.",
+        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--list", action="store_true", help="list installed specs and converters, and exit")
+    p.add_argument("--spec", help="TrainSpec name (same as --model.spec)")
+    p.add_argument("--flavor", help="model flavor of the spec (same as --model.flavor)")
+    p.add_argument("--converters", help="comma-separated converters, applied in order; later wins (same as --model.converters)")
+    p.add_argument("--config", help="a TOML file, or pkg.module:function returning a config (config as code)")
+    p.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
+                   help="import MODULE first (it may register specs/converters in-process); repeatable")
+    p.add_argument("--trainer", metavar="MODULE:CLASS",
+                   help="run this Trainer subclass (e.g. my_pkg.trainers:MyTrainer) instead of the Trainer")
+    p.add_argument("--print-config", action="store_true", help="print the merged config as TOML and exit")
+    p.add_argument("--schema", action="store_true", help="print the JSON schema of the config and exit")
+    p.add_argument("--dry-run", action="store_true",
+                   help="validate, build the model on the meta device, apply converters, print the table, exit")
+    p.add_argument("--compare-baseline", action="store_true",
+                   help="train with and without the converters (same seed) and report the loss gap")
+    p.add_argument("--nproc-per-node", type=int, default=None, metavar="N",
+                   help="re-launch through torch.distributed.run with N processes on this node")
+    p.add_argument("--traceback", action="store_true", help="show Python tracebacks for errors")
+    return p
+
+
+def _override_pairs(args: argparse.Namespace, rest: list[str]) -> list[tuple[str, str]]:
+    pairs: list[tuple[str, str]] = []
+    for flag, key in (("spec", "model.spec"), ("flavor", "model.flavor"), ("converters", "model.converters")):
+        value = getattr(args, flag)
+        if value is not None:
+            pairs.append((key, value))
+    return pairs + parse_override_args(rest)
+
+
+def run(args: argparse.Namespace, rest: list[str], argv: list[str], trainer_class: type[Trainer] | None = None) -> int:
+    discovery.import_modules(args.imports)
+    if args.list:
+        return print_plugin_list(with_traceback=args.traceback)
+    if args.trainer is not None or trainer_class is not None:
+        from .trainer_class import chosen_trainer  # start-up: imports torch
+
+        trainer_class = chosen_trainer(args.trainer, trainer_class)
+    check_launch_environment(args.nproc_per_node)
+    world_size = args.nproc_per_node or world_size_from_env()
+    from ..plan.resolve import resolve_config  # start-up: --help and --list stay without torch
+
+    resolved = resolve_config(config_source=args.config, override_pairs=_override_pairs(args, rest), world_size=world_size)
+    from ..train.run_limits import apply_run_limits  # start-up: imports torch
+
+    apply_run_limits(resolved.config)
+
+    remember_paths(resolved.config)  # an error about a file then names the setting it came from
+    if args.print_config:
+        text = dumps(resolved.config.model_dump(mode="json"))
+        out = getattr(sys.stdout, "buffer", None)
+        if out is None:  # a text-only stream (in-process capture)
+            print(text, end="")
+            return 0
+        sys.stdout.flush()  # as bytes: a run folder whose name is not UTF-8 is printed as its own bytes
+        out.write(text.encode("utf-8", "surrogateescape"))
+        out.flush()
+        return 0
+    if args.schema:
+        import json
+
+        print(json.dumps(resolved.job_model.model_json_schema(), indent=2))
+        return 0
+    check_environment(resolved.config)
+    if args.dry_run:
+        from .dry_run import dry_run  # start-up: each command imports only what it runs
+
+        return dry_run(resolved)
+    if args.compare_baseline:
+        from .compare import compare_baseline  # start-up: as above
+
+        return compare_baseline(resolved, **({"trainer_class": trainer_class} if trainer_class else {}))
+    if resolved.config.fault_tolerance.local_replicas:
+        from ..fault_tolerance.supervisor import supervise  # start-up: imports torch
+
+        return supervise(resolved.config, _worker_argv(args, argv, trainer_class))
+    if args.nproc_per_node and world_size_from_env() == 1:
+        from ..train.preflight import preflight  # start-up: as above
+
+        preflight(resolved)  # one message here rather than one per worker, after each built the model
+        return relaunch(args.nproc_per_node, _worker_argv(args, argv, trainer_class), config=resolved.config)
+    from .train import train  # start-up: as above
+
+    return train(resolved, trainer_class=trainer_class)
+
+
+def _worker_argv(args: argparse.Namespace, argv: list[str], trainer_class: type[Trainer] | None) -> list[str]:
+    """The command line of the worker processes: a class given to ``main`` travels as ``--trainer``,
+    so every worker imports the same one."""
+    if trainer_class is None or args.trainer is not None:
+        return argv
+    from .trainer_class import trainer_ref  # start-up: imports torch
+
+    return [*argv, "--trainer", trainer_ref(trainer_class)]
+
+
+def main(argv: Sequence[str] | None = None, *, trainer_class: type[Trainer] | None = None) -> int:
+    """``titan-train``; ``trainer_class``: a Trainer subclass to run, as ``--trainer`` names one
+    (torchtitan's ``main(trainer_class)``); it must live in an importable module when workers start."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    args, rest = parser.parse_known_args(argv)
+    try:
+        if args.nproc_per_node is not None and args.nproc_per_node < 1:
+            raise TitanError(f"--nproc-per-node {args.nproc_per_node}: give the number of processes to start "
+                             f"on this machine, 1 or more (e.g. --nproc-per-node 2).")
+        return run(args, rest, argv, trainer_class)
+    except TitanError as exc:
+        return _report(exc, with_traceback=args.traceback)
+    except OSError as exc:  # the run folder, config.toml, metrics.jsonl, exports: a message naming the file
+
+        return _report(describe_os_error(exc), with_traceback=args.traceback, cause=exc)
+    except KeyboardInterrupt:
+        if _is_rank0() and not under_launcher():  # the launcher prints it once for all its workers
+            print(INTERRUPTED, file=sys.stderr)
+        return 130
+
+
+def _is_rank0() -> bool:
+    import os
+
+    return os.environ.get("RANK", "0").strip() in ("0", "")
+
+
+def _report(exc: TitanError, *, with_traceback: bool, cause: BaseException | None = None) -> int:
+    """One message (none from a rank that only followed another's stop), the documented exit code."""
+    if with_traceback:
+        traceback.print_exception(cause or exc)
+    if getattr(exc, "quiet", False):
+        return exc.exit_code
+
+    if isinstance(exc, StopRequested):
+        say(str(exc))
+        return exc.exit_code
+
+    if hand_to_launcher(str(exc), hint=not with_traceback):  # --nproc-per-node prints each message once
+        return exc.exit_code
+    hint = () if with_traceback else ("(run with --traceback to see where it happened)",)
+    say(f"{rank_prefix()}titan-train: error: {exc}", *hint)
+    return exc.exit_code
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,144 @@
+"""Parallel degrees, validated against the world size before any process group exists."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, overload
+
+from ..errors import ConfigError
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+
+
+class _AboveOne:
+    """A read-only flag of ParallelDims: whether the degree named ``degree`` is above 1 (that kind of
+    parallelism is on; ``world_size``: more than one process)."""
+
+    def __init__(self, degree: str) -> None:
+        self.degree = degree
+
+    @overload
+    def __get__(self, dims: None, owner: type) -> _AboveOne: ...
+    @overload
+    def __get__(self, dims: ParallelDims, owner: type) -> bool: ...
+    def __get__(self, dims: ParallelDims | None, owner: type) -> bool | _AboveOne:
+        if dims is None:
+            return self
+        degree: int = getattr(dims, self.degree)
+        return degree > 1
+
+
+@dataclass(frozen=True)
+class ParallelDims:
+    """dp_replicate x dp_shard x tp x pp = world_size; builds the named device mesh.
+
+    Mesh dimension names: ``pp``, ``dp_replicate``, ``dp_shard``, ``tp``, and the
+    flattened ``dp`` (all data-parallel ranks). Expert parallelism (``ep``) adds no
+    ranks: it splits ``dp_shard`` into ``expert_dp_shard x ep`` (``expert_mesh``).
+    """
+
+    dp_replicate: int
+    dp_shard: int
+    tp: int
+    pp: int
+    world_size: int
+    ep: int = 1
+
+    @staticmethod
+    def resolve(*, dp_replicate: int, dp_shard: int, tp: int, pp: int, world_size: int, ep: int = 1) -> ParallelDims:
+        """Fill ``dp_shard=-1`` from the world size and check that the degrees multiply to it (and ep divides dp_shard)."""
+        others = dp_replicate * tp * pp
+        if dp_shard == -1:
+            if world_size % others:
+                raise ConfigError(
+                    f"parallelism degrees do not fit the world size: dp_replicate={dp_replicate} x tp={tp} x pp={pp} "
+                    f"= {others} does not divide world size {world_size}. Change the degrees or the number of processes."
+                )
+            dp_shard = world_size // others
+        if dp_shard < 1:
+            raise ConfigError(f"parallelism.dp_shard must be -1 or >= 1, got {dp_shard}.")
+        product = dp_replicate * dp_shard * tp * pp
+        if product != world_size:
+            raise ConfigError(
+                f"parallelism degrees do not fit the world size: dp_replicate={dp_replicate} x dp_shard={dp_shard} "
+                f"x tp={tp} x pp={pp} = {product}, but the world size is {world_size}. Make the product equal the "
+                f"number of processes (dp_shard=-1 takes what the others leave)."
+            )
+        if ep > 1:
+            _check_ep(ep, dp_shard=dp_shard)
+        return ParallelDims(dp_replicate, dp_shard, tp, pp, world_size, ep)
+
+    @property
+    def dp(self) -> int:
+        """Number of data-parallel ranks (each reads its own data shard)."""
+        return self.dp_replicate * self.dp_shard
+
+    fsdp_enabled = _AboveOne("dp_shard")
+    dp_replicate_enabled = _AboveOne("dp_replicate")
+    ep_enabled = _AboveOne("ep")
+
+    @property
+    def expert_dp_shard(self) -> int:
+        """The dp_shard ranks that hold the same experts under EP (FSDP2 shards those experts over them)."""
+        return self.dp_shard // self.ep
+
+    tp_enabled = _AboveOne("tp")
+    pp_enabled = _AboveOne("pp")
+    distributed = _AboveOne("world_size")
+
+    def build_mesh(self, device_type: str) -> Any:
+        """The named 4-D mesh (``mesh["dp"]`` also works, with a torch deprecation warning)."""
+        return self.build_meshes(device_type)[0]
+
+    def build_meshes(self, device_type: str) -> tuple[Any, Any]:
+        """(the named 4-D mesh, the flattened 1-D data-parallel mesh); after the process group exists.
+
+        The flattened ``dp`` mesh is what data loading and loss averaging use; it is
+        returned rather than sliced from the root later, as torch asks.
+        """
+        from torch.distributed.device_mesh import init_device_mesh
+
+        names = ("pp", "dp_replicate", "dp_shard", "tp")
+        shape = (self.pp, self.dp_replicate, self.dp_shard, self.tp)
+        mesh = init_device_mesh(device_type, shape, mesh_dim_names=names)
+        from ..runtime.torch_compat import flatten_mesh
+
+        return mesh, flatten_mesh(mesh[("dp_replicate", "dp_shard")], "dp")
+
+    def expert_meshes(self, mesh: DeviceMesh) -> tuple[DeviceMesh, DeviceMesh]:
+        """(the ``ep`` mesh the experts are split over, the mesh FSDP2 shards each rank's experts over).
+
+        ``dp_shard`` unflattened into ``(expert_dp_shard, ep)``, ``ep`` innermost: an EP group
+        is ``ep`` consecutive dp_shard ranks (on one machine when it can be), within one tp slice
+        and one pipeline stage: tp ranks route the same tokens, so each slice exchanges its own
+        (the experts are replicated over tp). The expert FSDP2 mesh is
+        ``(dp_replicate, expert_dp_shard)`` for HSDP, else ``expert_dp_shard``. Both come from
+        the same root mesh as ``dp_mesh``, as FSDP2 requires of a parameter sharded on two meshes.
+        Creates process groups: every rank calls it, once per model part.
+        """
+        from ..runtime.torch_compat import unflatten_mesh
+
+        split = unflatten_mesh(mesh, "dp_shard", (self.expert_dp_shard, self.ep), ("expert_dp_shard", "ep"))
+        if self.dp_replicate_enabled:
+            return split["ep"], split[("dp_replicate", "expert_dp_shard")]
+        return split["ep"], split["expert_dp_shard"]
+
+    def dp_mesh(self, mesh: DeviceMesh) -> DeviceMesh:
+        """The mesh FSDP2 / replication uses: (dp_replicate, dp_shard) for HSDP, else 1-D."""
+        if self.dp_replicate_enabled and self.fsdp_enabled:
+            return mesh[("dp_replicate", "dp_shard")]
+        if self.dp_replicate_enabled:
+            return mesh["dp_replicate"]
+        return mesh["dp_shard"]
+
+
+def _check_ep(ep: int, *, dp_shard: int) -> None:
+    """EP groups are carved out of the dp_shard ranks (within one tp slice and one pipeline stage)."""
+    if dp_shard % ep:
+        raise ConfigError(
+            f"parallelism.ep={ep} does not divide the data-parallel shard degree dp_shard={dp_shard}: the "
+            f"expert-parallel groups are carved out of the dp_shard ranks (dp_shard = ep x the ranks each expert "
+            f"is FSDP-sharded over). Choose an ep that divides {dp_shard}, or launch a multiple of {ep} "
+            f"data-parallel processes."
+        )

@@ -1,0 +1,109 @@
+"""What a report shows of a run folder: its metric records and its settings.
+
+Both files are read as untrusted: a line of ``metrics.jsonl`` that is not a JSON object with
+a numeric ``step`` (a run killed mid-write leaves half a line) is skipped and counted, a
+record repeated for a step keeps its last value, and a missing or unreadable
+``config.toml`` only leaves the settings out.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ...errors import ConfigError
+from ...runtime.run_files import read_run_config
+
+
+@dataclass
+class RunData:
+    name: str
+    path: Path
+    # metric -> [(step, value)], steps ascending; non-finite values kept (drawn as gaps)
+    series: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
+    settings: dict[str, str] = field(default_factory=dict)  # dotted config key -> its TOML-ish value
+    skipped_lines: int = 0
+    config_note: str = ""  # why the settings are missing, when they are
+
+    def last(self, metric: str) -> float | None:
+        points = [v for _, v in self.series.get(metric, []) if math.isfinite(v)]
+        return points[-1] if points else None
+
+
+def _flatten(table: dict[str, Any], prefix: str = "") -> dict[str, str]:
+    flat: dict[str, str] = {}
+    for key, value in table.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            flat.update(_flatten(value, f"{name}."))
+        else:
+            flat[name] = json.dumps(value, ensure_ascii=False) if not isinstance(value, str) else value
+    return flat
+
+
+def _read_metrics(path: Path) -> tuple[dict[str, dict[float, float]], int]:
+    by_metric: dict[str, dict[float, float]] = {}
+    skipped = 0
+    with path.open("rb") as f:
+        for raw in f:
+            try:
+                record = json.loads(raw.decode("utf-8"))
+                step = float(record["step"])
+            except (UnicodeDecodeError, ValueError, KeyError, TypeError, RecursionError):
+                skipped += 1
+                continue
+            if not isinstance(record, dict) or not math.isfinite(step):
+                skipped += 1
+                continue
+            for key, value in record.items():
+                if key != "step" and isinstance(value, int | float) and not isinstance(value, bool):
+                    by_metric.setdefault(key, {})[step] = float(value)
+    return by_metric, skipped
+
+
+def read_run(path: Path, *, name: str | None = None) -> RunData:
+    """A run folder's metrics and settings; ConfigError when it is not a run folder."""
+
+    path = Path(path)
+    if not path.is_dir():
+        raise ConfigError(f"{path} is not a folder; give titan run folders (job.run_dir, e.g. runs/quickstart).")
+    metrics = path / "metrics.jsonl"
+    if not metrics.is_file():
+        raise ConfigError(f"{path} has no metrics.jsonl, so it is not a titan run folder (or no step was logged "
+                          f"yet); give the folder a run wrote (job.run_dir).")
+    by_metric, skipped = _read_metrics(metrics)
+    run = RunData(name=name or path.resolve().name, path=path, skipped_lines=skipped)
+    run.series = {key: sorted(points.items()) for key, points in by_metric.items()}
+    config = path / "config.toml"
+    if config.is_file():
+        try:
+            run.settings = _flatten(read_run_config(config))
+        except ConfigError as exc:
+            run.config_note = str(exc)
+    else:
+        run.config_note = f"{config} is missing"
+    return run
+
+
+def run_names(paths: list[Path]) -> list[str]:
+    """Each run's folder name, or its whole path where two runs share a name."""
+    names = [p.resolve().name for p in paths]
+    return [str(p) if names.count(n) > 1 else n for p, n in zip(paths, names)]
+
+
+# Settings that differ between any two runs by nature, not by choice.
+_NOT_A_DIFFERENCE = {"job.run_dir"}
+
+
+def config_differences(runs: list[RunData]) -> list[tuple[str, list[str | None]]]:
+    """(key, each run's value or None) for every setting whose value is not the same in every run."""
+    keys = sorted({k for r in runs for k in r.settings} - _NOT_A_DIFFERENCE)
+    rows = []
+    for key in keys:
+        values = [r.settings.get(key) for r in runs]
+        if len(set(values)) > 1:
+            rows.append((key, values))
+    return rows

@@ -1,0 +1,107 @@
+"""The parts of a run, built from its resolved config by free functions.
+
+The Trainer's set-up methods call these, and so do the paths that need some parts but
+no training: ``--dry-run`` (model and converters on the meta device), the launcher's
+preflight (the converters, before any worker starts) and the conformance kit. Each
+takes the ``ResolvedConfig`` and the parts it builds on, and holds no state, so what a
+dry run refuses is what the run refuses at the same step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+from ..boundary.meta_model import meta_model
+from ..boundary.plugin_boundary import ConverterCalls
+from ..console import progress
+from ..models.ties import check_ties
+from ..optim.containers import LRSchedulersContainer, OptimizersContainer
+from ..optim.settings import settings_checked
+from ..plan.resolve import ResolvedConfig
+from ..plugin.protocols import ModelConverter, RunContext, TensorParallelStyles
+from .converters import ConversionTable, apply_converters, register_converter_hooks
+from .memory_estimate import check_model_fits, local_ranks_from_env
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+
+NamedConverters = list[tuple[str, ModelConverter[Any]]]
+
+
+@dataclass(frozen=True)
+class MetaModel:
+    """The model on the meta device, its declared ties (checked) and its parameter count."""
+
+    model: nn.Module
+    ties: list[tuple[str, str]]
+    n_params: int
+
+
+def build_meta_model(resolved: ResolvedConfig) -> MetaModel:
+    """``spec.model_cls(model_args)`` on the meta device: no memory is used until the model is sharded."""
+    model = meta_model(resolved.calls, resolved.model_args)
+    ties = resolved.calls.tied_weights(model)  # tied weights are checked after every set-up step
+    check_ties([model], ties, after="the meta build")
+    return MetaModel(model, ties, sum(p.numel() for p in model.parameters()))
+
+
+def announce_model(resolved: ResolvedConfig, n_params: int, *, is_rank0: bool) -> None:
+    """The run log's line for the model (and, first, where its shape came from when not the flavor)."""
+    progress(f"model {resolved.weights.model_label(resolved.spec.name)}: {n_params:,} parameters", is_rank0=is_rank0)
+
+
+def check_fits(resolved: ResolvedConfig, n_params: int) -> None:
+    """Refuse a model whose weights and optimizer state cannot fit on this machine's devices."""
+    c = resolved.config
+    p = c.parallelism
+    # A dry run (before any launcher) counts the ranks the run would put on this machine.
+    check_model_fits(n_params, optimizer=c.optimizer.name, dp_shard=resolved.dims.dp_shard, tp=p.tp, pp=p.pp,
+                     device=resolved.device, local_ranks=local_ranks_from_env(default=resolved.world_size))
+
+
+def run_context(resolved: ResolvedConfig) -> RunContext:
+    c = resolved.config
+    return RunContext(resolved.device, resolved.backend, c.training, c.parallelism, c.compile)
+
+
+def build_converters(resolved: ResolvedConfig) -> NamedConverters:
+    """The requested converters, constructed in command-line order, each with its name."""
+    ctx = run_context(resolved)
+    return [(name, ConverterCalls.construct(name, cls, getattr(resolved.config, name), parallel_dims=resolved.dims,
+                                            job=ctx).converter) for name, cls in resolved.converters]
+
+
+def convert_model(resolved: ResolvedConfig, model: nn.Module, converters: NamedConverters) -> ConversionTable:
+    """Select -> resolve overlaps (the converter named later wins) -> convert, in place, on meta."""
+    return apply_converters(model, converters, resolved.spec)
+
+
+def parallelize_part(resolved: ResolvedConfig, part: nn.Module, *, mesh: DeviceMesh | None,
+                     tp_styles: TensorParallelStyles) -> nn.Module:
+    """The spec's ``parallelize_fn`` on one model part: TP -> activation checkpointing -> compile -> FSDP2."""
+    c = resolved.config
+    return resolved.calls.parallelize(
+        part, parallel_dims=resolved.dims, mesh=mesh, training=c.training, parallelism=c.parallelism,
+        compile=c.compile, activation_checkpoint=c.activation_checkpoint, tp_styles=tp_styles,
+    )
+
+
+def build_optimizers(resolved: ResolvedConfig, model_parts: list[nn.Module],
+                     converters: NamedConverters) -> tuple[torch.optim.Optimizer, Any]:
+    """(optimizer, LR schedulers): the spec's factories or the core's, with the converters' optimizer hooks."""
+    c, calls, device_type = resolved.config, resolved.calls, resolved.device.type
+    # The spec's own factories are plugin code (the facade names them); the core's fail as a settings error.
+    optimizer = calls.optimizers(model_parts, c.optimizer, device_type=device_type)
+    if optimizer is None:
+        with settings_checked("optimizer", c.optimizer, what=f"torch.optim.{c.optimizer.name}"):
+            optimizer = OptimizersContainer(model_parts, c.optimizer, device_type=device_type)
+    lr_schedulers = calls.lr_schedulers(optimizer, c.lr_scheduler, total_steps=c.training.steps)
+    if lr_schedulers is None:
+        with settings_checked("lr_scheduler", c.lr_scheduler, what="the LR scheduler"):
+            lr_schedulers = LRSchedulersContainer(optimizer, c.lr_scheduler, total_steps=c.training.steps)
+    register_converter_hooks(optimizer, converters, model_parts)
+    return optimizer, lr_schedulers

@@ -1,0 +1,644 @@
+"""The Trainer: the architecture page's init order, one method per step, and the loop.
+
+The parts are built by the free functions of ``build.py`` (which ``--dry-run`` and the
+launcher's preflight call too); the Trainer holds them and runs the loop. Subclass it and
+replace one method (``compute_loss``, ``build_model``, ``forward_backward``, ...) to change
+one step without copying the loop, and run the subclass with ``titan-train --trainer
+pkg.module:MyTrainer`` (docs/custom-trainer.md).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from torch import nn
+
+from ..boundary.plugin_boundary import SpecCalls, converter_calls
+from ..checkpoint import CheckpointManager, RunIdentity, collect_param_shapes, export_safetensors, training_states
+from ..checkpoint.stateful import Stateful, progress_state
+from ..config.job import JobConfig, accumulation_steps
+from ..config.parallel_dims import ParallelDims
+from ..config.toml_out import dumps
+from ..console import progress
+from ..data import build_dataloader, build_mixture_loader
+from ..data.documents import split_documents
+from ..data.mixture import source_tokens
+from ..data.prefetch import PrefetchingLoader
+from ..data.token_ids import check_batch_ids
+from ..errors import ConfigError, NonFiniteError
+from ..hf.export import export_hf
+from ..models.loss import cross_entropy_loss
+from ..models.ties import check_ties, retie_weights
+from ..moe import MoEMonitor
+from ..observability.metrics import MetricsLogger, reset_peak_memory
+from ..observability.profiling import StepProfiler
+from ..observability.report import report_at_end
+from ..optim.param_groups import run_layout
+from ..parallel import check_expert_parallel, check_experts_split, distributed
+from ..parallel.parameter_layout import describe_parameter_layout
+from ..parallel.precision import autocast_for, resolve_compute_dtype
+from ..plan.resolve import ResolvedConfig
+from ..plugin.protocols import ModelConverter, TensorParallelStyles, Tokenizer, TrainSpec
+from ..plugin.spec_factories import LossFn, LRSchedulers, MetricsProcessor, Pipeline
+from ..runtime.cpu_allocator import keep_freed_memory_in_heap
+from ..runtime.determinism import enable_deterministic
+from ..runtime.launch_env import rank_env
+from ..runtime.out_of_memory import out_of_memory_named
+from ..runtime.run_files import atomic_write_text, require_writable, supersede_metrics
+from ..runtime.signals import no_interrupt, requested_signal
+from ..weights.load import load_starting_weights
+from ..weights.shape import check_shape_file_unchanged, record_shape_file
+from . import build
+from .converters import ConversionTable
+from .finite_watch import FiniteWatch
+from .grad_norm import clip_grad_norm_on_device
+from .stop_on_signal import stop_after_signal
+from .token_loss import count_valid, global_token_mean, global_valid_tokens, token_loss_sum, token_weighted
+from .tp_styles import resolve_tp_styles
+
+# A micro-batch as the step runs it: inputs, labels, and the document positions (data.document_masking).
+MicroBatch = tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]
+
+
+@dataclass
+class StepResult:
+    # Tensors stay on the device until a logging step reads them (finite_watch.py); floats where read.
+    loss: torch.Tensor | float
+    grad_norm: torch.Tensor | float
+    skipped: bool
+
+
+def to_device(batch: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A loader's CPU tensor on ``device``; to CUDA through pinned memory without blocking the host
+    (the copy is queued before the step's kernels, so they see it complete)."""
+    if device.type != "cuda":
+        return batch.to(device)
+    return batch.pin_memory().to(device, non_blocking=True)
+
+
+def _plain(loss: torch.Tensor) -> torch.Tensor:
+    """A detached plain tensor (a loss on vocab-sharded logits is a replicated DTensor)."""
+    from torch.distributed.tensor import DTensor
+
+    loss = loss.detach()
+    return loss.full_tensor() if isinstance(loss, DTensor) else loss
+
+
+class Trainer:
+    """Builds every component from a validated config, then trains.
+
+    Its state is declared below, typed, grouped by the method of ``setup`` that sets it. The
+    Trainer is also the checkpoint's ``progress`` state (``state_dict``: step and tokens seen).
+    """
+
+    # from the resolved config (__init__)
+    resolved: ResolvedConfig
+    config: JobConfig
+    spec: TrainSpec
+    calls: SpecCalls  # every call into the spec's code, guarded and checked (plugin_boundary.py)
+    converter_classes: list[tuple[str, type[ModelConverter[Any]]]]
+    dims: ParallelDims
+    device: torch.device
+    run_dir: Path
+    # progress (the checkpoint's "progress" state: step and tokens_seen)
+    step: int
+    tokens_seen: int
+    skipped_steps: int
+    finite_watch: FiniteWatch  # the first unread non-finite step, kept on the device
+    step_valid_tokens: int | torch.Tensor  # valid labels of the step over all data-parallel ranks (on the device)
+    pp_batch_rows: int  # rows of the micro-batch the pipeline schedule is running
+    # init_distributed
+    is_rank0: bool
+    proc: distributed.ProcessInfo
+    mesh: Any  # DeviceMesh, or None in a single-process run
+    dp_flat_mesh: Any  # the flattened data-parallel DeviceMesh, or None
+    dp_rank: int
+    compute_dtype: torch.dtype
+    # build_tokenizer_and_data
+    tokenizer: Tokenizer
+    dataloader: PrefetchingLoader
+    val_dataloader: Any  # a DataLoader, or None without validation
+    # build_model, apply_converters
+    model_args: Any
+    ties: list[tuple[str, str]]
+    n_params: int
+    converters: list[ModelConverter[Any]]
+    conversion_table: ConversionTable
+    # build_model_parts, materialize_and_init
+    loss_fn: LossFn
+    accum: int
+    pipeline: Pipeline | None
+    model_parts: list[nn.Module]
+    moe: MoEMonitor
+    # build_optimizers, build_checkpointer, build_metrics, build_profiler
+    optimizer: torch.optim.Optimizer
+    lr_schedulers: LRSchedulers
+    checkpointer: CheckpointManager
+    metrics: MetricsProcessor
+    profiler: StepProfiler
+
+    def __init__(self, resolved: ResolvedConfig) -> None:
+        self.resolved = resolved
+        self.config: JobConfig = resolved.config
+        self.spec = resolved.spec
+        self.converter_classes = resolved.converters
+        self.calls = resolved.calls  # every call into the spec's code goes through this checked facade
+        # Derived once by resolve_config (parallel degrees, device, backend, model args).
+        self.dims: ParallelDims = resolved.dims
+        self.device: torch.device = resolved.device
+        self.is_rank0 = rank_env()[0] == 0  # init_distributed confirms it from the process group
+        self.step = 0
+        self.step_valid_tokens = 0
+        self.pp_batch_rows = 0
+        self.tokens_seen = 0
+        self.skipped_steps = 0
+        self.finite_watch = FiniteWatch(self.device)
+        self.run_dir = Path(self.config.job.run_dir)
+
+    # ---- set-up, in the architecture page's order -------------------------------------------
+    def setup(self) -> None:
+        self.init_distributed()
+        self.build_tokenizer_and_data()
+        model = self.build_model()
+        self.apply_converters(model)
+        self.build_model_parts(model)
+        self.materialize_and_init()
+        self.build_optimizers()
+        self.build_checkpointer()
+        self.build_metrics()
+        self.build_profiler()
+
+    def init_distributed(self) -> None:
+        t, p = self.config.training, self.config.parallelism
+        self.proc = distributed.init_process_group(backend=self.resolved.backend, device=self.device,
+                                                   init_timeout_s=p.init_timeout_s,
+                                                   collective_timeout_s=p.collective_timeout_s)
+        if self.proc.world_size != self.dims.world_size:
+            raise ConfigError(f"the config was resolved for {self.dims.world_size} process(es) but this run has "
+                              f"{self.proc.world_size}; resolve it with world_size={self.proc.world_size}.")
+        self.mesh, self.dp_flat_mesh = self.dims.build_meshes(self.device.type) if self.dims.distributed else (None, None)
+        self.dp_rank = self.dp_flat_mesh.get_local_rank() if self.dp_flat_mesh is not None else 0
+        if self.device.type == "cpu" and t.cpu_malloc_tuning:
+            keep_freed_memory_in_heap()
+        torch.manual_seed(t.seed)
+        if t.deterministic:
+            progress(enable_deterministic(), is_rank0=rank_env()[0] == 0)
+        self.compute_dtype = resolve_compute_dtype(t.dtype, self.device)
+        if self.proc.is_rank0:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.is_rank0 = self.proc.is_rank0
+        n = self.proc.world_size
+        dtype = str(self.compute_dtype).removeprefix("torch.")
+        precision = dtype if self.compute_dtype == torch.float32 else f"{dtype} autocast over float32 weights"
+        progress(f"device {self.device}, {n} process{'es' if n > 1 else ''}, {precision}", is_rank0=self.is_rank0)
+
+    def build_tokenizer_and_data(self) -> None:
+        d, t = self.config.data, self.config.training
+        progress(f"loading tokenizer ({d.tokenizer}) and data ({d.source})", is_rank0=self.is_rank0)
+        self.tokenizer = self.resolved.tokenizer
+
+        dp_rank, dp_world_size = self.data_shard()
+
+        def loader(split: Literal["train", "validation"]) -> Any:
+            common: dict[str, Any] = dict(
+                tokenizer=self.tokenizer, seq_len=t.seq_len, local_batch_size=t.local_batch_size,
+                dp_rank=dp_rank, dp_world_size=dp_world_size, seed=t.seed, split=split,
+                val_fraction=d.val_fraction, text_field=d.text_field, hf_split=d.hf_split,
+                allow_download=d.allow_download,
+            )
+            if d.mix:  # a weighted mixture replaces data.source (docs/data.md)
+                return build_mixture_loader(mix={n: (m.source, m.weight) for n, m in d.mix.items()}, **common)
+            spec_loader = self.calls.dataloader(source=d.source, **common)
+            return build_dataloader(source=d.source, **common) if spec_loader is None else spec_loader
+
+        # The next batches are made in a thread while the step runs; its state is that of the consumed batches.
+        self.dataloader = PrefetchingLoader(loader("train"))
+        self.val_dataloader = loader("validation") if self.config.validation.enable else None
+
+    def data_shard(self) -> tuple[int, int]:
+        """(this rank's share, number of shares) of each global batch (fault tolerance adds replica groups)."""
+        return self.dp_rank, self.dims.dp
+
+    def build_model(self) -> nn.Module:
+        self.model_args = self.resolved.model_args  # the flavor's, or config.json's with initial_load
+        if self.resolved.model_shape_note:
+            progress(self.resolved.model_shape_note, is_rank0=self.is_rank0)
+        built = build.build_meta_model(self.resolved)
+        self.ties, self.n_params = built.ties, built.n_params
+        build.announce_model(self.resolved, built.n_params, is_rank0=self.is_rank0)
+        build.check_fits(self.resolved, built.n_params)
+        return built.model
+
+    def build_converters(self) -> list[tuple[str, ModelConverter[Any]]]:
+        """The requested converters, constructed, with their names."""
+        named = build.build_converters(self.resolved)
+        self.converters = [conv for _, conv in named]
+        return named
+
+    def named_converters(self) -> list[tuple[str, ModelConverter[Any]]]:
+        return [(name, conv) for (name, _), conv in zip(self.converter_classes, self.converters)]
+
+    def apply_converters(self, model: nn.Module) -> None:
+        named = self.build_converters()
+        self.conversion_table = build.convert_model(self.resolved, model, named)
+        if self.is_rank0 and named:
+            print(self.conversion_table.format(), flush=True)
+
+    def tp_styles(self) -> TensorParallelStyles:
+        return resolve_tp_styles([(c.name, c) for c in converter_calls(self.named_converters())])  # guarded
+
+    def parallelize(self, part: nn.Module) -> nn.Module:
+        return build.parallelize_part(self.resolved, part, mesh=self.mesh, tp_styles=self.tp_styles())
+
+    def build_model_parts(self, model: nn.Module) -> None:
+        self.loss_fn = self.calls.loss_fn() or cross_entropy_loss
+        self.accum = accumulation_steps(self.config, self.dims.dp)
+        self.pipeline = None
+        if self.dims.pp_enabled:
+            if self.dims.ep_enabled:  # the whole model has experts for EP (a stage may hold dense layers only)
+                check_experts_split(model, self.dims.ep, what=f"spec {self.spec.name}")
+            self.pipeline = self.calls.pipeline(
+                model, parallel_dims=self.dims, mesh=self.mesh, parallelism=self.config.parallelism,
+                training=self.config.training, device=self.device, loss_fn=self.scaled_loss, parallelize=self.parallelize,
+            )
+            self.model_parts = self.pipeline.model_parts
+        else:
+            self.model_parts = [self.parallelize(model)]
+        check_ties(self.model_parts, self.ties, after="parallelize_fn")
+        check_expert_parallel(self.model_parts, self.dims, what=f"spec {self.spec.name}")
+
+        # A no-op for a model without MoE blocks. Loads add up over the data-parallel ranks only:
+        # other pipeline ranks hold other layers; tp ranks route the same tokens.
+        self.moe = MoEMonitor(self.model_parts, group=self.dp_flat_mesh.get_group() if self.dims.distributed else None,
+                              stage_group=self.mesh["pp"].get_group() if self.dims.pp_enabled else None)
+        if self.dims.distributed:
+            self.report_layout()
+
+    def report_layout(self) -> None:
+        """Log where the parameters really ended up (read from the model, not the config)."""
+        tp = ""
+        if self.dims.tp_enabled:
+            styles = self.tp_styles()
+            tp = f"; tensor-parallel styles {styles.colwise.__name__} / {styles.rowwise.__name__}"
+        progress(f"parameters: {describe_parameter_layout(self.model_parts)}{tp}", is_rank0=self.is_rank0)
+
+    def scaled_loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """The pipeline's per-microbatch loss, weighted by its share of the step's valid tokens;
+        the schedule divides gradients by its number of microbatches, hence ``splits``.
+        Validation runs the schedule forward-only under no_grad: there the sum of its token losses."""
+        loss = self.compute_loss(logits, labels)
+        if not torch.is_grad_enabled():
+            return token_loss_sum(loss, valid=count_valid(labels))
+        return token_weighted(loss, valid=count_valid(labels), global_valid=self.step_valid_tokens, dp=self.dims.dp,
+                              splits=self.pp_batch_rows // labels.shape[0])
+
+    def materialize_and_init(self) -> None:
+        for part in self.model_parts:
+            part.to_empty(device=self.device)
+            retie_weights(part, self.ties)  # to_empty makes a new parameter per module
+            # With checkpoint.initial_load every parameter is loaded next: only buffers are computed.
+            self.calls.init_weights(part, seed=self.config.training.seed,
+                                    buffers_only=bool(self.config.checkpoint.initial_load))
+            part.train()
+        check_ties(self.model_parts, self.ties, after="to_empty and init")
+
+    def build_optimizers(self) -> None:
+        self.optimizer, self.lr_schedulers = build.build_optimizers(self.resolved, self.model_parts,
+                                                                    self.named_converters())
+
+    def build_checkpointer(self) -> None:
+        c = self.config
+        identity = RunIdentity(
+            spec=self.spec.name, flavor=c.model.flavor, converters=tuple(c.model.converters),
+            param_shapes=collect_param_shapes(self.model_parts),  # all pipeline stages' parameters
+            param_groups=None if self.spec.build_optimizers_fn else run_layout(self.model_parts, c.optimizer),
+        )
+        states = training_states(self.model_parts, self.optimizer, lr_schedulers=self.lr_schedulers,
+                                 dataloader=self.dataloader, progress=self)
+        states.update(self.extra_states())
+        self.checkpointer = CheckpointManager(config=c.checkpoint, run_dir=self.run_dir, states=states,
+                                              identity=identity, is_rank0=self.is_rank0)
+
+    def extra_states(self) -> dict[str, Stateful]:
+        """Named states a subclass adds to its checkpoints (e.g. DiLoCo's outer optimizer)."""
+        return {}
+
+    # The Trainer is the checkpoint's ``progress`` state: the step and the tokens seen.
+    def state_dict(self) -> dict[str, Any]:
+        return progress_state(self.step, self.tokens_seen)
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.step, self.tokens_seen = int(state_dict["step"]), int(state_dict["tokens_seen"])
+
+    def build_metrics(self) -> None:
+        fpt = self.calls.flops_per_token(self.model_args, self.config.training.seq_len)
+        options: dict[str, Any] = dict(
+            run_dir=self.run_dir, is_rank0=self.is_rank0, device=self.device, flops_per_token=fpt,
+            world_size=self.proc.world_size, run_config=self.config.model_dump(mode="json"),
+        )
+        metrics = self.calls.metrics(self.config.metrics, **options)
+        self.metrics = MetricsLogger(self.config.metrics, **options) if metrics is None else metrics
+
+    def build_profiler(self) -> None:
+        self.profiler = StepProfiler(self.config.profiling, run_dir=self.run_dir, rank=self.proc.rank,
+                                     device=self.device, is_rank0=self.is_rank0)
+
+    # ---- one step ------------------------------------------------------------------------------
+    def autocast(self) -> contextlib.AbstractContextManager[Any]:
+        return autocast_for(self.device, self.compute_dtype)
+
+    def loss_context(self) -> contextlib.AbstractContextManager[Any]:
+        """Loss on vocab-sharded logits needs torch's loss_parallel context (TP only)."""
+        if self.dims.tp_enabled and self.config.parallelism.loss_parallel:
+            from torch.distributed.tensor.parallel import loss_parallel
+
+            return loss_parallel()
+        return contextlib.nullcontext()
+
+    def prepare_batch(self, inputs: torch.Tensor, labels: torch.Tensor) -> MicroBatch:
+        """With data.document_masking: each token's position in its document, and the labels
+        that cross a document boundary ignored (data/documents.py)."""
+        if not self.config.data.document_masking:
+            return inputs, labels, None
+
+        positions, labels = split_documents(inputs, labels, eos_id=self.tokenizer.eos_id, bos_id=self.tokenizer.bos_id)
+        return inputs, labels, positions
+
+    def count_step_tokens(self, micro_batches: list[MicroBatch]) -> int | torch.Tensor:
+        """Valid labels of this step on every data-parallel rank (one all-reduce; TP/PP ranks share data)."""
+        local = sum(count_valid(labels) for _, labels, _ in micro_batches)
+        group = self.dp_flat_mesh.get_group() if self.dims.dp > 1 else None
+        return global_valid_tokens(local, group=group, device=self.device)
+
+    def compute_loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """The mean loss of one micro-batch (the spec's ``build_loss_fn``, or cross-entropy)."""
+        return self.loss_fn(logits, labels)
+
+    def model_kwargs(self, positions: torch.Tensor | None) -> dict[str, torch.Tensor]:
+        return {} if positions is None else {"positions": to_device(positions, self.device)}
+
+    def forward_backward(self, inputs: torch.Tensor, labels: torch.Tensor,
+                         positions: torch.Tensor | None = None) -> torch.Tensor:
+        """One micro-batch; returns its loss weighted by its share of the step's valid tokens
+        (token_loss.py), zero on non-last PP stages."""
+        check_batch_ids(inputs, self.model_args, self.tokenizer)  # the tokenizer's fault, not the model's
+        valid = count_valid(labels)  # before the copy to the device: no sync
+        inputs, labels = to_device(inputs, self.device), to_device(labels, self.device)
+        if self.pipeline is not None:
+            return self.pipeline_forward_backward(inputs, labels, positions)
+        with self.autocast(), self.loss_context():
+            with self.profiler.phase("forward"):
+                logits = self.calls.forward(self.model_parts[0], inputs, **self.model_kwargs(positions))
+            loss = token_weighted(self.compute_loss(logits, labels), valid=valid, global_valid=self.step_valid_tokens,
+                                  dp=self.dims.dp)
+            aux = self.moe.after_forward()  # MoE load-balancing loss: trained on, not reported in `loss`
+            with self.profiler.phase("backward"):
+                (loss if aux is None else loss + aux / self.accum).backward()
+        return _plain(loss)
+
+    def pipeline_forward_backward(self, inputs: torch.Tensor, labels: torch.Tensor,
+                                  positions: torch.Tensor | None = None) -> torch.Tensor:
+        pipe = self.pipeline
+        assert pipe is not None  # called only when build_model_parts built a pipeline
+        losses: list[torch.Tensor] | None = [] if pipe.has_last_stage else None
+        target = labels if pipe.has_last_stage else None
+        self.pp_batch_rows = labels.shape[0]
+        args = (inputs,) if pipe.has_first_stage else ()
+        # Keyword arguments reach every stage (split into microbatches like the inputs): the
+        # document positions travel beside the activations (TrainSpec.pipeline_takes_positions).
+        with self.autocast(), self.loss_context():
+            pipe.schedule.step(*args, target=target, losses=losses, return_outputs=False,
+                               **self.model_kwargs(positions))
+        if losses:
+            return torch.stack([_plain(loss) for loss in losses]).mean()
+        return torch.zeros((), device=self.device)
+
+    def train_step(self, batches: Iterator[tuple[torch.Tensor, torch.Tensor]]) -> StepResult:
+        self.optimizer.zero_grad()
+        loss = self.step_forward_backward(batches)
+        pp_group = self.mesh["pp"].get_group() if self.dims.pp_enabled else None
+        grad_norm = clip_grad_norm_on_device(self.model_parts, self.config.training.max_norm, pp_group=pp_group)
+        global_loss = self.global_loss_on_device(loss)
+        refused = self.check_finite(global_loss, grad_norm)
+        if refused is not None:
+            return refused
+        with self.profiler.phase("optimizer"):
+            self.optimizer.step()
+        self.moe.after_step(read=False)  # MoE bias update; its figures stay on the device until logged
+        self.lr_schedulers.step()
+        return StepResult(global_loss, grad_norm, skipped=False)
+
+    def reads_loss_at(self, step: int) -> bool:
+        """Whether ``step`` copies its loss and gradient norm to the host: the steps that log, save or
+        validate, and every step with training.skip_nonfinite_steps (it must decide before the update)."""
+        c, last = self.config, step == self.config.training.steps
+        validates = self.val_dataloader is not None and (step % c.validation.freq == 0 or last)
+        return (c.training.skip_nonfinite_steps or self.metrics.should_log(step, last=last) or validates
+                or self.checkpointer.saves_at(step, last=last))
+
+    def check_finite(self, loss: torch.Tensor, grad_norm: torch.Tensor) -> StepResult | None:
+        """On a reading step, stop (or skip) a non-finite step before its update. Other steps only note it
+        on the device; the next reading step stops the run naming it, before anything of it is saved."""
+        step = self.step + 1
+        if not self.reads_loss_at(step):
+            self.finite_watch.record(step, loss, grad_norm)
+            return None
+        self.stop_if_nonfinite_since_last_read()
+        loss_value, norm_value = float(loss), float(grad_norm)
+        if math.isfinite(loss_value) and math.isfinite(norm_value):
+            return None
+        return self.handle_nonfinite(loss_value, norm_value)
+
+    def stop_if_nonfinite_since_last_read(self) -> None:
+        bad = self.finite_watch.first_bad_step()
+        if bad:
+            raise NonFiniteError(
+                f"step {bad}: non-finite loss or gradient norm, found at step {self.step + 1} (the loss is read on "
+                f"the host only on logging, checkpoint and validation steps). Steps {bad} to {self.step} changed "
+                f"the weights in memory only: nothing of them was saved, the last checkpoint holds the last good "
+                f"state. Lower optimizer.lr, check the data, or set --training.skip_nonfinite_steps=true, which "
+                f"reads every step's loss and skips such steps."
+            )
+
+    def step_forward_backward(self, batches: Iterator[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+        """Forward and backward of every accumulation micro-batch; the step's loss on this rank."""
+        # Every micro-batch is read first: the loss is a mean over the step's valid labels.
+        micro_batches = [self.prepare_batch(*self.next_batch(batches)) for _ in range(self.accum)]
+        self.step_valid_tokens = self.count_step_tokens(micro_batches)
+        return sum((self.forward_backward(*mb) for mb in micro_batches), torch.zeros((), device=self.device))
+
+    def next_batch(self, batches: Iterator[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
+        with self.profiler.phase("data"):
+            return next(batches)
+
+    def global_average_loss(self, loss: torch.Tensor) -> float:
+        """``global_loss_on_device``, read on the host."""
+        return float(self.global_loss_on_device(loss))
+
+    def global_loss_on_device(self, loss: torch.Tensor) -> torch.Tensor:
+        """Mean over data-parallel ranks; non-last pipeline stages contribute zero, TP ranks repeat."""
+        if not self.dims.distributed:
+            return loss
+        total = distributed.all_reduce_sum(loss.float())
+        return total.double() / (self.dims.dp * self.dims.tp)  # float64: the figure a host division gave
+
+    def handle_nonfinite(self, loss: float, grad_norm: float) -> StepResult:
+        if not self.config.training.skip_nonfinite_steps:
+            raise NonFiniteError(
+                f"step {self.step + 1}: non-finite {'loss' if not math.isfinite(loss) else 'gradient norm'} "
+                f"(loss={loss}, grad_norm={grad_norm}). Training stopped before the optimizer step, so the last "
+                f"checkpoint holds the last good state. Lower optimizer.lr, check the data, or set "
+                f"--training.skip_nonfinite_steps=true to skip such steps."
+            )
+        self.optimizer.zero_grad()
+        self.skipped_steps += 1
+        return StepResult(loss, grad_norm, skipped=True)
+
+    # ---- the loop --------------------------------------------------------------------------------
+    def train(self) -> list[float]:
+        """Resume if there is a checkpoint, then: step -> log -> checkpoint -> maybe validate."""
+        resumed = self.checkpointer.resume()
+        if resumed is not None:
+            self.step, self.tokens_seen = resumed.step, resumed.tokens_seen
+            progress(f"resuming from {resumed.path} at step {resumed.step}", is_rank0=self.is_rank0)
+
+            check_shape_file_unchanged(self.spec, self.resolved.weights, self.run_dir)
+        else:  # the run's own checkpoints take precedence over checkpoint.initial_load
+
+            load_starting_weights(self.resolved.weights, spec=self.spec, model_parts=self.model_parts, ties=self.ties,
+                                  is_rank0=self.is_rank0)
+        if self.is_rank0:  # written once resume is accepted: a refused run leaves the run folder as it was
+            self.require_writable_run_files()
+            atomic_write_text(self.run_dir / "config.toml", dumps(self.config.model_dump(mode="json")))
+            if resumed is None:
+                record_shape_file(self.resolved.weights, self.run_dir)
+            supersede_metrics(self.metrics.path, start_step=self.step)  # one record per step after a resume
+            if self.converters:
+                self.conversion_table.write(self.run_dir / "conversion_table.json")
+        t = self.config.training
+        batches = iter(self.dataloader)
+        tokens_per_step = t.local_batch_size * t.seq_len * self.accum
+        # TP and PP ranks share their data-parallel rank's batch, so each device's share is
+        # 1/(tp*pp) of it; the logger's x world_size is then the true global token rate.
+        tokens_per_device = tokens_per_step * self.dims.dp / self.dims.world_size
+        losses: list[torch.Tensor | float] = []  # read on the host at the end, not per step
+        progress("first step (building kernels, loading data) ...", is_rank0=self.is_rank0)
+        reset_peak_memory(self.device)  # the peak then counts the steps, not the set-up's transients
+        # Throughput is measured over the logging window (since the last log): a logging step's
+        # host read waits for the device work of the unlogged steps before it too.
+        window_start, window_steps = time.perf_counter(), 0
+        while self.step < t.steps:
+            window_steps += 1
+            self.profiler.before_step(self.step + 1)
+            try:
+                with out_of_memory_named(f"in step {self.step + 1}"):  # activations: not in the check before training
+                    result = self.train_step(batches)
+            except NonFiniteError:
+                self.checkpointer.wait()  # an async save of the last good step is published before stopping
+                raise
+            self.step += 1
+            self.tokens_seen += tokens_per_step * self.dims.dp
+            losses.append(result.loss)
+            last = self.step == t.steps
+            data_ms = self.dataloader.wait_ms()  # time this step waited for its batches
+            self.profiler.after_step(self.step, last=last)
+            logs = self.metrics.should_log(self.step, last=last)
+            if logs:
+                loss, grad_norm = float(result.loss), float(result.grad_norm)  # waits for the device
+                self.metrics.log_step(
+                    step=self.step, loss=loss, grad_norm=grad_norm, lr=self.lr_schedulers.get_last_lr(),
+                    tokens=tokens_per_device, step_time=(time.perf_counter() - window_start) / window_steps,
+                    extra={"skipped_steps": self.skipped_steps, "tokens_seen": self.tokens_seen, "data_ms": data_ms,
+                           "window_steps": window_steps, **source_tokens(self.dataloader.state_dict(), t.seq_len),
+                           **self.moe.metrics, **self.step_metrics()},
+                )
+            with no_interrupt():  # Ctrl+C waits for the save to be published: never half a checkpoint
+                self.checkpointer.maybe_save(self.step, tokens_seen=self.tokens_seen, last=last)
+            self.maybe_validate(last=last)
+            self.stop_if_signalled()
+            if logs:
+                window_start, window_steps = time.perf_counter(), 0
+        self.finish()
+        return [float(loss) for loss in losses]
+
+    def step_metrics(self) -> dict[str, float]:
+        """Figures a subclass adds to each step's metrics record (fault tolerance: the live replica groups)."""
+        return {}
+
+    def require_writable_run_files(self) -> None:
+        """Every file and folder the run writes is writable, checked before it writes the first one."""
+
+        c = self.config.checkpoint
+        export = [self.run_dir / "export"] if c.export_at_end else []
+        require_writable(folders=[self.run_dir, *export], files=[self.run_dir / "config.toml", self.metrics.path])
+
+    def stop_if_signalled(self) -> None:
+        """After a SIGTERM, every rank stops after this same step (they agree in one all_reduce)."""
+        signum = requested_signal()
+        if self.dims.distributed:
+            signum = distributed.all_reduce_max(signum, self.device)
+        if signum:
+            self.stop_if_nonfinite_since_last_read()  # the save on SIGTERM must not hold an unread NaN step
+            stop_after_signal(signum, step=self.step, tokens_seen=self.tokens_seen, checkpoint=self.config.checkpoint,
+                              checkpointer=self.checkpointer, metrics=self.metrics, is_rank0=self.is_rank0)
+
+    @torch.no_grad()
+    def maybe_validate(self, *, last: bool) -> None:
+        v = self.config.validation
+        if self.val_dataloader is None or not (self.step % v.freq == 0 or last):
+            return
+        for part in self.model_parts:
+            part.eval()
+        self.val_dataloader.reset()  # every validation scores the same held-out batches
+        batches = iter(self.val_dataloader)
+        total = torch.zeros((), device=self.device, dtype=torch.float64)
+        valid = 0
+        for _ in range(v.steps):
+            inputs, labels, positions = self.prepare_batch(*next(batches))
+            valid += count_valid(labels)
+            total += self.validation_loss(inputs.to(self.device), labels.to(self.device), positions)
+        for part in self.model_parts:
+            part.train()
+        # Per valid token of every batch on every data-parallel rank, as the training loss.
+        loss = global_token_mean(total, valid=valid, tp=self.dims.tp, pp=self.dims.pp, device=self.device)
+        self.metrics.log_validation(step=self.step, loss=loss)
+
+    def validation_loss(self, inputs: torch.Tensor, labels: torch.Tensor,
+                        positions: torch.Tensor | None = None) -> torch.Tensor:
+        """One held-out batch's summed token losses, float64 (forward only); zero on ranks without the
+        last PP stage."""
+        with self.autocast(), self.loss_context():
+            if self.pipeline is None:
+                logits = self.calls.forward(self.model_parts[0], inputs, **self.model_kwargs(positions))
+                return _plain(token_loss_sum(self.compute_loss(logits, labels), valid=count_valid(labels))).double()
+            pipe = self.pipeline
+            losses: list[torch.Tensor] | None = [] if pipe.has_last_stage else None
+            target = labels if pipe.has_last_stage else None
+            args = (inputs,) if pipe.has_first_stage else ()
+            pipe.schedule.eval(*args, target=target, losses=losses, **self.model_kwargs(positions))
+        if losses:  # each microbatch's sum (scaled_loss under no_grad)
+            return torch.stack([_plain(loss) for loss in losses]).double().sum()
+        return torch.zeros((), device=self.device, dtype=torch.float64)
+
+    def finish(self) -> None:
+        self.dataloader.close()
+        self.checkpointer.wait()
+        if self.config.checkpoint.export_at_end and self.config.checkpoint.export_format == "hf":
+            export_hf(self.model_parts, self.run_dir / "export" / "hf", spec=self.spec, model_args=self.model_args,
+                      tokenizer=self.tokenizer, dtype=getattr(torch, self.config.checkpoint.export_dtype),
+                      shard_gb=self.config.checkpoint.export_shard_gb, is_rank0=self.is_rank0)
+        elif self.config.checkpoint.export_at_end:
+            dtype = getattr(torch, self.config.checkpoint.export_dtype)
+            export_safetensors(self.model_parts, self.run_dir / "export" / "model.safetensors", dtype=dtype,
+                               is_rank0=self.is_rank0)
+        self.metrics.close()
+        self.profiler.close()
+        if self.is_rank0 and self.config.metrics.report:
+            report_at_end(self.run_dir)

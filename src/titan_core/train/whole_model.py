@@ -1,0 +1,98 @@
+"""A whole model on one process, from a titan checkpoint (any layout it was saved from) or a
+Hugging Face folder: what ``titan-convert to-hf`` and ``titan-generate`` start from.
+
+The checkpoint is checked as a resume checks it (complete, identity file, checksums,
+shapes) and DCP reshards it into one plain model; nothing but the weights is read.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from torch import nn
+
+from ..boundary.meta_model import meta_model
+from ..checkpoint.identity import read_record
+from ..config.finite import refuse_nonfinite
+from ..config.layers import load_config_source
+from ..errors import ConfigError
+from ..hf.tokenizer_folder import load_tokenizer_folder
+from ..models.ties import declared_ties, retie_weights
+from ..plan.tokenizer import build_tokenizer
+from ..plugin import discovery
+from ..runtime.os_errors import describe_os_error
+from ..weights.load import load_hf_weights
+from ..weights.model_args import checkpoint_model_args, run_config_of
+from ..weights.shape import hf_starting_weights
+
+if TYPE_CHECKING:
+    from ..plugin.protocols import TrainSpec
+from ..weights.titan_checkpoint import load_model_weights
+
+
+@dataclass
+class WholeModel:
+    model: nn.Module
+    spec: Any  # the TrainSpec
+    model_args: Any
+    tokenizer: Any
+
+
+def _finish(model: nn.Module) -> None:
+    """Non-persistent buffers (e.g. a rotary table) hold garbage after ``to_empty``: recompute them."""
+    init_buffers = getattr(model, "init_buffers", None)
+    if init_buffers is not None:
+        init_buffers()
+
+
+def cpu_model(spec: TrainSpec, model_args: object) -> tuple[nn.Module, list[tuple[str, str]]]:
+    """The model allocated on the CPU (values uninitialised, ties re-made) and its declared ties."""
+    model = meta_model(spec, model_args)
+    model.to_empty(device="cpu")
+    ties = declared_ties(model)
+    retie_weights(model, ties)
+    return model, ties
+
+
+def read_checked_run_config(path: Path | None) -> dict[str, Any]:
+    """The run's config.toml, read and checked as titan-train reads --config (regular file, size, UTF-8,
+    TOML, finite numbers): it comes from disk, like any other input."""
+    if path is None:
+        return {}
+    try:
+        layer = load_config_source(str(path) if str(path).endswith(".toml") or "/" in str(path) else f"./{path}")
+    except OSError as exc:
+        raise ConfigError(f"cannot read the run config {path}: {describe_os_error(exc)}") from None
+    refuse_nonfinite(layer)
+    return layer
+
+
+def load_titan_checkpoint(checkpoint: Path, *, config: Path | None = None) -> WholeModel:
+    """The model of ``checkpoint`` (a step-N folder) in float32 on the CPU; ``config``: the run's
+    config.toml (default: two levels up, where titan-train writes it)."""
+
+    identity = read_record(checkpoint).identity
+    run_config = read_checked_run_config(config or run_config_of(checkpoint))
+    spec = discovery.load_train_spec(identity.spec)
+    data = run_config.get("data", {})
+    tokenizer = build_tokenizer(str(data.get("tokenizer", "builtin") if isinstance(data, dict) else "builtin"))
+    model_args = checkpoint_model_args(checkpoint, spec=spec, flavor=identity.flavor, run_config=run_config,
+                                       vocab_size=tokenizer.vocab_size)
+    model, _ = cpu_model(spec, model_args)
+    load_model_weights(checkpoint, [model])
+    _finish(model)
+    return WholeModel(model, spec, model_args, tokenizer)
+
+
+def load_hf_folder(folder_path: Path, *, spec_name: str | None, what: str) -> WholeModel:
+    """The model of a Hugging Face folder through the spec's adapter (default: the only installed spec)."""
+
+    spec = discovery.load_train_spec(spec_name or discovery.default_spec_name())
+    weights, folder = hf_starting_weights(spec, folder_path, what=what, purpose=what)  # before any weight is allocated
+    model_args = weights.model_args
+    model, ties = cpu_model(spec, model_args)
+    load_hf_weights(folder, spec=spec, model_parts=[model], model_args=model_args, ties=ties, what=what)
+    _finish(model)
+    return WholeModel(model, spec, model_args, load_tokenizer_folder(folder_path))
