@@ -21,6 +21,7 @@ import torch
 
 from ..config.fault_tolerance import FaultToleranceSection, lighthouse_problem
 from ..errors import ConfigError, LighthouseLost
+from ..runtime.torch_compat import streaming_load
 
 # Set by the local supervisor on a group it restarted (a group that must rejoin, never start alone).
 RESTARTED_ENV = "TITAN_FT_RESTARTED"
@@ -34,8 +35,6 @@ def _safe_http_transport(timeout: timedelta) -> Any:
     import urllib.request
 
     from torchft.checkpointing.http_transport import HTTPTransport
-
-    from ..runtime.torch_compat import streaming_load
 
     class SafeHTTPTransport(HTTPTransport):  # type: ignore[misc]
         @classmethod

@@ -10,6 +10,7 @@ from torch import nn
 
 from ..config.parallel_dims import ParallelDims
 from ..config.sections import ParallelismSection
+from ..runtime.torch_compat import replicate_with_fsdp
 from .expert_parallel import experts_modules, shard_experts
 
 if TYPE_CHECKING:
@@ -72,8 +73,6 @@ def apply_fsdp(
                               reduce_dtype=_DTYPES[parallelism.reduce_dtype])
     blocks = list(blocks)
     if not parallel_dims.fsdp_enabled:
-        from ..runtime.torch_compat import replicate_with_fsdp
-
         replicate = replicate_with_fsdp()
         for block in blocks:
             replicate(block, mesh=dp_mesh, mp_policy=mp)
