@@ -265,8 +265,9 @@ class Trainer:
             if self.dims.ep_enabled:  # the whole model has experts for EP (a stage may hold dense layers only)
                 check_experts_split(model, self.dims.ep, what=f"spec {self.spec.name}")
             self.pipeline = self.calls.pipeline(
-                model, parallel_dims=self.dims, mesh=self.mesh, parallelism=self.config.parallelism,
+                model, parallel_dims=self.dims, mesh=self.mesh, parallelism=self.resolved.plugin_parallelism,
                 training=self.config.training, device=self.device, loss_fn=self.scaled_loss, parallelize=self.parallelize,
+                added={"precision": self.resolved.precision},  # plugin API 1.1, to functions naming it
             )
             self.model_parts = self.pipeline.model_parts
         else:
