@@ -1,5 +1,5 @@
 """Every command the README's bash blocks and ``titan-train --help`` show runs as written in the README's own
-environment (both specs of this repository installed, as after scripts/setup.sh), issue 31 item 5.
+environment (every spec of this repository installed, as after scripts/setup.sh), issue 31 item 5.
 
 Kept cheap: a training command runs with ``--dry-run`` added (the config resolves, the model builds on
 meta, the converters convert); ``torchrun --nproc-per-node N -m titan_core ARGS`` runs as the worker
