@@ -15,13 +15,14 @@ from ..config.environment import check_environment
 from ..config.overrides import parse_override_args
 from ..config.toml_out import dumps
 from ..console import rank_prefix, say
-from ..errors import StopRequested, TitanError
+from ..errors import ConfigError, StopRequested, TitanError
 from ..plugin import discovery
 from ..runtime.launch_env import world_size_from_env
 from ..runtime.launch_environment import check_launch_environment
 from ..runtime.os_errors import describe_os_error
 from ..runtime.path_settings import remember_paths
 from ..runtime.worker_errors import INTERRUPTED, hand_to_launcher, under_launcher
+from ..train.target_devices import parse_target_device  # a leaf: no torch at start-up
 from .launch import relaunch
 from .list_plugins import print_plugin_list
 
@@ -67,6 +68,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="train with and without the converters (same seed) and report the loss gap")
     p.add_argument("--nproc-per-node", type=int, default=None, metavar="N",
                    help="re-launch through torch.distributed.run with N processes on this node")
+    p.add_argument("--nnodes", type=int, default=None, metavar="N",
+                   help="with --dry-run: plan for N machines of --nproc-per-node ranks each (world size N x M)")
+    p.add_argument("--target-device", default=None, metavar="NAME|SIZE",
+                   help="with --dry-run: the accelerator the plan is for (H100, H200, A100-40GB, ... or 80GiB)")
     p.add_argument("--traceback", action="store_true", help="show Python tracebacks for errors")
     return p
 
@@ -89,7 +94,8 @@ def run(args: argparse.Namespace, rest: list[str], argv: list[str], trainer_clas
 
         trainer_class = chosen_trainer(args.trainer, trainer_class)
     check_launch_environment(args.nproc_per_node)
-    world_size = args.nproc_per_node or world_size_from_env()
+    check_plan_flags(args.nnodes, args.nproc_per_node, args.target_device, dry_run=args.dry_run)
+    world_size = (args.nnodes or 1) * args.nproc_per_node if args.nproc_per_node else world_size_from_env()
     from ..plan.resolve import resolve_config  # start-up: --help and --list stay without torch
 
     resolved = resolve_config(config_source=args.config, override_pairs=_override_pairs(args, rest), world_size=world_size)
@@ -117,7 +123,8 @@ def run(args: argparse.Namespace, rest: list[str], argv: list[str], trainer_clas
     if args.dry_run:
         from .dry_run import dry_run  # start-up: each command imports only what it runs
 
-        return dry_run(resolved)
+        return dry_run(resolved, target_device=args.target_device,
+                       ranks_per_node=args.nproc_per_node or world_size, nnodes=args.nnodes or 1)
     if args.compare_baseline:
         from .compare import compare_baseline  # start-up: as above
 
@@ -134,6 +141,21 @@ def run(args: argparse.Namespace, rest: list[str], argv: list[str], trainer_clas
     from .train import train  # start-up: as above
 
     return train(resolved, trainer_class=trainer_class)
+
+
+def check_plan_flags(nnodes: int | None, nproc_per_node: int | None, target_device: str | None, *,
+                     dry_run: bool) -> None:
+    """--nnodes and --target-device describe a cluster for the dry run's plan; a real run gets its machines
+    from its launcher (torchrun --nnodes)."""
+    for flag, value in (("--nnodes", nnodes), ("--target-device", target_device)):
+        if value is not None and not dry_run:
+            raise ConfigError(f"{flag} plans a cluster run and works with --dry-run only; a run on several machines "
+                              f"starts one torchrun per machine (docs/distributed.md, \"Several machines\").")
+    if nnodes is not None and (nnodes < 1 or nproc_per_node is None):
+        raise ConfigError(f"--nnodes {nnodes}: give a number of machines >= 1 together with --nproc-per-node "
+                          f"(ranks per machine), e.g. --nnodes 64 --nproc-per-node 8.")
+    if target_device is not None:
+        parse_target_device(target_device)  # a misspelt device is refused before anything is loaded
 
 
 def _worker_argv(args: argparse.Namespace, argv: list[str], trainer_class: type[Trainer] | None) -> list[str]:
