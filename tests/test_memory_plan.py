@@ -96,3 +96,25 @@ def test_the_plan_section_of_the_distributed_page_runs_as_written(tmp_path) -> N
     pairs = [(command, copied) for command, copied in blocks("distributed.md") if "--target-device" in command]
     assert len(pairs) == 2
     run_blocks(pairs, tmp_path)
+
+
+def test_end_stages_hold_fewer_layers_on_large_models_and_the_plan_shows_it(cli) -> None:
+    from titan_core.parallel.pipeline import split_layers
+
+    sizes = [len(s) for s in split_layers(126, 16, [], fewer_at_ends=-1)]
+    assert sizes == [7, *[8] * 14, 7]  # the 405B split: 128 "layers" counting the embedding and the head
+    assert [len(s) for s in split_layers(80, 4, [], fewer_at_ends=-1)] == [19, 21, 21, 19]
+    assert [len(s) for s in split_layers(6, 2, [], fewer_at_ends=-1)] == [3, 3]  # small models: as before
+    assert [len(s) for s in split_layers(7, 3, [], fewer_at_ends=-1)] == [3, 2, 2]
+    assert [len(s) for s in split_layers(16, 4, [], fewer_at_ends=2)] == [3, 5, 5, 3]
+    with pytest.raises(ConfigError, match="pp_end_stage_fewer_layers=3 leaves the first or last stage without"):
+        split_layers(8, 4, [], fewer_at_ends=3)
+
+    args = ("--spec", "llama3", "--flavor", "8B", "--nnodes", "1", "--nproc-per-node", "4", "--parallelism.pp=4",
+            "--training.seq_len=2048", "--training.local_batch_size=4", "--dry-run", "--target-device", "H100")
+    balanced, even = cli(*args), cli(*args, "--parallelism.pp_end_stage_fewer_layers=0")
+    assert balanced.code == even.code == 0, balanced.text + even.text
+    assert [row[2] for row in _rows(balanced.text)] == ["7", "9", "9", "7"]
+    assert [row[2] for row in _rows(even.text)] == ["8", "8", "8", "8"]
+    peak = lambda r: float(re.search(r"peak: ([\d.]+) GiB", r.text).group(1))  # noqa: E731
+    assert peak(balanced) < peak(even)
