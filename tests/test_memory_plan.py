@@ -25,7 +25,7 @@ def test_target_devices_by_name_or_size() -> None:
 
 def test_cluster_flags_are_for_the_dry_run_only(cli) -> None:
     assert_user_error(cli("--nnodes", "2", "--nproc-per-node", "8"), "--nnodes plans a cluster run and works with "
-                      "--dry-run only")
+                      "--dry-run or --rehearse-rank only")
     assert_user_error(cli("--nnodes", "2", "--dry-run"), "together with --nproc-per-node")
     assert_user_error(cli("--dry-run", "--target-device", "V100"), '"V100" is not a known device')
 
@@ -118,3 +118,18 @@ def test_end_stages_hold_fewer_layers_on_large_models_and_the_plan_shows_it(cli)
     assert [row[2] for row in _rows(even.text)] == ["8", "8", "8", "8"]
     peak = lambda r: float(re.search(r"peak: ([\d.]+) GiB", r.text).group(1))  # noqa: E731
     assert peak(balanced) < peak(even)
+
+
+def test_rehearsal_trains_one_rank_of_a_64_rank_layout_here(tmp_path) -> None:
+    from conftest import run_cli
+
+    r = run_cli("--spec", "llama3", "--nnodes", "8", "--nproc-per-node", "8", "--parallelism.tp=8",
+                "--rehearse-rank", "63", "--training.steps=2", "--training.seq_len=64", "--training.local_batch_size=2",
+                f"--job.run_dir={tmp_path / 'run'}", "--metrics.report=false")
+    assert r.code == 0, r.text
+    assert "rehearsal: rank 63 of 64 under torch's fake process group" in r.text
+    assert "finite checks are off" in r.text
+    assert re.search(r"rehearsal done: 2 steps on rank 63 of 64, peak memory [\d.]+ GiB resident", r.text), r.text
+    refused = run_cli("--spec", "llama3", "--nproc-per-node", "4", "--parallelism.pp=2", "--rehearse-rank", "0",
+                      f"--job.run_dir={tmp_path / 'pp'}")
+    assert_user_error(refused, "--rehearse-rank: pipeline layouts are not rehearsed yet")

@@ -10,11 +10,13 @@ real shards. On top of them come, per rank:
 * activations of the micro-batches in flight, per the activation-checkpointing mode, measured by
   one forward on meta (``activation_probe.py``) and divided by tp (sequence parallelism splits
   what tensor parallelism does not); with ``full`` one block's activations live again during its
-  recompute;
+  recompute; and the gradients of one block's activations while it is back-propagated (as many
+  bytes as it saved);
 * the last stage's logits and the loss's float32 copies (vocabulary split over tp);
 * FSDP2's buffers: gathered blocks in the gather dtype (two blocks in flight, the root for the
   whole step, every block of a stage with pipelining, which keeps them gathered) and two blocks'
-  unsharded gradients before their reduce-scatter;
+  unsharded gradients before their reduce-scatter (with pipelining, the whole stage's: torch's
+  stages sync gradients only after the last micro-batch, accumulating them unsharded);
 * pipeline send/receive buffers; on an accelerator a fixed allowance for the CUDA context, NCCL
   and the caching allocator's slack (``RUNTIME_ALLOWANCE``).
 
@@ -288,7 +290,10 @@ def plan_stage(resolved: ResolvedConfig, shape: StageShape, probe: ActivationPro
     tp = dims.tp
     flight = in_flight(resolved, shape.pp_rank)
     kept, recompute = layer_activations(probe, shape.layer_names, ac)
-    activ = (kept * flight + recompute + (probe.outside if shape.has_last else 0)) // tp
+    # The block being back-propagated makes the gradients of its activations: about as many bytes as
+    # it saved (measured on CPU runs, benchmarks/memory_plan.py).
+    working = max((probe.blocks[n].saved for n in shape.layer_names if n in probe.blocks), default=0)
+    activ = (kept * flight + recompute + working + (probe.outside if shape.has_last else 0)) // tp
     logits = 0
     if shape.has_last:
         elems = probe.logits_bytes // torch.empty((), dtype=compute_dtype).element_size()
@@ -304,7 +309,10 @@ def plan_stage(resolved: ResolvedConfig, shape: StageShape, probe: ActivationPro
         policy = c.parallelism.fsdp_reshard_after_forward
         kept_gathered = sum(blocks) if (policy == "never" or (policy == "default" and dims.pp_enabled)) else biggest
         root = shape.gather_root if policy != "always" else 0
-        fsdp = (kept_gathered + root) * gather_size // 4 + biggest * reduce_size // 4
+        # Under pipelining torch's stages turn gradient sync off until the last micro-batch's backward: the
+        # stage's unsharded gradients add up over micro-batches, in the reduce dtype, for the whole step.
+        unsharded_grads = sum(blocks) + shape.gather_root if dims.pp_enabled else biggest
+        fsdp = (kept_gathered + root) * gather_size // 4 + unsharded_grads * reduce_size // 4
     pipe = 0
     if dims.pp_enabled:
         first = next((probe.blocks[n] for n in shape.layer_names if n in probe.blocks), None)
