@@ -41,12 +41,13 @@ def dry_run(resolved: ResolvedConfig, *, target_device: str | None = None, ranks
             nnodes: int = 1) -> int:
     c, spec = resolved.config, resolved.spec
     is_rank0 = rank_env()[0] == 0
+    target: TargetDevice | None = None
     if target_device is not None and target_device.strip().lower() == "cpu":  # this machine, for CPU layouts
         have = available_bytes(torch.device("cpu"), local_ranks=ranks_per_node)
         target = TargetDevice(f"this machine's available memory over its {ranks_per_node} ranks", have or 0,
                               accelerator=False)
-    else:
-        target = parse_target_device(target_device) if target_device is not None else None
+    elif target_device is not None:
+        target = parse_target_device(target_device)
     planned = resolved.world_size > 1 or target is not None
     if resolved.model_shape_note:
         progress(resolved.model_shape_note, is_rank0=is_rank0)
