@@ -1,10 +1,6 @@
-"""Data-path figures: ``titan-data prepare`` throughput, start-up and memory on big shard sets, data_ms.
+"""Data-path figures: start-up and memory on big shard sets, data_ms (``titan-data prepare``'s
+throughput and start-up: ``benchmarks/prepare.py``).
 
-    python benchmarks/data.py prepare [--mb 40] [--rounds 2]
-        tokens/s of the tokenizer alone on one core, then of prepare with 1 and 2 workers
-        (in alternating order), per round and best of the rounds, with the load average.
-        Targets: 2 workers >= 1.7x 1 worker; per worker >= 80% of the tokenizer's
-        single-core rate.
     python benchmarks/data.py startup [--big 2000000000] [--small 20000000] [--rounds 2]
         a 5-step run on shard sets of --big and --small tokens: seconds from launch to the
         first step's metrics line, and peak RSS. The shard sets are synthetic (see below) and
@@ -26,8 +22,6 @@ import argparse
 import hashlib
 import json
 import os
-import resource
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -37,94 +31,11 @@ from pathlib import Path
 TRAIN = [sys.executable, "-m", "titan_core", "--spec", "llama3", "--flavor", "debugmodel"]
 
 
-def _corpus(folder: Path, mb: float) -> tuple[Path, list[str]]:
-    from titan_core.data.corpus import builtin_documents
-
-    docs, size = [], 0
-    base = builtin_documents()
-    while size < mb * 1e6:
-        for d in base:
-            text = d[:20000]  # documents of web-page size
-            docs.append(text)
-            size += len(text)
-            if size >= mb * 1e6:
-                break
-    path = folder / "corpus.jsonl"
-    with path.open("w") as f:
-        for d in docs:
-            f.write(json.dumps({"text": d}) + "\n")
-    return path, docs
-
-
-def _cpu(who: int) -> float:
-    usage = resource.getrusage(who)
-    return usage.ru_utime + usage.ru_stime
-
-
-def bench_prepare(args: argparse.Namespace) -> None:
-    """Rounds of: the tokenizer alone, then prepare with 1 and 2 workers (their order alternating),
-    so a change of the machine's load hits each figure alike; ratios are taken within a round."""
-    from titan_core.commands.prepare_shards import PrepareRequest, prepare
-    from titan_core.plan.tokenizer import build_tokenizer
-
-    tok = build_tokenizer("builtin")
-    rounds: list[dict[str, float]] = []
-    load_before = os.getloadavg()
-    with tempfile.TemporaryDirectory(prefix="titan-bench-") as tmp:
-        path, docs = _corpus(Path(tmp), args.mb)
-        for r in range(args.rounds):
-            rates: dict[str, float] = {}
-            start, cpu = time.perf_counter(), time.process_time()
-            n = sum(len(tok.encode(d)) + 2 for d in docs)
-            rates["tokenizer alone, 1 core"] = n / (time.perf_counter() - start)
-            rates["tokenizer cpu"] = n / (time.process_time() - cpu)
-            for workers in ((1, 2) if r % 2 == 0 else (2, 1)):
-                out = Path(tmp) / f"out{workers}"
-                shutil.rmtree(out, ignore_errors=True)
-                start, parent, children = time.perf_counter(), _cpu(resource.RUSAGE_SELF), _cpu(resource.RUSAGE_CHILDREN)
-                index = prepare(PrepareRequest(sources=[str(path)], tokenizer="builtin", out=out, workers=workers,
-                                               shard_tokens=args.shard_tokens, progress=False))
-                rates[f"prepare --workers {workers}"] = index["num_tokens"] / (time.perf_counter() - start)
-                # CPU seconds, which the load does not stretch: the workers' (reaped when the pool
-                # closes) per token against the tokenizer's own, and the parent's against the workers'.
-                rates[f"{workers}w worker cpu"] = index["num_tokens"] / (_cpu(resource.RUSAGE_CHILDREN) - children)
-                rates[f"{workers}w parent cpu"] = _cpu(resource.RUSAGE_SELF) - parent
-                rates[f"{workers}w workers cpu s"] = index["num_tokens"] / rates[f"{workers}w worker cpu"]
-            rounds.append(rates)
-    load_after = os.getloadavg()
-    print(f"corpus: {args.mb} MB of text, {len(docs)} documents, {n:,} tokens; {args.rounds} rounds; "
-          f"shards of {args.shard_tokens:,} tokens")
-    print(f"load average (1, 5, 15 min) before: {', '.join(f'{x:.2f}' for x in load_before)}; "
-          f"after: {', '.join(f'{x:.2f}' for x in load_after)}")
-    print(f"{'round':<6} {'tokenizer tok/s':>16} {'1 worker tok/s':>15} {'2 workers tok/s':>16} "
-          f"{'2w / 1w':>8} {'1w / tok':>9} {'2w per worker / tok':>20}")
-    for r, rates in enumerate(rounds):
-        single, one, two = (rates["tokenizer alone, 1 core"], rates["prepare --workers 1"],
-                            rates["prepare --workers 2"])
-        print(f"{r + 1:<6} {single:>16,.0f} {one:>15,.0f} {two:>16,.0f} {two / one:>8.2f} {one / single:>9.2f} "
-              f"{two / 2 / single:>20.2f}")
-    print("CPU time (not stretched by the load): tokens per worker CPU-second / the tokenizer's tokens per "
-          "CPU-second; the parent's CPU seconds / the workers'")
-    for r, rates in enumerate(rounds):
-        print(f"round {r + 1}: " + "; ".join(
-            f"{w} worker(s): worker efficiency {rates[f'{w}w worker cpu'] / rates['tokenizer cpu']:.2f}, parent / "
-            f"workers {rates[f'{w}w parent cpu'] / rates[f'{w}w workers cpu s']:.3f}" for w in (1, 2)))
-    keys = ["tokenizer alone, 1 core", "prepare --workers 1", "prepare --workers 2"]
-    best = {key: max(rates[key] for rates in rounds) for key in keys}
-    single = best["tokenizer alone, 1 core"]
-    print(f"best of {args.rounds} rounds:")
-    print(f"{'what':<26} {'tokens/s':>12} {'per worker / tokenizer':>24}")
-    for key, rate in best.items():
-        workers = 1 if "alone" in key else int(key.split()[-1])
-        print(f"{key:<26} {rate:>12,.0f} {rate / workers / single:>24.2f}")
-    print(f"2 workers / 1 worker (best of each): {best['prepare --workers 2'] / best['prepare --workers 1']:.2f}x")
-
-
 def write_synthetic(folder: Path, tokens: int, *, shard_tokens: int = 1 << 26, doc_tokens: int = 1024) -> None:
     """A valid shard set of ``tokens`` tokens of id 0 (sparse files), see the module docstring."""
     import numpy as np
 
-    from titan_core.data.shards import FORMAT, VERSION, shard_name
+    from titan_core.data.shard_format import FORMAT, VERSION, shard_name
     from titan_core.plan.tokenizer import build_tokenizer
 
     tok = build_tokenizer("builtin")
@@ -241,11 +152,6 @@ def bench_data_ms(args: argparse.Namespace) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="what", required=True)
-    p = sub.add_parser("prepare")
-    p.add_argument("--mb", type=float, default=40.0)
-    p.add_argument("--rounds", type=int, default=2)
-    p.add_argument("--shard-tokens", type=int, default=1 << 22,
-                   help="tokens per shard (prepare's default is 1 << 26; smaller here so a 40 MB corpus writes several)")
     s = sub.add_parser("startup")
     s.add_argument("--big", type=int, default=2_000_000_000)
     s.add_argument("--small", type=int, default=20_000_000)
@@ -257,7 +163,7 @@ def main() -> None:
     d.add_argument("--batch", type=int, default=8)
     d.add_argument("--dir", default=None)
     args = parser.parse_args()
-    {"prepare": bench_prepare, "startup": bench_startup, "data-ms": bench_data_ms}[args.what](args)
+    {"startup": bench_startup, "data-ms": bench_data_ms}[args.what](args)
 
 
 if __name__ == "__main__":

@@ -86,7 +86,8 @@ def worker(folder: Path, run_dir: Path) -> None:
     from titan_core.plan.resolve import resolve_config
     from titan_core.weights.load import load_initial_weights
 
-    pairs = [("checkpoint.initial_load", str(folder)), ("parallelism.dp_shard", "2"), ("training.seq_len", "32"),
+    # The spec is named: a default install holds two (llama3 and qwen3); the folder is a LlamaForCausalLM.
+    pairs = [("model.spec", "llama3"), ("checkpoint.initial_load", str(folder)), ("parallelism.dp_shard", "2"), ("training.seq_len", "32"),
              ("training.local_batch_size", "1"), ("job.run_dir", str(run_dir)),
              ("training.cpu_malloc_tuning", "false")]
     trainer = Trainer(resolve_config(config_source=None, override_pairs=pairs, world_size=2))

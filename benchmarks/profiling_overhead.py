@@ -52,7 +52,10 @@ def step_time(tmp: Path, variant: str, index: int, steps: int, seq_len: int) -> 
 
 
 def main() -> None:
-    args = int_parser(__doc__, rounds=3, steps=30, seq_len=256).parse_args()
+    parser = int_parser(__doc__, rounds=3, steps=30, seq_len=256)
+    args = parser.parse_args()
+    if args.steps < 4:
+        parser.error(f"--steps {args.steps}: give at least 4 (the first three steps are warm-up, left out)")
     times: dict[str, list[float]] = {"shipped": [], "baseline": []}
     with tempfile.TemporaryDirectory() as name:
         tmp = Path(name)

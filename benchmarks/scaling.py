@@ -112,7 +112,7 @@ def state_bytes(trainer: Any) -> dict[str, int]:
 def worker(overrides: list[str], out_dir: Path) -> None:
     import torch
 
-    from titan_core import distributed
+    from titan_core.parallel import distributed
     from titan_core.plan.resolve import resolve_config
     from titan_core.runtime import launch_env
     from titan_core.train.trainer import Trainer

@@ -90,8 +90,12 @@ class Imports(ast.NodeVisitor):
 def lazy_names() -> dict[str, str]:
     """titan_core/__init__.py's public name -> defining module (read from its one list, the TYPE_CHECKING imports)."""
     import titan_core  # cheap: the package imports nothing heavy until a public name is used
+    from titan_core import plugin_api  # the contract's names: served through it, defined further down
 
-    return {k: f"titan_core.{v}" for k, v in titan_core._LAZY.items()}
+    def defined_in(name: str, module: str) -> str:
+        return plugin_api._WHERE.get(name, module) if module == "plugin_api" else module
+
+    return {k: f"titan_core.{defined_in(k, v)}" for k, v in titan_core._LAZY.items()}
 
 
 def resolve(target: str, modules: set[str], lazy: dict[str, str]) -> str | None:

@@ -15,7 +15,8 @@ from typing import Any
 import torch
 from _plugin_base import QuietConverter
 
-from titan_core import discovery, register_model_converter, register_train_spec
+from titan_core import register_model_converter, register_train_spec
+from titan_core.plugin import discovery
 
 _llama = discovery.load_train_spec("llama3")
 

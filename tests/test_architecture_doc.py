@@ -55,7 +55,8 @@ def test_the_doc_draws_the_contracts_layers_in_order() -> None:
 
 def test_the_doc_names_every_distribution_and_the_core_forbids_importing_each_plugin() -> None:
     contracts = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
-    (forbidden,) = [set(c["forbidden_modules"]) for c in contracts if c["type"] == "forbidden"]
+    (forbidden,) = [set(c["forbidden_modules"]) for c in contracts
+                    if c["type"] == "forbidden" and "torchao" in c["forbidden_modules"]]
     table = DOC.read_text().split("## Distributions", 1)[1].split("##", 1)[0]
     for plugin in sorted((REPO / "plugins").iterdir()):
         package = tomllib.loads((plugin / "pyproject.toml").read_text())["project"]["name"]

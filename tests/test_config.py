@@ -69,7 +69,7 @@ def test_precedence_of_all_four_sources(tmp_path: Path, monkeypatch: pytest.Monk
     """defaults < spec defaults < --config < flags, field by field."""
     import dataclasses
 
-    from titan_core import discovery
+    from titan_core.plugin import discovery
     from titan_llama.spec import llama3_spec
 
     spec = dataclasses.replace(

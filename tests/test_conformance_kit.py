@@ -91,7 +91,8 @@ def test_the_kit_trains_debugmodel_else_the_specs_default_else_its_smallest_flav
     """A spec written elsewhere need not have a debugmodel flavor: every check then failed on it."""
     import dataclasses
 
-    from titan_core import discovery, register_train_spec
+    from titan_core import register_train_spec
+    from titan_core.plugin import discovery
 
     # In-process registrations for this test only: later tests count the installed specs.
     monkeypatch.setitem(discovery._registered, discovery.SPECS, dict(discovery._registered[discovery.SPECS]))

@@ -252,7 +252,7 @@ def test_misspelt_key_in_a_real_process() -> None:
 def test_float8_on_a_too_old_cuda_gpu(cli, monkeypatch: pytest.MonkeyPatch) -> None:
     # The dry run picks CUDA when torch says it is there, and the converter then asks the GPU's capability.
     # The faked GPU's free memory is unknown, so the model-fits check (which asks CUDA) is skipped.
-    from titan_core import memory_estimate
+    from titan_core.train import memory_estimate
     from titan_float8 import hardware
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)

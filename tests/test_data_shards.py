@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import IO
 
 import numpy as np
 import pytest
@@ -92,6 +93,29 @@ def test_prepare_round_trip_decodes_to_the_sources_and_any_worker_count_writes_t
         assert prepare(capsys, str(corpus), "--tokenizer", "builtin", "--out", str(out), "--shard-tokens", "4000",
                        "--workers", workers).code == 0
         assert output_bytes(out) == output_bytes(shards)
+
+
+NO_TORCH_PREPARE = """
+import sys
+from titan_core.commands.data_prepare import main
+codes = [main(["prepare", sys.argv[1], "--tokenizer", "builtin", "--out", out, "--workers", n, "--shard-tokens", "300",
+               "--quiet"]) for out, n in ((sys.argv[2], "1"), (sys.argv[3], "2"))]
+print(codes, "torch" in sys.modules, "titan_core.data.loader" in sys.modules)
+"""
+
+
+def test_prepare_runs_without_torch_and_one_or_two_workers_write_the_same_bytes(tmp_path: Path) -> None:
+    """The command's whole path (parser, pipeline, forked workers writing their own pieces) never imports
+    torch, so it starts in the time Python and the tokenizer take; the pieces of two workers land in the
+    shards in source order: the bytes of one worker's run."""
+    src = tmp_path / "small.jsonl"
+    src.write_text("".join(json.dumps({"text": f"document {i} " + "word " * (i % 13)}) + "\n" for i in range(200)))
+    one, two = tmp_path / "one", tmp_path / "two"
+    result = subprocess.run([sys.executable, "-c", NO_TORCH_PREPARE, str(src), str(one), str(two)], capture_output=True,
+                            text=True, timeout=120)
+    assert result.stdout.splitlines()[-1] == "[0, 0] False False", result.stdout + result.stderr
+    assert len(json.loads((one / "index.json").read_text())["shards"]) > 3
+    assert output_bytes(one) == output_bytes(two)
 
 
 def test_tokens_source_gives_the_text_sources_windows_in_both_splits_and_on_two_ranks(
@@ -178,24 +202,24 @@ def test_an_interrupt_after_any_shard_resumes_to_the_same_bytes_with_or_without_
     """Stopped right after shard k is recorded (shards end mid-document and on a task's last document),
     the next call writes the rest: the bytes equal an uninterrupted run's. Small tasks, so the resume
     starts at a later task (its hint in prepare.json), and once without the hint (everything read again)."""
-    from titan_core.commands import prepare_shards, prepare_tasks
+    from titan_core.data.prepare import tasks, writer
 
-    monkeypatch.setattr(prepare_tasks, "TASK_BYTES", 3000)
-    monkeypatch.setattr(prepare_shards, "TASK_BYTES", 3000)
+    monkeypatch.setattr(tasks, "TASK_BYTES", 3000)
+    monkeypatch.setattr(writer, "TASK_BYTES", 3000)
     args = [str(corpus), "--tokenizer", "builtin", "--shard-tokens", "4000", "--workers", "2"]
     reference = output_bytes(shards)
-    real_flush = prepare_shards.ShardWriter.flush
+    real_flush = writer.ShardWriter.flush
     hints = set()
     for stop_after in (1, 2, 4):
         for keep_hint in (True, False):
             out = tmp_path / f"stop{stop_after}{keep_hint}"
 
-            def flush(self: prepare_shards.ShardWriter, *, final: bool = False) -> None:
+            def flush(self: writer.ShardWriter, *, final: bool = False) -> None:
                 real_flush(self, final=final)
                 if len(self.shards) == stop_after:  # noqa: B023 (the loop's value, read during this call)
                     raise KeyboardInterrupt
 
-            monkeypatch.setattr(prepare_shards.ShardWriter, "flush", flush)
+            monkeypatch.setattr(writer.ShardWriter, "flush", flush)
             assert prepare(capsys, *args, "--out", str(out)).code == 130
             saved = json.loads((out / "prepare.json").read_text())
             assert len(saved["shards"]) == stop_after and not (out / "index.json").exists()
@@ -203,7 +227,7 @@ def test_an_interrupt_after_any_shard_resumes_to_the_same_bytes_with_or_without_
             if not keep_hint:
                 del saved["task"]
                 (out / "prepare.json").write_text(json.dumps(saved))
-            monkeypatch.setattr(prepare_shards.ShardWriter, "flush", real_flush)
+            monkeypatch.setattr(writer.ShardWriter, "flush", real_flush)
             assert prepare(capsys, *args, "--out", str(out)).code == 0
             assert output_bytes(out) == reference, (stop_after, keep_hint)
     assert (True, True) in hints  # a later task and a document cut by the shard's end were resumed
@@ -215,19 +239,20 @@ def test_a_shard_write_failing_in_the_writer_thread_is_one_message_and_the_next_
     """Shards are written by a background thread: a full disk on the third shard still stops prepare
     with one message, the progress record names only the shards on disk, and the next call writes
     the same bytes as an uninterrupted run."""
-    from titan_core.commands import prepare_shards
+    from titan_core.data.prepare import writer
 
-    real_write = prepare_shards._write_atomic
+    real_publish = writer.publish
     written: list[str] = []
 
-    def write_until_full(path: Path, data: bytes | memoryview) -> None:
-        if path.name.endswith(".bin") and path.name.startswith("shard-"):
-            if len(written) == 2:
-                raise OSError(errno.ENOSPC, "No space left on device", str(path))
-            written.append(path.name)
-        real_write(path, data)
+    def publish_until_full(f: IO[bytes], tmp: Path, path: Path) -> None:
+        if len(written) == 2:
+            f.close()
+            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+        written.append(path.name)
+        real_publish(f, tmp, path)
 
-    monkeypatch.setattr(prepare_shards, "_write_atomic", write_until_full)
+    monkeypatch.setattr(writer, "publish", publish_until_full)
+    monkeypatch.setattr(writer, "SYNC_BYTES", 1000)  # shards of 8000 bytes: flushed to disk while they fill
     out = tmp_path / "out"
     args = [str(corpus), "--tokenizer", "builtin", "--shard-tokens", "4000", "--workers", "2", "--out", str(out)]
     failed = prepare(capsys, *args)
@@ -235,7 +260,7 @@ def test_a_shard_write_failing_in_the_writer_thread_is_one_message_and_the_next_
     assert "space" in failed.err.lower() and "Traceback" not in failed.err
     saved = json.loads((out / "prepare.json").read_text())
     assert [s["file"] for s in saved["shards"]] == written and not (out / "index.json").exists()
-    monkeypatch.setattr(prepare_shards, "_write_atomic", real_write)
+    monkeypatch.setattr(writer, "publish", real_publish)
     assert prepare(capsys, *args).code == 0
     assert output_bytes(out) == output_bytes(shards)
 
@@ -297,9 +322,9 @@ def test_json_files_and_a_bad_row_far_into_a_file(
         tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     """A .json list and JSON lines in a .json file give read_documents' documents; a bad row in a later task
     (read by a worker, not the parent) names its file and its line or row, exit 2, and no folder is left."""
-    from titan_core.commands import prepare_tasks
+    from titan_core.data.prepare import tasks
 
-    monkeypatch.setattr(prepare_tasks, "TASK_BYTES", 2000)
+    monkeypatch.setattr(tasks, "TASK_BYTES", 2000)
     src = tmp_path / "src"
     src.mkdir()
     (src / "a.json").write_text(json.dumps([{"text": f"listed {i}"} for i in range(30)] + [{"text": None}]))
@@ -524,7 +549,7 @@ def test_task_files_hold_json_texts_and_a_pickle_or_garbage_in_their_place_is_re
     a lone surrogate from undecodable bytes), and a file swapped for a pickle runs nothing."""
     import pickle
 
-    from titan_core.commands.prepare_tasks import read_spilled_texts, spilled_texts
+    from titan_core.data.prepare.tasks import read_spilled_texts, spilled_texts
     from titan_core.errors import TitanError
 
     texts = ("plain", "ünïcödé ✓", "bad byte \udcff kept", "")
@@ -559,14 +584,14 @@ def test_a_worker_that_does_not_end_when_stopped_is_killed_not_waited_on_for_eve
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # A forked worker inherits the caller's SIGTERM handler until it sets its own, so an early stop can be
     # swallowed (a CI run hung on it in prepare's close()).
-    from titan_core.commands import prepare_tasks
+    from titan_core.data.prepare import workers as prepare_workers
 
-    monkeypatch.setattr(prepare_tasks, "_worker_main", _worker_deaf_to_sigterm)  # workers are forked here
-    workers = prepare_tasks.Workers(1, tokenizer="builtin", dtype="uint32", text_field="text",
-                                    tok=build_tokenizer("builtin"), spill=tmp_path)
+    monkeypatch.setattr(prepare_workers, "_worker_main", _worker_deaf_to_sigterm)  # workers are forked here
+    workers = prepare_workers.Workers(1, out=tmp_path, dtype="uint32", text_field="text", tok=build_tokenizer("builtin"),
+                                      load_tokenizer=build_tokenizer, tokenizer="builtin")
     proc = workers.procs[0]
     time.sleep(0.5)  # let it ignore SIGTERM
     start = time.monotonic()
     workers.close(stop=True)
     assert not proc.is_alive() and proc.exitcode == -signal.SIGKILL
-    assert prepare_tasks.WORKER_EXIT_S <= time.monotonic() - start < prepare_tasks.WORKER_EXIT_S + 10
+    assert prepare_workers.WORKER_EXIT_S <= time.monotonic() - start < prepare_workers.WORKER_EXIT_S + 10

@@ -1,11 +1,13 @@
-"""The loss and gradient norm are copied to the host only on the steps that need them.
+"""The loss, the gradient norm and every other device value are read on the host only on the steps that need them.
 
 On an accelerator, ``float(loss)`` waits for the step to finish; the Trainer reads the
 loss and the gradient norm only on logging, checkpoint, validation and last steps, or on
 every step with ``training.skip_nonfinite_steps`` (finite_watch.py). A spy module
 (tests/faults/count_host_reads.py) records at which steps they were read, in real runs.
 A NaN on a step that is not read stops the run at the next reading step, naming it,
-with nothing of it saved.
+with nothing of it saved. A second spy (tests/faults/count_device_reads.py) follows every
+tensor derived from the model or made on the device and counts its host reads per step: 0 on
+a non-logging step, dense and MoE (before issue 29: 8 per step for a 2-layer MoE model).
 """
 
 from __future__ import annotations
@@ -49,3 +51,28 @@ def test_nan_on_an_unread_step_stops_at_the_next_read_naming_it_and_saves_nothin
     assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir()) == ["step-000002"]
     logged = [json.loads(line)["step"] for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert logged == [1]
+
+
+def device_reads(tmp_path: Path, *args: str) -> dict[int, int]:
+    """{step: host reads of device values in that step} of a 10-step run logging every 5 steps (faults/count_device_reads.py)."""
+    reads = tmp_path / "device_reads.json"
+    env = {"PYTHONPATH": os.pathsep.join([str(REPO), FAULTS]), "TITAN_TEST_DEVICE_READS": str(reads)}
+    result = run_cli(*args, "--training.seq_len=32", "--training.local_batch_size=2", "--training.steps=10",
+                     "--metrics.log_freq=5", "--metrics.report=false", f"--job.run_dir={tmp_path / 'run'}",
+                     "--import", "count_device_reads", env=env)
+    assert result.code == 0, result.text  # type: ignore[attr-defined]
+    return {int(step): n for step, n in json.loads(reads.read_text()).items()}
+
+
+def test_no_device_value_is_read_on_a_non_logging_step_dense_and_moe(tmp_path: Path) -> None:
+    # Every read of a device value waits for the accelerator: only the logging steps (1, 5, 10) may read.
+    dense = device_reads(tmp_path / "dense", "--spec", "llama3", "--flavor", "debugmodel", "--llama3.n_layers=1")
+    assert set(dense) == {1, 5, 10}, dense
+    # Throughput over the logging window: the mean step time of the steps since the last record.
+    records = [json.loads(line) for line in (tmp_path / "dense" / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["step"], r["window_steps"]) for r in records] == [(1, 1), (5, 4), (10, 5)]
+    assert all(r["tokens_per_s"] == 2 * 32 / r["step_time_s"] for r in records)
+    # MoE: the auxiliary loss, the load counts, the bias update and the load figures stay on the device.
+    moe = device_reads(tmp_path / "moe", "--spec", "qwen3", "--flavor", "debugmoe", "--qwen3.n_layers=2",
+                       "--qwen3.moe_aux_loss_coeff=0.01", "--qwen3.moe_bias_update_rate=0.001")
+    assert set(moe) == {1, 5, 10}, moe

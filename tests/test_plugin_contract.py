@@ -11,9 +11,10 @@ import torch
 from pydantic import BaseModel, ConfigDict
 from torch import nn
 
-from titan_core import ConfigError, EmptyConfig, ModelConverter, ParallelDims, discovery
+from titan_core import ConfigError, EmptyConfig, ModelConverter, ParallelDims
 from titan_core.data.packing import clear_cache, pack_documents, tokenized_source
 from titan_core.plan.tokenizer import build_tokenizer
+from titan_core.plugin import discovery
 from titan_core.train.converters import apply_converters
 
 DIMS = ParallelDims.resolve(dp_replicate=1, dp_shard=1, tp=1, pp=1, world_size=1)

@@ -3,8 +3,9 @@
 The parity runs train the llama3 debug model (2 layers) for one SGD step with
 document masking on a corpus of short documents of uneven length, so the two
 data-parallel ranks (and the accumulation micro-batches) get different numbers of
-ignored labels. The gradients of one process on the whole batch, of FSDP2 and of TP
-on two real gloo processes, and of four accumulation micro-batches must agree: with a
+ignored labels. The gradients of one process on the whole batch (full logits), of FSDP2
+and of TP on two real gloo processes, and of four accumulation micro-batches (these three
+with the chunked loss) must agree: with a
 learning rate of 1000 the exported weights are ``w0 - 1000 * grad``, dominated by the
 gradient, and must match to 1e-6 relative (norm of the difference over norm).
 """
@@ -89,14 +90,18 @@ def _weights_and_loss(tmp: Path, corpus: Path, *args: str, nproc: int | None = N
 def test_fsdp2_tp_and_accumulation_match_one_process_with_uneven_ignored_labels(tmp_path: Path, corpus: Path) -> None:
     counts = _ignored_per_rank(corpus)
     assert counts[0] != counts[1] and min(counts) >= 1, counts  # uneven, so a mean of means would differ
-    reference, ref_loss = _weights_and_loss(tmp_path / "single", corpus, "--training.local_batch_size=4")
+    # The reference holds the full logits; the other layouts take the loss in chunks of 16 tokens
+    # (chunked_loss.py), under FSDP2, under TP with loss parallel, and per accumulation micro-batch.
+    reference, ref_loss = _weights_and_loss(tmp_path / "single", corpus, "--training.local_batch_size=4",
+                                            "--training.chunked_loss=false")
+    chunks = "--training.loss_chunk_tokens=16"
     layouts = {
         "fsdp2": _weights_and_loss(tmp_path / "fsdp2", corpus, "--training.local_batch_size=2",
-                                   "--parallelism.dp_shard=2", nproc=2),
+                                   "--parallelism.dp_shard=2", chunks, nproc=2),
         "accumulation x4": _weights_and_loss(tmp_path / "accum", corpus, "--training.local_batch_size=1",
-                                             "--training.global_batch_size=4"),
+                                             "--training.global_batch_size=4", chunks),
         "tp2": _weights_and_loss(tmp_path / "tp2", corpus, "--training.local_batch_size=4", "--parallelism.tp=2",
-                                 nproc=2),
+                                 chunks, nproc=2),
     }
     for name, (weights, loss) in layouts.items():
         rel = float((weights - reference).norm() / reference.norm())

@@ -122,7 +122,8 @@ def test_wandb_offline_logs_the_same_metrics(tmp_path: Path, monkeypatch: pytest
 def test_the_spec_loss_function_replaces_cross_entropy(tmp_path: Path) -> None:
     import dataclasses
 
-    from titan_core import cross_entropy_loss, discovery
+    from titan_core import cross_entropy_loss
+    from titan_core.plugin import discovery
     from titan_llama.spec import llama3_spec
 
     def doubled(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

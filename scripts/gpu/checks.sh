@@ -1,77 +1,186 @@
 #!/usr/bin/env bash
-# The GPU checks of issues 3 and 5 as one run, for a session that is lent a GPU machine:
+# The GPU checks as ONE command that returns its numbers within 540 s on a bare H200, the
+# install of the carried wheels included:
 #
 #   here:   bash scripts/gpu/fetch_wheels.sh
-#   there:  device run, carry [".whl"], command:  bash scripts/gpu/checks.sh   (timeout_s 540)
+#   there:  device run, carry [".whl"], timeout_s 570, command:  bash scripts/gpu/checks.sh
 #
-# It installs .whl/ into /tmp/site (the GPU image has its own CUDA torch and no package index),
-# runs each check below with its own time limit, and writes to $OUT: checks.log (everything),
-# summary.md (one row per run: exit code, losses, step time, tokens/s, MFU, memory) and
-# runs.tar.gz (each run's metrics.jsonl, conversion table and comparison files).
-# Checks that need no GPU still run on CPU with CHECKS_ON_CPU=1 (to test this script; the
-# numbers then mean nothing).
+# * One global deadline (CHECKS_BUDGET_S, 540 s from the script's start): a check starts only
+#   if its own time limit still fits before it, else it is recorded as skipped. The limits of
+#   the GPU plan add up to at most 540 s (tests/test_gpu_checks_script.py asserts it).
+# * First the install, then a smoke test (versions, every titan module imported, 4 training
+#   steps on the device); if either fails, the script stops there and the summary says why.
+# * After EVERY check, $OUT/summary.md and $OUT/runs.tar.gz (each run's metrics, console and
+#   exit-code files) are rewritten: a kill at any moment still returns the numbers so far.
+#   $OUT holds at most 4 files: checks.log, summary.md, runs.tar.gz, memory_snapshot.pickle.
+# * Headline figures first (compiled Llama 3 bf16 against float8, 1B and 8B layer widths with
+#   the real 128,256-token vocabulary), then MoE at real width, FlexAttention document masking,
+#   a memory snapshot, titan-generate on the device, and the slot for one rank of the 70B layout.
+# * Every check has an expected exit code; the summary says pass or fail against it.
+#
+# CHECKS_ON_CPU=1 runs the same plan on a CPU with tiny shapes and no compile (CI runs it so the
+# script cannot rot; its numbers mean nothing). CHECKS_PLAN_ONLY=1 prints the plan (name, limit,
+# expected exit code) and runs nothing.
 set -u
 cd "$(dirname "$0")/../.."
+START=$(date +%s)
+ON_CPU=${CHECKS_ON_CPU:-0}
+# On a CPU (CI; other jobs on the same cores) the limits only guard against a hang: a check gets at
+# least CHECKS_CPU_MIN_LIMIT_S and the budget is 1200 s (a run takes ~6 s of CPU per check).
+if [ "$ON_CPU" = 1 ]; then BUDGET=${CHECKS_BUDGET_S:-1200}; else BUDGET=${CHECKS_BUDGET_S:-540}; fi
+CPU_MIN_LIMIT_S=${CHECKS_CPU_MIN_LIMIT_S:-150}
+RESERVE_S=5  # kept back at the end for the last summary and archive
 OUT=${OUT:-/tmp/titan-gpu-checks}
 RUNS=${RUNS:-/tmp/titan-gpu-runs}
 PYTHON=${PYTHON:-python3}
-rm -rf "$RUNS" && mkdir -p "$OUT" "$RUNS"
-exec > >(tee "$OUT/checks.log") 2>&1
-export PYTHONUNBUFFERED=1 OMP_NUM_THREADS=${OMP_NUM_THREADS:-8}
-
-if [ "${CHECKS_ON_CPU:-0}" = 1 ]; then
-  BIG=(--flavor debugmodel --training.seq_len=128 --training.local_batch_size=2)
-  SMALL=(--flavor debugmodel --training.seq_len=128 --training.local_batch_size=2)
-  STEPS=3
-else
-  "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    || { echo "installing .whl/ failed: run scripts/gpu/fetch_wheels.sh here and carry .whl"; exit 1; }
-  export PYTHONPATH=/tmp/site
-  nvidia-smi --query-gpu=name,compute_cap,memory.total,driver_version --format=csv
-  # 1B_untied: dim 2048, 16 layers; big enough for MFU and float8 speed to mean something.
-  BIG=(--flavor 1B_untied --training.seq_len=2048 --training.local_batch_size=4)
-  SMALL=(--flavor debugmodel --training.seq_len=2048 --training.local_batch_size=8)
-  STEPS=12
+PLAN_ONLY=${CHECKS_PLAN_ONLY:-0}
+export PYTHONUNBUFFERED=1 OMP_NUM_THREADS=${OMP_NUM_THREADS:-8} PYTHON RUNS ON_CPU
+export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-/tmp/titan-inductor-cache}  # shared by the checks
+if [ "$PLAN_ONLY" != 1 ]; then
+  rm -rf "$RUNS" && mkdir -p "$OUT" "$RUNS"
+  rm -f "$OUT/checks.log" "$OUT/summary.md" "$OUT/runs.tar.gz" "$OUT/memory_snapshot.pickle"
+  exec > >(tee "$OUT/checks.log") 2>&1
 fi
-"$PYTHON" -c "import torch, torchao, titan_core; print('torch', torch.__version__, '| torchao', torchao.__version__,
-'| cuda', torch.cuda.is_available() and torch.cuda.get_device_name(), torch.cuda.is_available() and torch.cuda.get_device_capability())"
 
-# check NAME SECONDS ARGS...: one titan-train run into $RUNS/NAME; its exit code goes to $RUNS/NAME/rc.
-# SPEC=NAME before it picks another spec (default llama3).
-check() {
-  local name=$1 seconds=$2; shift 2
+# ---- shapes: the GPU plan, or tiny ones on a CPU ----------------------------------------------------
+if [ "$ON_CPU" = 1 ]; then
+  DEVICE=cpu
+  COMPILE=()  # compiling on a CPU costs ~30 s a run; the compiled path is the GPU's to check
+  TINY=(--flavor debugmodel --llama3.n_layers=1 --training.seq_len=64 --training.local_batch_size=2)
+  HEAD_1B=("${TINY[@]}") HEAD_8B=("${TINY[@]}")
+  MOE=(--flavor debugmoe --qwen3.n_layers=1 --training.seq_len=64 --training.local_batch_size=2)
+  STEPS=(--training.steps=4 --metrics.log_freq=2)
+else
+  DEVICE=cuda
+  COMPILE=(--compile.enable=true)
+  # Llama 3.2 1B and Llama 3.1 8B layer widths, 4 layers, the real 128,256-token vocabulary (the
+  # built-in corpus through the built-in tokenizer feeds them: no tokenizer or data to carry).
+  HEAD_1B=(--flavor 1B --llama3.n_layers=4 --training.seq_len=2048 --training.local_batch_size=4)
+  HEAD_8B=(--flavor 8B --llama3.n_layers=4 --training.seq_len=2048 --training.local_batch_size=4)
+  # Qwen3-30B-A3B as published (128 experts, top 8, width 2048), cut to 2 layers.
+  MOE=(--flavor 30B-A3B --qwen3.n_layers=2 --training.seq_len=2048 --training.local_batch_size=4)
+  # log_freq 5: step 1 (compile) alone, then windows of 5 steps; the summary takes the windows after the first.
+  STEPS=(--training.steps=15 --metrics.log_freq=5)
+fi
+SMALL=(--flavor debugmodel --training.seq_len=256 --training.local_batch_size=2)
+export DEVICE
+
+# ---- the checks, as functions (each runs in its own bash under `timeout`) ---------------------------
+# train NAME SPEC ARGS...: one titan-train run into $RUNS/NAME (the check's console goes to $RUNS/NAME/console.txt).
+train() {
+  local name=$1 spec=$2; shift 2
   mkdir -p "$RUNS/$name"
-  echo; echo "=== $name: titan-train $*"
-  timeout "$seconds" "$PYTHON" -m titan_core --spec "${SPEC:-llama3}" --metrics.log_freq=1 --job.run_dir="$RUNS/$name" "$@" \
-    2>&1 | tee "$RUNS/$name/console.txt"
-  echo "${PIPESTATUS[0]}" > "$RUNS/$name/rc"
+  echo "--- titan-train --spec $spec $*"
+  "$PYTHON" -m titan_core --spec "$spec" --job.run_dir="$RUNS/$name" --training.device="$DEVICE" \
+    --metrics.report=false "$@"
+}
+install_wheels() {
+  if [ "$ON_CPU" = 1 ]; then echo "CPU mode: the current environment ($PYTHON) is used"; return 0; fi
+  ls .whl/*.whl >/dev/null 2>&1 || { echo "no .whl/: run scripts/gpu/fetch_wheels.sh here and carry .whl"; return 1; }
+  "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+}
+smoke() {
+  "$PYTHON" scripts/gpu/smoke.py --device "$DEVICE" || return $?
+  train smoke llama3 "${SMALL[@]}" --training.steps=4 --metrics.log_freq=1
+}
+bf16_1B() { train bf16_1B llama3 "${HEAD_1B[@]}" "${STEPS[@]}" "${COMPILE[@]}"; }
+float8_1B() { train float8_1B llama3 "${HEAD_1B[@]}" "${STEPS[@]}" "${COMPILE[@]}" --converters float8; }
+bf16_8B() { train bf16_8B llama3 "${HEAD_8B[@]}" "${STEPS[@]}" "${COMPILE[@]}"; }
+float8_8B() { train float8_8B llama3 "${HEAD_8B[@]}" "${STEPS[@]}" "${COMPILE[@]}" --converters float8; }
+moe_bf16() {
+  train moe_bf16 qwen3 "${MOE[@]}" "${STEPS[@]}" || return $?
+  # The experts must have run torch._grouped_mm in bfloat16 (on a CPU: whichever path the metrics name).
+  local want=1; [ "$ON_CPU" = 1 ] && want=any
+  "$PYTHON" scripts/gpu/expect.py "$RUNS/moe_bf16/metrics.jsonl" moe_grouped_mm "$want"
+}
+flex_doc_masking() { train flex_doc_masking llama3 "${HEAD_1B[@]}" "${STEPS[@]}" "${COMPILE[@]}" --data.document_masking=true; }
+memory_snapshot() {
+  train memory_snapshot llama3 "${SMALL[@]}" --training.steps=4 --metrics.log_freq=2 --profiling.enable=true \
+    --profiling.memory_snapshot=true --profiling.start_step=2 --profiling.steps=2 \
+    --checkpoint.enable=true --checkpoint.interval=4 || return $?
+  find "$RUNS/memory_snapshot" \( -name '*.pickle' -o -name 'breakdown.json' \) -printf '%p %s bytes\n'
+  if [ "$DEVICE" = cuda ]; then
+    local pickle; pickle=$(find "$RUNS/memory_snapshot" -name memory_snapshot.pickle | head -1)
+    [ -n "$pickle" ] || { echo "no memory_snapshot.pickle was written"; return 1; }
+    [ "$(stat -c %s "$pickle")" -le $((40 * 2**20)) ] && cp "$pickle" "$OUT/memory_snapshot.pickle"
+  fi
+  return 0
+}
+generate() {
+  "$PYTHON" -m titan_core.commands.generate "$RUNS/memory_snapshot" --prompt "The quick brown fox" \
+    --max-new-tokens 16 --device "$DEVICE"
+}
+rank_70B() {
+  # One rank of the 70B layout (cluster-rehearsal issue): its real per-GPU peak memory. Not built yet.
+  "$PYTHON" -m titan_core --help 2>&1 | grep -q -- "--rehearse-rank" && \
+    train rank_70B llama3 --flavor 70B --rehearse-rank=0 --training.steps=4 --metrics.log_freq=1
+}
+export -f train install_wheels smoke bf16_1B float8_1B bf16_8B float8_8B moe_bf16 flex_doc_masking \
+  memory_snapshot generate rank_70B
+export OUT
+# Arrays cannot be exported: each check's bash gets them as declarations.
+SHAPES=$(declare -p COMPILE HEAD_1B HEAD_8B MOE STEPS SMALL)
+
+# ---- the runner --------------------------------------------------------------------------------------
+# check NAME LIMIT_S EXPECTED_RC [STOP_ON_FAIL]: run the function NAME under `timeout LIMIT_S` if it fits
+# before the deadline; write $RUNS/NAME/{limit,expected,rc,seconds,status}; rewrite summary and archive.
+STOPPED=""
+check() {
+  local name=$1 limit=$2 expected=$3 stop=${4:-}
+  if [ "$PLAN_ONLY" = 1 ]; then echo "$name $limit $expected"; return 0; fi
+  [ "$ON_CPU" = 1 ] && [ "$limit" -gt 0 ] && [ "$limit" -lt "$CPU_MIN_LIMIT_S" ] && limit=$CPU_MIN_LIMIT_S
+  local dir="$RUNS/$name" now; now=$(date +%s)
+  mkdir -p "$dir"
+  echo "$name" >> "$RUNS/order"
+  echo "$limit" > "$dir/limit"; echo "$expected" > "$dir/expected"
+  if [ -n "$STOPPED" ]; then
+    echo "skipped: $STOPPED" > "$dir/status"
+  elif [ "$limit" -le 0 ]; then
+    echo "skipped: no time is budgeted for it yet (the feature is not built)" > "$dir/status"
+  elif [ $((now + limit)) -gt $((START + BUDGET - RESERVE_S)) ]; then
+    echo "skipped: its ${limit} s limit no longer fits ($((START + BUDGET - RESERVE_S - now)) s left of ${BUDGET} s)" > "$dir/status"
+  else
+    echo; echo "=== $name (limit ${limit} s, expected exit code $expected, $((now - START)) s into the run)"
+    # timeout signals the check's whole process group; functions arrive through export -f.
+    timeout --kill-after=5 "$limit" bash -c "$SHAPES; $name" 2>&1 | tee -a "$dir/console.txt"
+    local rc=${PIPESTATUS[0]}
+    echo "$rc" > "$dir/rc"; echo $(( $(date +%s) - now )) > "$dir/seconds"
+    if [ "$rc" = "$expected" ]; then
+      echo pass > "$dir/status"
+    elif [ "$rc" = 124 ] || [ "$rc" = 137 ]; then
+      echo "fail: killed at its ${limit} s limit" > "$dir/status"
+    else
+      echo "fail: exit code $rc, expected $expected" > "$dir/status"
+    fi
+    if [ "$rc" != "$expected" ] && [ -n "$stop" ]; then
+      STOPPED="$name failed (see its row); nothing after it ran"
+    fi
+  fi
+  echo "--- $name: $(cat "$dir/status")"
+  publish
+}
+publish() {
+  "$PYTHON" scripts/gpu/summarize.py "$RUNS" --budget "$BUDGET" --elapsed $(( $(date +%s) - START )) \
+    > "$OUT/summary.md.tmp" 2>&1 && mv "$OUT/summary.md.tmp" "$OUT/summary.md"
+  tar -czf "$OUT/runs.tar.gz.tmp" -C "$RUNS" --exclude='checkpoints' --exclude='*.distcp' --exclude='*.pickle' \
+    --exclude='trace.json' . && mv "$OUT/runs.tar.gz.tmp" "$OUT/runs.tar.gz"
+  echo "--- summary.md and runs.tar.gz rewritten after $(wc -l < "$RUNS/order") check(s)"
 }
 
-# Issue 3: bf16 autocast by default on CUDA, CUDA memory and MFU against the peak table.
-check bf16_debugmodel 120 "${SMALL[@]}" --training.steps=40
-check bf16_1B 180 "${BIG[@]}" --training.steps=$STEPS
-# Issue 5: real float8 kernels (SM89+), their speed against bf16 at the same shape, and numerics.
-check float8_tensorwise_1B 180 "${BIG[@]}" --training.steps=$STEPS --converters float8
-check float8_rowwise_1B 180 "${BIG[@]}" --training.steps=$STEPS --converters float8 --float8.recipe=rowwise
-check float8_compare 180 "${SMALL[@]}" --training.steps=20 --converters float8 --compare-baseline
-# Issue 5 point 4 as typed: on a GPU below SM100 the MX part must stop with its hardware message
-# (exit 2); with --mx.emulate=true both converters train.
-check float8_mx_as_typed 120 "${SMALL[@]}" --training.steps=5 --converters float8,mx
-check float8_mx_emulated 180 "${SMALL[@]}" --training.steps=10 --converters float8,mx --mx.emulate=true
-# Issues 19-22, small and quick: FlexAttention training on packed documents (the CUDA path of
-# data.document_masking), the MoE experts' torch._grouped_mm in bf16, CUDA memory snapshots
-# written next to the traces, and titan-generate on CUDA from the snapshot run's checkpoint.
-check doc_masking_flex 180 "${SMALL[@]}" --training.steps=20 --data.document_masking=true
-SPEC=qwen3 check qwen3_debugmoe_bf16 150 --flavor debugmoe --training.seq_len=512 --training.local_batch_size=8 --training.steps=20
-check memory_snapshot 150 "${SMALL[@]}" --training.steps=6 --profiling.enable=true --profiling.memory_snapshot=true \
-  --profiling.start_step=2 --profiling.steps=2 --checkpoint.enable=true --checkpoint.interval=6
-echo "=== memory_snapshot files:"; find "$RUNS/memory_snapshot" -name '*.pickle' -o -name '*.json' | grep -v checkpoints
-echo "=== generate_cuda: titan-generate on cuda"
-timeout 120 "$PYTHON" -m titan_core.commands.generate "$RUNS/memory_snapshot" --prompt "The quick brown fox" \
-  --max-new-tokens 16 --device cuda; echo "generate_cuda rc=$?"
-# Compiled, last because compiling takes the longest: the float8 speed-up needs fused casts.
-check bf16_1B_compiled 240 "${BIG[@]}" --training.steps=$STEPS --compile.enable=true
-check float8_tensorwise_1B_compiled 240 "${BIG[@]}" --training.steps=$STEPS --converters float8 --compile.enable=true
-
-"$PYTHON" scripts/gpu/summarize.py "$RUNS" | tee "$OUT/summary.md"
-tar -czf "$OUT/runs.tar.gz" -C "$RUNS" --exclude='checkpoints' --exclude='*.distcp' .
+if [ "$ON_CPU" != 1 ] && [ "$PLAN_ONLY" != 1 ]; then
+  export PYTHONPATH=/tmp/site
+  nvidia-smi --query-gpu=name,compute_cap,memory.total,driver_version --format=csv 2>&1 | tee "$RUNS/gpu.txt"
+fi
+# The plan, in order: name, time limit (s), expected exit code, [stop the run when it fails].
+check install_wheels 25 0 stop
+check smoke 60 0 stop
+check bf16_1B 70 0
+check float8_1B 75 0
+check bf16_8B 75 0
+check float8_8B 75 0
+check moe_bf16 45 0
+check flex_doc_masking 55 0
+check memory_snapshot 30 0
+check generate 20 0
+check rank_70B 0 0  # the cluster-rehearsal feature is not built: a slot, skipped, costing nothing
+[ "$PLAN_ONLY" = 1 ] || { echo; cat "$OUT/summary.md"; }

@@ -1,44 +1,51 @@
-"""One markdown row per titan-train run folder: exit code, losses, steady step time, tokens/s,
-MFU and peak memory, read from each run's metrics.jsonl; ratios against the bf16 run of the
-same shape. Usage: python scripts/gpu/summarize.py RUNS_DIR"""
+"""summary.md of a scripts/gpu/checks.sh run, rewritten after every check.
+
+Reads RUNS/order (the checks in plan order) and each check's folder: limit, expected, rc,
+seconds, status (pass / fail: why / skipped: why), console.txt and, for titan-train runs,
+metrics.jsonl. Prints the headline table first (tokens/s, MFU in both conventions, peak
+memory, first-step seconds; ratios against the bf16 run of the same width), then one row per
+check. Throughput figures are the median of the logging windows after the first two records
+(step 1 pays for compiling, the first window for any recompile).
+Usage: python scripts/gpu/summarize.py RUNS [--budget S --elapsed S]"""
 
 from __future__ import annotations
 
+import argparse
 import json
 import statistics
-import sys
 from pathlib import Path
 
-WARMUP_STEPS = 3  # the first steps build kernels (and compile); they are left out of the medians
+# The headline runs and what each is compared against (the same width, plain bf16 causal attention).
+HEADLINE = {"bf16_1B": None, "float8_1B": "bf16_1B", "bf16_8B": None, "float8_8B": "bf16_8B",
+            "flex_doc_masking": "bf16_1B", "moe_bf16": None}
+WARM_RECORDS = 2  # step 1 (compile) and the first window
 
 
-def steps_of(run: Path) -> list[dict[str, float]]:
-    """The run's step records; for a --compare-baseline run, those of its converted run."""
+def text(path: Path, default: str = "") -> str:
+    return path.read_text(errors="replace").strip() if path.is_file() else default
+
+
+def records(run: Path) -> list[dict[str, float]]:
     path = run / "metrics.jsonl"
-    if not path.is_file():
-        path = run / "converted" / "metrics.jsonl"
-    if not path.is_file():
-        return []
-    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return [r for r in records if "loss" in r]
+    lines = path.read_text().splitlines() if path.is_file() else []
+    return [r for r in (json.loads(line) for line in lines if line.strip()) if "loss" in r]
 
 
-def row(run: Path) -> dict[str, object]:
-    steps = steps_of(run)
-    rc = (run / "rc").read_text().strip() if (run / "rc").is_file() else "?"
-    steady = steps[WARMUP_STEPS:] or steps
+def figures(run: Path) -> dict[str, float | None]:
+    steps = records(run)
+    steady = steps[WARM_RECORDS:] or steps[-1:]
 
     def median(key: str) -> float | None:
-        return statistics.median(r[key] for r in steady) if steady and key in steady[0] else None
+        values = [r[key] for r in steady if key in r]
+        return statistics.median(values) if values else None
 
-    console = (run / "console.txt").read_text(errors="replace") if (run / "console.txt").is_file() else ""
-    last_line = next((line for line in reversed(console.splitlines()) if line.strip()), "")
+    memory = [r.get("mem_max_reserved_gib", r.get("mem_peak_rss_gib", 0.0)) for r in steps]
+    first = next((r for r in steps if r["step"] == 1), None)
     return {
-        "run": run.name, "rc": rc, "steps": len(steps),
+        "tokens/s": median("tokens_per_s"), "MFU causal": median("mfu"), "MFU full square": median("mfu_full_attention"),
+        "peak GiB": max(memory) if memory else None, "first step s": first["step_time_s"] if first else None,
         "loss first": steps[0]["loss"] if steps else None, "loss last": steps[-1]["loss"] if steps else None,
-        "step s": median("step_time_s"), "tokens/s": median("tokens_per_s"), "MFU": median("mfu"),
-        "max alloc GiB": max((r.get("mem_max_allocated_gib", 0.0) for r in steps), default=None),
-        "last line": last_line[:160] if rc != "0" else "",
+        "grouped_mm share": steps[-1].get("moe_grouped_mm") if steps else None,
     }
 
 
@@ -50,30 +57,60 @@ def fmt(value: object) -> str:
     return str(value).replace("|", "/")
 
 
-def main(runs_dir: Path) -> None:
-    rows = [row(run) for run in sorted(p for p in runs_dir.iterdir() if p.is_dir())]
-    if not rows:
-        print(f"no runs under {runs_dir}")
-        return
-    columns = list(rows[0])
-    print("| " + " | ".join(columns) + " |")
-    print("|" + "---|" * len(columns))
-    for r in rows:
-        print("| " + " | ".join(fmt(r[c]) for c in columns) + " |")
-    by_name = {r["run"]: r for r in rows}
-    for name, r in by_name.items():
-        base = by_name.get("bf16_1B_compiled" if name.endswith("_compiled") else "bf16_1B")
-        if name.startswith("float8") and "1B" in name and base and r["tokens/s"] and base["tokens/s"]:
-            print(f"- {name}: tokens/s {r['tokens/s'] / base['tokens/s']:.3f}x of {base['run']}")
-    compare = runs_dir / "float8_compare" / "compare.jsonl"
-    if compare.is_file():
-        records = [json.loads(line) for line in compare.read_text().splitlines()]
-        losses = {(r["run"], r["step"]): r["loss"] for r in records if "loss" in r}
-        last = max(step for _, step in losses)
-        a, b = losses.get(("converted", last)), losses.get(("baseline", last))
-        if a is not None and b is not None:
-            print(f"- float8_compare: step {last} loss {a:.4f} vs baseline {b:.4f}, relative gap {abs(a - b) / abs(b):.2e}")
+def table(columns: list[str], rows: list[list[object]]) -> list[str]:
+    return ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns),
+            *("| " + " | ".join(fmt(v) for v in row) + " |" for row in rows)]
+
+
+def last_line(run: Path) -> str:
+    lines = [line for line in text(run / "console.txt").splitlines() if line.strip()]
+    return lines[-1][:200] if lines else ""
+
+
+def summary(runs: Path, *, budget: int | None, elapsed: int | None) -> str:
+    order = list(dict.fromkeys(text(runs / "order").split()))
+    statuses = {name: text(runs / name / "status", "running or killed") for name in order}
+    counts = {kind: sum(s.startswith(kind) for s in statuses.values()) for kind in ("pass", "fail", "skipped")}
+    out = [f"# titan-core GPU checks: {counts['pass']} pass, {counts['fail']} fail, {counts['skipped']} skipped"
+           + (f" ({elapsed} s of the {budget} s budget)" if budget is not None else ""), ""]
+    gpu = text(runs / "gpu.txt")
+    if gpu:
+        out += ["```", gpu, "```", ""]
+    stats = {name: figures(runs / name) for name in HEADLINE if name in order}
+    shown = [name for name, f in stats.items() if f["loss first"] is not None]
+    if shown:
+        columns = ["run", "tokens/s", "MFU causal", "MFU full square", "peak GiB", "first step s", "loss first",
+                   "loss last", "grouped_mm share"]
+        out += ["## Headline (steady logging windows)", ""]
+        out += table(columns, [[name, *(stats[name][c] for c in columns[1:])] for name in shown])
+        for name in shown:
+            base = HEADLINE[name]
+            a, b = stats[name]["tokens/s"], stats.get(base or "", {}).get("tokens/s")
+            if base and a and b:
+                out.append(f"- {name}: tokens/s {a / b:.3f}x of {base}")
+        out.append("")
+    rows = []
+    for name in order:
+        run = runs / name
+        status = statuses[name]
+        note = status.partition(": ")[2] if ":" in status else ""
+        if status.startswith("fail"):
+            note = f"{note}; last line: {last_line(run)}"
+        rows.append([name, status.partition(":")[0], f"{text(run / 'rc', '-')} ({text(run / 'expected', '?')})",
+                     f"{text(run / 'seconds', '-')} ({text(run / 'limit', '?')})", note])
+    out += ["## Checks", ""]
+    out += table(["check", "result", "exit code (expected)", "seconds (limit)", "note"], rows)
+    return "\n".join(out) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("runs", type=Path)
+    parser.add_argument("--budget", type=int)
+    parser.add_argument("--elapsed", type=int)
+    args = parser.parse_args()
+    print(summary(args.runs, budget=args.budget, elapsed=args.elapsed), end="")
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]))
+    main()

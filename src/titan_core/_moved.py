@@ -12,12 +12,17 @@ removed only with the next major plugin API. Imports only the standard library.
 from __future__ import annotations
 
 import importlib
-import importlib.abc
 import importlib.machinery
 import sys
 import warnings
 from collections.abc import Sequence
 from types import ModuleType
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the type checker sees the protocol's base class; at run time it is not imported (below)
+    from importlib.abc import Loader as _LoaderBase
+else:
+    _LoaderBase = object
 
 # old name under titan_core -> new name under titan_core (a package's submodules follow it)
 MOVED: dict[str, str] = {
@@ -86,7 +91,9 @@ def new_name(fullname: str) -> str | None:
     return f"titan_core.{MOVED[head]}{dot}{tail}"
 
 
-class _AliasLoader(importlib.abc.Loader):
+# The finder and loader protocols by their methods, not importlib.abc's base classes: importing
+# importlib.abc pulls in importlib.resources, a tenth of numpy's import, on every command's start-up.
+class _AliasLoader(_LoaderBase):
     """Hands out the moved module itself; its own ``__spec__`` is put back after import machinery
     stamps the alias's spec on it, so the module keeps one identity."""
 
@@ -110,7 +117,7 @@ class _AliasLoader(importlib.abc.Loader):
         module.__spec__ = self._spec
 
 
-class _MovedModuleFinder(importlib.abc.MetaPathFinder):
+class _MovedModuleFinder:
     def find_spec(self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None,
                   ) -> importlib.machinery.ModuleSpec | None:
         new = new_name(fullname)

@@ -13,7 +13,7 @@ import os
 import time
 from pathlib import Path
 
-from titan_core import folder_publish
+from titan_core.runtime import folder_publish
 
 _real_publish = folder_publish.publish
 

@@ -36,6 +36,11 @@ def test_convert_both_ways_on_an_fsdp2_checkpoint(tmp_path: Path) -> None:
                 "--parallelism.dp_shard=2", f"--training.local_batch_size={GLOBAL_BATCH // 2}", nproc=2)
     assert run.code == 0, run.text
     step = tmp_path / "run" / "checkpoints" / "step-000002"
+    # the load titan-convert makes goes down the layers: no call climbs back up (scripts/call_path.py)
+    path = subprocess.run([sys.executable, str(REPO / "scripts/call_path.py"), str(step)], capture_output=True,
+                          text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert path.returncode == 0, path.stderr
+    assert "calls climbing back up a layer: 0 (0 distinct)" in path.stdout, path.stdout
 
     to_hf = convert("to-hf", str(step), str(tmp_path / "out_hf"), "--progress", "always", console_script=True)
     assert to_hf.code == 0, to_hf.text

@@ -26,7 +26,7 @@ from ..models.init import init_model_weights
 from ..models.ties import declared_ties
 from ..parallel import spec_parallelize_fn
 from ..plugin.discovery import CONVERTERS, SPECS
-from ..plugin.guard import accepts_keyword, call_accepting, check_logits, plugin_call, plugin_label
+from ..plugin.guard import accepts_keyword, call_accepting, check_logits, named_by, plugin_call, plugin_label
 from ..plugin.protocols import ModelConverter, TensorParallelStyles, TrainSpec
 from ..plugin.spec_factories import FlopsPerToken
 
@@ -67,11 +67,12 @@ class SpecCalls:
         with self.guard("the model's tied_weights()"):
             return declared_ties(model)
 
-    def validate(self, model_args: object, **facts: object) -> None:
-        """The spec's ``validate_fn``: a ConfigError from it is the user's, passed on as is."""
+    def validate(self, model_args: object, *, added: Mapping[str, object] | None = None, **facts: object) -> None:
+        """The spec's ``validate_fn``: a ConfigError from it is the user's, passed on as is. ``added``: keywords
+        of a later API minor, for a function that names them (``named_by``); so in each method here."""
         if self.spec.validate_fn is not None:
             with self.guard("validate_fn"):
-                call_accepting(self.spec.validate_fn, model_args, **facts)
+                call_accepting(self.spec.validate_fn, model_args, **facts, **named_by(self.spec.validate_fn, added))
 
     def tokenizer(self, data: DataSection) -> Tokenizer | None:
         """The spec's tokenizer; None when it leaves that to the core."""
@@ -99,18 +100,20 @@ class SpecCalls:
             _expect(hasattr(loader, "__iter__"), loader, "an iterable data loader")
         return loader
 
-    def parallelize(self, part: nn.Module, **options: object) -> nn.Module:
+    def parallelize(self, part: nn.Module, *, added: Mapping[str, object] | None = None,
+                    **options: object) -> nn.Module:
         """The spec's ``parallelize_fn`` (or the core's default built from its TP plan) on one part."""
         with self.guard("parallelize_fn", timed=True):
-            out = call_accepting(spec_parallelize_fn(self.spec), part, **options)
+            fn = spec_parallelize_fn(self.spec)
+            out = call_accepting(fn, part, **options, **named_by(fn, added))
             _expect(isinstance(out, nn.Module), out, "the parallelized nn.Module")
         return out
 
-    def pipeline(self, model: nn.Module, **options: object) -> Pipeline:
+    def pipeline(self, model: nn.Module, *, added: Mapping[str, object] | None = None, **options: object) -> Pipeline:
         fn = self.spec.pipelining_fn
         assert fn is not None  # a spec without one was refused by resolve_config for pp > 1
         with self.guard("pipelining_fn"):
-            pipe = call_accepting(fn, model, **options)
+            pipe = call_accepting(fn, model, **options, **named_by(fn, added))
             parts = getattr(pipe, "model_parts", None)
             _expect(isinstance(parts, list) and all(isinstance(p, nn.Module) for p in parts)
                     and hasattr(pipe, "schedule"), pipe, "a Pipeline (schedule and model_parts, a list of modules)")

@@ -1,8 +1,10 @@
 """``titan-data``: corpus tools. ``titan-data prepare SOURCE... --tokenizer TOK --out DIR [--workers N]``
-tokenizes sources into memory-mappable shards for ``--data.source=tokens:DIR`` (docs/data.md).
+tokenizes sources into memory-mappable shards for ``--data.source=tokens:DIR`` (docs/data.md); the
+pipeline is ``data/prepare/``, this module only turns the command line into its request.
 
 A bad input is one message and exit 2, before anything is written; Ctrl+C exits 130 and
 SIGTERM 143, keeping the finished shards (the same command continues from them).
+Nothing on this path imports torch (tests/test_data_shards.py checks it).
 """
 
 from __future__ import annotations
@@ -12,7 +14,6 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from .prepare_shards import PrepareRequest, prepare
 from .tool_main import run_tool
 
 
@@ -37,12 +38,14 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
 
-    req = PrepareRequest(sources=list(args.sources), tokenizer=args.tokenizer, out=args.out, workers=args.workers,
-                         shard_tokens=args.shard_tokens, text_field=args.text_field, hf_split=args.hf_split,
-                         allow_download=args.allow_download, progress=not args.quiet)
-
     def command(args: argparse.Namespace) -> int:
-        index = prepare(req)
+        from ..data.prepare import PrepareRequest, prepare  # start-up: --help and a bad flag need no numpy
+        from ..plan.tokenizer import build_tokenizer  # start-up: nor the tokenizer (tiktoken)
+
+        req = PrepareRequest(sources=list(args.sources), tokenizer=args.tokenizer, out=args.out, workers=args.workers,
+                             shard_tokens=args.shard_tokens, text_field=args.text_field, hf_split=args.hf_split,
+                             allow_download=args.allow_download, progress=not args.quiet)
+        index = prepare(req, build_tokenizer)
         print(f"{args.out}: {index['num_tokens']:,} tokens, {index['num_documents']:,} documents, "
               f"{len(index['shards'])} shard(s), {index['dtype']}; train with --data.source=tokens:{args.out}")
         return 0

@@ -84,13 +84,19 @@ def generate(args: argparse.Namespace) -> int:
 
 
     check_settings(args)
+    try:
+        device = torch.device(args.device)
+    except (RuntimeError, ValueError) as exc:
+        raise ConfigError(f"--device {args.device} cannot be used: {exc}.") from None
+    if device.type == "cuda" and not torch.cuda.is_available():  # before loading; torch would raise an AssertionError
+        raise ConfigError(f"--device {args.device}: this torch sees no CUDA device (CUDA build: "
+                          f"{torch.version.cuda or 'none'}). Use --device cpu.")
     kind, folder = resolve_source(args.source)
     if kind == "titan":
         whole = load_titan_checkpoint(folder, config=args.config)
     else:
         whole = load_hf_folder(folder, spec_name=args.spec, what=PROG)
     try:
-        device = torch.device(args.device)
         model = whole.model.to(device)
     except (RuntimeError, ValueError) as exc:
         raise ConfigError(f"--device {args.device} cannot be used: {exc}.") from None

@@ -56,10 +56,12 @@ class TrainingSection(Section):
     seq_len: int = Field(256, gt=0, description="Tokens per training sequence.")
     max_norm: float = Field(1.0, ge=0, description="Gradient clipping norm; 0 disables clipping.")
     seed: int = Field(0, description="Seed for weights, data order and dropout.")
-    deterministic: bool = Field(False, description="Use deterministic algorithms (slower on GPU).")
+    deterministic: bool = Field(False, description="Use deterministic algorithms (slower on GPU); sets CUBLAS_WORKSPACE_CONFIG=:4096:8 unless already set.")
     dtype: Literal["auto", "float32", "bfloat16"] = Field("auto", description="Compute dtype: auto = bfloat16 autocast on CUDA, float32 on CPU.")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="Device: auto = CUDA when available.")
     cpu_malloc_tuning: bool = Field(True, description="On CPU with glibc, keep freed memory in the heap instead of re-mapping big buffers every step (faster).")
+    chunked_loss: bool = Field(True, description="Apply the output head and the cross-entropy a chunk of tokens at a time, so the full float32 logits and their gradient are never held at once (models whose forward ends in titan_core's final_norm_and_head, with the built-in loss). false: the full logits.")
+    loss_chunk_tokens: int = Field(0, ge=0, description="Tokens per chunk of the chunked loss; 0 = as many as fit 64 MiB of float32 logits.")
     skip_nonfinite_steps: bool = Field(False, description="Skip (and count) steps with a non-finite loss or grad norm instead of stopping. This reads every step's loss on the host (a wait for the accelerator); otherwise it is read only on logging, checkpoint and validation steps.")
 
 
@@ -85,7 +87,7 @@ class OptimizerSection(Section):
     betas: tuple[Beta, Beta] = Field((0.9, 0.95), description="Adam betas, each in [0, 1).")
     eps: float = Field(1e-8, gt=0, description="Adam epsilon.")
     weight_decay: float = Field(0.1, ge=0, description="Decoupled weight decay.")
-    implementation: Literal["auto", "foreach", "for-loop", "fused"] = Field("auto", description="Kernel: auto = fused on CUDA, foreach elsewhere.")
+    implementation: Literal["auto", "foreach", "for-loop", "fused"] = Field("auto", description="Kernel: auto = fused on CUDA, foreach elsewhere; where DTensor and plain parameters mix (some TP plans), fused and foreach fall back to for-loop, saying so.")
     no_decay_norms_biases_embeddings: bool = Field(True, description="Put norms and biases (parameters with fewer than 2 dims), embedding tables (nn.Embedding and weights tied to one) in the no_decay group (weight decay 0); false = decay every parameter.")
     param_groups: list[ParamGroupRule] = Field(default_factory=list, description="Extra parameter groups, matched by name before the built-in default/no_decay split (TOML: [[optimizer.param_groups]] tables).")
 
@@ -174,7 +176,7 @@ class CheckpointSection(Section):
 
 
 class MetricsSection(Section):
-    log_freq: int = Field(10, gt=0, description="Print and record metrics every N steps.")
+    log_freq: int = Field(10, gt=0, description="Print and record metrics every N steps; tokens/s, step time and MFU are the means over the steps since the last record.")
     wandb: bool = Field(False, description="Also log to Weights & Biases (respects WANDB_MODE=offline).")
     wandb_project: str = Field("titan", description="W&B project name.")
     tensorboard: bool = Field(False, description="Also write TensorBoard event files (the same scalars as metrics.jsonl, rank 0) to job.run_dir/tensorboard; needs the tensorboard extra.")
@@ -201,5 +203,5 @@ class ActivationCheckpointSection(Section):
     selective_every: int = Field(0, ge=0, description="selective: checkpoint every Nth block (0 = use per-op selective instead).")
     selective_save_ops: list[str] | None = Field(
         None,
-        description="selective per-op: ops whose outputs are saved (every other matmul is recomputed); unset = the spec's list.",
+        description="selective per-op: ops whose outputs are saved (every other matmul is recomputed); unset = the spec's list plus the accelerator kernels this torch has (cuDNN/efficient/flash attention, _scaled_mm, _grouped_mm, flex attention).",
     )

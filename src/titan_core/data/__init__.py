@@ -1,11 +1,14 @@
 """Data loading: documents -> packed token stream -> sharded, stateful batches.
 
-``build_dataloader`` is the core's default ``build_dataloader_fn``. Modules:
-``corpus`` (the built-in corpus), ``sources`` (files and hub), ``packing``
-(tokenize, split, cache) and ``loader`` (windows, order, DP sharding, state);
-``shards`` (``tokens:DIR``, memory-mapped), ``permutation`` (its window order),
-``prepare`` and ``doc_stream`` (``titan-data prepare``), ``mixture``
-(``data.mix``) and ``prefetch`` (the background thread). docs/data.md.
+``build_dataloader`` (in ``dataloaders``) is the core's default ``build_dataloader_fn``. Modules:
+``corpus`` (the built-in corpus), ``sources`` (files and hub), ``packing`` (tokenize, split,
+cache) and ``loader`` (windows, order, DP sharding, state); ``shards`` (``tokens:DIR``,
+memory-mapped), ``permutation`` (its window order), ``prepare/`` and ``doc_stream``
+(``titan-data prepare``, which writes the format ``shards`` reads), ``mixture`` (``data.mix``)
+and ``prefetch`` (the background thread). docs/data.md.
+
+The names below are loaded on first use, so ``titan-data prepare`` (``data.prepare``) starts
+without torch, which the loaders need.
 
 May import ``optim``, ``moe``, ``plugin``, ``models``, ``config``, ``runtime`` and the leaves;
 independent of ``checkpoint``, ``observability`` and ``parallel``.
@@ -13,104 +16,25 @@ independent of ``checkpoint``, ``observability`` and ``parallel``.
 
 from __future__ import annotations
 
-import logging
-from typing import Literal
-
-import torch
-
-from ..config.sections import DataSection
-from ..errors import ConfigError
-from ..plugin.protocols import Tokenizer
-from .loader import TokenDataLoader, WindowSource
-from .mixture import MixtureDataLoader
-from .packing import check_split, split_stream, tokenized_source
-from .shards import TOKENS_PREFIX, open_shard_set, split_windows
+import importlib
+from typing import TYPE_CHECKING, Any
 
 __all__ = ["MixtureDataLoader", "TokenDataLoader", "build_dataloader", "build_mixture_loader"]
 
-logger = logging.getLogger(__name__)
-
-# The config's default (data.val_fraction), so a loader built without a config splits as a run does.
-DEFAULT_VAL_FRACTION: float = DataSection.model_fields["val_fraction"].default
+_HOME = {"MixtureDataLoader": "mixture", "TokenDataLoader": "loader", "build_dataloader": "dataloaders",
+         "build_mixture_loader": "dataloaders"}
 
 
-def build_dataloader(
-    *,
-    source: str,
-    tokenizer: Tokenizer,
-    seq_len: int,
-    local_batch_size: int,
-    dp_rank: int = 0,
-    dp_world_size: int = 1,
-    seed: int = 0,
-    split: Literal["train", "validation"] = "train",
-    val_fraction: float = DEFAULT_VAL_FRACTION,
-    text_field: str = "text",
-    hf_split: str = "train",
-    allow_download: bool = False,
-) -> TokenDataLoader:
-    """A loader over one split of ``source``; rank ``dp_rank`` of ``dp_world_size`` gets its rows.
-
-    The train split is shuffled per epoch with ``seed``; the validation split is
-    sequential. Raises ConfigError for unreadable sources and for a split smaller
-    than one global batch.
-    """
-    stream, num_docs = _split_of(source, tokenizer, split=split, val_fraction=val_fraction, text_field=text_field,
-                                 hf_split=hf_split, allow_download=allow_download)
-    global_batch = local_batch_size * dp_world_size
-    check_split(stream, split=split, source=source, num_docs=num_docs, val_fraction=val_fraction,
-                window=seq_len + 1, global_batch=global_batch)
-    loader = TokenDataLoader(
-        stream,
-        seq_len=seq_len,
-        local_batch_size=local_batch_size,
-        dp_rank=dp_rank,
-        dp_world_size=dp_world_size,
-        seed=seed,
-        shuffle=split == "train",
-        name=split,
-    )
-    logger.info("data %s (%s): %d documents, %r", source, split, num_docs, loader)
-    return loader
+def __getattr__(name: str) -> Any:
+    home = _HOME.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{home}"), name)
+    globals()[name] = value
+    return value
 
 
-def _split_of(source: str, tokenizer: Tokenizer, *, split: str, val_fraction: float, text_field: str, hf_split: str,
-              allow_download: bool) -> tuple[torch.Tensor | WindowSource, int]:
-    """One split of ``source`` as a token stream (or, for shards, a window reader) and its document count."""
-    if split not in ("train", "validation"):
-        raise ConfigError(f'data split "{split}" is unknown; use "train" or "validation".')
-    if source.startswith(TOKENS_PREFIX):  # pre-tokenized shards, memory-mapped: nothing is tokenized here
-        view = split_windows(open_shard_set(source[len(TOKENS_PREFIX):], tokenizer), split=split,
-                             val_fraction=val_fraction)
-        return view, view.num_docs
-    packed = tokenized_source(source, tokenizer, text_field=text_field, hf_split=hf_split, allow_download=allow_download)
-    return split_stream(packed, split=split, val_fraction=val_fraction)
-
-
-def build_mixture_loader(
-    *,
-    mix: dict[str, tuple[str, float]],
-    tokenizer: Tokenizer,
-    seq_len: int,
-    local_batch_size: int,
-    dp_rank: int = 0,
-    dp_world_size: int = 1,
-    seed: int = 0,
-    split: Literal["train", "validation"] = "train",
-    val_fraction: float = DEFAULT_VAL_FRACTION,
-    text_field: str = "text",
-    hf_split: str = "train",
-    allow_download: bool = False,
-) -> MixtureDataLoader:
-    """A loader whose rows come from the sources of ``mix`` (name -> (source, weight)) in proportion to the weights."""
-    parts: list[tuple[str, float, torch.Tensor | WindowSource]] = []
-    for name, (source, weight) in mix.items():
-        stream, num_docs = _split_of(source, tokenizer, split=split, val_fraction=val_fraction, text_field=text_field,
-                                     hf_split=hf_split, allow_download=allow_download)
-        check_split(stream, split=split, source=source, num_docs=num_docs, val_fraction=val_fraction,
-                    window=seq_len + 1, global_batch=1)
-        parts.append((name, weight, stream))
-    loader = MixtureDataLoader(parts, seq_len=seq_len, local_batch_size=local_batch_size, dp_rank=dp_rank,
-                               dp_world_size=dp_world_size, seed=seed, shuffle=split == "train", name=split)
-    logger.info("data mixture (%s): %r", split, loader)
-    return loader
+if TYPE_CHECKING:
+    from .dataloaders import build_dataloader as build_dataloader, build_mixture_loader as build_mixture_loader
+    from .loader import TokenDataLoader as TokenDataLoader
+    from .mixture import MixtureDataLoader as MixtureDataLoader

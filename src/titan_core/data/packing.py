@@ -33,6 +33,7 @@ import torch
 
 from ..errors import ConfigError
 from ..plugin.spec_factories import BatchEncoder, Fingerprinted, Tokenizer
+from ..runtime.cpu_allocator import release_freed_memory
 from .loader import WindowSource
 from .sources import HF_PREFIX, read_documents, source_files
 from .token_ids import check_tokenizer_ids
@@ -58,19 +59,44 @@ def is_validation_doc(index: int, val_fraction: float) -> bool:
     return math.floor((index + 1) * val_fraction) > math.floor(index * val_fraction)
 
 
-def pack_documents(docs: list[str], tokenizer: Tokenizer, *, chunk_docs: int = 1024) -> PackedDocuments:
+#: text per tokenizer call while packing: what a tokenizer holds per document (a Hugging Face
+#: ``Encoding`` keeps tokens, offsets and masks beside the ids) then stays this small whatever the file
+CHUNK_CHARS = 1 << 20
+
+
+def _chunks(docs: list[str], chunk_docs: int, chunk_chars: int) -> list[list[str]]:
+    """``docs`` in order, cut into runs of at most ``chunk_docs`` documents and (a longer document
+    alone excepted) ``chunk_chars`` characters."""
+    chunks: list[list[str]] = []
+    current: list[str] = []
+    size = 0
+    for doc in docs:
+        if current and (len(current) >= chunk_docs or size + len(doc) > chunk_chars):
+            chunks.append(current)
+            current, size = [], 0
+        current.append(doc)
+        size += len(doc)
+    if current:
+        chunks.append(current)
+    return chunks
+
+
+def pack_documents(docs: list[str], tokenizer: Tokenizer, *, chunk_docs: int = 1024,
+                   chunk_chars: int = CHUNK_CHARS) -> PackedDocuments:
     """Tokenize ``docs`` as ``[BOS] doc [EOS]`` each and concatenate them.
 
-    Documents are encoded ``chunk_docs`` at a time and each chunk is turned into an
-    int32 array at once, so Python lists of ints never hold more than one chunk.
+    Documents are encoded at most ``chunk_docs`` and about ``chunk_chars`` characters at a time,
+    and each chunk is turned into an int32 array at once, so neither Python lists of ints nor the
+    tokenizer's own per-document objects ever hold more than one chunk. What the tokenizer freed
+    is handed back to the system at the end (``release_freed_memory``): the data path's memory
+    is then the packed ids, whatever the file's size or the tokenizer.
     """
     encode_batch = tokenizer.encode_batch if isinstance(tokenizer, BatchEncoder) else None
     threads = max(1, min(8, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1))
     bos, eos = tokenizer.bos_id, tokenizer.eos_id
     pieces: list[np.ndarray] = []
     lengths: list[int] = []
-    for start in range(0, len(docs), chunk_docs):
-        chunk = docs[start : start + chunk_docs]
+    for chunk in _chunks(docs, chunk_docs, chunk_chars):
         bodies = encode_batch(chunk, num_threads=threads) if encode_batch is not None else [tokenizer.encode(d) for d in chunk]
         sizes = [len(b) + 2 for b in bodies]
         flat = np.fromiter(itertools.chain.from_iterable([bos, *b, eos] for b in bodies), dtype=np.int32, count=sum(sizes))
@@ -80,6 +106,8 @@ def pack_documents(docs: list[str], tokenizer: Tokenizer, *, chunk_docs: int = 1
     torch.cumsum(torch.tensor(lengths, dtype=torch.int64), 0, out=offsets[1:])
     tokens = torch.from_numpy(np.concatenate(pieces)) if pieces else torch.zeros(0, dtype=torch.int32)
 
+    del pieces
+    release_freed_memory()
     check_tokenizer_ids(tokens, tokenizer)
     return PackedDocuments(tokens=tokens, offsets=offsets)
 

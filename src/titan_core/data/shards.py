@@ -1,4 +1,5 @@
-"""Pre-tokenized shard sets (``tokens:DIR``): the on-disk format, its checks, and split views.
+"""Pre-tokenized shard sets (``tokens:DIR``): the on-disk format, its checks, and split views (the
+format's names, shared with its writer ``data/prepare/``, are in ``shard_format.py``).
 
 A shard set is a folder written by ``titan-data prepare``:
 
@@ -27,7 +28,6 @@ chunks.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 import stat
@@ -39,44 +39,13 @@ import numpy as np
 import torch
 
 from ..errors import ConfigError
-from ..plugin.spec_factories import Fingerprinted, Tokenizer
+from ..plugin.spec_factories import Tokenizer
+from .shard_format import DOCUMENTS_NAME, FORMAT, INDEX_NAME, VERIFIED_NAME, VERSION, file_sha256, tokenizer_fingerprint
 
 TOKENS_PREFIX = "tokens:"
-FORMAT = "titan-tokens"
-VERSION = 1
-INDEX_NAME = "index.json"
-DOCUMENTS_NAME = "documents.bin"
-VERIFIED_NAME = ".verified.json"
 MAX_INDEX_BYTES = 64 * 1024 * 1024
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,200}$")
 _CHUNK = 1 << 16  # document offsets read per chunk when a split is computed (bounded temporaries)
-_HASH_BLOCK = 8 << 20
-
-
-def shard_name(index: int) -> str:
-    return f"shard-{index:05d}.bin"
-
-
-def dtype_for_vocab(vocab_size: int) -> str:
-    return "uint16" if vocab_size <= 1 << 16 else "uint32"
-
-
-def tokenizer_fingerprint(tokenizer: Tokenizer) -> str:
-    """The tokenizer's fingerprint; a tokenizer without one cannot be matched against shards."""
-    if isinstance(tokenizer, Fingerprinted):
-        return str(tokenizer.fingerprint)
-    raise ConfigError(
-        f"the tokenizer {tokenizer!r} has no fingerprint, so shards cannot record which tokenizer wrote them; "
-        "use the built-in tokenizer or a Llama-3-format tokenizer.model."
-    )
-
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        while block := f.read(_HASH_BLOCK):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 @dataclass(frozen=True)

@@ -172,7 +172,20 @@ def _read_file(path: Path, *, text_field: str) -> list[str]:
         listed = read_json_list(path, text_field=text_field)
         if listed is not None:
             return listed
+        lines = _json_lines_or_none(path, text_field=text_field)
+        if lines is not None:
+            return lines
     return _read_table(path, builder=_BUILDER[suffix], text_field=text_field)
+
+
+def _json_lines_or_none(path: Path, *, text_field: str) -> list[str] | None:
+    """A ``.json`` file of JSON lines read directly (``datasets`` would import pyarrow and pandas,
+    some 130 MiB held for the whole run, to read it); None for anything it cannot read that way
+    (one object over several lines, a damaged row, ...), which ``datasets`` reads or reports as before."""
+    try:
+        return read_jsonl(path, text_field=text_field)
+    except ConfigError:
+        return None
 
 
 @contextlib.contextmanager

@@ -9,7 +9,10 @@ A leaf: imports nothing of titan_core, so a plugin's model file can import it fr
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Iterator
+from contextvars import ContextVar
 
 import torch
 import torch.nn.functional as F
@@ -74,12 +77,45 @@ def output_head(embedding: nn.Embedding, tie_embeddings: bool) -> nn.Linear:
     return head
 
 
+class HeadRequest:
+    """Filled by :func:`final_norm_and_head` when the core asked for the final hidden states:
+    ``head`` is then the output head the forward did not apply (the core applies it per chunk
+    of tokens with the loss, so the full logits are never held at once)."""
+
+    def __init__(self) -> None:
+        self.head: nn.Module | None = None
+
+
+_HEAD_REQUEST: ContextVar[HeadRequest | None] = ContextVar("titan_core_head_request", default=None)
+
+
+@contextlib.contextmanager
+def hidden_states_for_loss() -> Iterator[HeadRequest]:
+    """Within this block, a forward that ends in :func:`final_norm_and_head` returns the normed
+    hidden states and leaves its head in the yielded request. A model that does not end that way
+    returns logits as always (``request.head`` stays None): the capability is opt-in by use."""
+    request = HeadRequest()
+    token = _HEAD_REQUEST.set(request)
+    try:
+        yield request
+    finally:
+        _HEAD_REQUEST.reset(token)
+
+
 def final_norm_and_head(h: torch.Tensor, norm: nn.Module | None, output: nn.Module | None) -> torch.Tensor:
     """The end of a decoder's forward: the final norm, then the head (logits). A pipeline stage
-    the splitter left without them returns what it has (hidden states)."""
+    the splitter left without them returns what it has (hidden states). Inside
+    :func:`hidden_states_for_loss` the head is handed to the core instead of applied."""
     if norm is not None:
         h = norm(h)
-    return output(h) if output is not None else h
+    if output is None:
+        return h
+    request = _HEAD_REQUEST.get()
+    if request is not None:
+        request.head = output
+        return h
+    out: torch.Tensor = output(h)
+    return out
 
 
 def init_decoder_parameter(fqn: str, tensor: torch.Tensor, generator: torch.Generator, *, dim: int,

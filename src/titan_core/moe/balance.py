@@ -45,12 +45,12 @@ def load_balancing_loss(probs: torch.Tensor, experts: torch.Tensor) -> torch.Ten
 def update_expert_bias(bias: torch.Tensor, counts: torch.Tensor, rate: float) -> None:
     """Move ``bias`` (in place) by ``rate`` x log(mean load / load) towards even load, given the step's ``counts``."""
     load = counts.to(torch.float32)
-    if float(load.sum()) == 0:
-        return  # nothing routed: no evidence either way
     # An expert that got no token counts as half of one: the log stays finite (then clipped).
     ratio = torch.log(load.mean() / load.clamp(min=0.5)).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)
-    bias.add_(rate * ratio)
-    bias.sub_(bias.mean())
+    moved = bias + rate * ratio
+    moved -= moved.mean()
+    # Nothing routed: no evidence either way, the bias stays (decided on the device: no host read).
+    bias.copy_(torch.where(load.sum() > 0, moved, bias))
 
 
 def load_imbalance(counts: torch.Tensor) -> float:

@@ -35,10 +35,15 @@ def grouped_mm_available(x: torch.Tensor, weight: torch.Tensor | None = None) ->
     return all(width * x.element_size() % _ALIGNMENT_BYTES == 0 for width in widths)
 
 
+def takes_grouped_mm(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether :func:`grouped_linear` runs ``torch._grouped_mm`` for these operands (else the per-expert loop)."""
+    converted = type(weight) not in (torch.Tensor, torch.nn.Parameter)
+    return converted or (grouped_mm_available(x, weight) and weight.dtype == x.dtype)
+
+
 def grouped_linear(x: torch.Tensor, weight: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
     """``x[rows of e] @ weight[e].T`` for every expert e, stacked in ``x``'s order: [tokens, out]."""
-    converted = type(weight) not in (torch.Tensor, torch.nn.Parameter)
-    if converted or (grouped_mm_available(x, weight) and weight.dtype == x.dtype):
+    if takes_grouped_mm(x, weight):
         # Offsets are the cumulative row counts (int32): where each expert's block ends.
         offsets = torch.cumsum(counts, 0, dtype=torch.int32)
         return torch._grouped_mm(x, weight.transpose(-2, -1), offs=offsets).to(x.dtype)

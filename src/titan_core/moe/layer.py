@@ -24,6 +24,17 @@ from .experts import GroupedExperts
 from .router import TopKRouter
 
 
+def tokens_per_expert(sorted_choices: torch.Tensor, num_experts: int) -> torch.Tensor:
+    """How many routing choices went to each expert, from the choices sorted by expert (int64 [experts]).
+
+    Where each expert's block starts in the sorted list, found by binary search: the same
+    figures as ``torch.bincount``, which has no deterministic CUDA kernel (it adds with
+    atomics) and so stopped runs with ``training.deterministic=true``.
+    """
+    bounds = torch.arange(num_experts + 1, device=sorted_choices.device, dtype=sorted_choices.dtype)
+    return torch.diff(torch.searchsorted(sorted_choices, bounds))
+
+
 class MoE(nn.Module):
     """[batch, seq, dim] -> [batch, seq, dim] through ``top_k`` of ``num_experts`` SwiGLU experts."""
 
@@ -53,10 +64,10 @@ class MoE(nn.Module):
         weights, experts, probs = self.router(flat)
         top_k = experts.shape[-1]
         choices = experts.flatten()
-        counts = torch.bincount(choices, minlength=self.router.num_experts)
         # Stable sort: within an expert the tokens keep their order, so results do not
         # depend on the sort's tie-breaking.
         order = torch.argsort(choices, stable=True)
+        counts = tokens_per_expert(choices[order], self.router.num_experts)
         token_of = order // top_k
         out = self.experts(flat[token_of], counts) * weights.flatten()[order].unsqueeze(-1)
         combined = torch.zeros_like(flat).index_add_(0, token_of, out.to(flat.dtype))

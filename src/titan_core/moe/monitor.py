@@ -16,6 +16,13 @@ The trainer builds one :class:`MoEMonitor` over its model parts (it finds every
   expert, averaged over the blocks) and ``moe_load_imbalance_max`` (the worst block). With
   pipeline stages (``stage_group``) each rank holds some of the blocks: the figures are
   combined over the stages, so every rank reports all blocks.
+
+Nothing here reads a device value on the host except :attr:`MoEMonitor.metrics`, which the
+trainer reads on logging steps only: the auxiliary losses, the load counts, the bias update
+and the figures stay on the device (a host read waits for the GPU to finish the step). The
+figures also say which path the experts took: ``moe_grouped_mm`` is the share of blocks whose
+last forward ran ``torch._grouped_mm`` (1.0: all of them; 0.0: the per-expert loop), and the
+console line names it.
 """
 
 from __future__ import annotations
@@ -24,7 +31,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from .balance import load_imbalance, update_expert_bias
+from .balance import update_expert_bias
 from .layer import MoE
 
 
@@ -46,8 +53,9 @@ class MoEMonitor:
             dist.all_reduce(found, group=stage_group)
             self._any_blocks = bool(found.item())
         self._counts: list[torch.Tensor | None] = [None] * len(self.blocks)
-        self._aux: list[float] = []
-        self.metrics: dict[str, float] = {}
+        self._aux: list[torch.Tensor] = []
+        self._figures: dict[str, torch.Tensor] = {}  # the last step's figures, on the device
+        self._read: dict[str, float] = {}
 
     @property
     def enabled(self) -> bool:
@@ -72,22 +80,29 @@ class MoEMonitor:
                 total = block.aux_loss if total is None else total + block.aux_loss
                 block.aux_loss = None
         if total is not None:
-            self._aux.append(float(total.detach()))
+            self._aux.append(total.detach())
         return total
 
     @torch.no_grad()
-    def after_step(self) -> dict[str, float]:
-        """Global counts -> bias update and the step's figures; resets the step's records."""
+    def after_step(self, *, read: bool = True) -> dict[str, float]:
+        """Global counts -> bias update and the step's figures; resets the step's records.
+
+        Returns the figures read on the host, or, with ``read=False`` (the trainer, every step),
+        nothing: they stay on the device until :attr:`metrics` is read."""
         if not self.enabled:
             return {}
         self._take_counts()
         distributed = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
         present = [c for c in self._counts if c is not None]
-        total, n_blocks, worst = 0.0, 0, 0.0
-        aux = torch.zeros(1, device=_collective_device(self.stage_group))
+        device = present[0].device if present else _collective_device(self.stage_group)
+        # [sum of the blocks' imbalances, number of blocks], and the worst block's imbalance
+        summed = torch.zeros(2, dtype=torch.float64, device=device)
+        worst = torch.zeros(1, dtype=torch.float64, device=device)
+        aux = torch.zeros(1, device=device)
         if present:
             stacked = torch.stack([c if c is not None else torch.zeros_like(present[0]) for c in self._counts])
-            aux = torch.tensor([sum(self._aux) / len(self._aux) if self._aux else 0.0], device=stacked.device)
+            if self._aux:
+                aux = torch.stack(self._aux).float().mean().reshape(1)
             if distributed:
                 dist.all_reduce(stacked, group=self.group)
                 dist.all_reduce(aux, group=self.group)  # every rank's figure (equal batches: the mean of means)
@@ -95,23 +110,43 @@ class MoEMonitor:
             for block, counts in zip(self.blocks, stacked):
                 if block.bias_update_rate > 0:
                     update_expert_bias(block.router.expert_bias, counts, block.bias_update_rate)
-            imbalance = [load_imbalance(c) for c in stacked]
-            total, n_blocks, worst = sum(imbalance), len(imbalance), max(imbalance)
+            imbalance = load_imbalances(stacked)
+            summed = torch.stack([imbalance.sum(), torch.tensor(float(len(imbalance)), dtype=torch.float64,
+                                                                device=device)])
+            worst = imbalance.max().reshape(1)
         if distributed and self.stage_group is not None:
             # Every pipeline rank joins, also one whose stages hold no MoE block.
-            summed = torch.tensor([total, float(n_blocks)], dtype=torch.float64, device=aux.device)
-            peak = torch.tensor([worst], dtype=torch.float64, device=aux.device)
+            summed, worst = summed.to(_collective_device(self.stage_group)), worst.to(_collective_device(self.stage_group))
             dist.all_reduce(summed, group=self.stage_group)
-            dist.all_reduce(peak, op=dist.ReduceOp.MAX, group=self.stage_group)
-            total, n_blocks, worst = float(summed[0]), int(summed[1]), float(peak[0])
-        if n_blocks == 0:
-            return {}
-        self.metrics = {"moe_load_imbalance": total / n_blocks, "moe_load_imbalance_max": worst}
+            dist.all_reduce(worst, op=dist.ReduceOp.MAX, group=self.stage_group)
+        self._figures = {"moe_load_imbalance": summed[0] / summed[1].clamp(min=1), "moe_load_imbalance_max": worst[0],
+                         "blocks": summed[1]}
         if self._aux:
-            self.metrics["moe_aux_loss"] = float(aux)
+            self._figures["moe_aux_loss"] = aux[0]
+        self._read = {}
         self._counts = [None] * len(self.blocks)
         self._aux = []
-        return self.metrics
+        return self.metrics if read else {}
+
+    @property
+    def metrics(self) -> dict[str, float]:
+        """The last step's figures, read on the host (the first read waits for the device)."""
+        if self._figures and not self._read:
+            values = {name: float(v) for name, v in self._figures.items()}
+            if values.pop("blocks") > 0:
+                self._read = values
+                paths = [block.experts.last_path for block in self.blocks if block.experts.last_path]
+                if paths:
+                    self._read["moe_grouped_mm"] = paths.count("grouped_mm") / len(paths)
+        return self._read
+
+
+def load_imbalances(counts: torch.Tensor) -> torch.Tensor:
+    """max / mean tokens per expert of each row of ``counts`` [blocks, experts], float64 on the device; 1.0
+    where nothing was routed."""
+    load = counts.to(torch.float64)
+    mean = load.mean(-1)
+    return torch.where(mean > 0, load.max(-1).values / mean.clamp(min=1e-300), torch.ones_like(mean))
 
 
 def _collective_device(group: dist.ProcessGroup | None) -> torch.device:

@@ -18,8 +18,9 @@ from .tensorboard_writer import TensorBoardWriter, require_tensorboard
 PEAK_BF16_TFLOPS: dict[str, float] = {
     "GB200": 2500.0,
     "B200": 2250.0,
-    "H200": 989.0,
-    "H100": 989.0,
+    "H200": 989.0,  # SXM ("NVIDIA H200")
+    "H200 NVL": 835.0,
+    "H100": 989.0,  # SXM ("NVIDIA H100 80GB HBM3")
     "H100 PCIe": 756.0,
     "H100 NVL": 835.0,
     "H800": 989.0,
@@ -43,6 +44,12 @@ def peak_flops(device: torch.device, configured_tflops: float | None) -> float |
     if not matches:
         return None
     return PEAK_BF16_TFLOPS[max(matches, key=len)] * 1e12
+
+
+def reset_peak_memory(device: torch.device) -> None:
+    """Start the peak-memory figures afresh (CUDA; a CPU's peak resident set size cannot be reset)."""
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
 
 
 def memory_stats(device: torch.device) -> dict[str, float]:
@@ -122,6 +129,9 @@ class MetricsLogger:
         if "moe_load_imbalance" in r:
             aux = f", aux loss {r['moe_aux_loss']:.4f}" if "moe_aux_loss" in r else ""
             parts.append(f"moe load max/mean {r['moe_load_imbalance']:.2f}{aux}")
+        if "moe_grouped_mm" in r:  # which path the experts' matmuls took
+            share = r["moe_grouped_mm"]
+            parts.append("experts " + ("grouped_mm" if share == 1 else "loop" if share == 0 else f"grouped_mm in {share:.0%}"))
         if "data_ms" in r:
             parts.insert(6, f"data {r['data_ms']:.1f}ms")
         mix = {k.removeprefix("tokens_seen."): v for k, v in r.items() if k.startswith("tokens_seen.")}

@@ -7,6 +7,9 @@ prints one line: the mean time per step in forward, backward, optimizer, data an
 communication. The phases are the trainer's ``phase("forward")``... ranges; the
 communication figure is the time spent in collective calls (c10d ops; on CUDA the
 NCCL kernels' device time), which overlaps the other phases when FSDP prefetches.
+On CUDA the compute phases are device time: CUDA events recorded around forward, backward and
+optimizer on the current stream, read when the window closes (host time there is only the time
+to queue kernels); data stays host time.
 
 Outside the window nothing is recorded: ``phase`` returns a shared null context,
 so profiling off costs one attribute check per phase (benchmarks/profiling_overhead.py).
@@ -21,7 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -51,6 +54,7 @@ class StepProfiler:
         self._prof: Any = None
         self._step_range: Any = None  # the open titan/step#N range: one per profiled step in the trace
         self._done = False
+        self._device_ranges: list[tuple[str, Any, Any]] = []  # (phase, start event, end event) on CUDA
         self.snapshots = config.enable and config.memory_snapshot and device.type == "cuda"
         if config.enable and config.memory_snapshot and device.type != "cuda" and is_rank0:
             progress("profiling.memory_snapshot is CUDA-only (torch's allocator history): no snapshot on "
@@ -70,6 +74,8 @@ class StepProfiler:
         """A named range in the trace while profiling; a null context otherwise (no cost)."""
         if self._prof is None:
             return _NULL
+        if self.device.type == "cuda" and name != "data":  # waiting for batches is host time
+            return DeviceRange(name, self._device_ranges, lambda: torch.cuda.Event(enable_timing=True))
         return torch.profiler.record_function(_LABEL + name)
 
     def before_step(self, step: int) -> None:
@@ -110,6 +116,9 @@ class StepProfiler:
         trace = self.folder / "trace.json"
         prof.export_chrome_trace(str(trace))
         per_step = breakdown(prof.key_averages(), steps=steps, cuda=self.device.type == "cuda")
+        if self._device_ranges:  # CUDA: the phases' device time replaces their host time
+            per_step.update(device_phase_ms(self._device_ranges, steps=steps))
+            self._device_ranges = []
         (self.folder / "breakdown.json").write_text(json.dumps({"steps": steps, "ms_per_step": per_step}, indent=1))
         parts = " | ".join(f"{k} {v:.1f}ms" for k, v in per_step.items())
         progress(f"profile of steps {self.config.start_step}-{self.config.start_step + steps - 1}: {parts} "
@@ -135,6 +144,35 @@ class StepProfiler:
             torch.cuda.memory._record_memory_history(enabled=None)
 
 
+class DeviceRange(contextlib.AbstractContextManager[None]):
+    """A phase's trace range plus two device events around it, kept in ``ranges`` to be read later."""
+
+    def __init__(self, name: str, ranges: list[tuple[str, Any, Any]], new_event: Callable[[], Any]) -> None:
+        self.name, self.ranges, self.new_event = name, ranges, new_event
+        self._range: Any = None
+        self._start: Any = None
+
+    def __enter__(self) -> None:
+        self._range = torch.profiler.record_function(_LABEL + self.name)
+        self._range.__enter__()
+        self._start = self.new_event()
+        self._start.record()
+
+    def __exit__(self, *exc: object) -> None:
+        end = self.new_event()
+        end.record()
+        self.ranges.append((self.name, self._start, end))
+        self._range.__exit__(*exc)
+
+
+def device_phase_ms(ranges: Iterable[tuple[str, Any, Any]], *, steps: int) -> dict[str, float]:
+    """Mean device milliseconds per step of each phase, from (phase, start, end) events (synchronized)."""
+    totals: dict[str, float] = {}
+    for name, start, end in ranges:
+        totals[name] = totals.get(name, 0.0) + float(start.elapsed_time(end))
+    return {name: total / max(steps, 1) for name, total in totals.items()}
+
+
 def breakdown(averages: Iterable[FunctionEventAvg], *, steps: int, cuda: bool) -> dict[str, float]:
     """Mean milliseconds per step of each phase, and of collectives (device time on CUDA), from the rows of
     torch's ``profile.key_averages()``."""
@@ -150,4 +188,4 @@ def breakdown(averages: Iterable[FunctionEventAvg], *, steps: int, cuda: bool) -
     return {name: total / 1000.0 / max(steps, 1) for name, total in totals.items()}
 
 
-__all__ = ["PHASES", "StepProfiler", "breakdown"]
+__all__ = ["PHASES", "DeviceRange", "StepProfiler", "breakdown", "device_phase_ms"]

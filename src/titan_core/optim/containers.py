@@ -11,6 +11,8 @@ from torch import nn
 from torch.optim.lr_scheduler import LambdaLR
 
 from ..config.sections import LRSchedulerSection, OptimizerSection
+from ..console import progress
+from ..runtime.launch_env import rank_env
 from .param_groups import torch_groups
 
 _OPTIMIZERS: dict[str, type[torch.optim.Optimizer]] = {
@@ -40,14 +42,17 @@ class OptimizersContainer(torch.optim.Optimizer):
             impl = config.implementation
             if impl == "auto":
                 impl = "fused" if device_type == "cuda" else "foreach"
-            if impl == "fused":
+            mixed = _mixes_dtensor_and_plain(model_parts)
+            if mixed and impl != "for-loop":
+                # Fused and foreach kernels refuse a list mixing DTensors with plain tensors, which a
+                # TP plan that leaves some parameters whole (norms, embeddings) produces.
+                progress(f"optimizer: the {impl} {config.name} kernels cannot take DTensor and plain parameters "
+                         "in one list (this layout has both): using the for-loop implementation",
+                         is_rank0=rank_env()[0] == 0)
+            if impl == "fused" and not mixed:
                 kwargs["fused"] = True
-            elif impl == "foreach" and not _mixes_dtensor_and_plain(model_parts):
-                kwargs["foreach"] = True
             else:
-                # foreach kernels refuse a list mixing DTensors with plain tensors, which a TP
-                # plan that leaves some parameters whole (norms, embeddings) produces.
-                kwargs["foreach"] = False
+                kwargs["foreach"] = impl == "foreach" and not mixed
         self.model_parts = model_parts
         # Groups per part: weight decay and LR multiplier by role (param_groups.py).
         self.optimizers = [cls(torch_groups(part, config), **kwargs) for part in model_parts]

@@ -15,6 +15,10 @@ Modes (``ActivationCheckpointSection``):
     ``selective_save_ops`` when set, else the one the spec supplies (its ops depend
     on the model's kernels). Matmuls (``aten.mm.default``) are special: only every
     other one is kept, halving their memory at the cost of recomputing the others.
+    With the spec's list, the accelerator kernels that are the dearest to recompute
+    (:data:`KERNEL_SAVE_OPS`: cuDNN, memory-efficient and flash attention, float8's
+    ``_scaled_mm``, grouped GEMM, FlexAttention) are kept too, those this torch has; a
+    list in the config is used exactly as written.
 """
 
 from __future__ import annotations
@@ -52,6 +56,39 @@ def resolve_ops(names: Sequence[str]) -> list[Any]:
             )
         ops.append(op)
     return ops
+
+
+KERNEL_SAVE_OPS: tuple[str, ...] = (
+    "aten._scaled_dot_product_cudnn_attention.default",
+    "aten._scaled_dot_product_efficient_attention.default",
+    "aten._scaled_dot_product_flash_attention.default",
+    "aten._scaled_mm.default",
+    "aten._grouped_mm.default",
+    "higher_order.flex_attention",  # a higher-order op: no overload
+)
+
+
+def kernel_save_ops() -> list[Any]:
+    """The ops of :data:`KERNEL_SAVE_OPS` this torch build has."""
+    ops = []
+    for name in KERNEL_SAVE_OPS:
+        op: Any = torch.ops
+        try:
+            for part in name.split("."):
+                op = getattr(op, part)
+        except (AttributeError, RuntimeError):
+            continue
+        ops.append(op)
+    return ops
+
+
+def selective_save_ops(ac: ActivationCheckpointSection, spec_save_ops: Sequence[str]) -> list[Any]:
+    """The ops per-op selective checkpointing keeps: the config's list as written, else the spec's
+    with the accelerator kernels added."""
+    if ac.selective_save_ops is not None:
+        return resolve_ops(ac.selective_save_ops)
+    ops = resolve_ops(spec_save_ops)
+    return ops + [op for op in kernel_save_ops() if op not in ops]
 
 
 def selective_context_fn(save_ops: Sequence[Any]) -> Callable[[], Any]:
@@ -120,7 +157,7 @@ def apply_activation_checkpointing(
                     "save, and this spec supplies none. Set activation_checkpoint.selective_save_ops "
                     '(e.g. ["aten.mm.default"]), or checkpoint every Nth block with selective_every=N.'
                 )
-            context_fn = selective_context_fn(resolve_ops(names))
+            context_fn = selective_context_fn(selective_save_ops(ac, spec_save_ops))
     done = []
     for position, (name, block) in enumerate(blocks.items()):
         # Global layer ids: the same blocks are checkpointed whatever the pipeline split.

@@ -10,6 +10,7 @@ from torch import nn
 
 from ..config.parallel_dims import ParallelDims
 from ..config.sections import ParallelismSection
+from ..plugin.resolved import resolve_param_dtype
 from .expert_parallel import experts_modules, shard_experts
 
 if TYPE_CHECKING:
@@ -22,9 +23,7 @@ def gather_dtype(parallelism: ParallelismSection, compute_dtype: torch.dtype) ->
     """FSDP2's param_dtype: with bfloat16 compute, gathering float32 weights only to cast them
     in autocast doubles the all-gather traffic; the float32 shards stay the master weights and
     gradients are reduced in reduce_dtype (float32 by default), as torchtitan does."""
-    if parallelism.param_dtype == "auto":
-        return torch.bfloat16 if compute_dtype == torch.bfloat16 else torch.float32
-    return _DTYPES[parallelism.param_dtype]
+    return resolve_param_dtype(parallelism.param_dtype, compute_dtype)
 
 
 def reshard_policy(policy: str, *, is_last_block: bool, pp_enabled: bool) -> bool:

@@ -1,4 +1,5 @@
-"""Which dtype the forward and backward compute in, and the autocast context for it."""
+"""Which dtype the forward and backward compute in (``resolve_compute_dtype``, with the run's other dtypes
+in ``plugin/resolved.py``, what plugins receive), and the autocast context for it."""
 
 from __future__ import annotations
 
@@ -7,14 +8,9 @@ from typing import Any
 
 import torch
 
+from ..plugin.resolved import resolve_compute_dtype
 
-def resolve_compute_dtype(setting: str, device: torch.device) -> torch.dtype:
-    """``training.dtype`` as a torch dtype. ``auto`` is bfloat16 on CUDA and float32 elsewhere,
-    because CPUs without AVX-512 BF16 / AMX run bfloat16 matmuls several times slower than fp32."""
-    if setting == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    dtype: torch.dtype = getattr(torch, setting)  # "float32" / "bfloat16", checked by the config's Literal
-    return dtype
+__all__ = ["autocast_for", "resolve_compute_dtype"]
 
 
 def autocast_for(device: torch.device, dtype: torch.dtype) -> contextlib.AbstractContextManager[Any]:

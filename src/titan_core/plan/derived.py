@@ -15,6 +15,7 @@ from ..config.job import JobConfig
 from ..errors import ConfigError
 from ..parallel.distributed import pick_device, resolve_backend
 from ..plugin.protocols import Tokenizer
+from ..plugin.resolved import MixedPrecision, promised_parallelism, resolve_mixed_precision
 from ..runtime.launch_env import rank_env
 from ..weights.shape import resolve_starting_weights
 from ..weights.source import StartingWeights
@@ -26,6 +27,14 @@ def run_device_and_backend(config: JobConfig) -> tuple[torch.device, str]:
     _, local_rank, _ = rank_env()
     device = pick_device(config.training.device, local_rank)
     return device, resolve_backend(config.parallelism.backend, device)
+
+
+def run_precision(config: JobConfig, device: torch.device) -> MixedPrecision:
+    """``training.dtype``, ``parallelism.param_dtype`` and ``reduce_dtype`` resolved for ``device``: what
+    plugins receive as ``precision`` (plugin API 1.1) instead of the config's strings."""
+    t, p = config.training, config.parallelism
+    return resolve_mixed_precision(dtype=t.dtype, param_dtype=p.param_dtype, reduce_dtype=p.reduce_dtype,
+                                   device=device)
 
 
 def run_tokenizer(calls: SpecCalls, config: JobConfig) -> Tokenizer:
@@ -76,5 +85,8 @@ def run_weights(calls: SpecCalls, config: JobConfig, *, tokenizer: Tokenizer, wo
     if pp > 1 and spec.pipelining_fn is None:
         raise ConfigError(f'spec "{spec.name}" has no pipelining_fn, so it cannot be split into pipeline stages, '
                           f"but parallelism.pp={pp}. Set parallelism.pp=1 (and use dp_shard / tp instead).")
-    calls.validate(args, parallelism=config.parallelism, training=config.training, world_size=world_size)
+    device, _ = run_device_and_backend(config)
+    precision = run_precision(config, device)
+    calls.validate(args, parallelism=promised_parallelism(config.parallelism, precision), training=config.training,
+                   world_size=world_size, added={"precision": precision, "device": device})
     return weights

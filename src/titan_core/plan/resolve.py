@@ -16,12 +16,14 @@ from ..config.layers import Layer, load_config_source, merge
 from ..config.messages import describe
 from ..config.overrides import overrides_layer, typed_value
 from ..config.parallel_dims import ParallelDims
+from ..config.sections import ParallelismSection
 from ..data.documents import check_document_masking
 from ..errors import ConfigError, PluginError, did_you_mean
 from ..plugin import discovery
 from ..plugin.protocols import ModelConverter, Tokenizer, TrainSpec
+from ..plugin.resolved import MixedPrecision, promised_parallelism
 from ..weights.source import StartingWeights
-from .derived import run_device_and_backend, run_tokenizer, run_weights
+from .derived import run_device_and_backend, run_precision, run_tokenizer, run_weights
 
 
 @dataclass(frozen=True)
@@ -59,6 +61,16 @@ class ResolvedConfig:
     def model_shape_note(self) -> str | None:
         """Where the shape came from when it is not the flavor's (printed by the Trainer)."""
         return self.weights.shape_note()
+
+    @property
+    def precision(self) -> MixedPrecision:
+        """The run's compute, FSDP2 gather and reduce dtypes, resolved (handed to plugins as ``precision``)."""
+        return run_precision(self.config, self.device)
+
+    @property
+    def plugin_parallelism(self) -> ParallelismSection:
+        """``[parallelism]`` as plugins receive it: only values plugin API 1.0 documented (precision.promised_parallelism)."""
+        return promised_parallelism(self.config.parallelism, self.precision)
 
     @property
     def dims(self) -> ParallelDims:

@@ -7,9 +7,12 @@ so neither has to know the other's callers.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..data.tokenizer import TiktokenTokenizer, _builtin
-from ..hf.tokenizer_folder import HFTokenizersTokenizer, load_tokenizer_folder
+
+if TYPE_CHECKING:
+    from ..hf.tokenizer_folder import HFTokenizersTokenizer
 
 
 def build_tokenizer(source: str) -> TiktokenTokenizer | HFTokenizersTokenizer:
@@ -18,5 +21,7 @@ def build_tokenizer(source: str) -> TiktokenTokenizer | HFTokenizersTokenizer:
         return _builtin()
     path = Path(source).expanduser()
     if path.is_dir():  # a Hugging Face model folder
+        from ..hf.tokenizer_folder import load_tokenizer_folder  # start-up: hf/ imports torch, prepare needs none
+
         return load_tokenizer_folder(path)
     return TiktokenTokenizer.from_file(path)

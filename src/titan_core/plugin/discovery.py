@@ -142,15 +142,48 @@ def _resolve_one(group: Group, name: str) -> PluginInfo:
     return claims[0]
 
 
+def _api_parts(version: str) -> tuple[int, int] | None:
+    """``"1.1"`` -> (1, 1); a bare ``"1"`` is 1.0 and a patch part is ignored (both were accepted before
+    minors were checked); None for anything else."""
+    parts = version.strip().split(".")
+    if not all(p.isascii() and p.isdigit() for p in parts) or len(parts) > 3:
+        return None
+    return int(parts[0]), int(parts[1]) if len(parts) > 1 else 0
+
+
+def api_refusal(api_version: str) -> str | None:
+    """Why this core cannot serve a plugin written for ``api_version``; None when it can.
+
+    The core serves its own major at any minor up to its own (minor versions only add), and
+    nothing else: another major, a newer minor (the plugin may use what this core lacks), a
+    version that is not MAJOR.MINOR.
+    """
+    core = _api_parts(PLUGIN_API_VERSION)
+    plugin = _api_parts(api_version)
+    assert core is not None
+    if plugin is None:
+        return f'"{api_version}" is not a plugin API version: write MAJOR.MINOR, e.g. "{PLUGIN_API_VERSION}"'
+    if plugin[0] != core[0]:
+        return f"titan-core {core[0]}.x and {plugin[0]}.x are different contracts"
+    if plugin[1] > core[1]:
+        return "the plugin may use what that newer API added"
+    return None
+
+
 def _check_api(info: PluginInfo, api_version: str) -> None:
-    major = api_version.split(".")[0]
-    if major != PLUGIN_API_VERSION.split(".")[0]:
-        raise PluginError(
-            f'{_KIND[info.group]} "{info.name}" from {info.distribution} {info.version} was written for '
-            f"titan-core plugin API {api_version}, but this titan-core speaks {PLUGIN_API_VERSION}. "
-            f"Install a version of {info.distribution} built for plugin API {PLUGIN_API_VERSION.split('.')[0]}.x "
-            f"(or a titan-core that matches the plugin)."
-        )
+    why = api_refusal(api_version)
+    if why is None:
+        return
+    served = f"{PLUGIN_API_VERSION.split('.')[0]}.0 to {PLUGIN_API_VERSION}"
+    fix = (f"Install a version of {info.distribution} built for plugin API {served}, or a titan-core that serves "
+           f"plugin API {api_version}." if _api_parts(api_version) else
+           f"Its plugin_api_version must be the API it was written for, e.g. \"{PLUGIN_API_VERSION}\": fix "
+           f"{info.distribution}, or install a version of it built for plugin API {served}.")
+    raise PluginError(
+        f'{_KIND[info.group]} "{info.name}" from {info.distribution} {info.version} was written for '
+        f"titan-core plugin API {api_version}, but this titan-core serves plugin API {PLUGIN_API_VERSION} "
+        f"({why}). {fix}"
+    )
 
 
 def _refuse_core_section_name(info: PluginInfo) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from types import TracebackType
 from typing import TYPE_CHECKING, TypeVar
 
@@ -26,8 +26,8 @@ from . import discovery
 if TYPE_CHECKING:
     from .discovery import Group
 
-__all__ = ["DEFAULT_PLUGIN_TIMEOUT_S", "accepts_keyword", "call_accepting", "plugin_call", "plugin_label",
-           "plugin_timeout", "set_plugin_timeout"]
+__all__ = ["DEFAULT_PLUGIN_TIMEOUT_S", "accepts_keyword", "call_accepting", "named_by", "plugin_call",
+           "plugin_label", "plugin_timeout", "set_plugin_timeout"]
 
 R = TypeVar("R")
 
@@ -166,6 +166,15 @@ def call_accepting(fn: Callable[..., R], *args: object, **kwargs: object) -> R:
     """``fn(*args, **kwargs)`` without the keywords ``fn`` does not take: a plugin written before the core
     offered a keyword (``full_attention``, a new fact in a factory's call) keeps working unchanged."""
     return fn(*args, **{k: v for k, v in kwargs.items() if accepts_keyword(fn, k)})
+
+
+def named_by(fn: Callable[..., object], added: Mapping[str, object] | None) -> dict[str, object]:
+    """The keywords of ``added`` (a later plugin API minor's, docs/plugins.md) that ``fn``'s signature names.
+    A ``**kwargs`` catch-all does not count: a wrapper forwarding everything to a function written before
+    those keywords existed would pass them on."""
+    params = _parameters(fn) or []
+    named = {p.name for p in params if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)}
+    return {k: v for k, v in (added or {}).items() if k in named}
 
 
 def check_logits(logits: object, inputs: object, *, spec: str) -> None:

@@ -19,6 +19,7 @@ from torch import nn
 
 from .._version import PLUGIN_API_VERSION
 from ..errors import ConfigError
+from .resolved import MixedPrecision, promised_parallelism, resolve_mixed_precision
 from .spec_factories import (
     BuildDataloaderFn,
     BuildLossFn,
@@ -54,13 +55,28 @@ __all__ = [
 
 @dataclass(frozen=True)
 class RunContext:
-    """The read-only facts about this run that a plugin may need besides its own section."""
+    """The read-only facts about this run that a plugin may need besides its own section.
+
+    ``parallelism`` holds only values plugin API 1.0 documented (``param_dtype`` is "float32" or
+    "bfloat16", never "auto"). ``precision`` (API 1.1) is the run's dtypes resolved; built from the
+    other fields when not given, so ``RunContext(device, backend, training, parallelism, compile)``
+    still works.
+    """
 
     device: torch.device
     backend: str  # the process-group backend, resolved ("gloo", "nccl"; never "auto")
     training: TrainingSection
     parallelism: ParallelismSection
     compile: CompileSection
+    precision: MixedPrecision | None = None  # never None once constructed
+
+    def __post_init__(self) -> None:  # frozen: each field is set once, here
+        p = self.parallelism
+        if self.precision is None:
+            object.__setattr__(self, "precision", resolve_mixed_precision(
+                dtype=self.training.dtype, param_dtype=p.param_dtype, reduce_dtype=p.reduce_dtype, device=self.device))
+        assert self.precision is not None
+        object.__setattr__(self, "parallelism", promised_parallelism(p, self.precision))
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ only: this module is imported by ``titan-train --list``, which must stay cheap.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -202,6 +203,23 @@ class FlopsPerTokenFn(Protocol):
     gives one count, used for both."""
 
     def __call__(self, model_args: Any, seq_len: int, /, *, full_attention: bool) -> float: ...
+
+
+# Plugin API 1.0 exported this name (a flops_per_token_fn without ``full_attention``); removed by mistake
+# without a major version, it is served again, deprecated (docs/plugins.md, "Versions").
+_DEPRECATED = {"LegacyFlopsPerTokenFn": ("1.1", "FlopsPerTokenFn; a function without full_attention is still "
+                                                "accepted, its one count used for both figures")}
+if TYPE_CHECKING:
+    LegacyFlopsPerTokenFn = Callable[[Any, int], float]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _DEPRECATED:
+        raise AttributeError(f"module 'titan_core.spec_factories' has no attribute {name!r}")
+    since, instead = _DEPRECATED[name]
+    warnings.warn(f"{name} is deprecated since titan-core plugin API {since}; use {instead}.", DeprecationWarning,
+                  stacklevel=2)
+    return Callable[[Any, int], float]
 
 
 class BuildLossFn(Protocol):

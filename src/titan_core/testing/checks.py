@@ -62,6 +62,10 @@ class CheckResult:
         return self.status != "fail"
 
 
+# Baseline runs (no converter) by their flags, shared by the converters of one process's checks.
+_BASELINES: dict[tuple[str, ...], runs.Run] = {}
+
+
 @dataclass
 class Target:
     """What is checked: a converter (trained on ``spec``) or a spec."""
@@ -97,11 +101,19 @@ class Target:
         return flags + list(self.extra_flags)
 
     def run(self, key: str, steps: int, *extra: str, nproc: int = 1, converters: bool = True) -> runs.Run:
-        """A memoized training run in ``workdir/key``."""
+        """A memoized training run in ``workdir/key``; a run without this converter (a baseline) is the same
+        for every converter checked on the same spec, so one ``titan-plugin check`` call trains it once."""
         if key not in self._runs:
+            flags = self.base_flags(steps, converters=converters)
+            shared = (key, *flags, *extra, str(nproc)) if self.kind == "converter" and not converters else None
+            if shared is not None and shared in _BASELINES:
+                self._runs[key] = _BASELINES[shared]
+                return self._runs[key]
             run_dir = self.workdir / key
             shutil.rmtree(run_dir, ignore_errors=True)
-            self._runs[key] = runs.train(run_dir, self.base_flags(steps, converters=converters), *extra, nproc=nproc)
+            self._runs[key] = runs.train(run_dir, flags, *extra, nproc=nproc)
+            if shared is not None:
+                _BASELINES[shared] = self._runs[key]
         return self._runs[key]
 
     def reference(self, steps: int = 5) -> runs.Run:

@@ -65,7 +65,7 @@ def check_fits(resolved: ResolvedConfig, n_params: int) -> None:
 
 def run_context(resolved: ResolvedConfig) -> RunContext:
     c = resolved.config
-    return RunContext(resolved.device, resolved.backend, c.training, c.parallelism, c.compile)
+    return RunContext(resolved.device, resolved.backend, c.training, c.parallelism, c.compile, precision=resolved.precision)
 
 
 def build_converters(resolved: ResolvedConfig) -> NamedConverters:
@@ -85,8 +85,9 @@ def parallelize_part(resolved: ResolvedConfig, part: nn.Module, *, mesh: DeviceM
     """The spec's ``parallelize_fn`` on one model part: TP -> activation checkpointing -> compile -> FSDP2."""
     c = resolved.config
     return resolved.calls.parallelize(
-        part, parallel_dims=resolved.dims, mesh=mesh, training=c.training, parallelism=c.parallelism,
+        part, parallel_dims=resolved.dims, mesh=mesh, training=c.training, parallelism=resolved.plugin_parallelism,
         compile=c.compile, activation_checkpoint=c.activation_checkpoint, tp_styles=tp_styles,
+        added={"precision": resolved.precision, "device": resolved.device},  # plugin API 1.1, to functions naming them
     )
 
 

@@ -37,16 +37,20 @@ def count_valid(labels: torch.Tensor) -> int:
     return int(labels.ne(IGNORE_INDEX).sum())
 
 
-def global_valid_tokens(local: int, *, group: ProcessGroup | None, device: torch.device) -> int:
-    """``local`` summed over the data-parallel ``group`` (None: this process alone)."""
+def global_valid_tokens(local: int, *, group: ProcessGroup | None, device: torch.device) -> int | torch.Tensor:
+    """``local`` summed over the data-parallel ``group`` (None: this process alone, an int).
+
+    Over a group the sum stays on the device (a 0-d int64 tensor): reading it on the host
+    would wait for the accelerator every step."""
     if group is None:
         return local
     total = torch.tensor([local], dtype=torch.int64, device=device)
     dist.all_reduce(total, op=dist.ReduceOp.SUM, group=group)
-    return int(total.item())
+    return total.reshape(())
 
 
-def token_weighted(mean: torch.Tensor, *, valid: int, global_valid: int, dp: int, splits: int = 1) -> torch.Tensor:
+def token_weighted(mean: torch.Tensor, *, valid: int, global_valid: int | torch.Tensor, dp: int,
+                   splits: int = 1) -> torch.Tensor:
     """``mean`` (over ``valid`` labels) as its share of the step's per-valid-token loss.
 
     ``splits``: how many equal parts the caller's gradients are later divided into (a
@@ -57,6 +61,8 @@ def token_weighted(mean: torch.Tensor, *, valid: int, global_valid: int, dp: int
     if valid == 0:
         return torch.nan_to_num(mean, nan=0.0) * 0.0
     # Integers, then one division: with every label valid this is exactly the accumulation count.
+    if isinstance(global_valid, torch.Tensor):  # on the device: the same float64 division, then mean's dtype
+        return mean / (global_valid.double() / (valid * dp * splits)).to(mean.dtype)
     return mean / (global_valid / (valid * dp * splits))
 
 

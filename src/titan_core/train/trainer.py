@@ -35,9 +35,10 @@ from ..data.token_ids import check_batch_ids
 from ..errors import ConfigError, NonFiniteError
 from ..hf.export import export_hf
 from ..models.loss import cross_entropy_loss
+from ..models.model_parts import HeadRequest, hidden_states_for_loss
 from ..models.ties import check_ties, retie_weights
 from ..moe import MoEMonitor
-from ..observability.metrics import MetricsLogger
+from ..observability.metrics import MetricsLogger, reset_peak_memory
 from ..observability.profiling import StepProfiler
 from ..observability.report import report_at_end
 from ..optim.param_groups import run_layout
@@ -48,6 +49,7 @@ from ..plan.resolve import ResolvedConfig
 from ..plugin.protocols import ModelConverter, TensorParallelStyles, Tokenizer, TrainSpec
 from ..plugin.spec_factories import LossFn, LRSchedulers, MetricsProcessor, Pipeline
 from ..runtime.cpu_allocator import keep_freed_memory_in_heap
+from ..runtime.determinism import enable_deterministic
 from ..runtime.launch_env import rank_env
 from ..runtime.out_of_memory import out_of_memory_named
 from ..runtime.run_files import atomic_write_text, require_writable, supersede_metrics
@@ -55,6 +57,7 @@ from ..runtime.signals import no_interrupt, requested_signal
 from ..weights.load import load_starting_weights
 from ..weights.shape import check_shape_file_unchanged, record_shape_file
 from . import build
+from .chunked_loss import chunkable_head, chunked_cross_entropy
 from .converters import ConversionTable
 from .finite_watch import FiniteWatch
 from .grad_norm import clip_grad_norm_on_device
@@ -72,6 +75,14 @@ class StepResult:
     loss: torch.Tensor | float
     grad_norm: torch.Tensor | float
     skipped: bool
+
+
+def to_device(batch: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A loader's CPU tensor on ``device``; to CUDA through pinned memory without blocking the host
+    (the copy is queued before the step's kernels, so they see it complete)."""
+    if device.type != "cuda":
+        return batch.to(device)
+    return batch.pin_memory().to(device, non_blocking=True)
 
 
 def _plain(loss: torch.Tensor) -> torch.Tensor:
@@ -103,7 +114,7 @@ class Trainer:
     tokens_seen: int
     skipped_steps: int
     finite_watch: FiniteWatch  # the first unread non-finite step, kept on the device
-    step_valid_tokens: int  # valid labels of the current step over all data-parallel ranks
+    step_valid_tokens: int | torch.Tensor  # valid labels of the step over all data-parallel ranks (on the device)
     pp_batch_rows: int  # rows of the micro-batch the pipeline schedule is running
     # init_distributed
     is_rank0: bool
@@ -180,7 +191,7 @@ class Trainer:
             keep_freed_memory_in_heap()
         torch.manual_seed(t.seed)
         if t.deterministic:
-            torch.use_deterministic_algorithms(True)
+            progress(enable_deterministic(), is_rank0=rank_env()[0] == 0)
         self.compute_dtype = resolve_compute_dtype(t.dtype, self.device)
         if self.proc.is_rank0:
             self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -250,14 +261,22 @@ class Trainer:
 
     def build_model_parts(self, model: nn.Module) -> None:
         self.loss_fn = self.calls.loss_fn() or cross_entropy_loss
+        t, p = self.config.training, self.config.parallelism
+        # The chunked loss stands in for the built-in one only; with FSDP's reshard-always the
+        # head's weight is sharded again once the forward returns, so the head stays in the forward.
+        self.chunk_loss = (t.chunked_loss and self.loss_fn is cross_entropy_loss
+                           and type(self).compute_loss is Trainer.compute_loss
+                           and not (self.dims.fsdp_enabled and p.fsdp_reshard_after_forward == "always"))
+        self.pipe_head: HeadRequest | None = None  # the request of the pipeline step under way
         self.accum = accumulation_steps(self.config, self.dims.dp)
         self.pipeline = None
         if self.dims.pp_enabled:
             if self.dims.ep_enabled:  # the whole model has experts for EP (a stage may hold dense layers only)
                 check_experts_split(model, self.dims.ep, what=f"spec {self.spec.name}")
             self.pipeline = self.calls.pipeline(
-                model, parallel_dims=self.dims, mesh=self.mesh, parallelism=self.config.parallelism,
+                model, parallel_dims=self.dims, mesh=self.mesh, parallelism=self.resolved.plugin_parallelism,
                 training=self.config.training, device=self.device, loss_fn=self.scaled_loss, parallelize=self.parallelize,
+                added={"precision": self.resolved.precision},  # plugin API 1.1, to functions naming it
             )
             self.model_parts = self.pipeline.model_parts
         else:
@@ -284,10 +303,11 @@ class Trainer:
         """The pipeline's per-microbatch loss, weighted by its share of the step's valid tokens;
         the schedule divides gradients by its number of microbatches, hence ``splits``.
         Validation runs the schedule forward-only under no_grad: there the sum of its token losses."""
-        loss = self.compute_loss(logits, labels)
+        valid = count_valid(labels)
+        loss = self.micro_batch_loss(logits, labels, self.pipe_head, valid=valid)
         if not torch.is_grad_enabled():
-            return token_loss_sum(loss, valid=count_valid(labels))
-        return token_weighted(loss, valid=count_valid(labels), global_valid=self.step_valid_tokens, dp=self.dims.dp,
+            return token_loss_sum(loss, valid=valid)
+        return token_weighted(loss, valid=valid, global_valid=self.step_valid_tokens, dp=self.dims.dp,
                               splits=self.pp_batch_rows // labels.shape[0])
 
     def materialize_and_init(self) -> None:
@@ -362,7 +382,7 @@ class Trainer:
         positions, labels = split_documents(inputs, labels, eos_id=self.tokenizer.eos_id, bos_id=self.tokenizer.bos_id)
         return inputs, labels, positions
 
-    def count_step_tokens(self, micro_batches: list[MicroBatch]) -> int:
+    def count_step_tokens(self, micro_batches: list[MicroBatch]) -> int | torch.Tensor:
         """Valid labels of this step on every data-parallel rank (one all-reduce; TP/PP ranks share data)."""
         local = sum(count_valid(labels) for _, labels, _ in micro_batches)
         group = self.dp_flat_mesh.get_group() if self.dims.dp > 1 else None
@@ -372,8 +392,25 @@ class Trainer:
         """The mean loss of one micro-batch (the spec's ``build_loss_fn``, or cross-entropy)."""
         return self.loss_fn(logits, labels)
 
+    def head_request(self) -> contextlib.AbstractContextManager[HeadRequest | None]:
+        """Around a forward: asks a model that ends in ``final_norm_and_head`` for its hidden states
+        and head, when the loss is chunked (chunked_loss.py)."""
+        return hidden_states_for_loss() if self.chunk_loss else contextlib.nullcontext(None)
+
+    def micro_batch_loss(self, output: torch.Tensor, labels: torch.Tensor, request: HeadRequest | None, *,
+                         valid: int) -> torch.Tensor:
+        """The mean loss of one micro-batch from the forward's ``output``: logits, or the final hidden
+        states when the forward handed its head over in ``request``."""
+        head = request.head if request is not None else None
+        if head is None:
+            return self.compute_loss(output, labels)
+        if chunkable_head(head):
+            return chunked_cross_entropy(output, head, labels, valid=valid,
+                                         chunk_tokens=self.config.training.loss_chunk_tokens)
+        return self.compute_loss(head(output), labels)
+
     def model_kwargs(self, positions: torch.Tensor | None) -> dict[str, torch.Tensor]:
-        return {} if positions is None else {"positions": positions.to(self.device)}
+        return {} if positions is None else {"positions": to_device(positions, self.device)}
 
     def forward_backward(self, inputs: torch.Tensor, labels: torch.Tensor,
                          positions: torch.Tensor | None = None) -> torch.Tensor:
@@ -381,14 +418,14 @@ class Trainer:
         (token_loss.py), zero on non-last PP stages."""
         check_batch_ids(inputs, self.model_args, self.tokenizer)  # the tokenizer's fault, not the model's
         valid = count_valid(labels)  # before the copy to the device: no sync
-        inputs, labels = inputs.to(self.device), labels.to(self.device)
+        inputs, labels = to_device(inputs, self.device), to_device(labels, self.device)
         if self.pipeline is not None:
             return self.pipeline_forward_backward(inputs, labels, positions)
         with self.autocast(), self.loss_context():
-            with self.profiler.phase("forward"):
-                logits = self.calls.forward(self.model_parts[0], inputs, **self.model_kwargs(positions))
-            loss = token_weighted(self.compute_loss(logits, labels), valid=valid, global_valid=self.step_valid_tokens,
-                                  dp=self.dims.dp)
+            with self.profiler.phase("forward"), self.head_request() as request:
+                output = self.calls.forward(self.model_parts[0], inputs, **self.model_kwargs(positions))
+            loss = token_weighted(self.micro_batch_loss(output, labels, request, valid=valid), valid=valid,
+                                  global_valid=self.step_valid_tokens, dp=self.dims.dp)
             aux = self.moe.after_forward()  # MoE load-balancing loss: trained on, not reported in `loss`
             with self.profiler.phase("backward"):
                 (loss if aux is None else loss + aux / self.accum).backward()
@@ -404,9 +441,10 @@ class Trainer:
         args = (inputs,) if pipe.has_first_stage else ()
         # Keyword arguments reach every stage (split into microbatches like the inputs): the
         # document positions travel beside the activations (TrainSpec.pipeline_takes_positions).
-        with self.autocast(), self.loss_context():
+        with self.autocast(), self.loss_context(), self.head_request() as self.pipe_head:
             pipe.schedule.step(*args, target=target, losses=losses, return_outputs=False,
                                **self.model_kwargs(positions))
+        self.pipe_head = None
         if losses:
             return torch.stack([_plain(loss) for loss in losses]).mean()
         return torch.zeros((), device=self.device)
@@ -422,7 +460,7 @@ class Trainer:
             return refused
         with self.profiler.phase("optimizer"):
             self.optimizer.step()
-        self.moe.after_step()  # MoE routing-bias update and load figures (self.moe.metrics)
+        self.moe.after_step(read=False)  # MoE bias update; its figures stay on the device until logged
         self.lr_schedulers.step()
         return StepResult(global_loss, grad_norm, skipped=False)
 
@@ -521,8 +559,12 @@ class Trainer:
         tokens_per_device = tokens_per_step * self.dims.dp / self.dims.world_size
         losses: list[torch.Tensor | float] = []  # read on the host at the end, not per step
         progress("first step (building kernels, loading data) ...", is_rank0=self.is_rank0)
+        reset_peak_memory(self.device)  # the peak then counts the steps, not the set-up's transients
+        # Throughput is measured over the logging window (since the last log): a logging step's
+        # host read waits for the device work of the unlogged steps before it too.
+        window_start, window_steps = time.perf_counter(), 0
         while self.step < t.steps:
-            start = time.perf_counter()
+            window_steps += 1
             self.profiler.before_step(self.step + 1)
             try:
                 with out_of_memory_named(f"in step {self.step + 1}"):  # activations: not in the check before training
@@ -536,18 +578,22 @@ class Trainer:
             last = self.step == t.steps
             data_ms = self.dataloader.wait_ms()  # time this step waited for its batches
             self.profiler.after_step(self.step, last=last)
-            if self.metrics.should_log(self.step, last=last):
+            logs = self.metrics.should_log(self.step, last=last)
+            if logs:
+                loss, grad_norm = float(result.loss), float(result.grad_norm)  # waits for the device
                 self.metrics.log_step(
-                    step=self.step, loss=float(result.loss), grad_norm=float(result.grad_norm), lr=self.lr_schedulers.get_last_lr(),
-                    tokens=tokens_per_device, step_time=time.perf_counter() - start,
+                    step=self.step, loss=loss, grad_norm=grad_norm, lr=self.lr_schedulers.get_last_lr(),
+                    tokens=tokens_per_device, step_time=(time.perf_counter() - window_start) / window_steps,
                     extra={"skipped_steps": self.skipped_steps, "tokens_seen": self.tokens_seen, "data_ms": data_ms,
-                           **source_tokens(self.dataloader.state_dict(), t.seq_len), **self.moe.metrics,
-                           **self.step_metrics()},
+                           "window_steps": window_steps, **source_tokens(self.dataloader.state_dict(), t.seq_len),
+                           **self.moe.metrics, **self.step_metrics()},
                 )
             with no_interrupt():  # Ctrl+C waits for the save to be published: never half a checkpoint
                 self.checkpointer.maybe_save(self.step, tokens_seen=self.tokens_seen, last=last)
             self.maybe_validate(last=last)
             self.stop_if_signalled()
+            if logs:
+                window_start, window_steps = time.perf_counter(), 0
         self.finish()
         return [float(loss) for loss in losses]
 
@@ -599,13 +645,18 @@ class Trainer:
         last PP stage."""
         with self.autocast(), self.loss_context():
             if self.pipeline is None:
-                logits = self.calls.forward(self.model_parts[0], inputs, **self.model_kwargs(positions))
-                return _plain(token_loss_sum(self.compute_loss(logits, labels), valid=count_valid(labels))).double()
+                with self.head_request() as request:
+                    output = self.calls.forward(self.model_parts[0], inputs, **self.model_kwargs(positions))
+                valid = count_valid(labels)
+                return _plain(token_loss_sum(self.micro_batch_loss(output, labels, request, valid=valid),
+                                             valid=valid)).double()
             pipe = self.pipeline
             losses: list[torch.Tensor] | None = [] if pipe.has_last_stage else None
             target = labels if pipe.has_last_stage else None
             args = (inputs,) if pipe.has_first_stage else ()
-            pipe.schedule.eval(*args, target=target, losses=losses, **self.model_kwargs(positions))
+            with self.head_request() as self.pipe_head:
+                pipe.schedule.eval(*args, target=target, losses=losses, **self.model_kwargs(positions))
+            self.pipe_head = None
         if losses:  # each microbatch's sum (scaled_loss under no_grad)
             return torch.stack([_plain(loss) for loss in losses]).double().sum()
         return torch.zeros((), device=self.device, dtype=torch.float64)

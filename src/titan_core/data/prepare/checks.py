@@ -9,8 +9,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ..data.sources import HF_PREFIX
-from ..errors import ConfigError
+from ...errors import ConfigError
+from ..sources import HF_PREFIX
 
 MAX_SHARD_TOKENS = 1 << 31  # two buffers of this many tokens are held in memory (16 GB at uint32)
 

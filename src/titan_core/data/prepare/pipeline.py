@@ -1,0 +1,268 @@
+"""``titan-data prepare``: sources -> fixed-size token shards + index (the format ``data/shards.py`` reads).
+
+Pipeline: the parent cuts the sources into tasks (``tasks.py``: pieces named by file and byte
+range or row group, the same for any number of workers) and hands them to N worker processes
+(``workers.py``; with one worker the command's own process tokenizes), at most
+``WINDOW_PER_WORKER * N`` ahead of the shards so disk and memory stay flat. Each worker reads,
+parses and tokenizes its task and writes the tokens to a piece file;
+the parent appends the pieces in task order to the shard being filled (``writer.py``), so the
+bytes written do not depend on N. The parent only waits, reads pieces back from the page cache
+and hashes them: the cores are the workers'. After every shard ``prepare.json`` records how far
+it got (the document to continue from, how many of its tokens are already written, and the task
+that holds it).
+
+The sources' SHA-256 (recorded in the index, compared on resume) is computed by a thread while
+the first shard fills when ``--out`` is new; an existing ``--out`` is checked against it first.
+
+Interrupted in any way (Ctrl+C, SIGTERM, SIGKILL), the next call with the same inputs
+restarts at that task (earlier documents are not read again where the source can be
+addressed, nor tokenized), drops what is already written and writes the remaining shards;
+the finished shards are kept. ``index.json`` is written last, so a folder with an index is
+complete.
+
+Nothing here imports torch: the command starts in the time Python and the tokenizer take.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ...errors import ConfigError
+from ..shard_format import FORMAT, INDEX_NAME, VERSION, dtype_for_vocab, file_sha256, tokenizer_fingerprint
+from ..sources import HF_PREFIX, source_files
+from .checks import check_finished_index, check_out_place, check_saved_progress, check_settings
+from .tasks import Task, encode_documents, plan_tasks, task_texts
+from .writer import PROGRESS_NAME, ShardWriter
+
+if TYPE_CHECKING:  # its module imports torch; prepare never needs it at run time
+    from ...plugin.spec_factories import Tokenizer
+
+WINDOW_PER_WORKER = 4  # tasks handed out ahead of the shards, per worker (each waits as a piece file at most)
+
+
+@dataclass(frozen=True)
+class PrepareRequest:
+    sources: list[str]
+    tokenizer: str
+    out: Path
+    workers: int = 1
+    shard_tokens: int = 1 << 26
+    text_field: str = "text"
+    hf_split: str = "train"
+    allow_download: bool = False
+    progress: bool = True
+
+
+# ---- inputs ----------------------------------------------------------------------------------------
+
+
+def _source_files(req: PrepareRequest) -> list[list[Path] | None]:
+    """Each source's files (None: builtin or hf); ConfigError for a source that cannot be read."""
+    found: list[list[Path] | None] = []
+    for source in req.sources:
+        if source.startswith(HF_PREFIX) and not req.allow_download:
+            raise ConfigError(f'source "{source}" needs a download from the Hugging Face hub; pass '
+                              "--allow-download to permit it, or give local files.")
+        found.append(None if source == "builtin" or source.startswith(HF_PREFIX) else list(source_files(source)))
+    return found
+
+
+def describe_inputs(req: PrepareRequest, tok: Tokenizer, files: list[list[Path] | None],
+                    stop: Callable[[], bool] | None = None) -> dict[str, Any]:
+    """Everything the output depends on (checked again on resume): settings, tokenizer, every file's hash
+    (``stop``: asked between blocks of the hashing)."""
+    sources: list[dict[str, Any]] = []
+    for source, paths in zip(req.sources, files):
+        if source.startswith(HF_PREFIX):
+            sources.append({"source": source, "split": req.hf_split})
+        elif paths is None:
+            sources.append({"source": "builtin"})
+        else:
+            sources.append({"source": str(Path(source).expanduser().resolve()),
+                            "files": [{"path": str(p.resolve()), "size": p.stat().st_size, "sha256": file_sha256(p, stop)}
+                                      for p in paths]})
+    return {
+        "format": FORMAT, "version": VERSION, "dtype": dtype_for_vocab(tok.vocab_size),
+        "shard_tokens": req.shard_tokens, "text_field": req.text_field,
+        "tokenizer": {"fingerprint": tokenizer_fingerprint(tok), "name": str(getattr(tok, "name", type(tok).__name__)),
+                      "vocab_size": tok.vocab_size, "bos_id": tok.bos_id, "eos_id": tok.eos_id},
+        "sources": sources,
+    }
+
+
+def _check_out(req: PrepareRequest, inputs: Callable[[], dict[str, Any]]) -> dict[str, Any] | None:
+    """The saved progress to continue from; None for a fresh folder. ConfigError when ``--out`` holds anything
+    else. ``inputs`` (the sources' hashes) is waited for only when ``--out`` holds an earlier prepare's records."""
+    out = req.out
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {out} is a file; give a folder (new, or one an earlier prepare wrote).")
+    if not out.exists():
+        return None
+    index_path, progress_path = out / INDEX_NAME, out / PROGRESS_NAME
+    other = f"--out {out} holds a shard set prepared from other inputs (sources, tokenizer or settings differ)"
+    if index_path.exists():
+        try:
+            index = json.loads(index_path.read_text())
+        except (OSError, ValueError, RecursionError) as e:
+            raise ConfigError(f"--out {out}: its index.json cannot be read ({str(e)[:200]}); give a new folder.") from None
+        if isinstance(index, dict) and index.get("inputs") == inputs():
+            check_finished_index(out, index)
+            return {"done": True}
+        raise ConfigError(f"{other}; give a new folder or delete that one.")
+    if progress_path.exists():
+        try:
+            saved = json.loads(progress_path.read_text())
+        except (OSError, ValueError, RecursionError) as e:
+            raise ConfigError(f"--out {out}: its {PROGRESS_NAME} cannot be read ({str(e)[:200]}); delete the folder and "
+                              "prepare again.") from None
+        if not isinstance(saved, dict) or saved.get("inputs") != inputs():
+            raise ConfigError(f"{other} (an unfinished prepare); rerun it with its own inputs, or give a new folder.")
+        check_saved_progress(out, saved, req.shard_tokens, np.dtype(inputs()["dtype"]).itemsize, PROGRESS_NAME)
+        return saved
+    if any(out.iterdir()):
+        raise ConfigError(f"--out {out} already holds files that titan-data did not write; give a new or empty folder.")
+    return None
+
+
+# ---- the run -----------------------------------------------------------------------------------------
+
+
+class Progress:
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+        self.start = time.perf_counter()
+        self.last = 0.0
+        self.tty = sys.stderr.isatty()
+
+    def show(self, docs: int, tokens: int, *, final: bool = False) -> None:
+        now = time.perf_counter()
+        if not self.enabled or (not final and now - self.last < (0.5 if self.tty else 10.0)):
+            return
+        self.last = now
+        rate = tokens / max(now - self.start, 1e-9)
+        line = f"prepare: {docs:,} documents | {tokens:,} tokens | {rate:,.0f} tokens/s"
+        print(("\r" + line) if self.tty else line, end="\n" if final or not self.tty else "", file=sys.stderr,
+              flush=True)
+
+
+def prepare(req: PrepareRequest, load_tokenizer: Callable[[str], Tokenizer]) -> dict[str, Any]:
+    """Write (or finish) the shard set; returns its index. ConfigError before anything is written for bad input.
+
+    ``load_tokenizer`` turns ``req.tokenizer`` into a tokenizer (the command passes ``data.tokenizer``'s
+    reader; a worker started by spawn, not fork, calls it again, so it must be a module-level function)."""
+
+    check_settings(req.workers, req.shard_tokens)
+    if not req.sources:
+        raise ConfigError("give at least one SOURCE (a file, a folder, builtin or hf:<name>).")
+    check_out_place(req.out, req.sources)
+    tok = load_tokenizer(req.tokenizer)
+    tokenizer_fingerprint(tok)  # a tokenizer without one is refused before anything is read
+    files = _source_files(req)
+    hashing = ThreadPoolExecutor(max_workers=1, thread_name_prefix="titan-source-hash")
+    stopping = threading.Event()  # a run that ends early does not wait for the rest of the hashing
+    try:
+        described = hashing.submit(describe_inputs, req, tok, files, stopping.is_set)
+        saved = _check_out(req, described.result)
+        if saved is not None and saved.get("done"):
+            index = json.loads((req.out / INDEX_NAME).read_text())
+            if req.progress:
+                print(f"prepare: {req.out} is already complete ({index['num_tokens']:,} tokens in "
+                      f"{index['num_documents']:,} documents)", file=sys.stderr)
+            return dict(index)
+        created = not req.out.exists()
+        req.out.mkdir(parents=True, exist_ok=True)
+        for leftover in req.out.glob("*.tmp"):  # a write or a piece that a SIGKILL cut short
+            leftover.unlink()
+        writer = ShardWriter(req.out, dtype=dtype_for_vocab(tok.vocab_size), shard_tokens=req.shard_tokens,
+                             inputs=described.result, saved=saved)
+        progress = Progress(req.progress)
+        try:
+            try:
+                _run(req, writer, progress, tok, load_tokenizer)
+                index = writer.finish()
+            finally:
+                writer.close()
+        except ConfigError:
+            if created and not writer.shards:  # nothing worth keeping: leave no half-made folder behind
+                import shutil
+
+                shutil.rmtree(req.out, ignore_errors=True)
+            raise
+    finally:
+        stopping.set()
+        hashing.shutdown(wait=True)
+    progress.show(index["num_documents"], index["num_tokens"], final=True)
+    return index
+
+
+def _run(req: PrepareRequest, writer: ShardWriter, progress: Progress, tok: Tokenizer,
+         load_tokenizer: Callable[[str], Tokenizer]) -> None:
+    tasks = itertools.islice(plan_tasks(req.sources, text_field=req.text_field, hf_split=req.hf_split),
+                             writer.start_task, None)
+    if req.workers == 1:
+        _run_here(req, writer, progress, tok, tasks)
+    else:
+        _run_workers(req, writer, progress, tok, load_tokenizer, tasks)
+
+
+def _run_here(req: PrepareRequest, writer: ShardWriter, progress: Progress, tok: Tokenizer,
+              tasks: Iterator[Task]) -> None:
+    """One worker: the command's own process tokenizes, with no second process to start, feed or wait for
+    (the source hashing and the disk writes run in threads that release the GIL). Same tasks, same order,
+    same bytes as N workers."""
+    next_doc = writer.start_doc
+    for index, task in enumerate(tasks, start=writer.start_task):
+        tokens, lengths = encode_documents(task_texts(task, req.text_field), tok, writer.dtype)
+        writer.add_piece(tokens.data.cast("B"), lengths, task=index, first_doc=next_doc)
+        next_doc += int(lengths.size)
+        progress.show(writer.documents, writer.position)
+
+
+def _run_workers(req: PrepareRequest, writer: ShardWriter, progress: Progress, tok: Tokenizer,
+                 load_tokenizer: Callable[[str], Tokenizer], tasks: Iterator[Task]) -> None:
+    """N worker processes, each writing its own piece files; the pieces are added in task order."""
+    from .workers import Piece, Workers, piece_path  # start-up: multiprocessing only when there are workers
+
+    workers = Workers(req.workers, out=req.out, dtype=writer.dtype, text_field=req.text_field, tok=tok,
+                      load_tokenizer=load_tokenizer, tokenizer=req.tokenizer)
+    finished: dict[int, Piece] = {}  # pieces that came back before their turn
+    done = sent = writer.start_task  # tasks added to the shards; tasks handed out
+    next_doc = writer.start_doc
+    more = True
+    stop = True
+    try:
+        while True:
+            while more and workers.has_room() and sent - done < WINDOW_PER_WORKER * req.workers:
+                task = next(tasks, None)
+                if task is None:
+                    more = False
+                    break
+                workers.submit(sent, task)
+                sent += 1
+            if done == sent:  # nothing handed out is unfinished, and nothing is left to hand out
+                break
+            for piece in workers.finished():
+                finished[piece.task] = piece
+            while done in finished:
+                piece = finished.pop(done)
+                if piece.error is not None:  # the first bad task in source order, whatever N
+                    raise piece.error
+                lengths = np.frombuffer(piece.lengths, dtype="<i8")
+                writer.add_piece(piece_path(req.out, done), lengths, task=done, first_doc=next_doc)
+                next_doc += int(lengths.size)
+                done += 1
+                progress.show(writer.documents, writer.position)
+        stop = False
+    finally:
+        workers.close(stop=stop)

@@ -1,0 +1,153 @@
+"""The tokenizer processes of ``titan-data prepare``: each takes a task, tokenizes it and writes the
+tokens to a piece file of its own in ``--out`` (``piece-<task>.tmp``); the parent hears back only the
+task's number, its token count and its documents' lengths. No token array crosses a pipe.
+
+Plain processes, one pipe each, rather than a multiprocessing.Pool (whose handler threads and
+per-task bookkeeping cost the parent a noticeable share of a core). A task goes to whichever
+worker has room (at most ``QUEUED`` waiting per worker), so a worker slowed by the machine's
+other load does not hold the rest back; the parent puts the pieces in task order, so the bytes
+written do not depend on how many workers there are or which one tokenized what. Every message
+to a worker is small (the texts of a "texts" task go through a file), so the parent never blocks
+on a send while that worker blocks on sending a result: there is no deadlock.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import signal
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from multiprocessing.connection import Connection, wait
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ...errors import TitanError
+from .tasks import Task, encode_documents, read_spilled_texts, spilled_texts, task_texts
+
+if TYPE_CHECKING:  # its module imports torch; prepare never needs it at run time
+    from ...plugin.spec_factories import Tokenizer
+
+# Seconds a worker has to end once asked (it is idle by then: every result was taken, or the run is stopping).
+WORKER_EXIT_S = 5.0
+QUEUED = 2  # tasks sent to one worker and not yet answered: one to work on, one ready behind it
+
+
+def piece_path(out: Path, task: int) -> Path:
+    return out / f"piece-{task:09d}.tmp"
+
+
+@dataclass(frozen=True)
+class Piece:
+    """A finished task: its tokens are in ``piece_path(out, task)``; ``lengths`` are its documents' (int64
+    bytes). Or the error that stopped it (a bad row), raised when the task's turn comes, so the error
+    reported is the first in source order whatever the number of workers."""
+
+    task: int
+    tokens: int = 0
+    lengths: bytes = b""
+    error: Exception | None = None
+
+
+def _worker_main(conn: Connection, out: Path, dtype: str, text_field: str, tok: Tokenizer | None,
+                 load_tokenizer: Callable[[str], Tokenizer], tokenizer: str) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl+C and stops the workers
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    try:
+        tok = tok if tok is not None else load_tokenizer(tokenizer)
+        while (message := conn.recv()) is not None:
+            index, task = message
+            try:
+                if task.kind == "texts-file":
+                    path = Path(task.path)
+                    task = Task("texts", texts=read_spilled_texts(path))
+                    path.unlink()
+                tokens, lengths = encode_documents(task_texts(task, text_field), tok, dtype)
+                tokens.tofile(piece_path(out, index))
+                piece = Piece(index, int(tokens.size), lengths.astype("<i8").tobytes())
+            except (TitanError, OSError) as exc:  # a bad row, a full disk: the parent reports it
+                piece = Piece(index, error=exc)
+            conn.send(piece)
+    except (EOFError, OSError, KeyboardInterrupt):  # the parent is gone or stopping us
+        pass
+
+
+class Workers:
+    """N tokenizer processes writing pieces into ``out``. ``submit`` a task when ``has_room``; ``finished``
+    waits for answers (in any order)."""
+
+    def __init__(self, n: int, *, out: Path, dtype: str, text_field: str, tok: Tokenizer,
+                 load_tokenizer: Callable[[str], Tokenizer], tokenizer: str) -> None:
+        fork = "fork" in mp.get_all_start_methods()
+        ctx: Any = mp.get_context("fork" if fork else "spawn")  # its Process: typeshed knows it per context only
+        self.out = out
+        self.conns: list[Connection] = []
+        self.procs: list[Any] = []
+        self.queued: list[int] = []
+        for _ in range(n):
+            parent, child = ctx.Pipe()
+            # Forked workers share the parent's tokenizer (a large vocabulary is not loaded N more times).
+            proc = ctx.Process(target=_worker_main, daemon=True,
+                               args=(child, out, dtype, text_field, tok if fork else None, load_tokenizer, tokenizer))
+            proc.start()
+            child.close()
+            self.conns.append(parent)
+            self.procs.append(proc)
+            self.queued.append(0)
+
+    @property
+    def busy(self) -> int:
+        return sum(self.queued)
+
+    def has_room(self) -> bool:
+        return min(self.queued) < QUEUED
+
+    def submit(self, index: int, task: Task) -> None:
+        """Task ``index`` to the worker with the fewest tasks waiting (the first of them on a tie)."""
+        if task.kind == "texts":
+            fd, name = tempfile.mkstemp(dir=self.out, prefix="task-", suffix=".tmp")
+            with os.fdopen(fd, "wb") as f:
+                f.write(spilled_texts(task.texts))
+            task = Task("texts-file", name)
+        w = self.queued.index(min(self.queued))
+        self.conns[w].send((index, task))
+        self.queued[w] += 1
+
+    def finished(self) -> list[Piece]:
+        """The pieces finished since the last call, in any order (waits for at least one)."""
+        waiting = [c for c, q in zip(self.conns, self.queued) if q]
+        pieces: list[Piece] = []
+        for ready in wait(waiting):
+            w = next(i for i, c in enumerate(self.conns) if c is ready)
+            try:
+                piece: Piece = self.conns[w].recv()
+            except EOFError:
+                raise TitanError(f"a titan-data worker process died (exit code {self.procs[w].exitcode}), perhaps "
+                                 "killed for lack of memory; the finished shards are kept: run the same command "
+                                 "again, with fewer --workers if memory is short.") from None
+            self.queued[w] -= 1
+            pieces.append(piece)
+        return pieces
+
+    def close(self, *, stop: bool) -> None:
+        """Ask the workers to finish (``stop``: end them now), then wait for them."""
+        for conn, proc in zip(self.conns, self.procs):
+            if stop:
+                proc.terminate()
+            else:
+                try:
+                    conn.send(None)
+                except OSError:
+                    pass
+        for conn, proc in zip(self.conns, self.procs):
+            proc.join(timeout=WORKER_EXIT_S)
+            if proc.is_alive():
+                # A forked worker inherits the caller's SIGTERM handler until it installs its own, so a stop
+                # that reaches it in its first moments can be swallowed (seen: a worker left waiting for
+                # work, and this join waiting on it for ever). Nothing it holds is needed any more.
+                proc.kill()
+                proc.join()
+            conn.close()
+        for left in [*self.out.glob("task-*.tmp"), *self.out.glob("piece-*.tmp")]:  # what no one took (a stop)
+            left.unlink(missing_ok=True)
