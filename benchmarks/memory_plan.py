@@ -73,7 +73,8 @@ def planned_rank0(args: list[str], nproc: int, cwd: Path, *extra: str) -> float:
 
 def planned_peak(args: list[str], cwd: Path) -> tuple[float, float]:
     """(peak total, CPU seconds of the dry run)."""
-    out = titan("--spec", "llama3", "--training.seq_len=8192", "--activation_checkpoint.mode=full", *args,
+    out = titan("--spec", "llama3", "--training.seq_len=8192", "--activation_checkpoint.mode=full",
+                "--training.chunked_loss=false", *args,  # torchtitan's runs computed the full logits
                 "--dry-run", "--target-device", "95GiB", cwd=cwd)
     if out.returncode:
         raise SystemExit(out.stdout + out.stderr)

@@ -32,8 +32,9 @@ from ..errors import ConfigError
 from ..plan.resolve import ResolvedConfig
 from ..runtime.launch_env import rank_env
 from ..train import build
+from ..train.activation_probe import ActivationProbe
 from ..train.memory_estimate import available_bytes
-from ..train.memory_plan import advice, format_plan, make_plan
+from ..train.memory_plan import advice, format_plan, make_plan, probe_run
 from ..train.target_devices import TargetDevice, parse_target_device
 
 
@@ -58,6 +59,8 @@ def dry_run(resolved: ResolvedConfig, *, target_device: str | None = None, ranks
     n_params = built.n_params  # converters keep the parameters (a module swap shares them)
     shape = resolved.weights.shape_source()
     print(f"spec {spec.name}, {shape}: {n_params:,} parameters ({n_params / 1e9:.3f} B)", flush=True)
+    device = (target or plan_device(resolved, ranks_per_node=ranks_per_node, nnodes=nnodes)) if planned else None
+    probe = probe_run(resolved, built.model, device=device) if planned else None  # before converters swap modules
     converters = build.build_converters(resolved)
     table = build.convert_model(resolved, built.model, converters)
     if converters:
@@ -69,8 +72,7 @@ def dry_run(resolved: ResolvedConfig, *, target_device: str | None = None, ranks
     else:
         print("no converters requested")
     if planned:
-        device = target or plan_device(resolved, ranks_per_node=ranks_per_node, nnodes=nnodes)
-        report_plan(resolved, built.model, device)
+        report_plan(resolved, built.model, device, probe)
     print("dry run: configuration valid; nothing trained")
     return 0
 
@@ -88,10 +90,11 @@ def plan_device(resolved: ResolvedConfig, *, ranks_per_node: int, nnodes: int) -
     return TargetDevice(f"this machine's available memory over its {ranks_per_node} ranks", have, accelerator=False)
 
 
-def report_plan(resolved: ResolvedConfig, model: nn.Module, device: TargetDevice | None) -> None:
+def report_plan(resolved: ResolvedConfig, model: nn.Module, device: TargetDevice | None,
+                probe: ActivationProbe | None) -> None:
     """Print the memory plan; ConfigError with what would help when the peak rank does not fit."""
     start = time.perf_counter()
-    plan, shapes, probe = make_plan(resolved, model, device=device)
+    plan, shapes, probe = make_plan(resolved, model, device=device, probe=probe)
     print(format_plan(plan), flush=True)
     print(f"(planned in {time.perf_counter() - start:.1f} s)", flush=True)
     if plan.fits() is False:

@@ -12,7 +12,8 @@ real shards. On top of them come, per rank:
   what tensor parallelism does not); with ``full`` one block's activations live again during its
   recompute; and the gradients of one block's activations while it is back-propagated (as many
   bytes as it saved);
-* the last stage's logits and the loss's float32 copies (vocabulary split over tp);
+* the last stage's logits and the loss's float32 copies (vocabulary split over tp); with
+  ``training.chunked_loss`` (the default), one chunk's;
 * FSDP2's buffers: gathered blocks in the gather dtype (two blocks in flight, the root for the
   whole step, every block of a stage with pipelining, which keeps them gathered) and two blocks'
   unsharded gradients before their reduce-scatter (with pipelining, the whole stage's: torch's
@@ -39,6 +40,7 @@ from ..parallel.pipeline import MULTI_STAGE_SCHEDULES, canonical_schedule
 from ..parallel.precision import resolve_compute_dtype
 from .activation_probe import ActivationProbe, probe_activations
 from .build import parallelize_part
+from .chunked_loss import rows_per_chunk
 from .target_devices import GIB, TargetDevice
 from .tp_styles import resolve_tp_styles
 
@@ -297,8 +299,17 @@ def plan_stage(resolved: ResolvedConfig, shape: StageShape, probe: ActivationPro
     logits = 0
     if shape.has_last:
         elems = probe.logits_bytes // torch.empty((), dtype=compute_dtype).element_size()
-        # the logits (compute dtype), the loss's float32 copy of them and the float32 gradient
-        logits = (probe.logits_bytes + 2 * 4 * elems) // tp
+        tokens = micro_batch_size(resolved) * c.training.seq_len
+        chunked = c.training.chunked_loss and resolved.calls.spec.build_loss_fn is None and not (
+            dims.fsdp_enabled and c.parallelism.fsdp_reshard_after_forward == "always")
+        if chunked:
+            # chunked_loss.py: one chunk's float32 logits, log-softmax and gradient at a time
+            vocab_local = max(elems // max(tokens, 1) // tp, 1)
+            rows = min(rows_per_chunk(vocab_local, c.training.loss_chunk_tokens), tokens)
+            logits = 3 * 4 * rows * vocab_local
+        else:
+            # the logits (compute dtype), the loss's float32 copy of them and the float32 gradient
+            logits = (probe.logits_bytes + 2 * 4 * elems) // tp
     gather_size = torch.empty((), dtype=compute_dtype).element_size() if c.parallelism.param_dtype == "auto" else (
         2 if c.parallelism.param_dtype == "bfloat16" else 4)
     reduce_size = 2 if c.parallelism.reduce_dtype == "bfloat16" else 4
@@ -331,12 +342,21 @@ def compute_dtype_for(resolved: ResolvedConfig, device: TargetDevice | None) -> 
     return resolve_compute_dtype(resolved.config.training.dtype, target)
 
 
+def probe_run(resolved: ResolvedConfig, model: nn.Module, *, device: TargetDevice | None,
+              blocks_attr: str = "layers") -> ActivationProbe:
+    """The activations of the run's micro-batch, from the meta model before converters swap its modules
+    (a converter's modules need not run on meta; their activations are the plain model's here)."""
+    return probe_activations(model, micro_batch=micro_batch_size(resolved), seq_len=resolved.config.training.seq_len,
+                             dtype=compute_dtype_for(resolved, device), blocks_attr=blocks_attr)
+
+
 def make_plan(resolved: ResolvedConfig, model: nn.Module, *, device: TargetDevice | None,
+              probe: ActivationProbe | None = None,
               blocks_attr: str = "layers") -> tuple[MemoryPlan, list[StageShape], ActivationProbe]:
-    """The plan for the run's own settings (``model``: the meta model, converted, not yet parallelized)."""
-    dtype = compute_dtype_for(resolved, device)
-    probe = probe_activations(model, micro_batch=micro_batch_size(resolved), seq_len=resolved.config.training.seq_len,
-                              dtype=dtype, blocks_attr=blocks_attr)
+    """The plan for the run's own settings (``model``: the meta model, converted, not yet parallelized;
+    ``probe``: its activations, measured before the conversion)."""
+    if probe is None:
+        probe = probe_run(resolved, model, device=device, blocks_attr=blocks_attr)
     shapes = build_stage_shapes(resolved, model, blocks_attr=blocks_attr)
     plan = plan_from(resolved, shapes, probe, device=device, ac=resolved.config.activation_checkpoint)
     return plan, shapes, probe
