@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Create .venv (if needed) and install titan-core and the four plugins from this checkout.
+# Create .venv (if needed) and install titan-core and the five plugins from this checkout.
 # torch==2.13.0 is installed first: a plain "torch>=2.13" with no torch present would pull a
 # multi-GB CUDA build, while 2.13.0 has a CPU build on these machines. A torch already in
 # .venv (e.g. your CUDA build) is kept.
@@ -37,12 +37,12 @@ if [ "$(cat .venv/.titan-installed 2>/dev/null)" = "$stamp" ]; then
 fi
 # Non-editable installs: each package is built as a wheel by hatchling and installed, so entry
 # points and package data are exercised exactly as users get them.
-say "building titan-core and the four plugins as wheels and installing them with the test and lint tools"
-.venv/bin/python -m pip install ${quiet[@]+"${quiet[@]}"} ".[test,lint]" plugins/titan-llama plugins/titan-qwen3 plugins/titan-float8 \
+say "building titan-core and the five plugins as wheels and installing them with the test and lint tools"
+.venv/bin/python -m pip install ${quiet[@]+"${quiet[@]}"} ".[test,lint]" plugins/titan-llama plugins/titan-qwen3 plugins/titan-deepseek plugins/titan-float8 \
   plugins/titan-mx-prototype
 # A re-run on a changed checkout must replace the previously built wheels of the same version.
-say "reinstalling this checkout's five wheels over any earlier build of the same version"
+say "reinstalling this checkout's six wheels over any earlier build of the same version"
 .venv/bin/python -m pip install ${quiet[@]+"${quiet[@]}"} --force-reinstall --no-deps . plugins/titan-llama \
-  plugins/titan-qwen3 plugins/titan-float8 plugins/titan-mx-prototype
+  plugins/titan-qwen3 plugins/titan-deepseek plugins/titan-float8 plugins/titan-mx-prototype
 echo "$stamp" > .venv/.titan-installed
 say "done in $((SECONDS - start)) s"

@@ -18,7 +18,8 @@ import pytest
 
 from conftest import REPO, Wheels, run_ok
 
-DISTS = [REPO, REPO / "plugins/titan-llama", REPO / "plugins/titan-qwen3", REPO / "plugins/titan-float8", REPO / "plugins/titan-mx-prototype"]
+DISTS = [REPO, REPO / "plugins/titan-llama", REPO / "plugins/titan-qwen3", REPO / "plugins/titan-deepseek",
+         REPO / "plugins/titan-float8", REPO / "plugins/titan-mx-prototype"]
 
 
 def _package(root: Path, dist: str, module: str, entry: str, body: str) -> Path:
@@ -108,6 +109,7 @@ def test_list_from_installed_wheels(fresh_venv: Path) -> None:
     lines = {line.split()[0]: line for line in result.stdout.splitlines() if line.startswith("  ")}
     assert "titan-llama 0.1.0" in lines["llama3"] and "plugin API 1.0" in lines["llama3"]
     assert "titan-qwen3 0.1.0" in lines["qwen3"] and "plugin API 1.0" in lines["qwen3"]
+    assert "titan-deepseek 0.1.0" in lines["deepseek_v3"] and "plugin API 1.0" in lines["deepseek_v3"]
     assert "titan-float8 0.1.0" in lines["float8"] and "[prototype]" not in lines["float8"]
     assert "titan-mx-prototype 0.1.0" in lines["mx"] and lines["mx"].rstrip().endswith("[prototype]")
     assert "titan-newconv 0.0.1" in lines["newconv"]

@@ -7,7 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 rm -rf .whl && mkdir .whl
 .venv/bin/python -m pip wheel -q --no-deps --wheel-dir .whl \
-  . plugins/titan-llama plugins/titan-qwen3 plugins/titan-float8 plugins/titan-mx-prototype
+  . plugins/titan-llama plugins/titan-qwen3 plugins/titan-deepseek plugins/titan-float8 plugins/titan-mx-prototype
 # Versions pinned to what CI tests with; --no-deps because the image has torch, numpy, tiktoken,
 # safetensors and matplotlib already, and its torch must not be replaced.
 .venv/bin/python -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \

@@ -1,6 +1,10 @@
 """Mixture-of-Experts building blocks for any TrainSpec: router, stacked experts, grouped GEMM,
 balancing.
 
+What a MoE family needs, written once: softmax or sigmoid scoring, group-limited top-k,
+renormalised and scaled top-k weights, shared experts, the auxiliary-loss-free routing bias and
+the optional sequence-wise auxiliary loss, and dense-first layers (:func:`is_moe_layer`).
+
 A model puts :class:`MoE` blocks where its dense MLPs would be; the trainer finds them
 (``MoEMonitor``), adds their auxiliary loss to the training loss, updates their routing
 biases after each optimizer step and logs their load. Nothing here names a model.
@@ -13,16 +17,21 @@ from .balance import load_balancing_loss, load_imbalance, update_expert_bias
 from .experts import GroupedExperts
 from .grouped_mm import grouped_linear, grouped_mm_available
 from .layer import MoE
+from .layers import is_moe_layer
 from .monitor import MoEMonitor
-from .router import TopKRouter
+from .router import SCORE_FUNCS, ScoreFunc, TopKRouter, check_routing
 
 __all__ = [
+    "SCORE_FUNCS",
     "GroupedExperts",
     "MoE",
     "MoEMonitor",
+    "ScoreFunc",
     "TopKRouter",
+    "check_routing",
     "grouped_linear",
     "grouped_mm_available",
+    "is_moe_layer",
     "load_balancing_loss",
     "load_imbalance",
     "update_expert_bias",

@@ -3,7 +3,9 @@
 Dispatch sorts the (token, choice) pairs by expert so every expert's tokens are one
 contiguous block (what a grouped GEMM wants); combine scales each expert output by its
 router weight and adds it back to its token's row. Optional shared experts (a dense
-SwiGLU every token goes through) are added on top.
+SwiGLU every token goes through, DeepSeek-V3's ``n_shared_experts``) are added on top.
+The routing itself (softmax or sigmoid scores, group-limited top-k, renormalised and
+scaled weights, the balancing bias) is :class:`~titan_core.moe.router.TopKRouter`'s.
 
 Each training forward leaves two things for the trainer (``titan_core.moe.monitor``) to
 pick up: ``aux_loss``, the load-balancing loss already multiplied by its coefficient (None
@@ -12,6 +14,10 @@ when the coefficient is 0), overwritten by every forward and read before backwar
 pipeline schedule runs several micro-batches' forwards before anyone can look). A forward
 that runs inside backward is activation checkpointing's recompute of one already counted:
 it records nothing.
+
+Shapes (STYLE.md entry 14): ``B`` sequences, ``S`` tokens per sequence, ``T`` tokens (B x S),
+``D`` model dim, ``E`` routed experts, ``K`` experts per token, ``N`` routed (token, choice)
+pairs (T x K).
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ from torch import nn
 
 from .balance import load_balancing_loss
 from .experts import GroupedExperts
-from .router import TopKRouter
+from .router import ScoreFunc, TopKRouter
 
 
 def tokens_per_expert(sorted_choices: torch.Tensor, num_experts: int) -> torch.Tensor:
@@ -36,16 +42,23 @@ def tokens_per_expert(sorted_choices: torch.Tensor, num_experts: int) -> torch.T
 
 
 class MoE(nn.Module):
-    """[batch, seq, dim] -> [batch, seq, dim] through ``top_k`` of ``num_experts`` SwiGLU experts."""
+    """[B, S, D] (or [T, D]) -> the same shape, through ``top_k`` of ``num_experts`` SwiGLU experts.
+
+    ``score_func``, ``n_group``, ``topk_group``, ``routed_scaling_factor`` and ``norm_topk_prob``
+    configure the router (see :mod:`titan_core.moe.router`); the defaults route as Qwen3-MoE does.
+    """
 
     aux_loss: torch.Tensor | None
     tokens_per_expert: torch.Tensor | None
 
     def __init__(self, dim: int, hidden_dim: int, num_experts: int, top_k: int, *, norm_topk_prob: bool,
                  aux_loss_coeff: float = 0.0, bias_update_rate: float = 0.0,
-                 shared_experts: nn.Module | None = None) -> None:
+                 shared_experts: nn.Module | None = None, score_func: ScoreFunc = "softmax", n_group: int = 1,
+                 topk_group: int = 1, routed_scaling_factor: float = 1.0) -> None:
         super().__init__()
-        self.router = TopKRouter(dim, num_experts, top_k, norm_topk_prob=norm_topk_prob)
+        self.router = TopKRouter(dim, num_experts, top_k, norm_topk_prob=norm_topk_prob, score_func=score_func,
+                                 n_group=n_group, topk_group=topk_group,
+                                 routed_scaling_factor=routed_scaling_factor)
         self.experts = GroupedExperts(dim, hidden_dim, num_experts)
         self.shared_experts = shared_experts
         self.aux_loss_coeff = aux_loss_coeff
@@ -60,28 +73,36 @@ class MoE(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
-        flat = x.reshape(-1, shape[-1])
-        weights, experts, probs = self.router(flat)
-        top_k = experts.shape[-1]
-        choices = experts.flatten()
+        x_TD = x.reshape(-1, shape[-1])
+        weights_TK, expert_ids_TK, probs_TE = self.router(x_TD)
+        top_k = expert_ids_TK.shape[-1]
+        expert_ids_N = expert_ids_TK.flatten()
         # Stable sort: within an expert the tokens keep their order, so results do not
         # depend on the sort's tie-breaking.
-        order = torch.argsort(choices, stable=True)
-        counts = tokens_per_expert(choices[order], self.router.num_experts)
-        token_of = order // top_k
-        out = self.experts(flat[token_of], counts) * weights.flatten()[order].unsqueeze(-1)
-        combined = torch.zeros_like(flat).index_add_(0, token_of, out.to(flat.dtype))
+        pair_order_N = torch.argsort(expert_ids_N, stable=True)
+        num_tokens_per_expert_E = tokens_per_expert(expert_ids_N[pair_order_N], self.router.num_experts)
+        token_ids_N = pair_order_N // top_k
+        routed_ND = self.experts(x_TD[token_ids_N], num_tokens_per_expert_E)
+        routed_ND = routed_ND * weights_TK.flatten()[pair_order_N].unsqueeze(-1)
+        out_TD = torch.zeros_like(x_TD).index_add_(0, token_ids_N, routed_ND.to(x_TD.dtype))
         if self.shared_experts is not None:
-            combined = combined + self.shared_experts(flat)
+            out_TD = out_TD + self.shared_experts(x_TD)
         if self.training:
-            per_sequence = (-1, shape[-2]) if len(shape) == 3 else (1, -1)  # [batch, seq, dim], or one sequence
-            # Computed in an activation-checkpointing recompute too: the recompute must save the same
-            # tensors for backward as the forward did, or torch refuses it.
-            aux_loss = (self.aux_loss_coeff * load_balancing_loss(probs.reshape(*per_sequence, probs.shape[-1]),
-                                                                  experts.reshape(*per_sequence, top_k))
-                        if self.aux_loss_coeff > 0 else None)
-            if torch._C._current_graph_task_id() == -1:  # not a recompute in backward: count the tokens once
-                before = self.tokens_per_expert
-                self.tokens_per_expert = counts.detach() if before is None else before + counts.detach()
-                self.aux_loss = aux_loss
-        return combined.reshape(shape)
+            self._record(shape, probs_TE, expert_ids_TK, num_tokens_per_expert_E)
+        return out_TD.reshape(shape)
+
+    def _record(self, shape: torch.Size, probs_TE: torch.Tensor, expert_ids_TK: torch.Tensor,
+                num_tokens_per_expert_E: torch.Tensor) -> None:
+        """Leave the step's auxiliary loss and load for the trainer (see the module's docstring)."""
+        top_k = expert_ids_TK.shape[-1]
+        per_sequence = (-1, shape[-2]) if len(shape) == 3 else (1, -1)  # [B, S, D], or one sequence
+        # Computed in an activation-checkpointing recompute too: the recompute must save the same
+        # tensors for backward as the forward did, or torch refuses it.
+        aux_loss = (self.aux_loss_coeff * load_balancing_loss(probs_TE.reshape(*per_sequence, probs_TE.shape[-1]),
+                                                              expert_ids_TK.reshape(*per_sequence, top_k))
+                    if self.aux_loss_coeff > 0 else None)
+        if torch._C._current_graph_task_id() == -1:  # not a recompute in backward: count the tokens once
+            before = self.tokens_per_expert
+            counts_E = num_tokens_per_expert_E.detach()
+            self.tokens_per_expert = counts_E if before is None else before + counts_E
+            self.aux_loss = aux_loss

@@ -41,7 +41,10 @@ class WholeModel:
 
 
 def _finish(model: nn.Module) -> None:
-    """Non-persistent buffers (e.g. a rotary table) hold garbage after ``to_empty``: recompute them."""
+    """Non-persistent buffers (e.g. a rotary table) hold garbage after ``to_empty``: recompute them.
+
+    Called before the weights are loaded: ``init_buffers`` may also reset persistent buffers (a MoE
+    router's bias starts at zero), and the loaded values must win."""
     init_buffers = getattr(model, "init_buffers", None)
     if init_buffers is not None:
         init_buffers()
@@ -81,8 +84,8 @@ def load_titan_checkpoint(checkpoint: Path, *, config: Path | None = None) -> Wh
     model_args = checkpoint_model_args(checkpoint, spec=spec, flavor=identity.flavor, run_config=run_config,
                                        vocab_size=tokenizer.vocab_size)
     model, _ = cpu_model(spec, model_args)
+    _finish(model)  # before the weights: a persistent buffer it resets (a routing bias) is then loaded
     load_model_weights(checkpoint, [model])
-    _finish(model)
     return WholeModel(model, spec, model_args, tokenizer)
 
 
@@ -93,6 +96,6 @@ def load_hf_folder(folder_path: Path, *, spec_name: str | None, what: str) -> Wh
     weights, folder = hf_starting_weights(spec, folder_path, what=what, purpose=what)  # before any weight is allocated
     model_args = weights.model_args
     model, ties = cpu_model(spec, model_args)
+    _finish(model)  # before the weights, as above
     load_hf_weights(folder, spec=spec, model_parts=[model], model_args=model_args, ties=ties, what=what)
-    _finish(model)
     return WholeModel(model, spec, model_args, load_tokenizer_folder(folder_path))

@@ -40,8 +40,20 @@ if TYPE_CHECKING:
     from ..plugin.spec_factories import StateDictAdapter
 
 
-def _local_params(model_parts: list[nn.Module]) -> dict[str, nn.Parameter]:
-    return {name: p for part in model_parts for name, p in part.named_parameters(remove_duplicate=False)}
+def _local_tensors(model_parts: list[nn.Module]) -> dict[str, torch.Tensor]:
+    """Every parameter and persistent buffer of this rank's parts, by name: what a checkpoint holds.
+
+    A persistent buffer that the adapter maps (a MoE routing bias that Hugging Face stores, e.g.
+    DeepSeek-V3's ``e_score_correction_bias``) is loaded like a parameter."""
+    found: dict[str, torch.Tensor] = {}
+    for part in model_parts:
+        found.update(part.named_parameters(remove_duplicate=False))
+        for module_name, module in part.named_modules(remove_duplicate=False):
+            skipped: set[str] = getattr(module, "_non_persistent_buffers_set", set())
+            for name, buffer in module.named_buffers(recurse=False):
+                if name not in skipped:
+                    found[f"{module_name}.{name}" if module_name else name] = buffer
+    return found
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,7 +120,7 @@ def load_hf_weights(folder: HFFolder, *, spec: TrainSpec, model_parts: list[nn.M
     folder = stack_folder(folder, adapter, what=what)  # per-expert tensors -> the model's stacked ones
     expected = collect_param_shapes(model_parts)  # the whole model, every stage
     plan = plan_hf_load(folder, adapter=adapter, expected=expected, model_args=model_args, ties=ties, what=what)
-    params = _local_params(model_parts)
+    params = _local_tensors(model_parts)
     mine = sorted((name for name, native in plan.items() if native in params),
                   key=lambda n: (folder.tensors[n].file, n))  # each file opened once
     whole, problem = 0, None

@@ -34,7 +34,7 @@ from titan_core.models.model_parts import (
     output_head,
     tied_head,
 )
-from titan_core.moe import MoE
+from titan_core.moe import MoE, is_moe_layer
 
 
 @dataclass(frozen=True)
@@ -86,8 +86,8 @@ class Qwen3Args:
 
     def is_sparse(self, layer_id: int) -> bool:
         """Whether layer ``layer_id`` is a MoE layer (Hugging Face's rule)."""
-        return (self.num_experts > 0 and layer_id not in self.mlp_only_layers
-                and (layer_id + 1) % self.decoder_sparse_step == 0)
+        return is_moe_layer(layer_id, num_experts=self.num_experts, sparse_step=self.decoder_sparse_step,
+                            dense_layers=self.mlp_only_layers)
 
 
 def rope_table(args: Qwen3Args, device: torch.device | None = None) -> torch.Tensor:

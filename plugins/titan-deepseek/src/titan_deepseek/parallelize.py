@@ -1,0 +1,35 @@
+"""Layout checks for deepseek_v3 (the spec's validate_fn): what PP needs of the model's shape.
+
+Runs before any process group exists, after the core has checked the degrees against the
+world size. Tensor parallelism is not offered (the spec has no TP plan: the core refuses
+tp > 1 itself); experts split over ranks with ``parallelism.ep``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from titan_core import ConfigError, ParallelismSection, TrainingSection
+
+
+def validate_deepseek_v3_layout(
+    args: Any, *, parallelism: ParallelismSection, training: TrainingSection, world_size: int
+) -> None:
+    """ConfigError for a layout the model cannot be split into."""
+    from titan_core.parallel.pipeline import validate_pipeline
+
+    pp = parallelism.pp
+    if pp > 1:
+        if args.tie_embeddings:
+            raise ConfigError(
+                f"parallelism.pp={pp}: this model ties its output head to its embedding (tie_embeddings), and "
+                f"pipeline stages cannot share one tensor. Use FSDP2 for it, or an untied flavor."
+            )
+        if args.n_routed_experts and args.moe_aux_loss_coeff > 0:
+            raise ConfigError(
+                f"parallelism.pp={pp} with deepseek_v3.moe_aux_loss_coeff={args.moe_aux_loss_coeff}: the pipeline "
+                f"schedule runs forward and backward itself, so the auxiliary load-balancing loss cannot be added to "
+                f"the loss it differentiates. Set --deepseek_v3.moe_aux_loss_coeff=0 and balance with the "
+                f"routing-bias update (--deepseek_v3.moe_bias_update_rate), or drop pipeline parallelism."
+            )
+        validate_pipeline(parallelism, training, n_layers=args.n_layers)
