@@ -133,3 +133,12 @@ def test_rehearsal_trains_one_rank_of_a_64_rank_layout_here(tmp_path) -> None:
     refused = run_cli("--spec", "llama3", "--nproc-per-node", "4", "--parallelism.pp=2", "--rehearse-rank", "0",
                       f"--job.run_dir={tmp_path / 'pp'}")
     assert_user_error(refused, "--rehearse-rank: pipeline layouts are not rehearsed yet")
+
+
+def test_a_moe_layout_with_expert_parallelism_is_planned(cli) -> None:
+    # the MoE block runs on meta (token counts only sized, no autocast there)
+    r = cli("--spec", "qwen3", "--flavor", "debugmoe", "--nproc-per-node", "4", "--parallelism.ep=2",
+            "--parallelism.pp=2", "--dry-run", "--target-device", "H100")
+    assert r.code == 0, r.text
+    rows = _rows(r.text)
+    assert [row[0] for row in rows] == ["0", "1"] and all(float(row[7]) > 0 for row in rows)
