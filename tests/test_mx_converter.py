@@ -15,6 +15,7 @@ from torchao.quantization.quantize_.common import KernelPreference
 
 from titan_core.config.parallel_dims import ParallelDims
 from titan_core.errors import ConfigError, TitanError
+from titan_core.runtime.torch_compat import dtensor_has_single_dim_scaled_mm
 from titan_core.train.converters import apply_converters, register_converter_hooks
 from titan_float8 import Float8Config, Float8Converter
 from titan_mx_prototype import MXConfig, MXConverter, hardware
@@ -37,6 +38,10 @@ ATTENTION = [f"layers.{i}.attention.w{j}" for i in range(2) for j in "qkvo"]
 
 
 DIMS = ParallelDims(1, 1, 1, 1, 1)
+# torchao 0.18's MXFP8 training needs torch 2.13's DTensor (torch 2.11, the GPU image's, lacks it): there the
+# converter refuses, which test_a_torch_without_mxfp8_training_is_refused checks on every torch.
+needs_mx_torch = pytest.mark.skipif(not dtensor_has_single_dim_scaled_mm(),
+                                    reason=f"MXFP8 training needs torch >= 2.13 (this is {torch.__version__})")
 
 
 def make(device: str = "cpu", **config) -> MXConverter:
@@ -101,6 +106,16 @@ def test_missing_torchao_says_how_to_install(monkeypatch: pytest.MonkeyPatch) ->
                                            r"the mx converter needs torchao.*pip install 'torchao>=0.18'")
 
 
+def test_a_torch_without_mxfp8_training_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    import titan_mx_prototype.converter as mx_module
+
+    monkeypatch.setattr(mx_module, "dtensor_has_single_dim_scaled_mm", lambda: False)  # what torch 2.11 answers
+    model = Toy()
+    with pytest.raises(TitanError, match=r"the mx converter needs torch >= 2.13, this is torch .*leave \[mx\] out"):
+        make().convert(model, ["up"])
+    assert type(model.up.weight.data) is torch.Tensor  # nothing converted
+
+
 def test_bad_config_values() -> None:
     helpers.assert_config_refuses(MXConfig, bad_recipe="mxfp4", misspelled="fqn")
     assert MXConfig().fqns == ["feed_forward.w1", "feed_forward.w2", "feed_forward.w3"]
@@ -117,6 +132,7 @@ def test_selection_skips_biased_and_misaligned_linears() -> None:
         make().select(Toy())
 
 
+@needs_mx_torch
 def test_float8_then_mx_with_defaults_gives_both_modules() -> None:
     model = llama_on_meta()
     float8 = Float8Converter(Float8Config(), parallel_dims=DIMS, job=job())
@@ -146,6 +162,7 @@ def kinds(model: nn.Module) -> dict[str, tuple[type, type]]:
     return {fqn: (type(m), type(m.weight.data)) for fqn, m in model.named_modules() if isinstance(m, nn.Linear)}
 
 
+@needs_mx_torch
 @pytest.mark.parametrize("recipe", ["mxfp8_rceil", "mxfp8_rceil_wgrad_with_hp"])
 @pytest.mark.parametrize("kind", ["toy", "llama"])
 def test_equivalent_to_torchao(recipe: str, kind: str) -> None:
@@ -168,6 +185,7 @@ def test_equivalent_to_torchao(recipe: str, kind: str) -> None:
     assert_same_as_reference(ours, theirs, plain, x)
 
 
+@needs_mx_torch
 def test_llama_trains_with_float8_and_mx() -> None:
     float8 = Float8Converter(Float8Config(), parallel_dims=DIMS, job=job())
     converted, low, ref = helpers.trained_with_and_without([("float8", float8), ("mx", make())], steps=8)
@@ -178,6 +196,7 @@ def test_llama_trains_with_float8_and_mx() -> None:
     assert isinstance(converted.layers["0"].feed_forward.w1.weight.data, MXFP8TrainingWeightWrapperTensor)
 
 
+@needs_mx_torch
 def test_moe_experts_run_mxfp8_grouped_gemms_and_train_close_to_fp32() -> None:
     """--mx.moe_fqns=experts: the stacked experts' grouped GEMMs go through torchao's MXFP8 path
     (emulated on CPU); the table names them; a few AdamW steps stay finite and near fp32."""

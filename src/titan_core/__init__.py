@@ -11,6 +11,10 @@ from typing import TYPE_CHECKING, Any
 
 from . import _moved
 from ._version import PLUGIN_API_VERSION, __version__
+from .runtime.torch_floor import require_torch_floor
+
+# A torch older than the floor ends the process here (one message, exit 2), not in a traceback later.
+require_torch_floor()
 
 _moved.install()  # old import paths of modules that moved into packages keep working (docs/plugins.md)
 

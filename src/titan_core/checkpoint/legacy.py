@@ -26,19 +26,17 @@ from typing import Any
 import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemReader
-from torch.distributed.checkpoint._traverse import set_element
-from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
 from torch.distributed.checkpoint.planner import ReadItem
-from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
 from ..errors import CheckpointError
+from ..runtime.torch_compat import EmptyStateDictLoadPlanner, load_state_dict_in_process, set_element
 from . import integrity, layout, storage
 from .identity import CheckpointRecord, RunIdentity, write_record
 
 TRUST_FLAG = "--i-trust-this-checkpoint"
 
 
-class _WeightsOnlyEmptyPlanner(_EmptyStateDictLoadPlanner):
+class _WeightsOnlyEmptyPlanner(EmptyStateDictLoadPlanner):
     """Rebuilds the whole state from the metadata; non-tensor entries with ``weights_only=True``."""
 
     def load_bytes(self, read_item: ReadItem, value: io.BytesIO) -> None:
@@ -62,7 +60,7 @@ def convert_legacy_checkpoint(source: Path, target: Path) -> Path:
         raise CheckpointError(f"{source / layout.IDENTITY_FILE} is unreadable ({type(exc).__name__}: {exc})") from exc
     state: dict[str, Any] = {}
     planner = _WeightsOnlyEmptyPlanner()  # type: ignore[no-untyped-call]  # torch's planner __init__ is untyped
-    _load_state_dict(state, storage_reader=FileSystemReader(source), planner=planner, no_dist=True)
+    load_state_dict_in_process(state, storage_reader=FileSystemReader(source), planner=planner)
     tensors, values, _ = storage.split_values(state)
     tmp = target.with_name(f".tmp-{target.name}-{secrets.token_hex(4)}")
     tmp.mkdir(parents=True)

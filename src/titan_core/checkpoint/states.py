@@ -22,6 +22,8 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
+from ..runtime.torch_compat import tree_map
+
 # Flattened keys ("state.<fqn>.exp_avg", "param_groups.<fqn>.lr") do not depend on
 # parameter order, so the optimizer state reshards across pipeline layouts too.
 _OPTIM_OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
@@ -92,8 +94,6 @@ def plain_tensor(value: object) -> object:
 
 
 def _plain(state: dict[str, Any]) -> dict[str, Any]:
-    from torch.utils._pytree import tree_map
-
     plain: dict[str, Any] = tree_map(plain_tensor, state)
     return plain
 

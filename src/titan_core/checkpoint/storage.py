@@ -24,17 +24,20 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch.distributed._shard._utils import narrow_tensor_by_index
 from torch.distributed.checkpoint import DefaultLoadPlanner, FileSystemWriter
-from torch.distributed.checkpoint._nested_dict import flatten_state_dict, unflatten_state_dict
-from torch.distributed.checkpoint._traverse import set_element
-from torch.distributed.checkpoint.filesystem import _StorageInfo
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta, TensorStorageMetadata
 from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner, SavePlan, SavePlanner, WriteItemType
 from torch.distributed.checkpoint.storage import StorageReader, WriteResult
 from torch.futures import Future
 
 from ..errors import CheckpointError
+from ..runtime.torch_compat import (
+    flatten_state_dict,
+    narrow_tensor_by_index,
+    set_element,
+    storage_info,
+    unflatten_state_dict,
+)
 from .tensor_index import DTYPES, Chunk, TensorIndex, encode_value, write_index
 from .verified_read import read_verified
 
@@ -98,7 +101,7 @@ class IndexedWriter(FileSystemWriter):
                 offset = stream.tell()
                 stream.write(data.numpy().data)  # the array's own buffer: no copy
                 results.append(WriteResult(index=item.index, size_in_bytes=data.numel(),
-                                           storage_data=_StorageInfo(name, offset, data.numel())))
+                                           storage_data=storage_info(name, offset, data.numel())))
             stream.flush()
             os.fsync(stream.fileno())
         future: Future[list[WriteResult]] = Future()

@@ -102,7 +102,9 @@ class ParallelDims:
         names = ("pp", "dp_replicate", "dp_shard", "tp")
         shape = (self.pp, self.dp_replicate, self.dp_shard, self.tp)
         mesh = init_device_mesh(device_type, shape, mesh_dim_names=names)
-        return mesh, mesh[("dp_replicate", "dp_shard")]._flatten("dp")
+        from ..runtime.torch_compat import flatten_mesh  # start-up: config imports no torch, torch_compat does
+
+        return mesh, flatten_mesh(mesh[("dp_replicate", "dp_shard")], "dp")
 
     def expert_meshes(self, mesh: DeviceMesh) -> tuple[DeviceMesh, DeviceMesh]:
         """(the ``ep`` mesh the experts are split over, the mesh FSDP2 shards each rank's experts over).
@@ -115,7 +117,9 @@ class ParallelDims:
         the same root mesh as ``dp_mesh``, as FSDP2 requires of a parameter sharded on two meshes.
         Creates process groups: every rank calls it, once per model part.
         """
-        split = mesh._unflatten("dp_shard", (self.expert_dp_shard, self.ep), ("expert_dp_shard", "ep"))
+        from ..runtime.torch_compat import unflatten_mesh  # start-up: as in build_meshes
+
+        split = unflatten_mesh(mesh, "dp_shard", (self.expert_dp_shard, self.ep), ("expert_dp_shard", "ep"))
         if self.dp_replicate_enabled:
             return split["ep"], split[("dp_replicate", "expert_dp_shard")]
         return split["ep"], split["expert_dp_shard"]

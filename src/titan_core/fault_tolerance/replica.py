@@ -21,6 +21,7 @@ import torch
 
 from ..config.fault_tolerance import FaultToleranceSection, lighthouse_problem
 from ..errors import ConfigError, LighthouseLost
+from ..runtime.torch_compat import streaming_load
 
 # Set by the local supervisor on a group it restarted (a group that must rejoin, never start alone).
 RESTARTED_ENV = "TITAN_FT_RESTARTED"
@@ -33,7 +34,6 @@ def _safe_http_transport(timeout: timedelta) -> Any:
     """torchft's HTTP transport, but loading what a peer sends with ``weights_only=True``."""
     import urllib.request
 
-    from torch.distributed._serialization import _streaming_load
     from torchft.checkpointing.http_transport import HTTPTransport
 
     class SafeHTTPTransport(HTTPTransport):  # type: ignore[misc]
@@ -41,7 +41,7 @@ def _safe_http_transport(timeout: timedelta) -> Any:
         def _load_from_address(cls, address: str, timeout: timedelta) -> object:
             # torchft loads with weights_only=False (arbitrary pickles); our state is tensors and plain values.
             with urllib.request.urlopen(address, timeout=timeout.total_seconds()) as f:
-                return _streaming_load(f, weights_only=True)
+                return streaming_load(f, weights_only=True)
 
     return SafeHTTPTransport(timeout=timeout, num_chunks=0)
 

@@ -16,6 +16,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor, distribute_tensor
 
 from ..errors import PluginError
+from ..runtime.torch_compat import compute_local_shape_and_global_offset
 
 
 def parameter_generator(seed: int, fqn: str) -> torch.Generator:
@@ -68,11 +69,11 @@ def _fill_parameters(model: nn.Module, seed: int) -> None:
 
 def local_block(param: DTensor) -> tuple[slice, ...] | None:
     """Where this rank's shard of ``param`` sits in the whole tensor, as slices; None when it is not one
-    block (then ``distribute_tensor`` cuts it). torch's ``compute_local_shape_and_global_offset`` is
-    private: this is the one place that uses it."""
-    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
-
-    shape, offset = compute_local_shape_and_global_offset(param.shape, param.device_mesh, param.placements)
+    block (then ``distribute_tensor`` cuts it), or torch lacks the private helper that says it."""
+    found = compute_local_shape_and_global_offset(param.shape, param.device_mesh, param.placements)
+    if found is None:
+        return None
+    shape, offset = found
     if tuple(shape) != tuple(param.to_local().shape):
         return None
     return tuple(slice(o, o + n) for o, n in zip(offset, shape))

@@ -4,7 +4,7 @@ Only what is the same to the letter in several model files lives here: the SwiGL
 feed-forward, the truncated-normal init and the depth-scaled std of the residual
 projections, the tied-head declaration, and the config fields every decoder section has.
 A model's own choices (its norm, its rotary layout, its attention) stay in its one file.
-A leaf: imports nothing of titan_core, so a plugin's model file can import it freely.
+A leaf: imports nothing of titan_core but runtime.torch_compat (itself a leaf), so a plugin's model file can import it freely.
 """
 
 from __future__ import annotations
@@ -18,6 +18,8 @@ import torch
 import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
+
+from ..runtime.torch_compat import trunc_normal_ as compat_trunc_normal_
 
 
 class FeedForward(nn.Module):
@@ -36,7 +38,7 @@ class FeedForward(nn.Module):
 
 def trunc_normal_(tensor: torch.Tensor, std: float, generator: torch.Generator) -> None:
     """Fill ``tensor`` from N(0, std) truncated at 3 std, drawn from ``generator``."""
-    nn.init.trunc_normal_(tensor, mean=0.0, std=std, a=-3 * std, b=3 * std, generator=generator)
+    compat_trunc_normal_(tensor, mean=0.0, std=std, a=-3 * std, b=3 * std, generator=generator)
 
 
 def residual_std(fqn: str, base: float = 0.02) -> float:

@@ -18,12 +18,14 @@ from __future__ import annotations
 
 import torch
 
+from ..runtime.torch_compat import grouped_mm, has_grouped_mm
+
 _ALIGNMENT_BYTES = 16  # torch._grouped_mm's stride requirement
 
 
 def grouped_mm_available(x: torch.Tensor, weight: torch.Tensor | None = None) -> bool:
     """Whether ``torch._grouped_mm`` serves this input (and ``weight``, when given)."""
-    if not hasattr(torch, "_grouped_mm"):
+    if not has_grouped_mm():
         return False
     if x.device.type == "meta":  # shapes only (the memory plan's probe): the grouped GEMM's meta kernel
         return True
@@ -46,7 +48,7 @@ def grouped_linear(x: torch.Tensor, weight: torch.Tensor, counts: torch.Tensor) 
     if takes_grouped_mm(x, weight):
         # Offsets are the cumulative row counts (int32): where each expert's block ends.
         offsets = torch.cumsum(counts, 0, dtype=torch.int32)
-        return torch._grouped_mm(x, weight.transpose(-2, -1), offs=offsets).to(x.dtype)
+        return grouped_mm(x, weight.transpose(-2, -1), offs=offsets).to(x.dtype)
     sizes = [int(n) for n in counts.tolist()]
     # Experts without rows still multiply (an empty block): the output then always depends on
     # every weight, so backward takes the same path on every rank. Under expert parallelism a

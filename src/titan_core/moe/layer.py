@@ -25,6 +25,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ..runtime.torch_compat import current_graph_task_id
 from .balance import load_balancing_loss
 from .experts import GroupedExperts
 from .router import ScoreFunc, TopKRouter
@@ -101,7 +102,7 @@ class MoE(nn.Module):
         aux_loss = (self.aux_loss_coeff * load_balancing_loss(probs_TE.reshape(*per_sequence, probs_TE.shape[-1]),
                                                               expert_ids_TK.reshape(*per_sequence, top_k))
                     if self.aux_loss_coeff > 0 else None)
-        if torch._C._current_graph_task_id() == -1:  # not a recompute in backward: count the tokens once
+        if current_graph_task_id() == -1:  # not a recompute in backward: count the tokens once
             before = self.tokens_per_expert
             counts_E = num_tokens_per_expert_E.detach()
             self.tokens_per_expert = counts_E if before is None else before + counts_E

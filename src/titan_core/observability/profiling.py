@@ -32,6 +32,7 @@ import torch
 
 from ..config.sections import ProfilingSection
 from ..console import progress
+from ..runtime.torch_compat import attach_out_of_memory_observer, dump_memory_snapshot, record_memory_history
 
 if TYPE_CHECKING:
     from torch.autograd.profiler_util import FunctionEventAvg
@@ -61,10 +62,9 @@ class StepProfiler:
                      f"{device.type}", is_rank0=True)
         if self.snapshots:
             self.folder.mkdir(parents=True, exist_ok=True)
-            torch.cuda.memory._record_memory_history(max_entries=config.memory_snapshot_entries)
-            # torch's hook for "dump a snapshot on OOM" (documented with the memory visualizer; private, untyped)
-            attach: Any = getattr(torch._C, "_cuda_attach_out_of_memory_observer")  # noqa: B009
-            attach(self._on_out_of_memory)
+            record_memory_history(config.memory_snapshot_entries)
+            # torch's hook for "dump a snapshot on OOM" (documented with the memory visualizer)
+            attach_out_of_memory_observer(self._on_out_of_memory)
 
     @property
     def active(self) -> bool:
@@ -128,7 +128,7 @@ class StepProfiler:
 
     def dump_snapshot(self, name: str) -> Path:
         path = self.folder / name
-        torch.cuda.memory._dump_snapshot(str(path))
+        dump_memory_snapshot(str(path))
         return path
 
     def _on_out_of_memory(self, device: int, alloc: int, device_alloc: int, device_free: int) -> None:
@@ -141,7 +141,7 @@ class StepProfiler:
             self._prof.stop()
             self._prof = None
         if self.snapshots:
-            torch.cuda.memory._record_memory_history(enabled=None)
+            record_memory_history(None)
 
 
 class DeviceRange(contextlib.AbstractContextManager[None]):

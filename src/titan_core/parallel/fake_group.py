@@ -6,8 +6,8 @@ meshes, FSDP2 and TP shards, pipeline stages. The values that cross ranks are ga
 design; shapes, memory and code paths are the real ones. Used by the dry run's memory plan
 (``train/memory_plan.py``) and by rehearsal mode.
 
-torch keeps the fake backend under ``torch.testing._internal`` (a private module): this is the
-one file that imports it, so a torch that moves it breaks one place, with a clear message.
+torch keeps the fake backend under ``torch.testing._internal`` (a private module), reached through
+``runtime/torch_compat.py`` like every private torch name; this is the one file that uses it.
 """
 
 from __future__ import annotations
@@ -18,26 +18,15 @@ from collections.abc import Iterator
 import torch.distributed as dist
 
 from ..errors import ConfigError
+from ..runtime.torch_compat import fake_store_class
 
 
 def _register_fake_backend() -> type:
     """Import the module that registers the ``fake`` backend; return its key-value store class."""
     try:
-        from torch.testing._internal.distributed.fake_pg import FakeStore
-    except ImportError as exc:  # pragma: no cover - depends on the torch build
-        raise ConfigError(
-            f"this torch ({_torch_version()}) has no fake process group (torch.testing._internal.distributed"
-            f".fake_pg: {exc}); planning or rehearsing a cluster layout needs it. Install the torch version "
-            f"titan-core pins (pyproject.toml)."
-        ) from None
-    store_class: type = FakeStore
-    return store_class
-
-
-def _torch_version() -> str:
-    import torch
-
-    return str(torch.__version__)
+        return fake_store_class()
+    except ConfigError as exc:
+        raise ConfigError(f"planning or rehearsing a cluster layout needs torch's fake process group: {exc}") from None
 
 
 @contextlib.contextmanager

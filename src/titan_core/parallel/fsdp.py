@@ -11,6 +11,7 @@ from torch import nn
 from ..config.parallel_dims import ParallelDims
 from ..config.sections import ParallelismSection
 from ..plugin.resolved import resolve_param_dtype
+from ..runtime.torch_compat import replicate_with_fsdp
 from .expert_parallel import experts_modules, shard_experts
 
 if TYPE_CHECKING:
@@ -71,8 +72,7 @@ def apply_fsdp(
                               reduce_dtype=_DTYPES[parallelism.reduce_dtype])
     blocks = list(blocks)
     if not parallel_dims.fsdp_enabled:
-        from torch.distributed._composable.replicate_with_fsdp import replicate
-
+        replicate = replicate_with_fsdp()
         for block in blocks:
             replicate(block, mesh=dp_mesh, mp_policy=mp)
         replicate(model, mesh=dp_mesh, mp_policy=mp)

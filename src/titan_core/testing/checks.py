@@ -35,6 +35,7 @@ from ..plan.resolve import resolve_config
 from ..plugin import discovery
 from ..plugin.discovery import CONVERTERS, SPECS, discover, load_converter, load_train_spec
 from ..plugin.guard import timeout_message
+from ..runtime.torch_compat import grouped_mm_op
 from ..train.build import build_converters
 from ..train.trainer import Trainer
 from . import runs
@@ -577,7 +578,8 @@ def check_flops(t: Target) -> str:
     tokens = torch.zeros(1, seq, dtype=torch.long)
     # torch 2.13's counter has no formula for the grouped GEMM MoE experts run on (titan_core.moe):
     # x [tokens, in] times the stacked weights [experts, in, out] is 2 * tokens * in * out.
-    grouped = {torch.ops.aten._grouped_mm: _grouped_mm_flops} if hasattr(torch.ops.aten, "_grouped_mm") else {}
+    op = grouped_mm_op()
+    grouped = {op: _grouped_mm_flops} if op is not None else {}
     with FlopCounterMode(display=False, custom_mapping=grouped) as counter, torch.no_grad():
         model(tokens)
     counted = 3.0 * counter.get_total_flops() / seq

@@ -26,8 +26,8 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
+
+from ..runtime.torch_compat import dispatch_mode_class
 
 # Ops whose outputs per-op selective checkpointing keeps besides the matmuls: the attention
 # kernels (by name: SDPA's, flash, and a plugin's own fused one) and the reductions used for amax.
@@ -62,11 +62,14 @@ def _nbytes(t: torch.Tensor) -> int:
     return int(t.untyped_storage().nbytes())
 
 
-class _OpOutputs(TorchDispatchMode):
+_DispatchMode = dispatch_mode_class()
+
+
+class _OpOutputs(_DispatchMode):  # type: ignore[misc,valid-type]
     """Adds to the current block's ``selective_ops`` the outputs of the ops selective AC keeps."""
 
     def __init__(self, probe: _Recorder) -> None:
-        super().__init__()  # type: ignore[no-untyped-call]  # torch's TorchDispatchMode.__init__ is untyped
+        super().__init__()
         self.probe = probe
         self.mm_count = 0
 
@@ -87,10 +90,18 @@ class _OpOutputs(TorchDispatchMode):
             elif any(part in name for part in _SAVED_NAME_PARTS) and "backward" not in name:
                 keep = True
             if keep:
-                leaves, _ = tree_flatten(out)
+                leaves = _tensors(out)
                 block.selective_ops += sum(_nbytes(t) for t in leaves
                                            if isinstance(t, torch.Tensor) and not self.probe.is_score_matrix(t))
         return out
+
+
+def _tensors(out: Any) -> list[torch.Tensor]:
+    if isinstance(out, torch.Tensor):
+        return [out]
+    if isinstance(out, (tuple, list)):
+        return [t for item in out for t in _tensors(item)]
+    return []
 
 
 class _Recorder:

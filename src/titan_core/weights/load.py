@@ -32,6 +32,7 @@ from ..hf.adapter import adapter_of, hf_key_of, row_map
 from ..hf.folder import HFFolder, open_hf_folder
 from ..hf.stacks import stack_folder
 from ..models.ties import declared_ties
+from ..runtime.torch_compat import compute_local_shape_and_global_offset
 from .source import WHAT, StartingWeights, source_kind
 from .titan_checkpoint import load_model_weights
 
@@ -251,12 +252,11 @@ def _local_region(param: torch.Tensor) -> tuple[tuple[int, int], ...] | None:
     """
     if not isinstance(param, DTensor):
         return tuple((0, n) for n in param.shape)
-    try:  # private, but what DCP itself uses to place shards; a torch without it reads whole
-        from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
-    except ImportError:  # pragma: no cover
+    # What DCP itself uses to place shards (private to torch); a torch without it reads whole.
+    box = compute_local_shape_and_global_offset(param.shape, param.device_mesh, param.placements)
+    if box is None:
         return None
-
-    shape, offset = compute_local_shape_and_global_offset(param.shape, param.device_mesh, param.placements)
+    shape, offset = box
     if tuple(shape) != tuple(param.to_local().shape) or len(offset) != len(shape):
         return None
     return tuple((o, o + n) for o, n in zip(offset, shape))

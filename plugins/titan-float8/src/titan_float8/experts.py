@@ -24,6 +24,8 @@ from torchao.prototype.moe_training.config import Float8TrainingOpConfig
 from torchao.prototype.moe_training.tensor import Float8TrainingWeightWrapperTensor
 from torchao.prototype.moe_training.utils import unwrap_weight
 
+from titan_core.runtime.torch_compat import torch_function_subclass_disabled
+
 from . import hardware
 from .grouped_mm import emulated_float8_grouped_mm
 
@@ -48,7 +50,7 @@ class EmulatedFloat8ExpertWeight(Float8TrainingWeightWrapperTensor):
             if isinstance(weight, cls) and not isinstance(x, cls) and x.ndim == 2 and weight.ndim == 3 \
                     and offs is not None:
                 return emulated_float8_grouped_mm(x, unwrap_weight(weight), offs)
-        with torch._C.DisableTorchFunctionSubclass():
+        with torch_function_subclass_disabled():
             return func(*args, **kwargs)
 
 

@@ -27,6 +27,8 @@ from typing import Any
 
 import torch
 
+from titan_core.runtime.torch_compat import grouped_mm
+
 FLOAT8 = torch.float8_e4m3fn
 FLOAT8_MAX = torch.finfo(FLOAT8).max
 #: an all-zero row or column gets this amax (torchao's guard), so its scale stays finite
@@ -76,7 +78,7 @@ def grouped_mm_float32(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor,
     way (default: by device).
     """
     if not (a.device.type != "cpu" if per_expert is None else per_expert):
-        return torch._grouped_mm(a, b, offs=offs)
+        return grouped_mm(a, b, offs=offs)
     ends = [0, *(int(end) for end in offs.tolist())]
     blocks = list(zip(ends[:-1], ends[1:]))
     if b.ndim == 3:

@@ -32,6 +32,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from titan_core.runtime.torch_compat import cpu_flash_attention, cpu_flash_attention_backward
+
 logger = logging.getLogger(__name__)
 
 # Head sizes it is compiled for: where it measured at least as fast as ATen's flash
@@ -170,7 +172,7 @@ def _aten_flash_forward(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor
     """The fallback: ATen's flash kernel on [b, h, s, d] views, kv heads repeated for GQA."""
     group = q.shape[2] // k.shape[2]
     qt, kt, vt = (t.transpose(1, 2) for t in (q, k.repeat_interleave(group, 2), v.repeat_interleave(group, 2)))
-    out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(qt, kt, vt, 0.0, True)
+    out, lse = cpu_flash_attention(qt, kt, vt, causal=True)
     return out.transpose(1, 2).contiguous(), lse.contiguous()
 
 
@@ -180,9 +182,9 @@ def _aten_flash_backward(grad: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Ten
     hkv = k.shape[2]
     group = q.shape[2] // hkv
     kr, vr = k.repeat_interleave(group, 2), v.repeat_interleave(group, 2)
-    dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+    dq, dk, dv = cpu_flash_attention_backward(
         grad.transpose(1, 2), q.transpose(1, 2), kr.transpose(1, 2), vr.transpose(1, 2),
-        out.transpose(1, 2), lse, 0.0, True)
+        out.transpose(1, 2), lse, causal=True)
     dq, dk, dv = (t.transpose(1, 2) for t in (dq, dk, dv))
     return dq.contiguous(), dk.unflatten(2, (hkv, group)).sum(3), dv.unflatten(2, (hkv, group)).sum(3)
 

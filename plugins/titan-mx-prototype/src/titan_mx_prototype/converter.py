@@ -24,6 +24,7 @@ from titan_core import (
     select_linears,
     select_modules,
 )
+from titan_core.runtime.torch_compat import dtensor_has_single_dim_scaled_mm
 
 from .config import MXConfig
 from .hardware import resolve_emulate
@@ -117,6 +118,11 @@ class MXConverter(ModelConverter[MXConfig]):
 
     def convert(self, model: nn.Module, fqns: list[str]) -> None:
         wanted = set(fqns)
+        if not dtensor_has_single_dim_scaled_mm():
+            raise TitanError(
+                f"the mx converter needs torch >= 2.13, this is torch {torch.__version__}: torchao's MXFP8 training "
+                f"asserts DTensor's single-dim _scaled_mm strategy, which torch 2.11 lacks. Install torch 2.13 "
+                f"(pip install 'torch>=2.13') or leave [mx] out of model.converters")
         try:
             self._ao.quantize_(model, self.torchao_config(), filter_fn=lambda module, fqn: fqn in wanted)
         except AssertionError as exc:  # torchao states its requirements as asserts
