@@ -95,3 +95,13 @@ def test_a_llama_hands_its_head_over_and_every_gradient_matches(tied: bool) -> N
         assert float((got - grad).abs().max()) <= 1e-6 * max(float(grad.abs().max()), 1e-3), name
     # Outside the request the same model returns logits, as before.
     assert model(tokens).shape == (2, 24, 97)
+
+
+def test_a_converted_head_keeps_the_full_logits_path() -> None:
+    """A converter's head (float8, MX: a subclass of nn.Linear) scales its input per call; chunked, it would
+    quantize with per-chunk scales and train other numbers than the golden float8/mx curves."""
+
+    class ConvertedLinear(torch.nn.Linear):
+        pass
+
+    assert not chunkable_head(ConvertedLinear(4, 5, bias=False))

@@ -40,6 +40,7 @@ def test_every_case_has_a_golden_file_with_its_current_arguments() -> None:
         golden = _golden(name)
         assert golden["nproc"] == nproc and golden["args"] == [*SCRIPT.COMMON, *extra], name
         assert len(golden["losses"]) == SCRIPT.STEPS == 20
+        assert all(len(curve) == SCRIPT.STEPS for curve in golden.get("losses_by_cpu", {}).values()), name
         # a curve that does not learn would pin nothing interesting
         assert golden["losses"][-1] < golden["losses"][0] - 0.5, name
 
@@ -60,7 +61,10 @@ def curves(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
 
 @pytest.mark.parametrize("name", list(SCRIPT.CASES))
 def test_loss_curve_matches_golden(name: str, curves: dict[str, list[float]]) -> None:
-    want = _golden(name)["losses"]
+    golden = _golden(name)
+    # Emulated float8/MX casts round through vectorised code that differs between CPUs with and without
+    # AVX-512 (5.6e-3 apart after 20 float8 steps): those cases pin one curve per kind of CPU.
+    want = golden.get("losses_by_cpu", {}).get(SCRIPT.cpu_kind(), golden["losses"])
     got = curves[name]
     worst = max(abs(g - w) / abs(w) for g, w in zip(got, want))
     assert worst <= RELATIVE, (

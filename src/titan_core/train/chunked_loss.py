@@ -35,12 +35,16 @@ def rows_per_chunk(vocab_local: int, chunk_tokens: int = 0) -> int:
 
 
 def chunkable_head(head: nn.Module) -> bool:
-    """Whether ``head`` can be applied per chunk here: a module with one ``weight`` matrix that is not
-    its own FSDP2 unit (such a head regathers and reduces per call; it keeps the full-logits path)."""
+    """Whether ``head`` can be applied per chunk here: a plain ``nn.Linear`` that is not its own FSDP2
+    unit (such a head regathers and reduces per call; it keeps the full-logits path).
+
+    Only the plain class: a converter's head (float8, MX) scales its input per call, so per chunk it
+    would quantize with other scales than over the whole batch and train other numbers."""
     from torch.distributed.fsdp import FSDPModule
 
     weight = getattr(head, "weight", None)
-    return isinstance(weight, torch.Tensor) and weight.dim() == 2 and not isinstance(head, FSDPModule)
+    return (type(head) is nn.Linear and isinstance(weight, torch.Tensor) and weight.dim() == 2
+            and not isinstance(head, FSDPModule))
 
 
 def chunked_cross_entropy(hidden: torch.Tensor, head: nn.Module, labels: torch.Tensor, *, valid: int,
