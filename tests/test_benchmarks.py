@@ -109,6 +109,8 @@ SMALLEST = {
     "fsdp_gather_bytes.py": (["--steps", "1"], r"^ratio bfloat16 / float32: [\d.]+$"),
     "data.py": (["data-ms", "--steps", "2", "--seq-len", "64", "--batch", "2"], r"^\s+[\d.]+\s+[\d.]+\s+[\d.]+%$"),
     "hf_initial_load_memory.py": ([], r"^\| 1 \| \d+ \| \d+ \| \d+ \| \d+ \| \d+ \| yes \|"),
+    # the planned side of torchtitan's published layouts: dry runs on meta under the fake process group
+    "memory_plan.py": (["--only", "published"], r"^\| 70B[^|]*\| 71\.9 \| [\d.]+ \| [\d.]+ \|$"),
     "memory_breakdown.py": (["--batch", "1", "--seq-len", "64", "--steps", "1"],
                             r"^sum = peak resident memory of the step\s+\d+$"),
     # Without a torchtitan source: titan-core alone, and the script says so.

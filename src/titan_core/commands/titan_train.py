@@ -6,6 +6,7 @@ Kept light: ``--help`` and ``--list`` import neither torchao nor the data stack.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import traceback
 from collections.abc import Sequence
@@ -15,13 +16,14 @@ from ..config.environment import check_environment
 from ..config.overrides import parse_override_args
 from ..config.toml_out import dumps
 from ..console import rank_prefix, say
-from ..errors import StopRequested, TitanError
+from ..errors import ConfigError, StopRequested, TitanError
 from ..plugin import discovery
 from ..runtime.launch_env import world_size_from_env
 from ..runtime.launch_environment import check_launch_environment
 from ..runtime.os_errors import describe_os_error
 from ..runtime.path_settings import remember_paths
 from ..runtime.worker_errors import INTERRUPTED, hand_to_launcher, under_launcher
+from ..train.target_devices import parse_target_device  # a leaf: no torch at start-up
 from .launch import relaunch
 from .list_plugins import print_plugin_list
 
@@ -68,6 +70,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="train with and without the converters (same seed) and report the loss gap")
     p.add_argument("--nproc-per-node", type=int, default=None, metavar="N",
                    help="re-launch through torch.distributed.run with N processes on this node")
+    p.add_argument("--nnodes", type=int, default=None, metavar="N",
+                   help="with --dry-run: plan for N machines of --nproc-per-node ranks each (world size N x M)")
+    p.add_argument("--target-device", default=None, metavar="NAME|SIZE",
+                   help="with --dry-run: the accelerator the plan is for (H100, H200, A100-40GB, ... or 80GiB; "
+                        "cpu: this machine's memory, float32)")
+    p.add_argument("--rehearse-rank", type=int, default=None, metavar="R",
+                   help="train here as rank R of the --nnodes x --nproc-per-node layout, under torch's fake process "
+                        "group (memory and step time of one real rank; losses are not the real run's)")
     p.add_argument("--traceback", action="store_true", help="show Python tracebacks for errors")
     return p
 
@@ -90,7 +100,11 @@ def run(args: argparse.Namespace, rest: list[str], argv: list[str], trainer_clas
 
         trainer_class = chosen_trainer(args.trainer, trainer_class)
     check_launch_environment(args.nproc_per_node)
-    world_size = args.nproc_per_node or world_size_from_env()
+    check_plan_flags(args.nnodes, args.nproc_per_node, args.target_device,
+                     dry_run=args.dry_run or args.rehearse_rank is not None)
+    world_size = (args.nnodes or 1) * args.nproc_per_node if args.nproc_per_node else world_size_from_env()
+    if args.rehearse_rank is not None:
+        rehearsal_environment(args.rehearse_rank, world_size, dry_run=args.dry_run)
     from ..plan.resolve import installed_job_model, resolve_config  # start-up: --help and --list stay without torch
 
     if args.schema and not _names_a_spec(args, rest):
@@ -121,10 +135,15 @@ def run(args: argparse.Namespace, rest: list[str], argv: list[str], trainer_clas
         print(json.dumps(resolved.job_model.model_json_schema(), indent=2))
         return 0
     check_environment(resolved.config)
+    if args.rehearse_rank is not None:
+        from .rehearse import rehearse  # start-up: as below
+
+        return rehearse(resolved, rank=args.rehearse_rank)
     if args.dry_run:
         from .dry_run import dry_run  # start-up: each command imports only what it runs
 
-        return dry_run(resolved)
+        return dry_run(resolved, target_device=args.target_device,
+                       ranks_per_node=args.nproc_per_node or world_size, nnodes=args.nnodes or 1)
     if args.compare_baseline:
         from .compare import compare_baseline  # start-up: as above
 
@@ -141,6 +160,34 @@ def run(args: argparse.Namespace, rest: list[str], argv: list[str], trainer_clas
     from .train import train  # start-up: as above
 
     return train(resolved, trainer_class=trainer_class)
+
+
+def check_plan_flags(nnodes: int | None, nproc_per_node: int | None, target_device: str | None, *,
+                     dry_run: bool) -> None:
+    """--nnodes and --target-device describe a cluster for the dry run's plan; a real run gets its machines
+    from its launcher (torchrun --nnodes)."""
+    for flag, value in (("--nnodes", nnodes), ("--target-device", target_device)):
+        if value is not None and not dry_run:
+            raise ConfigError(f"{flag} plans a cluster run and works with --dry-run or --rehearse-rank only; a run on "
+                              f"several machines starts one torchrun per machine (docs/distributed.md, \"Several "
+                              f"machines\").")
+    if nnodes is not None and (nnodes < 1 or nproc_per_node is None):
+        raise ConfigError(f"--nnodes {nnodes}: give a number of machines >= 1 together with --nproc-per-node "
+                          f"(ranks per machine), e.g. --nnodes 64 --nproc-per-node 8.")
+    if target_device is not None and target_device.strip().lower() != "cpu":
+        parse_target_device(target_device)  # a misspelt device is refused before anything is loaded
+
+
+def rehearsal_environment(rank: int, world_size: int, *, dry_run: bool) -> None:
+    """What a launcher would tell rank ``rank``, for this one process: it is the only rank on this machine."""
+    if dry_run:
+        raise ConfigError("--rehearse-rank trains one rank; --dry-run plans every rank: use one or the other.")
+    if world_size < 2:
+        raise ConfigError("--rehearse-rank R needs the layout's size: --nproc-per-node M (and --nnodes N for "
+                          "several machines), e.g. --nnodes 8 --nproc-per-node 8 --rehearse-rank 0.")
+    if not 0 <= rank < world_size:
+        raise ConfigError(f"--rehearse-rank {rank}: the layout has ranks 0 to {world_size - 1}.")
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK="0", LOCAL_WORLD_SIZE="1")
 
 
 def _worker_argv(args: argparse.Namespace, argv: list[str], trainer_class: type[Trainer] | None) -> list[str]:

@@ -2,7 +2,8 @@
 
 A parameter's values depend only on the seed and its name, never on how it is
 sharded, which stage holds it, or the device: the full tensor is made on the CPU
-and then cut to the local shard. Peak extra memory is one full parameter.
+and the local shard is cut from it there, so only the shard travels to the device.
+Peak extra memory is one full parameter, on the CPU.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor, distribute_tensor
 
 from ..errors import PluginError
+from ..runtime.torch_compat import compute_local_shape_and_global_offset
 
 
 def parameter_generator(seed: int, fqn: str) -> torch.Generator:
@@ -54,8 +56,24 @@ def _fill_parameters(model: nn.Module, seed: int) -> None:
         full = torch.empty(param.shape, dtype=torch.float32)
         init_parameter(fqn, full, parameter_generator(seed, fqn))
         if isinstance(param, DTensor):
+            block = local_block(param)
+            if block is not None:  # the shard is one block of the whole: cut on the CPU, copy only it
+                param.to_local().copy_(full[block])
+                continue
             # Every rank computed the same full tensor, so no broadcast is needed (src_data_rank=None).
             shard = distribute_tensor(full.to(param.device), param.device_mesh, param.placements, src_data_rank=None)
             param.to_local().copy_(shard.to_local())
         else:
             param.copy_(full)
+
+
+def local_block(param: DTensor) -> tuple[slice, ...] | None:
+    """Where this rank's shard of ``param`` sits in the whole tensor, as slices; None when it is not one
+    block (then ``distribute_tensor`` cuts it), or torch lacks the private helper that says it."""
+    found = compute_local_shape_and_global_offset(param.shape, param.device_mesh, param.placements)
+    if found is None:
+        return None
+    shape, offset = found
+    if tuple(shape) != tuple(param.to_local().shape):
+        return None
+    return tuple(slice(o, o + n) for o, n in zip(offset, shape))

@@ -35,7 +35,7 @@ class GroupedExperts(nn.Module):
     def forward(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         w1, w2, w3 = _local(self.w1), _local(self.w2), _local(self.w3)
         device = x.device.type
-        if torch.is_autocast_enabled(device):
+        if device != "meta" and torch.is_autocast_enabled(device):  # meta (the memory plan's probe) has no autocast
             dtype = torch.get_autocast_dtype(device)
             x = x.to(dtype)
             # A converter's weight subclass (e.g. MXFP8) casts itself inside its own grouped GEMM.

@@ -27,6 +27,8 @@ def grouped_mm_available(x: torch.Tensor, weight: torch.Tensor | None = None) ->
     """Whether ``torch._grouped_mm`` serves this input (and ``weight``, when given)."""
     if not has_grouped_mm():
         return False
+    if x.device.type == "meta":  # shapes only (the memory plan's probe): the grouped GEMM's meta kernel
+        return True
     if x.is_cuda:
         return x.dtype == torch.bfloat16 and torch.cuda.get_device_capability(x.device) >= (9, 0)
     if x.device.type != "cpu" or x.dtype != torch.float32:

@@ -100,15 +100,43 @@ def validate_pipeline(parallelism: ParallelismSection, training: TrainingSection
         raise ConfigError(
             f"parallelism.pp_schedule={schedule} needs at least pp={parallelism.pp} microbatches, got {n_mb}."
         )
-    split_layers(n_layers, num_stages, parallelism.pp_split_points)
+    split_layers(n_layers, num_stages, parallelism.pp_split_points, fewer_at_ends=parallelism.pp_end_stage_fewer_layers)
 
 
-def split_layers(n_layers: int, num_stages: int, split_points: list[str]) -> list[list[str]]:
-    """Layer names ("0".."n-1") of each stage: balanced, or cut before each ``layers.K`` in ``split_points``."""
+def end_stage_fewer_layers(setting: int, n_layers: int, num_stages: int) -> int:
+    """``parallelism.pp_end_stage_fewer_layers`` resolved: ``-1`` is 1 when every stage would hold at least 4 layers."""
+    if setting >= 0:
+        return setting
+    return 1 if num_stages > 1 and n_layers >= 4 * num_stages else 0
+
+
+def _balanced_sizes(n_layers: int, num_stages: int, fewer: int) -> list[int]:
+    """Layers per stage: even, the first and the last stage counted as holding ``fewer`` more (the embedding,
+    the head and, on the first, the most micro-batches in flight), the remainder to the middle stages first.
+    With ``fewer=0`` the remainder goes to the earliest stages (the split of earlier versions)."""
+    base, extra = divmod(n_layers + 2 * fewer, num_stages)
+    if fewer == 0 or num_stages == 1:
+        return [base + (1 if s < extra else 0) for s in range(num_stages)]
+    order = [*range(1, num_stages - 1), 0, num_stages - 1]
+    sizes = [base] * num_stages
+    for s in order[:extra]:
+        sizes[s] += 1
+    sizes[0] -= fewer
+    sizes[-1] -= fewer
+    if min(sizes) < 1:
+        raise ConfigError(
+            f"parallelism.pp_end_stage_fewer_layers={fewer} leaves the first or last stage without a layer "
+            f"({n_layers} layers over {num_stages} stages); lower it (0 splits evenly)."
+        )
+    return sizes
+
+
+def split_layers(n_layers: int, num_stages: int, split_points: list[str], *, fewer_at_ends: int = 0) -> list[list[str]]:
+    """Layer names ("0".."n-1") of each stage: balanced (``fewer_at_ends``: see ``end_stage_fewer_layers``),
+    or cut before each ``layers.K`` in ``split_points``."""
     if not split_points:
-        base, extra = divmod(n_layers, num_stages)
-        # Earlier stages take the remainder: the last stage also runs the output head.
-        sizes = [base + (1 if s < extra else 0) for s in range(num_stages)]
+        fewer = end_stage_fewer_layers(fewer_at_ends, n_layers, num_stages)
+        sizes = _balanced_sizes(n_layers, num_stages, fewer)
         starts = [sum(sizes[:s]) for s in range(num_stages)]
     else:
         if len(split_points) != num_stages - 1:
@@ -152,12 +180,19 @@ def build_stage_module(model: nn.Module, layer_names: list[str], *, is_first: bo
                        last: Sequence[str] = ("norm", "output")) -> nn.Module:
     """A copy of the meta ``model`` holding only the blocks ``layer_names`` (and its ``first`` /
     ``last`` modules when it is the first / last stage)."""
-    part = copy.deepcopy(model)
-    blocks = part.get_submodule(blocks_attr)
-    if not isinstance(blocks, nn.ModuleDict):
+    whole = model.get_submodule(blocks_attr)
+    if not isinstance(whole, nn.ModuleDict):
         raise TypeError(f"pipelining splits model.{blocks_attr}, which must be an nn.ModuleDict keyed by layer id "
-                        f"(so a stage keeps the layers' names); {type(model).__name__} has {type(blocks).__name__}")
+                        f"(so a stage keeps the layers' names); {type(model).__name__} has {type(whole).__name__}")
     keep = set(layer_names)
+    # What the stage drops is not copied: the copy refers to the original until it is removed from
+    # the copy below (copying all 126 blocks of a 405B model for each stage costs seconds).
+    dropped: list[nn.Module | None] = [block for name, block in whole.items() if name not in keep]
+    dropped += [getattr(model, attr, None) for attr in (() if is_first else tuple(first)) + (() if is_last else tuple(last))]
+    memo: dict[int, Any] = {id(m): m for m in dropped if m is not None}
+    part = copy.deepcopy(model, memo)
+    blocks = part.get_submodule(blocks_attr)
+    assert isinstance(blocks, nn.ModuleDict)
     for name in list(blocks.keys()):
         if name not in keep:
             del blocks[name]
@@ -225,7 +260,8 @@ def pipeline_model(
     name = canonical_schedule(parallelism.pp_schedule)
     pp, per_rank = parallel_dims.pp, parallelism.pp_stages_per_rank
     num_stages = pp * per_rank
-    stage_layers = split_layers(n_layers, num_stages, parallelism.pp_split_points)
+    stage_layers = split_layers(n_layers, num_stages, parallelism.pp_split_points,
+                                fewer_at_ends=parallelism.pp_end_stage_fewer_layers)
     pp_mesh = mesh["pp"]
     ids = stage_ids_of_rank(pp_mesh.get_local_rank(), pp, per_rank, v_style=name in V_SCHEDULES)
 
@@ -263,6 +299,7 @@ __all__ = [
     "build_stage_module",
     "canonical_schedule",
     "default_pipelining_fn",
+    "end_stage_fewer_layers",
     "pipeline_model",
     "split_layers",
     "stage_ids_of_rank",

@@ -43,7 +43,9 @@ __all__ = [
     "cpu_flash_attention_backward",
     "current_graph_task_id",
     "dtensor_has_single_dim_scaled_mm",
+    "dispatch_mode_class",
     "dump_memory_snapshot",
+    "fake_store_class",
     "flatten_mesh",
     "flatten_state_dict",
     "grouped_mm",
@@ -215,6 +217,19 @@ def compute_local_shape_and_global_offset(global_shape: torch.Size, mesh: Device
         return None
     shape, offset = fn(global_shape, mesh, placements)
     return tuple(shape), tuple(offset)
+
+
+def fake_store_class() -> type:
+    """The key-value store of torch's fake process group; importing its module registers the ``fake``
+    backend (one process playing one rank of a cluster layout: the memory plan, rehearsal)."""
+    store: type = _private("torch.testing._internal.distributed.fake_pg", "FakeStore")
+    return store
+
+
+def dispatch_mode_class() -> type:
+    """torch's ``TorchDispatchMode``: the base of a mode that sees every operator call (the memory plan's probe)."""
+    mode: type = _private("torch.utils._python_dispatch", "TorchDispatchMode")
+    return mode
 
 
 # ---- checkpoints and serialization --------------------------------------------------------------------

@@ -1,0 +1,138 @@
+"""The dry run's memory plan against real peaks.
+
+(a) CPU runs here. For each case the plan (``titan-train --dry-run`` with the same settings and
+    ``--nproc-per-node``) is set against a real 3-step run of it (``--nproc-per-node`` on 2
+    processes for the layouts; gloo), whose rank 0 logs its peak resident memory
+    (``mem_peak_rss_gib`` in metrics.jsonl; freed memory stays in the heap on CPU runs, so the
+    high-water mark is the peak of live memory plus the allocator's slack). The same case at
+    4 x 32 tokens (the process: torch, tokenizer, data, the model's states) is taken off both
+    sides: the table compares what 8 x 1024 tokens add (activations, logits, buffers).
+(b) torchtitan's published per-GPU memory (``benchmarks/llama3_h100_202412_torchtitan.md`` in
+    pytorch/torchtitan, read with the ``fetch`` tool: H100 96 GB, seq 8192, full activation
+    checkpointing, float8 and torch.compile) against the plan of the same layout and batch.
+
+    python benchmarks/memory_plan.py [--only published|cpu]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+BIN = Path(sys.executable).parent
+GIB = 2**30
+
+# name, processes, settings; every CPU case: llama3 debugmodel (width 256) cut to 2 layers, 8 x 1024 tokens
+# (activations and logits dominate), against the same settings at 4 x 32 tokens (the process, the states).
+MODEL = ["--spec", "llama3", "--flavor", "debugmodel", "--llama3.n_layers=2", "--training.seq_len=1024",
+         "--training.local_batch_size=8"]
+TINY = ["--training.seq_len=32", "--training.local_batch_size=4"]
+CPU_CASES: list[tuple[str, int, list[str]]] = [
+    ("single, AC none", 1, ["--activation_checkpoint.mode=none"]),
+    ("single, AC full", 1, ["--activation_checkpoint.mode=full"]),
+    ("single, AC selective (op)", 1, ["--activation_checkpoint.mode=selective"]),
+    ("single, 3 layers, AC none", 1, ["--llama3.n_layers=3"]),
+    ("FSDP2 dp_shard 2", 2, ["--parallelism.dp_shard=2"]),
+    ("TP 2", 2, ["--parallelism.tp=2"]),
+    ("PP 2 (1F1B, 4 micro-batches)", 2, ["--parallelism.pp=2", "--parallelism.pp_microbatches=4"]),
+]
+# name, published GiB (max over ranks), settings (torchtitan's defaults: seq 8192, micro-batch 1 under PP)
+PUBLISHED: list[tuple[str, float, list[str]]] = [
+    ("70B FSDP 32 x TP 8, 256 GPUs, local batch 16 (Table 4, 2D)", 71.9,
+     ["--flavor", "70B", "--nnodes", "32", "--nproc-per-node", "8", "--parallelism.tp=8",
+      "--training.local_batch_size=16"]),
+    ("405B FSDP 8 x TP 8 x PP 8, 512 GPUs, local batch 32, 1F1B (Table 5)", 82.5,
+     ["--flavor", "405B", "--nnodes", "64", "--nproc-per-node", "8", "--parallelism.tp=8", "--parallelism.pp=8",
+      "--training.local_batch_size=32", "--parallelism.pp_microbatches=32"]),
+    ("405B FSDP 8 x TP 8 x PP 8, 512 GPUs, local batch 32, Interleaved 1F1B x2 (Table 5)", 72.7,
+     ["--flavor", "405B", "--nnodes", "64", "--nproc-per-node", "8", "--parallelism.tp=8", "--parallelism.pp=8",
+      "--training.local_batch_size=32", "--parallelism.pp_microbatches=32", "--parallelism.pp_schedule=Interleaved1F1B",
+      "--parallelism.pp_stages_per_rank=2"]),
+]
+
+
+def titan(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.run([str(BIN / "titan-train"), *args], capture_output=True, text=True, cwd=cwd, env=env,
+                          timeout=1800)
+
+
+def planned_rank0(args: list[str], nproc: int, cwd: Path, *extra: str) -> float:
+    """Rank 0's total from the plan (GiB)."""
+    out = titan(*args, "--nproc-per-node", str(nproc), "--dry-run", *extra, "--target-device", "cpu", cwd=cwd)
+    if out.returncode:
+        raise SystemExit(out.stdout + out.stderr)
+    return float(_row_of_rank0(out.stdout)[-2])
+
+
+def planned_peak(args: list[str], cwd: Path) -> tuple[float, float]:
+    """(peak total, CPU seconds of the dry run)."""
+    out = titan("--spec", "llama3", "--training.seq_len=8192", "--activation_checkpoint.mode=full",
+                "--training.chunked_loss=false", *args,  # torchtitan's runs computed the full logits
+                "--dry-run", "--target-device", "95GiB", cwd=cwd)
+    if out.returncode:
+        raise SystemExit(out.stdout + out.stderr)
+    peak = re.search(r"peak: ([\d,.]+) GiB", out.stdout)
+    assert peak is not None, out.stdout
+    return float(peak.group(1).replace(",", "")), 0.0
+
+
+def _row_of_rank0(text: str) -> list[str]:
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.split()[:2] == ["stage", "rank"])
+    for line in lines[start + 1:]:
+        cells = line.split()
+        if len(cells) > 2 and cells[1] == "0":
+            return cells
+    raise AssertionError(text)
+
+
+def measured_rank0(args: list[str], nproc: int, cwd: Path, name: str) -> float:
+    run_dir = cwd / re.sub(r"\W+", "_", name)
+    launch = ["--nproc-per-node", str(nproc)] if nproc > 1 else []
+    out = titan(*args, *launch, "--training.steps=3", "--metrics.log_freq=1", "--checkpoint.enable=false",
+                f"--job.run_dir={run_dir}", "--metrics.report=false", cwd=cwd)
+    if out.returncode:
+        raise SystemExit(out.stdout + out.stderr)
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return max(float(r["mem_peak_rss_gib"]) for r in records if "mem_peak_rss_gib" in r)
+
+
+def cpu_table(cwd: Path) -> None:
+    print("| case | ranks | plan, rank 0 (GiB) | measured peak, rank 0 (GiB) | plan / measured |")
+    print("|---|---:|---:|---:|---:|")
+    for name, nproc, settings in CPU_CASES:
+        plan = planned_rank0([*MODEL, *settings], nproc, cwd) - planned_rank0([*MODEL, *settings, *TINY], nproc, cwd)
+        run = (measured_rank0([*MODEL, *settings], nproc, cwd, name)
+               - measured_rank0([*MODEL, *settings, *TINY], nproc, cwd, f"base {name}"))
+        print(f"| {name} | {nproc} | {plan:.3f} | {run:.3f} | {plan / run:.2f} |", flush=True)
+
+
+def published_table(cwd: Path) -> None:
+    print("| torchtitan layout (H100 96 GB, seq 8192, full AC) | published (GiB) | plan (GiB) | plan / published |")
+    print("|---|---:|---:|---:|")
+    for name, published, settings in PUBLISHED:
+        plan, _ = planned_peak(settings, cwd)
+        print(f"| {name} | {published:.1f} | {plan:.1f} | {plan / published:.2f} |", flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--only", choices=("published", "cpu"))
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        if args.only != "cpu":
+            published_table(Path(tmp))
+            print()
+        if args.only != "published":
+            cpu_table(Path(tmp))
+
+
+if __name__ == "__main__":
+    main()

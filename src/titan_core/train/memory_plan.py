@@ -1,0 +1,463 @@
+"""The memory plan: what each kind of rank of a layout holds at its peak, from any machine.
+
+``titan-train --dry-run`` builds the model on meta and, for each pipeline rank (every rank with
+the same pipeline coordinate holds the same shapes), parallelizes it as that rank would under
+torch's fake process group (``parallel/fake_group.py``): the parameter counts are those of the
+real shards. On top of them come, per rank:
+
+* gradients (float32, sharded as the weights) and the optimizer's state (AdamW: two float32
+  moments per local parameter);
+* activations of the micro-batches in flight, per the activation-checkpointing mode, measured by
+  one forward on meta (``activation_probe.py``) and divided by tp (sequence parallelism splits
+  what tensor parallelism does not); with ``full`` one block's activations live again during its
+  recompute; and the gradients of one block's activations while it is back-propagated (as many
+  bytes as it saved);
+* the last stage's logits and the loss's float32 copies (vocabulary split over tp); with
+  ``training.chunked_loss`` (the default), one chunk's;
+* FSDP2's buffers: gathered blocks in the gather dtype (two blocks in flight, the root for the
+  whole step, every block of a stage with pipelining, which keeps them gathered) and two blocks'
+  unsharded gradients before their reduce-scatter (with pipelining, the whole stage's: torch's
+  stages sync gradients only after the last micro-batch, accumulating them unsharded);
+* pipeline send/receive buffers; on an accelerator a fixed allowance for the CUDA context, NCCL
+  and the caching allocator's slack (``RUNTIME_ALLOWANCE``).
+
+Nothing reads this machine's memory unless the plan is for this machine.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+import torch
+from torch import nn
+
+from ..config.sections import ActivationCheckpointSection
+from ..parallel.fake_group import fake_process_group
+from ..parallel.pipeline import MULTI_STAGE_SCHEDULES, canonical_schedule
+from ..parallel.precision import resolve_compute_dtype
+from .activation_probe import ActivationProbe, probe_activations
+from .build import parallelize_part
+from .chunked_loss import rows_per_chunk
+from .target_devices import GIB, TargetDevice
+from .tp_styles import resolve_tp_styles
+
+if TYPE_CHECKING:
+    from ..plan.resolve import ResolvedConfig
+
+OPTIMIZER_STATE_BYTES = {"AdamW": 8, "Adam": 8, "SGD": 0}
+#: CUDA context, NCCL's buffers and the caching allocator's slack on an accelerator (an allowance, not measured)
+RUNTIME_ALLOWANCE = int(2.5 * GIB)
+COLUMNS = ("params", "grads", "optim", "activ", "logits", "fsdp", "pipe", "runtime")
+
+
+@dataclass(frozen=True)
+class StageMemory:
+    """One pipeline rank's peak, in bytes, by part (``COLUMNS``)."""
+
+    pp_rank: int
+    rank: int
+    stage_ids: tuple[int, ...]
+    layers: int
+    local_params: int
+    params: int
+    grads: int
+    optim: int
+    activ: int
+    logits: int
+    fsdp: int
+    pipe: int
+    runtime: int
+
+    @property
+    def total(self) -> int:
+        return sum(getattr(self, c) for c in COLUMNS)
+
+    @property
+    def states(self) -> int:
+        return self.params + self.grads + self.optim
+
+
+@dataclass(frozen=True)
+class StageShape:
+    """What the fake-group build of one pipeline rank gave: its local parameters and its blocks."""
+
+    pp_rank: int
+    rank: int
+    stage_ids: tuple[int, ...]
+    layer_names: tuple[str, ...]
+    has_last: bool
+    local_params: int
+    param_bytes: int
+    gather_root: int  # bytes of the root's (non-block) parameters once gathered, in float32
+    gather_blocks: tuple[int, ...]  # each block's gathered bytes, in float32
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    title: str
+    stages: list[StageMemory]
+    device: TargetDevice | None
+    ac_mode: str
+    notes: list[str]
+
+    @property
+    def peak(self) -> StageMemory:
+        return max(self.stages, key=lambda s: s.total)
+
+    def fits(self) -> bool | None:
+        return None if self.device is None else self.peak.total <= self.device.memory_bytes
+
+
+# ---- building each pipeline rank under the fake process group --------------------------------------------------
+
+
+def _gathered_numel(p: torch.Tensor) -> int:
+    """The parameter's size once FSDP2 has gathered it: whole, except over the tensor- and expert-parallel
+    mesh dimensions, which stay split."""
+    mesh, placements = getattr(p, "device_mesh", None), getattr(p, "placements", None)
+    if mesh is None or placements is None:
+        return int(p.numel())
+    names = mesh.mesh_dim_names or ()
+    split = 1
+    for dim, placement in enumerate(placements):
+        if dim < len(names) and names[dim] in ("tp", "ep") and not placement.is_replicate():
+            split *= mesh.size(dim)
+    return math.ceil(p.numel() / split)
+
+
+def _local_numel(p: torch.Tensor) -> int:
+    to_local = getattr(p, "to_local", None)
+    return int(to_local().numel()) if to_local is not None else int(p.numel())
+
+
+def _gathered_bytes(module: nn.Module, *, recurse: bool, skip: set[int]) -> int:
+    total = 0
+    for p in module.parameters(recurse=recurse):
+        if id(p) not in skip:
+            total += _gathered_numel(p) * 4
+    return total
+
+
+def _blocks_of(part: nn.Module, blocks_attr: str) -> nn.Module | None:
+    try:
+        return part.get_submodule(blocks_attr)
+    except AttributeError:
+        return None
+
+
+def _stage_shape(part_list: list[nn.Module], *, pp_rank: int, rank: int, stage_ids: tuple[int, ...], has_last: bool,
+                 blocks_attr: str) -> StageShape:
+    names: list[str] = []
+    blocks_bytes: list[int] = []
+    root = 0
+    local = 0
+    param_bytes = 0
+    for part in part_list:
+        block_params: set[int] = set()
+        blocks = _blocks_of(part, blocks_attr)
+        if blocks is not None:
+            for name, block in blocks.named_children():
+                names.append(name)
+                blocks_bytes.append(_gathered_bytes(block, recurse=True, skip=set()))
+                block_params |= {id(p) for p in block.parameters()}
+        root += sum(_gathered_numel(p) * 4 for p in part.parameters() if id(p) not in block_params)
+        for p in part.parameters():
+            n = _local_numel(p)
+            local += n
+            param_bytes += n * p.element_size()
+    return StageShape(pp_rank, rank, stage_ids, tuple(names), has_last, local, param_bytes, root, tuple(blocks_bytes))
+
+
+def build_stage_shapes(resolved: ResolvedConfig, model: nn.Module, *, blocks_attr: str = "layers") -> list[StageShape]:
+    """Each pipeline rank's parts, parallelized on meta as its first rank would (fake process group).
+
+    Pipeline ranks whose parts have the same structure (the same modules and parameter shapes,
+    block numbers aside) shard the same way: those are parallelized once.
+    """
+    dims = resolved.dims
+    styles = resolve_tp_styles([])
+    if not dims.distributed:
+        part = parallelize_part(resolved, model, mesh=None, tp_styles=styles)
+        return [_stage_shape([part], pp_rank=0, rank=0, stage_ids=(0,), has_last=True, blocks_attr=blocks_attr)]
+    per_pp = dims.world_size // dims.pp
+    shapes: list[StageShape] = []
+    built: dict[tuple[object, ...], StageShape] = {}
+    for pp_rank in range(dims.pp):
+        rank = pp_rank * per_pp  # mesh order (pp, dp_replicate, dp_shard, tp): the pp coordinate is the slowest
+        with fake_process_group(rank=rank, world_size=dims.world_size):
+            mesh, _ = dims.build_meshes("cpu")
+            if not dims.pp_enabled:
+                part = parallelize_part(resolved, model, mesh=mesh, tp_styles=styles)
+                shapes.append(_stage_shape([part], pp_rank=0, rank=rank, stage_ids=(0,), has_last=True,
+                                           blocks_attr=blocks_attr))
+                continue
+            c = resolved.config
+            # The split first (parts as they are), the parallelization after, once per kind of stage.
+            pipe = resolved.calls.pipeline(model, parallel_dims=dims, mesh=mesh, parallelism=c.parallelism,
+                                           training=c.training, device=torch.device("meta"), loss_fn=_no_loss,
+                                           parallelize=_unchanged)
+            parts = list(pipe.model_parts)
+            ids = tuple(getattr(pipe, "stage_ids", [pp_rank]))
+            last = bool(getattr(pipe, "has_last_stage", pp_rank == dims.pp - 1))
+            key = _structure(parts)
+            known = built.get(key)
+            if known is None:
+                parts = [parallelize_part(resolved, p, mesh=mesh, tp_styles=styles) for p in parts]
+                shape = _stage_shape(parts, pp_rank=pp_rank, rank=rank, stage_ids=ids, has_last=last,
+                                     blocks_attr=blocks_attr)
+                built[key] = shape
+            else:
+                names = tuple(n for p in parts if (b := _blocks_of(p, blocks_attr)) is not None
+                              for n, _ in b.named_children())
+                shape = replace(known, pp_rank=pp_rank, rank=rank, stage_ids=ids, has_last=last, layer_names=names)
+            shapes.append(shape)
+    return shapes
+
+
+def _unchanged(part: nn.Module) -> nn.Module:
+    return part
+
+
+def _structure(parts: list[nn.Module]) -> tuple[object, ...]:
+    """What decides how a stage shards: its modules' types and parameter shapes, block numbers left out."""
+    return tuple(
+        (type(m).__name__, tuple((re.sub(r"\.\d+\.", ".#.", n), tuple(p.shape)) for n, p in m.named_parameters()),
+         tuple(type(sub).__name__ for sub in m.modules()))
+        for m in parts
+    )
+
+
+def _no_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    return logits.sum()
+
+
+# ---- the figures ----------------------------------------------------------------------------------------------
+
+
+def micro_batch_size(resolved: ResolvedConfig) -> int:
+    t, p = resolved.config.training, resolved.config.parallelism
+    if not resolved.dims.pp_enabled:
+        return t.local_batch_size
+    n_mb = p.pp_microbatches or p.pp * p.pp_stages_per_rank
+    return max(t.local_batch_size // n_mb, 1)
+
+
+def in_flight(resolved: ResolvedConfig, pp_rank: int) -> int:
+    """Stage-micro-batches whose activations a pipeline rank holds at its peak (1 without pipelining)."""
+    p = resolved.config.parallelism
+    pp = resolved.dims.pp
+    if pp <= 1:
+        return 1
+    n_mb = p.pp_microbatches or pp * p.pp_stages_per_rank
+    schedule = canonical_schedule(p.pp_schedule)
+    if schedule == "GPipe":
+        return n_mb
+    if schedule in MULTI_STAGE_SCHEDULES:
+        v = p.pp_stages_per_rank
+        return min(n_mb * v, (v - 1) * pp + 2 * (pp - 1 - pp_rank) + 1)
+    return min(pp - pp_rank, n_mb)  # 1F1B: the first stage holds pp micro-batches, the last one
+
+
+def layer_activations(probe: ActivationProbe, names: tuple[str, ...], ac: ActivationCheckpointSection) -> tuple[int, int]:
+    """(bytes kept per micro-batch by these blocks, bytes of the largest block's recompute) for the AC mode."""
+    kept = 0
+    recompute = 0
+    for name in names:
+        block = probe.blocks.get(name)
+        if block is None:
+            continue
+        if ac.mode == "none":
+            kept += block.saved
+        elif ac.mode == "full" or (ac.mode == "selective" and ac.selective_every and _nth(name, ac.selective_every)):
+            kept += block.input_bytes
+            recompute = max(recompute, block.saved)
+        elif ac.mode == "selective" and ac.selective_every:
+            kept += block.saved
+        else:  # per-op selective: the input, the saved ops' outputs; the rest is recomputed
+            kept += min(block.input_bytes + block.selective_ops, block.saved)
+            recompute = max(recompute, block.saved - block.selective_ops)
+    return kept, recompute
+
+
+def _nth(name: str, every: int) -> bool:
+    return name.isdigit() and int(name) % every == 0
+
+
+def plan_stage(resolved: ResolvedConfig, shape: StageShape, probe: ActivationProbe, *, device: TargetDevice | None,
+               ac: ActivationCheckpointSection, compute_dtype: torch.dtype) -> StageMemory:
+    c, dims = resolved.config, resolved.dims
+    tp = dims.tp
+    flight = in_flight(resolved, shape.pp_rank)
+    kept, recompute = layer_activations(probe, shape.layer_names, ac)
+    # The block being back-propagated makes the gradients of its activations: about as many bytes as
+    # it saved (measured on CPU runs, benchmarks/memory_plan.py).
+    working = max((probe.blocks[n].saved for n in shape.layer_names if n in probe.blocks), default=0)
+    activ = (kept * flight + recompute + working + (probe.outside if shape.has_last else 0)) // tp
+    logits = 0
+    if shape.has_last:
+        elems = probe.logits_bytes // torch.empty((), dtype=compute_dtype).element_size()
+        tokens = micro_batch_size(resolved) * c.training.seq_len
+        chunked = c.training.chunked_loss and resolved.calls.spec.build_loss_fn is None and not (
+            dims.fsdp_enabled and c.parallelism.fsdp_reshard_after_forward == "always")
+        if chunked:
+            # chunked_loss.py: one chunk's float32 logits, log-softmax and gradient at a time
+            vocab_local = max(elems // max(tokens, 1) // tp, 1)
+            rows = min(rows_per_chunk(vocab_local, c.training.loss_chunk_tokens), tokens)
+            logits = 3 * 4 * rows * vocab_local
+        else:
+            # the logits (compute dtype), the loss's float32 copy of them and the float32 gradient
+            logits = (probe.logits_bytes + 2 * 4 * elems) // tp
+    gather_size = torch.empty((), dtype=compute_dtype).element_size() if c.parallelism.param_dtype == "auto" else (
+        2 if c.parallelism.param_dtype == "bfloat16" else 4)
+    reduce_size = 2 if c.parallelism.reduce_dtype == "bfloat16" else 4
+    fsdp = 0
+    if dims.dp > 1:
+        blocks = sorted(shape.gather_blocks, reverse=True)
+        biggest = sum(blocks[:2])
+        policy = c.parallelism.fsdp_reshard_after_forward
+        kept_gathered = sum(blocks) if (policy == "never" or (policy == "default" and dims.pp_enabled)) else biggest
+        root = shape.gather_root if policy != "always" else 0
+        # Under pipelining torch's stages turn gradient sync off until the last micro-batch's backward: the
+        # stage's unsharded gradients add up over micro-batches, in the reduce dtype, for the whole step.
+        unsharded_grads = sum(blocks) + shape.gather_root if dims.pp_enabled else biggest
+        fsdp = (kept_gathered + root) * gather_size // 4 + unsharded_grads * reduce_size // 4
+    pipe = 0
+    if dims.pp_enabled:
+        first = next((probe.blocks[n] for n in shape.layer_names if n in probe.blocks), None)
+        pipe = 2 * (first.input_bytes if first is not None else 0) // tp  # one receive, one send buffer
+    optim_bytes = OPTIMIZER_STATE_BYTES.get(c.optimizer.name, 8)
+    return StageMemory(
+        pp_rank=shape.pp_rank, rank=shape.rank, stage_ids=shape.stage_ids, layers=len(shape.layer_names),
+        local_params=shape.local_params, params=shape.param_bytes, grads=shape.local_params * 4,
+        optim=shape.local_params * optim_bytes, activ=activ, logits=logits, fsdp=fsdp, pipe=pipe,
+        runtime=RUNTIME_ALLOWANCE if device is not None and device.accelerator else 0,
+    )
+
+
+def compute_dtype_for(resolved: ResolvedConfig, device: TargetDevice | None) -> torch.dtype:
+    target = torch.device("cuda") if device is not None and device.accelerator else resolved.device
+    return resolve_compute_dtype(resolved.config.training.dtype, target)
+
+
+def probe_run(resolved: ResolvedConfig, model: nn.Module, *, device: TargetDevice | None,
+              blocks_attr: str = "layers") -> ActivationProbe:
+    """The activations of the run's micro-batch, from the meta model before converters swap its modules
+    (a converter's modules need not run on meta; their activations are the plain model's here)."""
+    return probe_activations(model, micro_batch=micro_batch_size(resolved), seq_len=resolved.config.training.seq_len,
+                             dtype=compute_dtype_for(resolved, device), blocks_attr=blocks_attr)
+
+
+def make_plan(resolved: ResolvedConfig, model: nn.Module, *, device: TargetDevice | None,
+              probe: ActivationProbe | None = None,
+              blocks_attr: str = "layers") -> tuple[MemoryPlan, list[StageShape], ActivationProbe]:
+    """The plan for the run's own settings (``model``: the meta model, converted, not yet parallelized;
+    ``probe``: its activations, measured before the conversion)."""
+    if probe is None:
+        probe = probe_run(resolved, model, device=device, blocks_attr=blocks_attr)
+    shapes = build_stage_shapes(resolved, model, blocks_attr=blocks_attr)
+    plan = plan_from(resolved, shapes, probe, device=device, ac=resolved.config.activation_checkpoint)
+    return plan, shapes, probe
+
+
+def plan_from(resolved: ResolvedConfig, shapes: list[StageShape], probe: ActivationProbe, *,
+              device: TargetDevice | None, ac: ActivationCheckpointSection) -> MemoryPlan:
+    dtype = compute_dtype_for(resolved, device)
+    stages = [plan_stage(resolved, s, probe, device=device, ac=ac, compute_dtype=dtype) for s in shapes]
+    d = resolved.dims
+    layout = f"pp {d.pp} x dp_replicate {d.dp_replicate} x dp_shard {d.dp_shard} x tp {d.tp}"
+    if d.ep > 1:
+        layout += f" (ep {d.ep})"
+    t = resolved.config.training
+    title = (f"memory plan: {d.world_size} rank{'s' if d.world_size != 1 else ''} ({layout}), local batch "
+             f"{t.local_batch_size} x seq {t.seq_len}, micro-batch {micro_batch_size(resolved)}, AC {_ac_label(ac)}, "
+             f"{str(dtype).removeprefix('torch.')} compute")
+    notes: list[str] = []
+    plan = MemoryPlan(title, stages, device, ac.mode, notes)
+    peak = plan.peak
+    if ac.mode == "none" and peak.activ > peak.total // 2:
+        notes.append(f"warning: activation checkpointing is off and activations are {peak.activ / peak.total:.0%} "
+                     f"of the peak rank's memory; --activation_checkpoint.mode=selective or full trades some "
+                     f"recomputation for most of them")
+    return plan
+
+
+def _ac_label(ac: ActivationCheckpointSection) -> str:
+    if ac.mode == "selective":
+        return f"selective (every {ac.selective_every} blocks)" if ac.selective_every else "selective (per op)"
+    return ac.mode
+
+
+# ---- what helps when it does not fit ----------------------------------------------------------------------------
+
+
+def advice(resolved: ResolvedConfig, plan: MemoryPlan, shapes: list[StageShape], probe: ActivationProbe) -> list[str]:
+    """Settings that would bring the peak rank under the device's memory, each with its new peak."""
+    device = plan.device
+    if device is None or plan.fits():
+        return []
+    limit = device.memory_bytes
+    ac = resolved.config.activation_checkpoint
+    tips: list[str] = []
+    for mode in ("selective", "full"):
+        if mode == ac.mode and not (mode == "selective" and ac.selective_every):
+            continue
+        other = plan_from(resolved, shapes, probe, device=device, ac=ac.model_copy(update={"mode": mode,
+                                                                                          "selective_every": 0}))
+        tips.append(_tip(f"--activation_checkpoint.mode={mode}", other.peak.total, limit))
+    peak = plan.peak
+    lb = resolved.config.training.local_batch_size
+    if lb > 1:
+        per_sample = peak.activ + peak.logits + peak.pipe
+        half = peak.total - per_sample + per_sample // 2
+        tips.append(_tip(f"--training.local_batch_size={lb // 2} (training.global_batch_size keeps the global batch "
+                         f"by accumulation)",
+                         half, limit))
+    states = peak.states
+    tips.append(_tip(f"twice the ranks with --parallelism.dp_shard={resolved.dims.dp_shard * 2} (states halve)",
+                     peak.total - states // 2, limit))
+    if resolved.dims.pp < len(probe.blocks):
+        stage_part = states + peak.fsdp + peak.activ
+        tips.append(_tip(f"twice the pipeline stages, --parallelism.pp={resolved.dims.pp * 2} (a stage holds half "
+                         f"the layers)", peak.total - stage_part // 2, limit))
+    return tips
+
+
+def _tip(setting: str, total: int, limit: int) -> str:
+    verdict = "fits" if total <= limit else "still too big"
+    return f"{setting}: about {total / GIB:,.1f} GiB ({verdict})"
+
+
+# ---- the printed table ------------------------------------------------------------------------------------------
+
+
+def format_plan(plan: MemoryPlan) -> str:
+    lines = [plan.title]
+    if plan.device is not None:
+        lines.append(f"target device: {plan.device.name}, {plan.device.memory_gib:,.1f} GiB per rank")
+    else:
+        lines.append("target device: unknown (give --target-device NAME or SIZE to compare)")
+    header = ["stage", "rank", "layers", "params(M)", *COLUMNS, "total", "fits"]
+    rows = [header]
+    for s in plan.stages:
+        fits = "-" if plan.device is None else ("yes" if s.total <= plan.device.memory_bytes else "NO")
+        stage = ",".join(str(i) for i in s.stage_ids)
+        rows.append([stage, str(s.rank), str(s.layers), f"{s.local_params / 1e6:,.1f}",
+                     *(f"{getattr(s, c) / GIB:,.2f}" for c in COLUMNS), f"{s.total / GIB:,.2f}", fits])
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+    lines.append("per rank, GiB (params: this rank's share of the weights, in millions)")
+    lines += ["  ".join(cell.rjust(w) for cell, w in zip(r, widths)) for r in rows]
+    peak = plan.peak
+    summary = f"peak: {peak.total / GIB:,.2f} GiB on pipeline rank {peak.pp_rank} (global rank {peak.rank})"
+    if plan.device is not None:
+        share = peak.total / plan.device.memory_bytes
+        summary += f", {share:.0%} of {plan.device.name}: {'fits' if plan.fits() else 'does NOT fit'}"
+    lines.append(summary)
+    lines += plan.notes
+    return "\n".join(lines)
+
+
+__all__ = ["MemoryPlan", "StageMemory", "advice", "format_plan", "in_flight", "make_plan", "micro_batch_size",
+           "plan_from"]

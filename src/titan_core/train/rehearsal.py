@@ -1,0 +1,61 @@
+"""Rehearsal: one real rank of a cluster layout, trained in this process under torch's fake process group.
+
+``titan-train --rehearse-rank R --nnodes N --nproc-per-node M ...`` builds, shards and steps the
+model exactly as rank R of the N x M-rank job would (its shards, its memory, its kernels), with a
+fake process group whose collectives move nothing. What crosses ranks is garbage by design, so
+losses and gradient norms are not the real run's and the finite checks are off; the figures worth
+reading are the step time and the peak memory, printed at the end.
+
+Not rehearsed yet: pipeline layouts (torch's stages exchange their shapes through collectives at
+the first step) and checkpoint saves (the checkpoint manager opens a world-wide gloo group).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..errors import ConfigError
+from ..observability.metrics import memory_stats
+from ..plan.resolve import ResolvedConfig
+from .trainer import StepResult, Trainer
+
+BANNER = ("rehearsal: rank {rank} of {world} under torch's fake process group: collectives move nothing, so "
+          "losses and gradient norms are not the real run's; finite checks are off")
+
+
+def check_rehearsable(resolved: ResolvedConfig, *, rank: int) -> None:
+    """ConfigError for what rehearsal cannot run yet, before anything is built."""
+    c, dims = resolved.config, resolved.dims
+    if not 0 <= rank < dims.world_size:
+        raise ConfigError(f"--rehearse-rank {rank}: the layout has ranks 0 to {dims.world_size - 1} "
+                          f"(--nnodes x --nproc-per-node).")
+    if dims.pp_enabled:
+        raise ConfigError("--rehearse-rank: pipeline layouts are not rehearsed yet (torch's stages exchange their "
+                          "shapes through collectives at the first step); rehearse with parallelism.pp=1, or plan "
+                          "the pipeline layout with --dry-run.")
+    if c.checkpoint.enable:
+        raise ConfigError("--rehearse-rank: checkpoint saves are not rehearsed yet (the checkpoint manager opens a "
+                          "world-wide gloo group); add --checkpoint.enable=false.")
+    if c.fault_tolerance.enable or c.fault_tolerance.local_replicas:
+        raise ConfigError("--rehearse-rank rehearses one rank of one job: turn fault_tolerance off.")
+
+
+class RehearsalTrainer(Trainer):
+    """The Trainer with the checks that read collective values turned off."""
+
+    def check_finite(self, loss: torch.Tensor, grad_norm: torch.Tensor) -> StepResult | None:
+        return None  # the values that crossed ranks are the fake group's
+
+    def stop_if_nonfinite_since_last_read(self) -> None:
+        return None
+
+    def finish(self) -> None:
+        super().finish()
+        stats = memory_stats(self.device)
+        peak = stats.get("mem_max_allocated_gib", stats.get("mem_peak_rss_gib", 0.0))
+        kind = "allocated on the GPU" if "mem_max_allocated_gib" in stats else "resident (RSS)"
+        print(f"[titan] rehearsal done: {self.step} steps on rank {self.proc.rank} of {self.proc.world_size}, "
+              f"peak memory {peak:.2f} GiB {kind}", flush=True)
+
+
+__all__ = ["BANNER", "RehearsalTrainer", "check_rehearsable"]

@@ -1,0 +1,144 @@
+"""The dry run's memory plan: a cluster layout planned from this machine, on meta, under the fake
+process group (train/memory_plan.py, train/activation_probe.py, parallel/fake_group.py)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+
+from titan_core.errors import ConfigError
+from titan_core.train.target_devices import GIB, parse_target_device
+
+from conftest import assert_user_error
+
+
+def test_target_devices_by_name_or_size() -> None:
+    assert parse_target_device("h100").memory_bytes == int(79.1 * GIB)
+    assert parse_target_device("H100-80GB").name == "H100"
+    assert parse_target_device("80GiB").memory_bytes == 80 * GIB
+    assert parse_target_device("141GB").memory_bytes == 141 * 10**9
+    with pytest.raises(ConfigError, match='"V100" is not a known device. Known: A100-40GB'):
+        parse_target_device("V100")
+
+
+def test_cluster_flags_are_for_the_dry_run_only(cli) -> None:
+    assert_user_error(cli("--nnodes", "2", "--nproc-per-node", "8"), "--nnodes plans a cluster run and works with "
+                      "--dry-run or --rehearse-rank only")
+    assert_user_error(cli("--nnodes", "2", "--dry-run"), "together with --nproc-per-node")
+    assert_user_error(cli("--dry-run", "--target-device", "V100"), '"V100" is not a known device')
+
+
+def _rows(text: str) -> list[list[str]]:
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.split()[:2] == ["stage", "rank"])
+    rows = []
+    for line in lines[start + 1:]:
+        if line.startswith("peak:"):
+            break
+        rows.append(line.split())
+    return rows
+
+
+def test_70b_fsdp8_tp8_on_64_ranks_is_planned_exactly_without_using_this_machines_memory(cli) -> None:
+    # Before: "16.4 GiB per rank ... only 0.3 GiB available per rank" (this machine's RAM / 64).
+    r = cli("--spec", "llama3", "--flavor", "70B", "--nnodes", "8", "--nproc-per-node", "8", "--parallelism.tp=8",
+            "--training.seq_len=8192", "--training.local_batch_size=1", "--dry-run")
+    assert r.code == 0, r.text
+    assert "target device: unknown (give --target-device NAME or SIZE to compare)" in r.text
+    (row,) = _rows(r.text)
+    # every weight split 64 ways, but the 161 norm weights (8192 each) are whole on each of the 8 tp ranks
+    n_params, norms = 70_553_706_496, 161 * 8192
+    expected = (n_params - norms) // 64 + norms // 8
+    assert row[3] == f"{expected / 1e6:,.1f}"
+    params, grads, optim = (float(x) for x in row[4:7])
+    assert params == grads == pytest.approx(expected * 4 / GIB, abs=0.01) and optim == pytest.approx(2 * params, abs=0.01)
+    assert "warning: activation checkpointing is off and activations are" in r.text
+
+
+def test_a_plan_that_does_not_fit_names_what_helps(cli) -> None:
+    r = cli("--spec", "llama3", "--flavor", "8B", "--nnodes", "2", "--nproc-per-node", "4", "--parallelism.pp=2",
+            "--parallelism.tp=2", "--training.seq_len=8192", "--training.local_batch_size=4", "--dry-run",
+            "--target-device", "L4")
+    assert_user_error(r, "the planned run does not fit: its peak rank needs", "the L4 has 22.0 GiB",
+                      "--activation_checkpoint.mode=full: about", "--training.local_batch_size=2",
+                      "--parallelism.pp=4")
+    rows = _rows(r.text)
+    assert [row[0] for row in rows] == ["0", "1"] and all(row[-1] == "NO" for row in rows)
+    # 1F1B: the first stage holds pp=2 micro-batches in flight, the last one
+    assert float(rows[0][7]) > 1.5 * float(rows[1][7])
+    for row in rows:
+        columns = [float(x) for x in row[4:12]]
+        assert sum(columns) == pytest.approx(float(row[12]), abs=0.05)
+
+
+def test_activations_per_mode_from_one_meta_forward() -> None:
+    from titan_core.plan.resolve import resolve_config
+    from titan_core.train.activation_probe import probe_activations
+    from titan_core.train.build import build_meta_model
+
+    resolved = resolve_config(config_source=None, override_pairs=[("model.spec", "llama3")])
+    model = build_meta_model(resolved).model
+    probe = probe_activations(model, micro_batch=2, seq_len=64, dtype=torch.float32)
+    assert list(probe.blocks) == [str(i) for i in range(6)]
+    block = probe.blocks["3"]
+    assert block.input_bytes == 2 * 64 * 256 * 4  # what full checkpointing keeps: the block's input
+    assert block.input_bytes < block.input_bytes + block.selective_ops < block.saved
+    assert probe.logits_bytes == 2 * 64 * model.args.vocab_size * 4
+    assert all(p.dtype == torch.float32 for p in model.parameters())
+    assert re.fullmatch(r"\d+", str(probe.outside))
+
+
+def test_the_plan_section_of_the_distributed_page_runs_as_written(tmp_path) -> None:
+    from doc_commands import blocks, run_blocks
+
+    pairs = [(command, copied) for command, copied in blocks("distributed.md") if "--target-device" in command]
+    assert len(pairs) == 2
+    run_blocks(pairs, tmp_path)
+
+
+def test_end_stages_hold_fewer_layers_on_large_models_and_the_plan_shows_it(cli) -> None:
+    from titan_core.parallel.pipeline import split_layers
+
+    sizes = [len(s) for s in split_layers(126, 16, [], fewer_at_ends=-1)]
+    assert sizes == [7, *[8] * 14, 7]  # the 405B split: 128 "layers" counting the embedding and the head
+    assert [len(s) for s in split_layers(80, 4, [], fewer_at_ends=-1)] == [19, 21, 21, 19]
+    assert [len(s) for s in split_layers(6, 2, [], fewer_at_ends=-1)] == [3, 3]  # small models: as before
+    assert [len(s) for s in split_layers(7, 3, [], fewer_at_ends=-1)] == [3, 2, 2]
+    assert [len(s) for s in split_layers(16, 4, [], fewer_at_ends=2)] == [3, 5, 5, 3]
+    with pytest.raises(ConfigError, match="pp_end_stage_fewer_layers=3 leaves the first or last stage without"):
+        split_layers(8, 4, [], fewer_at_ends=3)
+
+    args = ("--spec", "llama3", "--flavor", "8B", "--nnodes", "1", "--nproc-per-node", "4", "--parallelism.pp=4",
+            "--training.seq_len=2048", "--training.local_batch_size=4", "--dry-run", "--target-device", "H100")
+    balanced, even = cli(*args), cli(*args, "--parallelism.pp_end_stage_fewer_layers=0")
+    assert balanced.code == even.code == 0, balanced.text + even.text
+    assert [row[2] for row in _rows(balanced.text)] == ["7", "9", "9", "7"]
+    assert [row[2] for row in _rows(even.text)] == ["8", "8", "8", "8"]
+    peak = lambda r: float(re.search(r"peak: ([\d.]+) GiB", r.text).group(1))  # noqa: E731
+    assert peak(balanced) < peak(even)
+
+
+def test_rehearsal_trains_one_rank_of_a_64_rank_layout_here(tmp_path) -> None:
+    from conftest import run_cli
+
+    r = run_cli("--spec", "llama3", "--nnodes", "8", "--nproc-per-node", "8", "--parallelism.tp=8",
+                "--rehearse-rank", "63", "--training.steps=2", "--training.seq_len=64", "--training.local_batch_size=2",
+                f"--job.run_dir={tmp_path / 'run'}", "--metrics.report=false")
+    assert r.code == 0, r.text
+    assert "rehearsal: rank 63 of 64 under torch's fake process group" in r.text
+    assert "finite checks are off" in r.text
+    assert re.search(r"rehearsal done: 2 steps on rank 63 of 64, peak memory [\d.]+ GiB resident", r.text), r.text
+    refused = run_cli("--spec", "llama3", "--nproc-per-node", "4", "--parallelism.pp=2", "--rehearse-rank", "0",
+                      f"--job.run_dir={tmp_path / 'pp'}")
+    assert_user_error(refused, "--rehearse-rank: pipeline layouts are not rehearsed yet")
+
+
+def test_a_moe_layout_with_expert_parallelism_is_planned(cli) -> None:
+    # the MoE block runs on meta (token counts only sized, no autocast there)
+    r = cli("--spec", "qwen3", "--flavor", "debugmoe", "--nproc-per-node", "4", "--parallelism.ep=2",
+            "--parallelism.pp=2", "--dry-run", "--target-device", "H100")
+    assert r.code == 0, r.text
+    rows = _rows(r.text)
+    assert [row[0] for row in rows] == ["0", "1"] and all(float(row[7]) > 0 for row in rows)
