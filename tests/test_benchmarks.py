@@ -132,3 +132,11 @@ def test_every_benchmark_script_is_run_by_a_test() -> None:
     covered = set(SMALLEST) | {"overhead.py", "attention.py", "moe_step_time.py", "moe_balance.py", "prepare.py",
                                "chunked_loss_memory.py"}
     assert scripts == covered
+
+
+def test_soak_prints_rss_per_interval_and_the_growth() -> None:
+    out = bench("soak.py", "--steps", "6", "--base", "2", "--every", "2", "--layers", "1", "--seq-len", "16")
+    rows = re.findall(r"^\s+([\d,]+)\s+([\d.]+)\s+([+-][\d.]+)%$", out, re.M)
+    assert [int(step.replace(",", "")) for step, _, _ in rows] == [2, 4, 6], out
+    assert all(float(mib) > 50 for _, mib, _ in rows) and float(rows[0][2]) == 0.0, out
+    assert re.search(r"RSS at step 6 is [+-][\d.]+% vs step 2 \([+-][\d,]+ bytes/step\); target: at most \+3%", out), out

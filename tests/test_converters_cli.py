@@ -124,7 +124,8 @@ def test_float8_rowwise_under_tensor_parallel_matches_one_process(tmp_path: Path
 
 
 def test_float8_and_mx_defaults_split_the_blocks(tmp_path: Path) -> None:
-    result, _ = train(tmp_path, "--converters", "float8,mx", "--training.steps=2", "--training.local_batch_size=4")
+    result, _ = train(tmp_path, "--converters", "float8,mx", "--training.steps=2", "--training.local_batch_size=4",
+                      "--metrics.conversion_table=full")
     rows = json.loads((tmp_path / "conversion_table.json").read_text())
     owner = {row["module"]: row["converter"] for row in rows}
     assert len(owner) == len(rows)  # each module once: the selections are disjoint

@@ -140,7 +140,7 @@ SHARD_CASES = [
     ShardCase("index.json nested too deeply to parse", deep_index, "index.json is not valid JSON (maximum recursion"),
     ShardCase("tokens: with no folder", None, 'data source "tokens:" names no folder', source="tokens:"),
     ShardCase("guard: index.json holds a list", index_list, "index.json is not a titan-data index"),
-    ShardCase("guard: tokens: names a file", None, "is not a folder", source="tokens:{base}/notes.jsonl"),
+    ShardCase("guard: tokens: names a file", None, "is a regular file, not a folder", source="tokens:{base}/notes.jsonl"),
 ]
 
 

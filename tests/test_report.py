@@ -172,7 +172,7 @@ def test_a_failure_to_draw_at_the_end_of_training_is_a_warning(
 
 
 @pytest.mark.parametrize(("args", "message"), [
-    (["{tmp}/nope"], "is not a folder; give titan run folders"),
+    (["{tmp}/nope"], "nope does not exist; give titan run folders"),
     (["{tmp}"], "has no metrics.jsonl, so it is not a titan run folder"),
     (["{run}", "{run}"], "2 runs are overlaid on one page: name it with --out FILE.html."),
     (["{run}", "--out", "{tmp}/r.png"], "must end in .html"),

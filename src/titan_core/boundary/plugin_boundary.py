@@ -289,7 +289,7 @@ class ConverterCalls:
             return None
 
         def step_hook(optimizer: torch.optim.Optimizer, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-            with self.guard(hook):  # every step: guarded, not timed (as the step around it)
+            with self.guard(hook, timed=True):  # every step, as the forward: a hook that never returns is named
                 bound(model_parts)
 
         return step_hook

@@ -14,6 +14,7 @@ import math
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..errors import ConfigError
 from ..models.sampling import Sampling, sample, takes_cache
@@ -21,6 +22,9 @@ from ..runtime.folder_kinds import is_hf_folder, is_titan_checkpoint
 from ..train.whole_model import load_hf_folder, load_titan_checkpoint
 from ..weights.titan_checkpoint import newest_checkpoint
 from .tool_main import parse_and_run
+
+if TYPE_CHECKING:
+    import torch
 
 PROG = "titan-generate"
 
@@ -54,9 +58,34 @@ def check_settings(args: argparse.Namespace) -> None:
     if args.top_k is not None and args.top_k <= 0:
         raise ConfigError(f"--top-k must be a positive number of tokens, got {args.top_k}; leave it out to sample "
                           f"from every token.")
+    if not 0 <= args.seed < 2**63:
+        raise ConfigError(f"--seed must be a whole number from 0 to 2**63-1 (torch's generator takes no more), got "
+                          f"{args.seed}.")
     if args.top_k is not None and args.temperature == 0:
         raise ConfigError("--top-k applies to sampling; add --temperature above 0 (e.g. 0.8), or leave --top-k out "
                           "for greedy output.")
+
+
+def usable_device(name: str) -> torch.device:
+    """``--device`` as a device this torch can compute on, checked before anything is loaded."""
+    import torch
+
+    try:
+        device = torch.device(name)
+    except (RuntimeError, ValueError) as exc:
+        raise ConfigError(f"--device {name!r} is not a torch device ({exc}); give cpu, cuda or cuda:N.") from None
+    if device.type == "meta":
+        raise ConfigError("--device meta holds shapes, not values: nothing can be generated on it; give cpu or cuda.")
+    if device.type == "cuda" and not torch.cuda.is_available():  # torch itself would raise an AssertionError
+        raise ConfigError(f"--device {name}: this torch sees no CUDA device (CUDA build: "
+                          f"{torch.version.cuda or 'none'}). Use --device cpu.")
+    try:
+        torch.zeros(1, device=device) + 1  # the backend is compiled in, present and computes
+    except Exception as exc:  # noqa: BLE001 (a torch without CUDA raises AssertionError)
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ConfigError(f"--device {name} cannot be used by this torch ({first}); give --device cpu, or install a "
+                          f"torch built for it.") from None
+    return device
 
 
 def resolve_source(path: Path) -> tuple[str, Path]:
@@ -80,17 +109,10 @@ def resolve_source(path: Path) -> tuple[str, Path]:
 
 
 def generate(args: argparse.Namespace) -> int:
-    import torch
 
 
     check_settings(args)
-    try:
-        device = torch.device(args.device)
-    except (RuntimeError, ValueError) as exc:
-        raise ConfigError(f"--device {args.device} cannot be used: {exc}.") from None
-    if device.type == "cuda" and not torch.cuda.is_available():  # before loading; torch would raise an AssertionError
-        raise ConfigError(f"--device {args.device}: this torch sees no CUDA device (CUDA build: "
-                          f"{torch.version.cuda or 'none'}). Use --device cpu.")
+    device = usable_device(args.device)
     kind, folder = resolve_source(args.source)
     if kind == "titan":
         whole = load_titan_checkpoint(folder, config=args.config)
@@ -98,8 +120,8 @@ def generate(args: argparse.Namespace) -> int:
         whole = load_hf_folder(folder, spec_name=args.spec, what=PROG)
     try:
         model = whole.model.to(device)
-    except (RuntimeError, ValueError) as exc:
-        raise ConfigError(f"--device {args.device} cannot be used: {exc}.") from None
+    except Exception as exc:  # noqa: BLE001 (torch's backends fail with AssertionError, RuntimeError, ...)
+        raise ConfigError(f"--device {args.device} cannot be used: {type(exc).__name__}: {exc}.") from None
     prompt = whole.tokenizer.encode(args.prompt, bos=True)
     new_tokens = args.max_new_tokens
     limit = getattr(whole.model_args, "max_seq_len", None)

@@ -37,13 +37,14 @@ config values:
   section works the same way (--CONVERTER.KEY=VALUE).
   Sources, later wins: defaults < the spec's defaults < --config < --section.key flags.
   titan-train --schema lists every section and key; docs/configuration.md explains them.
-  Without --spec the run uses the only installed spec (titan-train --list shows them).
+  Without --spec the run uses the only installed spec; with several installed, name one
+  (titan-train --list shows them).
 
 examples:
-  titan-train --flavor debugmodel --training.steps=200
-  titan-train --spec SPEC --converters CONVERTER,CONVERTER --dry-run
-  titan-train --nproc-per-node 2 --parallelism.dp_shard=2 --training.steps=20
-  torchrun --nproc-per-node 2 -m titan_core --parallelism.tp=2
+  titan-train --spec llama3 --flavor debugmodel --training.steps=200
+  titan-train --spec llama3 --converters float8,mx --dry-run
+  titan-train --spec llama3 --nproc-per-node 2 --parallelism.dp_shard=2 --training.steps=20
+  torchrun --nproc-per-node 2 -m titan_core --spec llama3 --parallelism.tp=2
 """
 
 
@@ -104,7 +105,13 @@ def run(args: argparse.Namespace, rest: list[str], argv: list[str], trainer_clas
     world_size = (args.nnodes or 1) * args.nproc_per_node if args.nproc_per_node else world_size_from_env()
     if args.rehearse_rank is not None:
         rehearsal_environment(args.rehearse_rank, world_size, dry_run=args.dry_run)
-    from ..plan.resolve import resolve_config  # start-up: --help and --list stay without torch
+    from ..plan.resolve import installed_job_model, resolve_config  # start-up: --help and --list stay without torch
+
+    if args.schema and not _names_a_spec(args, rest):
+        import json
+
+        print(json.dumps(installed_job_model().model_json_schema(), indent=2))
+        return 0
 
     resolved = resolve_config(config_source=args.config, override_pairs=_override_pairs(args, rest), world_size=world_size)
     from ..train.run_limits import apply_run_limits  # start-up: imports torch
@@ -241,3 +248,8 @@ def _report(exc: TitanError, *, with_traceback: bool, cause: BaseException | Non
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(main())
+
+
+def _names_a_spec(args: argparse.Namespace, rest: list[str]) -> bool:
+    """Whether the command line chooses a spec (``--spec``, ``--model.spec``, or a ``--config`` that may)."""
+    return bool(args.spec or args.config or any(a.startswith("--model.spec") for a in rest))

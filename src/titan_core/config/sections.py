@@ -181,6 +181,8 @@ class MetricsSection(Section):
     wandb_project: str = Field("titan", description="W&B project name.")
     tensorboard: bool = Field(False, description="Also write TensorBoard event files (the same scalars as metrics.jsonl, rank 0) to job.run_dir/tensorboard; needs the tensorboard extra.")
     peak_tflops: float | None = Field(None, gt=0, description="Peak bf16 TFLOP/s for MFU; default from a table of known GPUs.")
+    conversion_table: Literal["summary", "full"] = Field(
+        "summary", description="What the start-up prints of the converters' work: one summary line (the full table is always in job.run_dir/conversion_table.json), or the full table, one row per converted module.")
     report: bool = Field(True, description="When training ends, write report.html (charts of metrics.jsonl, see titan-report) and report-loss.png into the run folder; a failure to draw is a warning, never an error.")
 
 

@@ -93,10 +93,13 @@ def build_mixture_loader(
     """A loader whose rows come from the sources of ``mix`` (name -> (source, weight)) in proportion to the weights."""
     parts: list[tuple[str, float, torch.Tensor | WindowSource]] = []
     for name, (source, weight) in mix.items():
-        stream, num_docs = _split_of(source, tokenizer, split=split, val_fraction=val_fraction, text_field=text_field,
-                                     hf_split=hf_split, allow_download=allow_download)
-        check_split(stream, split=split, source=source, num_docs=num_docs, val_fraction=val_fraction,
-                    window=seq_len + 1, global_batch=1)
+        try:
+            stream, num_docs = _split_of(source, tokenizer, split=split, val_fraction=val_fraction,
+                                         text_field=text_field, hf_split=hf_split, allow_download=allow_download)
+            check_split(stream, split=split, source=source, num_docs=num_docs, val_fraction=val_fraction,
+                        window=seq_len + 1, global_batch=1)
+        except ConfigError as exc:  # the readers name data.source; here the setting is the mixture's own
+            raise ConfigError(str(exc).replace("data.source", f"data.mix.{name}.source")) from None
         parts.append((name, weight, stream))
     loader = MixtureDataLoader(parts, seq_len=seq_len, local_batch_size=local_batch_size, dp_rank=dp_rank,
                                dp_world_size=dp_world_size, seed=seed, shuffle=split == "train", name=split)

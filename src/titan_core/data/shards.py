@@ -40,6 +40,7 @@ import torch
 
 from ..errors import ConfigError
 from ..plugin.spec_factories import Tokenizer
+from ..runtime.os_errors import not_a_folder
 from .shard_format import DOCUMENTS_NAME, FORMAT, INDEX_NAME, VERIFIED_NAME, VERSION, file_sha256, tokenizer_fingerprint
 
 TOKENS_PREFIX = "tokens:"
@@ -182,8 +183,8 @@ def open_shard_set(folder_text: str, tokenizer: Tokenizer) -> ShardSet:
                           f'("{TOKENS_PREFIX}DIR").')
     folder = Path(folder_text).expanduser()
     if not folder.is_dir():
-        raise ConfigError(f'data source "{TOKENS_PREFIX}{folder_text}": {folder} is not a folder; give the --out '
-                          "folder of titan-data prepare.")
+        raise ConfigError(f'data source "{TOKENS_PREFIX}{folder_text}": {folder} {not_a_folder(folder)}; give the '
+                          "--out folder of titan-data prepare.")
     index = read_index(folder)
     tok = index.get("tokenizer")
     want = tokenizer_fingerprint(tokenizer)

@@ -25,6 +25,7 @@ from typing import IO
 
 from ..config.job import JobConfig
 from ..errors import GAVE_UP_EXIT, LIGHTHOUSE_LOST_EXIT, ConfigError
+from ..runtime.parent_death import ended_with_parent
 from ..runtime.run_lock import acquire_run_lock
 from .replica import RESTARTED_ENV
 
@@ -36,6 +37,21 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+# Seconds, past fault_tolerance.quorum_timeout_s, that the groups have to end once the run is stopping
+# (the lighthouse lost, a signal, a group that gave up) before they are killed.
+STOP_GRACE_S = 30.0
+
+
+def stopped(pid: int) -> bool:
+    """The process is stopped (SIGSTOP, SIGTSTP, a debugger): it will not answer until someone continues it."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:  # gone, or no /proc: not known to be stopped
+        return False
+    return stat[stat.rfind(b")") + 2 : stat.rfind(b")") + 3] in (b"T", b"t")
 
 
 def _signal_name(rc: int) -> str:
@@ -80,6 +96,11 @@ class Supervisor:
         self.stop_signal = 0
         self.lighthouse_lost = False
         self.spare: subprocess.Popen[str] | None = None  # spare.py: a process with its imports done
+        # Every child is started from the main thread: a child ends with the thread that started it
+        # (parent_death.py), and the output threads end with their replica. They ask for a spare here.
+        self.spare_wanted = False
+        self.stopped_since: dict[int, float] = {}  # pid -> when it was first seen stopped
+        self.stopping_since: float | None = None  # when the run began to stop (every group must end by then + ...)
 
     # ---- processes --------------------------------------------------------------------------------
     def start_lighthouse(self) -> subprocess.Popen[bytes]:
@@ -89,7 +110,7 @@ class Supervisor:
                "--join_timeout_ms", str(int(self.ft.quorum_timeout_s * 1000)), "--heartbeat_timeout_ms", "2000", "--quorum_tick_ms", "10"]
         log = open(self.run_dir / "lighthouse.log", "w")  # noqa: SIM115 (the child keeps it)
         return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                                env={**os.environ, "RUST_LOG": os.environ.get("RUST_LOG", "info")})
+                                preexec_fn=ended_with_parent(), env={**os.environ, "RUST_LOG": os.environ.get("RUST_LOG", "info")})
 
     def child_command(self, replica_id: int) -> list[str]:
         return [sys.executable, "-m", "titan_core", *self.argv,
@@ -116,7 +137,7 @@ class Supervisor:
                 spare.kill()
             env = {**self.group_env(), **({RESTARTED_ENV: "1"} if restart else {})}
             proc = subprocess.Popen(self.child_command(replica_id), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                    text=True, env=env, start_new_session=True)
+                                    text=True, env=env, start_new_session=True, preexec_fn=ended_with_parent())
         assert proc.stdout is not None
         threading.Thread(target=self.forward, args=(replica_id, proc.stdout), daemon=True).start()
         (self.run_dir / f"replica_{replica_id}.pid").write_text(f"{proc.pid}\n")  # what to kill to try it
@@ -127,7 +148,7 @@ class Supervisor:
     def start_spare(self) -> subprocess.Popen[str]:
         spare = subprocess.Popen([sys.executable, "-m", "titan_core.fault_tolerance.spare"], stdin=subprocess.PIPE,
                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=self.group_env(),
-                                 start_new_session=True)
+                                 start_new_session=True, preexec_fn=ended_with_parent())
         (self.run_dir / "spare.pid").write_text(f"{spare.pid}\n")
         return spare
 
@@ -167,7 +188,7 @@ class Supervisor:
                     g.left = None
                 self.live = min(self.k, self.live + 1)
                 if self.spare is None and not self.stop_signal:  # started now, not beside the restarting group
-                    self.spare = self.start_spare()
+                    self.spare_wanted = True
                 print(f"[ft] step {words[1]}: replica {words[3]} rejoined from replica {words[5]} "
                       f"({after:.1f}s after its restart); {self.live} of {self.k} replicas training", flush=True)
 
@@ -202,10 +223,52 @@ class Supervisor:
             for s, h in old.items():
                 signal.signal(s, h)
 
+    def frozen_for(self, proc: subprocess.Popen[str] | subprocess.Popen[bytes]) -> float:
+        """Seconds ``proc`` has been seen stopped without a break (0 while it runs)."""
+        if proc.poll() is not None or not stopped(proc.pid):
+            self.stopped_since.pop(proc.pid, None)
+            return 0.0
+        return time.monotonic() - self.stopped_since.setdefault(proc.pid, time.monotonic())
+
+    def end_stopped(self, lighthouse: subprocess.Popen[bytes]) -> None:
+        """A stopped lighthouse or group answers nobody: past quorum_timeout_s it is killed, and named. A killed
+        group is then restarted like any dead one; a killed lighthouse stops the run (exit 5)."""
+        limit = self.ft.quorum_timeout_s
+        if not self.lighthouse_lost and self.frozen_for(lighthouse) > limit:
+            print(f"[ft] the lighthouse (pid {lighthouse.pid}) has been stopped (SIGSTOP?) for more than "
+                  f"fault_tolerance.quorum_timeout_s={limit:g}s; killing it.", file=sys.stderr, flush=True)
+            lighthouse.kill()
+        for g in self.groups.values():
+            if g.done is None and self.frozen_for(g.proc) > limit:
+                print(f"[ft] replica {g.replica_id} (pid {g.proc.pid}) has been stopped (SIGSTOP?) for more than "
+                      f"fault_tolerance.quorum_timeout_s={limit:g}s; killing it.", file=sys.stderr, flush=True)
+                self.stopped_since.pop(g.proc.pid, None)
+                g.proc.kill()
+
+    def end_stragglers(self) -> None:
+        """Once the run is stopping, every group has quorum_timeout_s + STOP_GRACE_S to end; then it is killed."""
+        if not (self.lighthouse_lost or self.stop_signal or self.stopping_since is not None):
+            return
+        now = time.monotonic()
+        self.stopping_since = self.stopping_since if self.stopping_since is not None else now
+        limit = self.ft.quorum_timeout_s + STOP_GRACE_S
+        if now - self.stopping_since <= limit:
+            return
+        for g in self.groups.values():
+            if g.done is None and g.proc.poll() is None:
+                print(f"[ft] replica {g.replica_id} (pid {g.proc.pid}) did not stop within {limit:g}s "
+                      f"(fault_tolerance.quorum_timeout_s + {STOP_GRACE_S:g}s) of the run stopping; killing it.",
+                      file=sys.stderr, flush=True)
+                g.proc.kill()
+
     def watch(self, lighthouse: subprocess.Popen[bytes]) -> int:
         gave_up = refused = False
         while any(g.done is None for g in self.groups.values()):
             time.sleep(0.1)
+            if self.spare_wanted and self.spare is None and not self.stop_signal:
+                self.spare_wanted, self.spare = False, self.start_spare()
+            self.end_stopped(lighthouse)
+            self.end_stragglers()
             if lighthouse.poll() is not None and not self.lighthouse_lost and not self.stop_signal:
                 self.lighthouse_lost = True
                 print(f"[ft] the lighthouse died ({_signal_name(lighthouse.returncode)}); every replica group stops "
@@ -234,6 +297,7 @@ class Supervisor:
                           file=sys.stderr, flush=True)
                     self.forward_signal(signal.SIGTERM, None)
                     self.stop_signal = 0
+                    self.stopping_since = time.monotonic()
         if self.stop_signal:
             return 128 + self.stop_signal
         if self.lighthouse_lost:

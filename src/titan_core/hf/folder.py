@@ -16,6 +16,7 @@ import torch
 
 from ..errors import ConfigError
 from ..runtime.folder_kinds import HF_WEIGHTS_INDEX, HF_WEIGHTS_SINGLE
+from ..runtime.os_errors import not_a_folder
 from .rope_fields import check_rope_fields
 from .slice_reader import SliceReader, TensorInfo
 
@@ -45,7 +46,7 @@ def open_hf_folder(path: str | Path, *, what: str) -> HFFolder:
     path = Path(path)
     fix = "point it at a folder saved by transformers' save_pretrained (config.json + model.safetensors or shards)"
     if not path.is_dir():
-        raise ConfigError(f"{what}: {path} is not a folder; {fix}.")
+        raise ConfigError(f"{what}: {path} {not_a_folder(path)}; {fix}.")
     if not (path / "config.json").is_file():
         raise ConfigError(f"{what}: {path} has no config.json, so it is not a Hugging Face model folder; {fix}.")
     try:

@@ -66,6 +66,20 @@ class StepProfiler:
             # torch's hook for "dump a snapshot on OOM" (documented with the memory visualizer)
             attach_out_of_memory_observer(self._on_out_of_memory)
 
+    def check_window(self, *, first_step: int, last_step: int) -> None:
+        """Say (once, rank 0) when the profiled steps lie outside the steps this run will train: a window
+        after the last step, or before a resume point, would otherwise produce no trace and no word."""
+        c = self.config
+        if not c.enable:
+            return
+        start, end = c.start_step, c.start_step + c.steps - 1
+        if end < first_step or start > last_step:
+            where = (f"before this run's first step {first_step} (it resumes from step {first_step - 1})"
+                     if end < first_step else f"after this run's last step {last_step} (training.steps)")
+            progress(f"profiling: steps {start}..{end} (profiling.start_step, profiling.steps) lie {where}: no "
+                     f"trace will be written. Move profiling.start_step into {first_step}..{last_step}.",
+                     is_rank0=self.is_rank0)
+
     @property
     def active(self) -> bool:
         return self._prof is not None

@@ -20,6 +20,7 @@ from ..config.sections import ParallelismSection
 from ..data.documents import check_document_masking
 from ..errors import ConfigError, PluginError, did_you_mean
 from ..plugin import discovery
+from ..plugin.emulation import new_run_notes
 from ..plugin.protocols import ModelConverter, Tokenizer, TrainSpec
 from ..plugin.resolved import MixedPrecision, promised_parallelism
 from ..weights.source import StartingWeights
@@ -137,6 +138,7 @@ def resolve_config(
     *, config_source: str | None, override_pairs: list[tuple[str, str]], world_size: int = 1
 ) -> ResolvedConfig:
     """Merge defaults < spec defaults < --config < overrides, and validate."""
+    new_run_notes()  # what a run says once (emulated kernels) is said once per run resolved
     file_layer: Layer = load_config_source(config_source) if config_source else {}
     # Overrides are typed by the field they set, which needs the section's model. The core's
     # sections are known now (and name the spec and converters to load); the plugins'
@@ -189,3 +191,16 @@ def resolve_config(
     weights = run_weights(calls, config, tokenizer=tokenizer, world_size=world_size)
     return ResolvedConfig(config, spec, converters, job_model, world_size, device=device, backend=backend,
                           tokenizer=tokenizer, weights=weights)
+
+
+def installed_job_model() -> type[JobConfig]:
+    """The config model with the section of every installed spec and converter: ``titan-train --schema``
+    without a spec describes everything a run could be given (naming no spec is not an error there)."""
+    sections: dict[str, type[BaseModel]] = {}
+    for name in discovery.discover(discovery.SPECS):
+        spec = discovery.load_train_spec(name)
+        if spec.config_model is not None:
+            sections[name] = spec.config_model
+    for name in discovery.discover(discovery.CONVERTERS):
+        sections.setdefault(name, discovery.load_converter(name).Config)
+    return build_job_model(sections)

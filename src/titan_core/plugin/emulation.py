@@ -13,7 +13,9 @@ from dataclasses import dataclass
 
 import torch
 
+from ..console import progress
 from ..errors import TitanError
+from ..runtime.launch_env import rank_env
 
 
 @dataclass(frozen=True)
@@ -28,6 +30,22 @@ class KernelNeeds:
     too_old: str  # the error on an older GPU; ``{major}`` and ``{minor}`` are its capability
 
 
+_said: set[str] = set()
+
+
+def new_run_notes() -> None:
+    """Forget what was said: the next run resolved in this process says it again."""
+    _said.clear()
+
+
+def _say_once(needs: KernelNeeds, message: str) -> None:
+    """One line per converter section and process, from rank 0: emulation is a choice a user should see."""
+    if needs.section in _said:
+        return
+    _said.add(needs.section)
+    progress(message, is_rank0=rank_env()[0] == 0)
+
+
 def resolve_emulation(emulate: bool | str, device: torch.device, needs: KernelNeeds,
                       cuda_capability: Callable[[torch.device], tuple[int, int]]) -> tuple[bool, str]:
     """(emulate?, why). Raises TitanError when real kernels are asked for but cannot run."""
@@ -40,6 +58,9 @@ def resolve_emulation(emulate: bool | str, device: torch.device, needs: KernelNe
                 f"but this run uses device {device.type}. Set --{needs.section}.emulate=auto (or true) to emulate "
                 f"{needs.kernels} matmuls in {needs.emulated_in} (slow; for testing)."
             )
+        _say_once(needs, f"{needs.section}: {needs.kernels} matmuls are emulated in {needs.emulated_in} on "
+                         f"{device.type}, which has no {needs.kernels} kernels: the numerics of {needs.kernels}, at "
+                         f"a fraction of float32's speed (about 20x slower on CPU); real kernels need {needs.hardware}.")
         return True, f"emulated: no {needs.kernels} kernels on {device.type}"
     major, minor = cuda_capability(device)
     if (major, minor) >= needs.min_capability:

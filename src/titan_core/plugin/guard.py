@@ -46,9 +46,10 @@ def plugin_timeout() -> float:
 
 
 def timeout_message(label: str, method: str, seconds: float, *, setting: str = "model.plugin_timeout_s") -> str:
+    flag = setting if " " in setting else f"--{setting}"  # a command's own flag is named whole
     return (f"{label} did not return from {method} within {seconds:g} s ({setting}); the plugin hangs "
             f"(waits for something that never comes, or loops). Report it to the plugin's authors; if the call is "
-            f"only slow, raise --{setting}.")
+            f"only slow, raise {flag}.")
 
 
 def plugin_label(group: Group, name: str) -> str:

@@ -31,6 +31,7 @@ from types import FrameType
 
 from ..errors import PEER_LOST_EXIT
 from .launch_env import LAUNCHER_ENV
+from .parent_death import ended_with_parent
 from .run_lock import HELD_BY_LAUNCHER_ENV
 from .worker_errors import INTERRUPTED, ErrorInbox
 
@@ -106,7 +107,7 @@ def launch(nproc: int, worker_args: list[str], *, run_dir: Path | None = None) -
         for rank in range(nproc):
             proc = subprocess.Popen([sys.executable, "-m", "titan_core", *worker_args],
                                     env={**env, **inbox.env(), "RANK": str(rank), "LOCAL_RANK": str(rank)},
-                                    start_new_session=True)
+                                    start_new_session=True, preexec_fn=ended_with_parent())
             workers.append(Worker(rank, proc))
         code = _supervise(workers, received)
         inbox.report(nproc)

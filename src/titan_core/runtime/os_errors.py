@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import os
 import stat
 from pathlib import Path
 
@@ -12,14 +13,14 @@ from .path_settings import setting_for
 __all__ = ["describe_os_error", "io_errno"]
 
 _ADVICE = {
-    errno.ENOSPC: ("disk full", "free space on that filesystem or point --job.run_dir at another one"),
+    errno.ENOSPC: ("disk full", "free space on that filesystem or point {where} at another one"),
     errno.EDQUOT: ("disk quota exceeded", "free space within your quota or use another folder"),
-    errno.EACCES: ("permission denied", "make it writable for this user or choose another --job.run_dir"),
-    errno.EPERM: ("operation not permitted", "make it writable for this user or choose another --job.run_dir"),
-    errno.EROFS: ("read-only filesystem", "choose a --job.run_dir on a writable filesystem"),
+    errno.EACCES: ("permission denied", "make it writable for this user or choose another {where}"),
+    errno.EPERM: ("operation not permitted", "make it writable for this user or choose another {where}"),
+    errno.EROFS: ("read-only filesystem", "choose a {where} on a writable filesystem"),
     errno.ENOTDIR: ("a path component is a file, not a folder", "remove or rename that file, or choose another path"),
     errno.EISDIR: ("it is a folder, where a file was expected", "remove or rename that folder"),
-    errno.EEXIST: ("it already exists and is not a folder", "remove or rename it, or choose another --job.run_dir"),
+    errno.EEXIST: ("it already exists and is not a folder", "remove or rename it, or choose another {where}"),
     errno.ELOOP: ("it is a symbolic link, which the run refuses to follow", "replace the link by a real file"),
     errno.ENAMETOOLONG: ("the path is too long", "choose a shorter path"),
 }
@@ -32,6 +33,13 @@ def describe_os_error(exc: OSError) -> TitanError:
     if exc.filename is not None:
         setting = setting_for(exc.filename)
     what, fix = _ADVICE.get(exc.errno or -1, (exc.strerror or str(exc), "check the path and its filesystem"))
+    # The flag to change is named only when a setting of this run chose the path: another tool (titan-data,
+    # titan-plugin new, titan-convert) has no --job.run_dir, and a flag it does not have is no advice.
+    fix = fix.format(where=f"--{setting}" if setting else "place")
+    if exc.errno == errno.EEXIST and exc.filename is not None and os.path.islink(exc.filename) \
+            and not os.path.exists(exc.filename):
+        what = f"it is a symbolic link to {os.readlink(exc.filename)}, which does not exist"
+        fix = "remove the link, or create what it points to" + (f", or choose another --{setting}" if setting else "")
     if exc.errno == errno.ENOSPC:
         message = f"disk full while writing {name}: {fix}. Checkpoints published before this are intact."
     else:
@@ -50,6 +58,16 @@ def io_errno(exc: BaseException) -> int | None:
 
     found = re.search(r"os error (\d+)", str(exc)) if type(exc).__name__ == "SafetensorError" else None
     return int(found.group(1)) if found else None
+
+
+def not_a_folder(path: Path) -> str:
+    """Why ``path`` is not a folder, in a message's words: ``does not exist``, ``is a regular file``,
+    ``is a named pipe (FIFO)``, ... (a FIFO or device was once called "not a folder" only)."""
+    if not os.path.lexists(path):
+        return "does not exist"
+    if path.is_file():
+        return "is a regular file, not a folder"
+    return f"is {file_kind(path)}, not a folder"
 
 
 def file_kind(path: Path) -> str:

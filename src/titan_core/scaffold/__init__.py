@@ -7,7 +7,10 @@ May import ``plugin``, ``models``, ``config``, ``runtime`` and the leaves.
 from __future__ import annotations
 
 import keyword
+import os
 import re
+import shutil
+import tempfile
 from pathlib import Path
 from string import Template
 
@@ -18,7 +21,15 @@ from . import converter_files, spec_files
 __all__ = ["write_package"]
 
 
+# The name is part of folder and file names (titan_NAME/NAME_converter.py) and of a distribution name;
+# beyond this a path component can exceed the filesystem's 255 bytes.
+MAX_NAME = 64
+
+
 def _names(name: str, kind: str) -> dict[str, str]:
+    if len(name) > MAX_NAME:
+        raise ConfigError(f'a {kind} name of {len(name)} characters is too long: at most {MAX_NAME} (it becomes part '
+                          f"of file, folder and package names). Choose a shorter name.")
     if not re.fullmatch(r"[a-z][a-z0-9_]*", name) or keyword.iskeyword(name):
         raise ConfigError(
             f'"{name}" cannot name a {kind}: use lower-case letters, digits and "_", starting with a letter '
@@ -35,11 +46,26 @@ def write_package(kind: str, name: str, directory: str | Path) -> Path:
 
     values = _names(name, kind)
     root = Path(directory)
+    if root.is_symlink() and not root.exists():
+        raise ConfigError(f"--dir {root} is a symbolic link to {os.readlink(root)}, which does not exist; remove the "
+                          f"link or choose a new folder.")
     if root.exists() and (not root.is_dir() or any(root.iterdir())):
         raise ConfigError(f"--dir {root} already exists and is not an empty folder; choose a new folder.")
     files = (converter_files if kind == "converter" else spec_files).FILES
-    for rel, text in files.items():
-        path = root / Template(rel).substitute(values)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(Template(text).substitute(values))
+    # Written beside --dir, then renamed into place: a failure half-way (a full disk, a path too long) leaves
+    # nothing behind, and --dir is either the whole package or as it was.
+    root.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{root.name[:40]}.", dir=root.parent))
+    try:
+        for rel, text in files.items():
+            path = staging / Template(rel).substitute(values)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(Template(text).substitute(values))
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(staging, 0o777 & ~umask)  # mkdtemp's folder is private; the package is an ordinary folder
+        os.replace(staging, root)  # onto a missing or empty folder
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
     return root

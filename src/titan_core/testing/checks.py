@@ -34,7 +34,7 @@ from ..moe import GroupedExperts
 from ..plan.resolve import resolve_config
 from ..plugin import discovery
 from ..plugin.discovery import CONVERTERS, SPECS, discover, load_converter, load_train_spec
-from ..plugin.guard import timeout_message
+from ..plugin.guard import plugin_call, timeout_message
 from ..runtime.torch_compat import grouped_mm_op
 from ..train.build import build_converters
 from ..train.trainer import Trainer
@@ -233,7 +233,8 @@ def check_import(t: Target) -> str:
 def check_config(t: Target) -> str:
     """Config defaults validate; a misspelled key is refused with a did-you-mean."""
     cls = load_converter(t.name)
-    cls.Config()  # the defaults alone must validate
+    with _plugin_step(t, "Config()"):
+        cls.Config()  # the defaults alone must validate
     fields = list(cls.Config.model_fields)
     typo = (fields[0][:-1] + fields[0][-1] * 2) if fields else "no_such_option"
     pairs = [("model.spec", t.spec_name), ("model.converters", t.name), (f"{t.name}.{typo}", "1")]
@@ -275,6 +276,16 @@ def _bounded(t: Target) -> Iterator[None]:
         message = timeout_message(f"{t.kind} {t.name!r}", exc.method, exc.seconds,
                                   setting="titan-plugin check --call-timeout")
         raise Failed(message, TIMED_OUT) from None
+
+
+@contextlib.contextmanager
+def _plugin_step(t: Target, method: str) -> Iterator[None]:
+    """A call the kit makes into the plugin's code directly (not through the facade): guarded and under
+    the same deadline, so that one that never returns fails the check, naming ``method``."""
+    group = SPECS if t.kind == "spec" else CONVERTERS
+    name = t.spec_name if t.kind == "spec" else t.name
+    with _bounded(t), plugin_call(group, name, method, timed=True):
+        yield
 
 
 def check_select_convert(t: Target) -> str:
@@ -377,7 +388,8 @@ def check_hooks(t: Target) -> str:
 
     trainer = Trainer(dataclasses.replace(resolved, converters=[(name, Counting)]))
     # The run's own progress lines are not part of the check's report.
-    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+    # Every call into the plugin (convert, parallelize_fn, forward, the hooks) is under the call deadline.
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()), _bounded(t):
         trainer.setup()
         trainer.train()
     if counts != {"pre": steps, "post": steps}:
@@ -515,7 +527,7 @@ def _spec_model(t: Target, *, device: str = "meta", seq_len: int | None = None) 
         ("model.spec", t.spec_name), ("model.flavor", t.flavor_name),
         ("training.seq_len", str(t.seq_len if seq_len is None else min(seq_len, t.seq_len)))])
     spec, args = resolved.spec, resolved.model_args
-    with torch.device(device):
+    with torch.device(device), _plugin_step(t, "the model's constructor"):
         model = resolved.calls.build_model(args)
     return spec, args, model
 
@@ -574,13 +586,15 @@ def check_flops(t: Target) -> str:
     spec, args, model = _spec_model(t, device="cpu", seq_len=seq)
     if spec.flops_per_token_fn is None:
         raise _Skip("no flops_per_token_fn")
-    init_model_weights(model, seed=0)
+    with _plugin_step(t, "the model's init_parameter"):
+        init_model_weights(model, seed=0)
     tokens = torch.zeros(1, seq, dtype=torch.long)
     # torch 2.13's counter has no formula for the grouped GEMM MoE experts run on (titan_core.moe):
     # x [tokens, in] times the stacked weights [experts, in, out] is 2 * tokens * in * out.
     op = grouped_mm_op()
     grouped = {op: _grouped_mm_flops} if op is not None else {}
-    with FlopCounterMode(display=False, custom_mapping=grouped) as counter, torch.no_grad():
+    with FlopCounterMode(display=False, custom_mapping=grouped) as counter, torch.no_grad(), \
+            _plugin_step(t, "the model's forward"):
         model(tokens)
     counted = 3.0 * counter.get_total_flops() / seq
     # FlopCounterMode charges attention over the full square: compare with that count.
@@ -604,28 +618,34 @@ def check_hf_roundtrip(t: Target) -> str:
     adapter = spec.state_dict_adapter
     if adapter is None:
         raise _Skip("no state_dict_adapter")
-    init_model_weights(model, seed=0)
+    with _plugin_step(t, "the model's init_parameter"):
+        init_model_weights(model, seed=0)
     native = {k: v.detach() for k, v in model.state_dict().items()}
     # A persistent buffer the adapter does not export (a MoE routing bias: training state with no
     # Hugging Face counterpart) is not expected back; a parameter always is.
     params = {k for k, _ in model.named_parameters(remove_duplicate=False)}
-    native = {k: v for k, v in native.items() if k in params or adapter.to_hf({k: v}, args)}
-    # The shape must survive config.json too: the adapter rebuilds the args the tensors are read with.
-    args_back = adapter.model_args_from_hf(adapter.hf_config(args))
-    back = adapter.from_hf(adapter.to_hf(native, args), args_back)
+    with _plugin_step(t, "state_dict_adapter's to_hf/from_hf/hf_config"):
+        native = {k: v for k, v in native.items() if k in params or adapter.to_hf({k: v}, args)}
+        # The shape must survive config.json too: the adapter rebuilds the args the tensors are read with.
+        args_back = adapter.model_args_from_hf(adapter.hf_config(args))
+        back = adapter.from_hf(adapter.to_hf(native, args), args_back)
     bad = sorted(k for k in native if k not in back or not torch.equal(native[k], back[k]))
     if bad or set(back) != set(native):
         raise Failed(f"round trip changed {bad[:5]} (keys back: {len(back)} of {len(native)})")
     # The optional row map must say what from_hf does: sharded loads read rows by it.
-
-    for key, tensor in adapter.to_hf(native, args).items():
-        out = adapter.from_hf({key: tensor}, args_back)
-        if not out:
-            continue
-        (name, value), = out.items()
-        rows = row_map(adapter, key, tuple(tensor.shape), tuple(value.shape), args_back)
-        if rows is not None and not torch.equal(tensor[rows], value):
-            raise Failed(f"from_hf_rows({key!r}) does not match what from_hf does to that tensor")
+    disagree: list[str] = []
+    with _plugin_step(t, "state_dict_adapter's from_hf/from_hf_rows"):
+        for key, tensor in adapter.to_hf(native, args).items():
+            out = adapter.from_hf({key: tensor}, args_back)
+            if not out:
+                continue
+            (name, value), = out.items()
+            rows = row_map(adapter, key, tuple(tensor.shape), tuple(value.shape), args_back)
+            if rows is not None and not torch.equal(tensor[rows], value):
+                disagree.append(key)
+                break
+    if disagree:
+        raise Failed(f"from_hf_rows({disagree[0]!r}) does not match what from_hf does to that tensor")
     return f"{len(native)} tensors"
 
 

@@ -69,6 +69,16 @@ class ConversionTable:
         rule = "  ".join("-" * width for width in widths)
         return "\n".join([line(header), rule, *(line(row) for row in cells[1:])])
 
+    def summary(self) -> str:
+        """One line: how many modules each converter converted, from which type to which."""
+        if not self.rows:
+            return "no modules converted"
+        by: dict[tuple[str, str, str], int] = {}
+        for r in self.rows:
+            by[(r.converter, r.before, r.after)] = by.get((r.converter, r.before, r.after), 0) + 1
+        parts = "; ".join(f"{conv}: {n} {before} -> {after}" for (conv, before, after), n in by.items())
+        return f"converted {len(self.rows)} module{'s' if len(self.rows) > 1 else ''} ({parts})"
+
     def to_json(self) -> str:
         """The rows as a JSON list of objects (keys: module, converter, before, after)."""
         return json.dumps([asdict(row) for row in self.rows], indent=2)

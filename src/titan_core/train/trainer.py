@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import math
 import time
+from array import array
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,8 +27,9 @@ from ..checkpoint.stateful import Stateful, progress_state
 from ..config.job import JobConfig, accumulation_steps
 from ..config.parallel_dims import ParallelDims
 from ..config.toml_out import dumps
-from ..console import progress
+from ..console import progress, say
 from ..data import build_dataloader, build_mixture_loader
+from ..data.describe import describe_data
 from ..data.documents import split_documents
 from ..data.mixture import source_tokens
 from ..data.prefetch import PrefetchingLoader
@@ -49,6 +51,7 @@ from ..plan.resolve import ResolvedConfig
 from ..plugin.protocols import ModelConverter, TensorParallelStyles, Tokenizer, TrainSpec
 from ..plugin.spec_factories import LossFn, LRSchedulers, MetricsProcessor, Pipeline
 from ..runtime.cpu_allocator import keep_freed_memory_in_heap
+from ..runtime.cpu_threads import choose_cpu_threads
 from ..runtime.determinism import enable_deterministic
 from ..runtime.launch_env import rank_env
 from ..runtime.out_of_memory import out_of_memory_named
@@ -75,6 +78,10 @@ class StepResult:
     loss: torch.Tensor | float
     grad_norm: torch.Tensor | float
     skipped: bool
+
+
+# Steps whose loss tensors are kept on the device before being read into floats (one host sync per batch).
+LOSS_BATCH = 256
 
 
 def to_device(batch: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -199,11 +206,12 @@ class Trainer:
         n = self.proc.world_size
         dtype = str(self.compute_dtype).removeprefix("torch.")
         precision = dtype if self.compute_dtype == torch.float32 else f"{dtype} autocast over float32 weights"
-        progress(f"device {self.device}, {n} process{'es' if n > 1 else ''}, {precision}", is_rank0=self.is_rank0)
+        threads = f", {choose_cpu_threads()}" if self.device.type == "cpu" else ""
+        progress(f"device {self.device}, {n} process{'es' if n > 1 else ''}, {precision}{threads}", is_rank0=self.is_rank0)
 
     def build_tokenizer_and_data(self) -> None:
         d, t = self.config.data, self.config.training
-        progress(f"loading tokenizer ({d.tokenizer}) and data ({d.source})", is_rank0=self.is_rank0)
+        progress(f"loading tokenizer ({d.tokenizer}) and data ({describe_data(d)})", is_rank0=self.is_rank0)
         self.tokenizer = self.resolved.tokenizer
 
         dp_rank, dp_world_size = self.data_shard()
@@ -251,7 +259,11 @@ class Trainer:
         named = self.build_converters()
         self.conversion_table = build.convert_model(self.resolved, model, named)
         if self.is_rank0 and named:
-            print(self.conversion_table.format(), flush=True)
+            if self.config.metrics.conversion_table == "full":
+                print(self.conversion_table.format(), flush=True)
+            else:  # the table has a row per module (42 for a small float8 model): one line, the rows in the run folder
+                print(f"[titan] {self.conversion_table.summary()}; every row: conversion_table.json in the run "
+                      "folder (--metrics.conversion_table=full prints them)", flush=True)
 
     def tp_styles(self) -> TensorParallelStyles:
         return resolve_tp_styles([(c.name, c) for c in converter_calls(self.named_converters())])  # guarded
@@ -537,6 +549,9 @@ class Trainer:
         if resumed is not None:
             self.step, self.tokens_seen = resumed.step, resumed.tokens_seen
             progress(f"resuming from {resumed.path} at step {resumed.step}", is_rank0=self.is_rank0)
+            if self.step >= self.config.training.steps:
+                self.nothing_to_train()
+                return []
 
             check_shape_file_unchanged(self.spec, self.resolved.weights, self.run_dir)
         else:  # the run's own checkpoints take precedence over checkpoint.initial_load
@@ -552,12 +567,17 @@ class Trainer:
             if self.converters:
                 self.conversion_table.write(self.run_dir / "conversion_table.json")
         t = self.config.training
+        self.profiler.check_window(first_step=self.step + 1, last_step=t.steps)
         batches = iter(self.dataloader)
         tokens_per_step = t.local_batch_size * t.seq_len * self.accum
         # TP and PP ranks share their data-parallel rank's batch, so each device's share is
         # 1/(tp*pp) of it; the logger's x world_size is then the true global token rate.
         tokens_per_device = tokens_per_step * self.dims.dp / self.dims.world_size
-        losses: list[torch.Tensor | float] = []  # read on the host at the end, not per step
+        # Each step's loss stays on the device until LOSS_BATCH have gathered (no host sync per step), then they
+        # are read into `history`: 8 bytes a step. Keeping every step's tensor (a tensor object and its
+        # storage, each step) grew a long run's resident memory without end.
+        losses: list[torch.Tensor | float] = []
+        history = array("d")
         progress("first step (building kernels, loading data) ...", is_rank0=self.is_rank0)
         reset_peak_memory(self.device)  # the peak then counts the steps, not the set-up's transients
         # Throughput is measured over the logging window (since the last log): a logging step's
@@ -575,6 +595,9 @@ class Trainer:
             self.step += 1
             self.tokens_seen += tokens_per_step * self.dims.dp
             losses.append(result.loss)
+            if len(losses) >= LOSS_BATCH:
+                history.extend(float(loss) for loss in losses)
+                losses.clear()
             last = self.step == t.steps
             data_ms = self.dataloader.wait_ms()  # time this step waited for its batches
             self.profiler.after_step(self.step, last=last)
@@ -595,7 +618,21 @@ class Trainer:
             if logs:
                 window_start, window_steps = time.perf_counter(), 0
         self.finish()
-        return [float(loss) for loss in losses]
+        history.extend(float(loss) for loss in losses)
+        return history.tolist()
+
+    def nothing_to_train(self) -> None:
+        """A resume whose checkpoint is already at (or past) training.steps: as torchtitan, nothing is trained
+        and the command succeeds; unlike a run, it writes nothing (config.toml, metrics, report, export
+        stay as the run left them), and says so."""
+        steps = self.config.training.steps
+        where = "at" if self.step == steps else "past"
+        if self.is_rank0:
+            say(f"[titan] nothing to train: the run's last checkpoint is at step {self.step}, {where} "
+                f"--training.steps={steps}. The run folder {self.run_dir} is left as it was (config.toml, "
+                f"metrics and checkpoints unchanged). To train on, give --training.steps above {self.step}; to "
+                f"start a new run, give another --job.run_dir.")
+        self.dataloader.close()
 
     def step_metrics(self) -> dict[str, float]:
         """Figures a subclass adds to each step's metrics record (fault tolerance: the live replica groups)."""

@@ -7,6 +7,7 @@ shapes) and DCP reshards it into one plain model; nothing but the weights is rea
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -72,12 +73,27 @@ def read_checked_run_config(path: Path | None) -> dict[str, Any]:
     return layer
 
 
+def check_config_matches(run_config: Mapping[str, Any], config_path: Path | None, *, spec: str, flavor: str,
+                         checkpoint: Path) -> None:
+    """The run config the model's shape is read from must be one of the checkpoint's spec and flavor: another
+    spec's config gives another shape, and the load would fail on a tensor shape without naming why."""
+    model = run_config.get("model", {})
+    said = (model.get("spec"), model.get("flavor")) if isinstance(model, dict) else (None, None)
+    if said[0] not in (None, "", spec) or said[1] not in (None, "", flavor):
+        raise ConfigError(f"{config_path} is the config of a {said[0]}/{said[1]} run, but {checkpoint} was saved by "
+                          f"spec {spec}, flavor {flavor} (titan_checkpoint.json): the model's shape would be read "
+                          f"from the wrong spec. Give the checkpoint's own run config.toml with --config (or leave "
+                          f"--config out when the checkpoint is inside its run folder).")
+
+
 def load_titan_checkpoint(checkpoint: Path, *, config: Path | None = None) -> WholeModel:
     """The model of ``checkpoint`` (a step-N folder) in float32 on the CPU; ``config``: the run's
     config.toml (default: two levels up, where titan-train writes it)."""
 
     identity = read_record(checkpoint).identity
-    run_config = read_checked_run_config(config or run_config_of(checkpoint))
+    config_path = config or run_config_of(checkpoint)
+    run_config = read_checked_run_config(config_path)
+    check_config_matches(run_config, config_path, spec=identity.spec, flavor=identity.flavor, checkpoint=checkpoint)
     spec = discovery.load_train_spec(identity.spec)
     data = run_config.get("data", {})
     tokenizer = build_tokenizer(str(data.get("tokenizer", "builtin") if isinstance(data, dict) else "builtin"))
@@ -89,10 +105,37 @@ def load_titan_checkpoint(checkpoint: Path, *, config: Path | None = None) -> Wh
     return WholeModel(model, spec, model_args, tokenizer)
 
 
+def spec_reading(folder: Path, *, what: str) -> str:
+    """The installed spec whose adapter reads ``folder``'s config.json (its model_type says the family): the
+    only one, or the default spec when several or none do (their own error then names the folder)."""
+    import json
+
+    try:
+        config = json.loads((folder / "config.json").read_text())
+    except (OSError, ValueError):
+        return discovery.default_spec_name()
+    readers = []
+    for name in sorted(discovery.discover(discovery.SPECS)):
+        adapter = discovery.load_train_spec(name).state_dict_adapter
+        if adapter is None or not isinstance(config, dict):
+            continue
+        try:
+            adapter.model_args_from_hf(config)
+        except Exception:  # noqa: BLE001 (any refusal means: not this spec's family)
+            continue
+        readers.append(name)
+    if len(readers) == 1:
+        return readers[0]
+    if len(readers) > 1:
+        raise ConfigError(f"{what}: {folder}/config.json can be read by the specs {', '.join(readers)}; choose one "
+                          f"with --spec NAME.")
+    return discovery.default_spec_name()
+
+
 def load_hf_folder(folder_path: Path, *, spec_name: str | None, what: str) -> WholeModel:
     """The model of a Hugging Face folder through the spec's adapter (default: the only installed spec)."""
 
-    spec = discovery.load_train_spec(spec_name or discovery.default_spec_name())
+    spec = discovery.load_train_spec(spec_name or spec_reading(folder_path, what=what))
     weights, folder = hf_starting_weights(spec, folder_path, what=what, purpose=what)  # before any weight is allocated
     model_args = weights.model_args
     model, ties = cpu_model(spec, model_args)

@@ -21,9 +21,9 @@ class Qwen3Section(DecoderSection):
         None, ge=1, description="MoE flavors: every n-th layer is sparse (Hugging Face's decoder_sparse_step; default: "
         "the flavor's).")
     moe_aux_loss_coeff: float | None = Field(
-        None, ge=0, description="MoE flavors: coefficient of the auxiliary load-balancing loss added to the training "
-        "loss (0: none; default: the flavor's).")
+        None, ge=0, le=1, description="MoE flavors: coefficient of the auxiliary load-balancing loss added to the "
+        "training loss, 0 to 1 (0: none; above 1 balancing would outweigh the language-model loss; default: the flavor's).")
     moe_bias_update_rate: float | None = Field(
-        None, ge=0, description="MoE flavors: rate of the auxiliary-loss-free routing-bias update after each optimizer "
-        "step (DeepSeek-V3): each expert's logit bias moves by rate x log(mean load / its load); 0: off; default: the "
-        "flavor's.")
+        None, ge=0, le=1, description="MoE flavors: rate of the auxiliary-loss-free routing-bias update after each "
+        "optimizer step (DeepSeek-V3), 0 to 1: each expert's logit bias moves by rate x log(mean load / its load); 0: "
+        "off; default: the flavor's.")

@@ -78,6 +78,14 @@ class Qwen3Args:
         if outside:
             raise ValueError(f"Qwen3Args: mlp_only_layers names layer {outside[0]}, but the layers are numbered 0.."
                              f"{self.n_layers - 1} (n_layers={self.n_layers}); list only existing layers")
+        # Settings only MoE layers read, given to a dense shape, would be ignored without a word.
+        moe_only = [f"{name}={getattr(self, name)!r}" for name, default in
+                    (("moe_aux_loss_coeff", 0.0), ("moe_bias_update_rate", 0.0), ("mlp_only_layers", ()))
+                    if getattr(self, name) != default]
+        if not self.num_experts and moe_only:
+            raise ValueError(f"Qwen3Args: {', '.join(moe_only)} only act on MoE layers, and this shape has none "
+                             f"(num_experts=0, a dense flavor): the setting would do nothing. Use a MoE flavor "
+                             f"(e.g. debugmoe), or leave it out")
         if self.num_experts and not any(self.is_sparse(i) for i in range(self.n_layers)):
             # A MoE shape with no MoE layer is a dense model in disguise (and expert settings would do nothing).
             raise ValueError(f"Qwen3Args: with decoder_sparse_step={self.decoder_sparse_step} and mlp_only_layers="

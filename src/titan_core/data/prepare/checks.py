@@ -13,6 +13,9 @@ from ...errors import ConfigError
 from ..sources import HF_PREFIX
 
 MAX_SHARD_TOKENS = 1 << 31  # two buffers of this many tokens are held in memory (16 GB at uint32)
+# Below this a shard holds a handful of documents: a corpus becomes tens of thousands of files (and as
+# many opens, hashes and index entries) for no gain.
+MIN_SHARD_TOKENS = 512
 
 
 def max_workers() -> int:
@@ -20,14 +23,18 @@ def max_workers() -> int:
     return max(8, 4 * (os.cpu_count() or 1))
 
 
-def check_settings(workers: int, shard_tokens: int) -> None:
+def check_settings(workers: int, shard_tokens: int, hf_timeout_s: float = 60.0) -> None:
+    if not (0 < hf_timeout_s <= 86400):  # NaN fails too
+        raise ConfigError(f"--hf-timeout {hf_timeout_s}: give the seconds an hf: source may stay silent, above 0 "
+                          "and at most 86400 (a day), e.g. --hf-timeout 60.")
     if workers < 1:
         raise ConfigError(f"--workers {workers}: give at least 1 worker process.")
     if workers > max_workers():
         raise ConfigError(f"--workers {workers}: at most {max_workers()} on this machine ({os.cpu_count()} CPUs); "
                           "more processes than cores only share them.")
-    if shard_tokens < 1:
-        raise ConfigError(f"--shard-tokens {shard_tokens}: give a positive number of tokens per shard.")
+    if shard_tokens < MIN_SHARD_TOKENS:
+        raise ConfigError(f"--shard-tokens {shard_tokens}: at least {MIN_SHARD_TOKENS} tokens per shard (smaller "
+                          "shards only make thousands of files); the default 2^26 suits any corpus.")
     if shard_tokens > MAX_SHARD_TOKENS:
         raise ConfigError(f"--shard-tokens {shard_tokens}: at most {MAX_SHARD_TOKENS} (2^31; two shard buffers are "
                           "held in memory); the default 2^26 suits any corpus.")

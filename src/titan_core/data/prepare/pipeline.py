@@ -62,6 +62,7 @@ class PrepareRequest:
     hf_split: str = "train"
     allow_download: bool = False
     progress: bool = True
+    hf_timeout_s: float = 60.0  # an hf: source silent this long stops prepare (--hf-timeout)
 
 
 # ---- inputs ----------------------------------------------------------------------------------------
@@ -162,7 +163,7 @@ def prepare(req: PrepareRequest, load_tokenizer: Callable[[str], Tokenizer]) -> 
     ``load_tokenizer`` turns ``req.tokenizer`` into a tokenizer (the command passes ``data.tokenizer``'s
     reader; a worker started by spawn, not fork, calls it again, so it must be a module-level function)."""
 
-    check_settings(req.workers, req.shard_tokens)
+    check_settings(req.workers, req.shard_tokens, req.hf_timeout_s)
     if not req.sources:
         raise ConfigError("give at least one SOURCE (a file, a folder, builtin or hf:<name>).")
     check_out_place(req.out, req.sources)
@@ -208,7 +209,8 @@ def prepare(req: PrepareRequest, load_tokenizer: Callable[[str], Tokenizer]) -> 
 
 def _run(req: PrepareRequest, writer: ShardWriter, progress: Progress, tok: Tokenizer,
          load_tokenizer: Callable[[str], Tokenizer]) -> None:
-    tasks = itertools.islice(plan_tasks(req.sources, text_field=req.text_field, hf_split=req.hf_split),
+    tasks = itertools.islice(plan_tasks(req.sources, text_field=req.text_field, hf_split=req.hf_split,
+                                            hf_timeout_s=req.hf_timeout_s),
                              writer.start_task, None)
     if req.workers == 1:
         _run_here(req, writer, progress, tok, tasks)

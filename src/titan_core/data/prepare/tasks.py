@@ -24,6 +24,7 @@ import numpy as np
 
 from ...errors import TitanError
 from ..corpus import builtin_documents
+from ..deadline import bounded_rows
 from ..doc_stream import (
     hub_rows,
     json_is_list,
@@ -52,13 +53,15 @@ class Task:
     texts: tuple[str, ...] = ()
 
 
-def plan_tasks(sources: list[str], *, text_field: str, hf_split: str) -> Iterator[Task]:
+def plan_tasks(sources: list[str], *, text_field: str, hf_split: str, hf_timeout_s: float = 60.0) -> Iterator[Task]:
     """Every task of ``sources``, in source order (local sources were checked by the caller)."""
     for source in sources:
         if source == "builtin":
             yield from _text_tasks(builtin_documents())
         elif source.startswith(HF_PREFIX):
-            yield from _text_tasks(hub_rows(source[len(HF_PREFIX):], text_field=text_field, split=hf_split))
+            # Every network read is bounded: a hub or proxy that accepts and never answers stops prepare, named.
+            rows = hub_rows(source[len(HF_PREFIX):], text_field=text_field, split=hf_split)
+            yield from _text_tasks(bounded_rows(rows, seconds=hf_timeout_s, source=source, flag="--hf-timeout"))
         else:
             for path in source_files(source):
                 yield from _file_tasks(path, text_field)

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ...errors import TitanError
+from ...runtime.parent_death import end_with_parent
 from .tasks import Task, encode_documents, read_spilled_texts, spilled_texts, task_texts
 
 if TYPE_CHECKING:  # its module imports torch; prepare never needs it at run time
@@ -51,7 +52,9 @@ class Piece:
 
 
 def _worker_main(conn: Connection, out: Path, dtype: str, text_field: str, tok: Tokenizer | None,
-                 load_tokenizer: Callable[[str], Tokenizer], tokenizer: str) -> None:
+                 load_tokenizer: Callable[[str], Tokenizer], tokenizer: str, parent_pid: int) -> None:
+    # A parent killed outright (SIGKILL, the OOM killer) closes no pipe a sibling still holds open: end with it.
+    end_with_parent(parent_pid)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl+C and stops the workers
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     try:
@@ -89,7 +92,8 @@ class Workers:
             parent, child = ctx.Pipe()
             # Forked workers share the parent's tokenizer (a large vocabulary is not loaded N more times).
             proc = ctx.Process(target=_worker_main, daemon=True,
-                               args=(child, out, dtype, text_field, tok if fork else None, load_tokenizer, tokenizer))
+                               args=(child, out, dtype, text_field, tok if fork else None, load_tokenizer, tokenizer,
+                                     os.getpid()))
             proc.start()
             child.close()
             self.conns.append(parent)

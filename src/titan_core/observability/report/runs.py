@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import ConfigError
+from ...runtime.os_errors import not_a_folder
 from ...runtime.run_files import read_run_config
 
 
@@ -44,6 +45,21 @@ def _flatten(table: dict[str, Any], prefix: str = "") -> dict[str, str]:
     return flat
 
 
+# Beyond this a value cannot be drawn (the span of two such values overflows a float): it is a gap, as NaN is.
+PLOTTABLE = 1e300
+
+
+def _number(value: object) -> float:
+    """A metric value as a float; NaN for what cannot be drawn (a 400-digit integer, 1e308, a bool)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return math.nan
+    try:
+        number = float(value)
+    except OverflowError:
+        return math.nan
+    return number if abs(number) <= PLOTTABLE else math.nan
+
+
 def _read_metrics(path: Path) -> tuple[dict[str, dict[float, float]], int]:
     by_metric: dict[str, dict[float, float]] = {}
     skipped = 0
@@ -51,7 +67,7 @@ def _read_metrics(path: Path) -> tuple[dict[str, dict[float, float]], int]:
         for raw in f:
             try:
                 record = json.loads(raw.decode("utf-8"))
-                step = float(record["step"])
+                step = _number(record["step"])
             except (UnicodeDecodeError, ValueError, KeyError, TypeError, RecursionError):
                 skipped += 1
                 continue
@@ -60,7 +76,7 @@ def _read_metrics(path: Path) -> tuple[dict[str, dict[float, float]], int]:
                 continue
             for key, value in record.items():
                 if key != "step" and isinstance(value, int | float) and not isinstance(value, bool):
-                    by_metric.setdefault(key, {})[step] = float(value)
+                    by_metric.setdefault(key, {})[step] = _number(value)
     return by_metric, skipped
 
 
@@ -69,7 +85,7 @@ def read_run(path: Path, *, name: str | None = None) -> RunData:
 
     path = Path(path)
     if not path.is_dir():
-        raise ConfigError(f"{path} is not a folder; give titan run folders (job.run_dir, e.g. runs/quickstart).")
+        raise ConfigError(f"{path} {not_a_folder(path)}; give titan run folders (job.run_dir, e.g. runs/quickstart).")
     metrics = path / "metrics.jsonl"
     if not metrics.is_file():
         raise ConfigError(f"{path} has no metrics.jsonl, so it is not a titan run folder (or no step was logged "

@@ -1,0 +1,95 @@
+"""Every command the README's bash blocks and ``titan-train --help`` show runs as written in the README's own
+environment (every spec of this repository installed, as after scripts/setup.sh), issue 31 item 5.
+
+Kept cheap: a training command runs with ``--dry-run`` added (the config resolves, the model builds on
+meta, the converters convert); ``torchrun --nproc-per-node N -m titan_core ARGS`` runs as the worker
+torchrun would start for rank 0 of N, with ``--dry-run``; ``titan-report`` and ``titan-generate`` read two
+2-step runs made first; ``pip install PATHS`` is checked to name this repository's projects (the install
+itself is what scripts/setup.sh does before every test). The top block (scripts/quickstart.sh and
+scripts/test.sh), like any other ``bash scripts/...`` line (an environment and the whole suite), is run by
+tests/test_readme.py and by CI. The count is printed (pytest -s shows it)
+and checked, so a command added to the docs is a command run here.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO
+
+BIN = Path(sys.executable).parent
+TINY_RUN = ("--spec", "llama3", "--flavor", "debugmodel", "--llama3.n_layers=1", "--training.seq_len=32",
+            "--training.local_batch_size=2", "--training.steps=2", "--checkpoint.enable=true", "--metrics.report=false")
+
+
+def readme_commands() -> list[str]:
+    """The command lines of the README's bash blocks after the first (comments dropped)."""
+    blocks = re.findall(r"```bash\n(.*?)```", (REPO / "README.md").read_text(), flags=re.S)
+    lines = []
+    for block in blocks[1:]:  # the first: quickstart.sh and test.sh (tests/test_readme.py, CI)
+        for line in block.splitlines():
+            command = re.split(r"\s+#\s", line, maxsplit=1)[0].strip()
+            # `bash scripts/...` lines set up an environment and run the whole suite (scripts/setup.sh,
+            # test.sh, setup_torch211.sh): CI runs them, not a test inside the suite.
+            if command and not command.startswith(("#", "bash scripts/")):
+                lines.append(command)
+    return lines
+
+
+def help_commands() -> list[str]:
+    text = subprocess.run([str(BIN / "titan-train"), "--help"], capture_output=True, text=True, check=True).stdout
+    examples = text.split("examples:", 1)[1]
+    return [line.strip() for line in examples.splitlines() if line.strip().startswith(("titan-", "torchrun "))]
+
+
+def as_run(command: str) -> tuple[str, dict[str, str]] | None:
+    """The shell command to run for a documented one, and extra environment; None for ``pip install``."""
+    words = shlex.split(command.split(">")[0])
+    if words[0] == "pip":
+        return None
+    env: dict[str, str] = {}
+    if words[0] == "torchrun":  # rank 0 of the N workers torchrun would start
+        n = words[words.index("--nproc-per-node") + 1]
+        env = {"WORLD_SIZE": n, "RANK": "0", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": n}
+        command = f"{sys.executable} " + command.split(" -m ", 1)[1].replace("titan_core", "-m titan_core", 1)
+        words = ["titan-train"]
+    if words[0] == "titan-train" and not {"--dry-run", "--list", "--schema", "--print-config", "--help"} & set(words):
+        command = command.replace(" >", " --dry-run >", 1) if ">" in command else f"{command} --dry-run"
+    return command, env
+
+
+def test_every_documented_command_runs_as_written(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    commands = readme_commands() + help_commands()
+    env = {**{k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_PORT")},
+           "OMP_NUM_THREADS": "1", "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"}
+    for name in ("a", "b"):  # what titan-report and titan-generate read
+        made = subprocess.run([str(BIN / "titan-train"), *TINY_RUN, f"--job.run_dir=runs/{name}"], cwd=tmp_path,
+                              env=env, capture_output=True, text=True, timeout=600)
+        assert made.returncode == 0, made.stderr
+    ran, checked, failed = 0, 0, []
+    for command in commands:
+        plan = as_run(command)
+        if plan is None:  # pip install: every path it names is one of this repository's projects
+            paths = [w for w in shlex.split(command)[2:] if not w.startswith("-")]
+            assert paths and all((REPO / p / "pyproject.toml").is_file() for p in paths), command
+            checked += 1
+            continue
+        shell, extra = plan
+        proc = subprocess.run(["bash", "-c", shell], cwd=tmp_path, env={**env, **extra}, capture_output=True,
+                              text=True, timeout=600)
+        ran += 1
+        if proc.returncode != 0:
+            failed.append(f"{command}\n  ran: {shell}\n  exit {proc.returncode}: {(proc.stdout + proc.stderr)[-600:]}")
+    with capsys.disabled():
+        print(f"\ndocumented commands: {len(commands)} ({ran} run, {checked} pip line checked against the "
+              f"repository), {len(failed)} failed")
+    assert not failed, "\n".join(failed)
+    assert (tmp_path / "compare.html").is_file() and (tmp_path / "run.toml").is_file()
+    assert ran >= 15, commands
