@@ -129,11 +129,14 @@ def test_print_config_round_trip(cli, tmp_path: Path) -> None:
 def test_schema_has_core_and_requested_plugins(cli) -> None:
     import json
 
-    result = cli("--schema", "--converters", "float8")
+    result = cli("--schema", "--spec", "llama3", "--converters", "float8")
     assert result.code == 0, result.text
     schema = json.loads(result.out)
     assert {"training", "parallelism", "llama3", "float8"} <= set(schema["properties"])
-    assert "mx" not in schema["properties"]
+    assert "mx" not in schema["properties"] and "qwen3" not in schema["properties"]
+    # no spec named (several installed): the schema of every installed section
+    everything = json.loads(cli("--schema").out)["properties"]
+    assert {"llama3", "qwen3", "float8", "mx"} <= set(everything)
 
 
 @pytest.mark.parametrize(

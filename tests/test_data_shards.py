@@ -98,7 +98,7 @@ def test_prepare_round_trip_decodes_to_the_sources_and_any_worker_count_writes_t
 NO_TORCH_PREPARE = """
 import sys
 from titan_core.commands.data_prepare import main
-codes = [main(["prepare", sys.argv[1], "--tokenizer", "builtin", "--out", out, "--workers", n, "--shard-tokens", "300",
+codes = [main(["prepare", sys.argv[1], "--tokenizer", "builtin", "--out", out, "--workers", n, "--shard-tokens", "512",
                "--quiet"]) for out, n in ((sys.argv[2], "1"), (sys.argv[3], "2"))]
 print(codes, "torch" in sys.modules, "titan_core.data.loader" in sys.modules)
 """
@@ -109,7 +109,7 @@ def test_prepare_runs_without_torch_and_one_or_two_workers_write_the_same_bytes(
     torch, so it starts in the time Python and the tokenizer take; the pieces of two workers land in the
     shards in source order: the bytes of one worker's run."""
     src = tmp_path / "small.jsonl"
-    src.write_text("".join(json.dumps({"text": f"document {i} " + "word " * (i % 13)}) + "\n" for i in range(200)))
+    src.write_text("".join(json.dumps({"text": f"document {i} " + "word " * (i % 13)}) + "\n" for i in range(600)))
     one, two = tmp_path / "one", tmp_path / "two"
     result = subprocess.run([sys.executable, "-c", NO_TORCH_PREPARE, str(src), str(one), str(two)], capture_output=True,
                             text=True, timeout=120)
