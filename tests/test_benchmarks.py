@@ -130,7 +130,7 @@ def test_every_benchmark_runs_in_a_default_install(script: str) -> None:
 def test_every_benchmark_script_is_run_by_a_test() -> None:
     scripts = {p.name for p in (REPO / "benchmarks").glob("*.py") if not p.name.startswith("_")}
     covered = set(SMALLEST) | {"overhead.py", "attention.py", "moe_step_time.py", "moe_balance.py", "prepare.py",
-                               "chunked_loss_memory.py"}
+                               "chunked_loss_memory.py", "soak.py"}
     assert scripts == covered
 
 

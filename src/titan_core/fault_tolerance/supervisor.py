@@ -99,6 +99,7 @@ class Supervisor:
         # Every child is started from the main thread: a child ends with the thread that started it
         # (parent_death.py), and the output threads end with their replica. They ask for a spare here.
         self.spare_wanted = False
+        self.spare_started = threading.Event()  # set by the main thread once a wanted spare runs
         self.stopped_since: dict[int, float] = {}  # pid -> when it was first seen stopped
         self.stopping_since: float | None = None  # when the run began to stop (every group must end by then + ...)
 
@@ -188,7 +189,11 @@ class Supervisor:
                     g.left = None
                 self.live = min(self.k, self.live + 1)
                 if self.spare is None and not self.stop_signal:  # started now, not beside the restarting group
+                    # by the main thread (a child ends with the thread that started it); the line below says
+                    # the group is back only once the next spare exists, so spare.pid names it, not the old one
+                    self.spare_started.clear()
                     self.spare_wanted = True
+                    self.spare_started.wait(timeout=10)
                 print(f"[ft] step {words[1]}: replica {words[3]} rejoined from replica {words[5]} "
                       f"({after:.1f}s after its restart); {self.live} of {self.k} replicas training", flush=True)
 
@@ -267,6 +272,7 @@ class Supervisor:
             time.sleep(0.1)
             if self.spare_wanted and self.spare is None and not self.stop_signal:
                 self.spare_wanted, self.spare = False, self.start_spare()
+                self.spare_started.set()
             self.end_stopped(lighthouse)
             self.end_stragglers()
             if lighthouse.poll() is not None and not self.lighthouse_lost and not self.stop_signal:

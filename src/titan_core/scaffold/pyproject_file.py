@@ -14,7 +14,7 @@ version = "0.1.0"
 description = "A titan-core {kind} plugin ({what})"
 readme = "README.md"
 requires-python = ">=3.10"
-dependencies = ["titan-core>=0.1,<0.2", "torch>=2.13"]
+dependencies = ["titan-core>=0.1,<0.2", "torch>=2.11"]
 
 [project.optional-dependencies]
 test = ["pytest>=8"]
