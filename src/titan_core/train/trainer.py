@@ -549,7 +549,10 @@ class Trainer:
         if resumed is not None:
             self.step, self.tokens_seen = resumed.step, resumed.tokens_seen
             progress(f"resuming from {resumed.path} at step {resumed.step}", is_rank0=self.is_rank0)
-            if self.step >= self.config.training.steps:
+            # the run's own checkpoint already at the end: nothing to do. A checkpoint from elsewhere
+            # (--checkpoint.resume=PATH into a new run folder) still runs the end of a run (its export).
+            own = Path(resumed.path).resolve().is_relative_to(Path(self.checkpointer.folder).resolve())
+            if self.step >= self.config.training.steps and own:
                 self.nothing_to_train()
                 return []
 
