@@ -72,6 +72,8 @@ def test_precedence_of_all_four_sources(tmp_path: Path, monkeypatch: pytest.Monk
     from titan_core.plugin import discovery
     from titan_llama.spec import llama3_spec
 
+    # a copy of llama3 claims the same Hugging Face model_type: keep it out of every later test
+    monkeypatch.setitem(discovery._registered, discovery.SPECS, dict(discovery._registered[discovery.SPECS]))
     spec = dataclasses.replace(
         llama3_spec, name="llama3_prec",
         defaults={"training": {"steps": 11, "seq_len": 64, "seed": 5}},

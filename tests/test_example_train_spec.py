@@ -78,7 +78,7 @@ def test_wheel_declares_the_entry_point_and_dependencies(installed: Installed) -
     assert {"titan_tinygpt/__init__.py", "titan_tinygpt/model.py", "titan_tinygpt/tp_plan.py",
             "titan_tinygpt/validate.py", "titan_tinygpt/spec.py"} <= set(names)
     requires = re.findall(r"^Requires-Dist: (.+)$", metadata, flags=re.M)
-    assert sorted(requires) == ["pytest>=8; extra == 'test'", "titan-core<0.2,>=0.1", "torch>=2.13"]
+    assert sorted(requires) == ["pytest>=8; extra == 'test'", "titan-core<0.2,>=0.1", "torch>=2.11"]
 
 
 def test_list_shows_tinygpt_from_the_installed_wheel(installed: Installed) -> None:

@@ -99,7 +99,7 @@ CASES = [
     Case("stray argument", ("stray",), "unrecognised argument 'stray'"),
     Case("non-integer --nproc-per-node", ("--nproc-per-node", "two"), "--nproc-per-node: invalid int value"),
     # ---- plugins and layouts ------------------------------------------------------------------
-    Case("unknown spec", ("--spec", "nosuchspec"), 'unknown spec "nosuchspec". Installed specs: llama3', small=False),
+    Case("unknown spec", ("--spec", "nosuchspec"), 'unknown spec "nosuchspec". Installed specs: deepseek_v3, llama3', small=False),
     Case("unknown flavor", ("--flavor", "huge"), 'spec "llama3" has no flavor "huge"'),
     Case("unknown converter", ("--converters", "nosuchconv"), 'unknown converter "nosuchconv"'),
     Case("duplicate converters", ("--converters", "float8,float8"), 'converter "float8" is listed twice'),
@@ -405,7 +405,7 @@ IN_PROCESS = [
               damage=metrics_is_a_folder, started=True),
     InProcess("config.toml is a folder", ("--training.steps=6",), "config.toml: it is a folder, where a file was expected",
               damage=config_toml_is_a_folder),
-    InProcess("export path is a file", ("--training.steps=4", "--checkpoint.export_at_end=true"),
+    InProcess("export path is a file", ("--training.steps=6", "--checkpoint.export_at_end=true"),
               "/export: a path component is a file, not a folder", damage=export_is_a_file),
     # ---- data entries that cannot be read ------------------------------------------------------------
     InProcess("dangling symlink in the data folder", ("--data.source={run}/../data", FRESH),

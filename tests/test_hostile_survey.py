@@ -359,12 +359,12 @@ def test_a_constructor_refusal_from_torch_names_the_section(
     config error naming [optimizer] / [lr_scheduler] and their values, exit 2, no traceback."""
     import torch
 
-    from titan_core import optim
+    from titan_core.optim import containers
 
     def refusing_adamw(params: object, **kwargs: object) -> torch.optim.Optimizer:
         raise ValueError(f"Invalid learning rate: {kwargs['lr']}")
 
-    monkeypatch.setitem(optim._OPTIMIZERS, "AdamW", refusing_adamw)
+    monkeypatch.setitem(containers._OPTIMIZERS, "AdamW", refusing_adamw)
     result = run_in_process(capsys, "--spec", "llama3", "--flavor", "debugmodel", "--llama3.n_layers=1",
                             "--training.seq_len=32", "--training.local_batch_size=2", "--training.steps=1",
                             f"--job.run_dir={tmp_path}")

@@ -52,5 +52,7 @@ def test_plugin_new_into_an_unusable_folder_is_one_error(tmp_path: Path) -> None
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2, proc.stderr
     assert "Traceback" not in proc.stderr
-    assert proc.stderr.startswith(f"titan-plugin: error: cannot use {blocker / 'pkg'}"), proc.stderr
+    # the message names the path component in the way (the file), not the folder asked for
+    assert proc.stderr.startswith(f"titan-plugin: error: cannot use {blocker}: it already exists and is not a folder"), \
+        proc.stderr
     assert blocker.read_text() == "x"
