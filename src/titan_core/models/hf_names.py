@@ -111,33 +111,33 @@ def _weight_module(key: str) -> str | None:
     return key if re.search(r"experts\.w[123]$", key) else None
 
 
-def renamed_to_hf(key: str, layer_names: Mapping[str, str]) -> str | None:
+def renamed_to_hf(key: str, layer_names: Mapping[str, str], *, model: str) -> str:
     """transformers' name of native parameter ``key``: ``layers.N.<module>`` through ``layer_names`` (native
-    module -> transformers module), the top-level modules through ``DECODER_TOP``; None when neither knows it.
-    A stacked experts parameter (``moe.experts.w1``) is named without ``.weight`` on the native side."""
+    module -> transformers module), the top-level modules through ``DECODER_TOP``; a KeyError naming ``model``
+    when neither knows it. A stacked experts parameter (``moe.experts.w1``) has no ``.weight`` on the native side."""
     match = _NATIVE_LAYER.match(key)
     if match:
         layer, rest = match.groups()
         module = _weight_module(rest)
-        return f"model.layers.{layer}.{layer_names[module]}.weight" if module in layer_names else None
-    if key.endswith(".weight") and key.removesuffix(".weight") in DECODER_TOP:
+        if module is not None and module in layer_names:
+            return f"model.layers.{layer}.{layer_names[module]}.weight"
+    elif key.endswith(".weight") and key.removesuffix(".weight") in DECODER_TOP:
         return f"{DECODER_TOP[key.removesuffix('.weight')]}.weight"
-    return None
+    raise KeyError(f"{key!r} is not a {model} parameter this adapter knows")
 
 
-def renamed_from_hf(key: str, layer_names_back: Mapping[str, str]) -> str | None:
-    """The native name of transformers tensor ``key`` (``layer_names_back``: transformers module -> native
-    module, as ``inverse`` gives it); None when neither table knows it."""
+def renamed_from_hf(key: str, layer_names: Mapping[str, str], *, model: str) -> str:
+    """The native name of transformers tensor ``key``, ``layer_names`` (native module -> transformers module)
+    read backwards; a KeyError naming ``model`` when neither it nor ``DECODER_TOP`` knows the name."""
     match = _HF_LAYER.match(key)
     if match:
         layer, module = match.group(1), match.group(2).removesuffix(".weight")
-        if not key.endswith(".weight") or module not in layer_names_back:
-            return None
-        native = layer_names_back[module]
-        return f"layers.{layer}.{native}" if native.startswith("moe.experts") else f"layers.{layer}.{native}.weight"
-    if key.endswith(".weight") and key.removesuffix(".weight") in _TOP_BACK:
+        native = inverse(layer_names).get(module)
+        if key.endswith(".weight") and native is not None:
+            return f"layers.{layer}.{native}" if native.startswith("moe.experts") else f"layers.{layer}.{native}.weight"
+    elif key.endswith(".weight") and key.removesuffix(".weight") in _TOP_BACK:
         return f"{_TOP_BACK[key.removesuffix('.weight')]}.weight"
-    return None
+    raise KeyError(f"{key!r} is not a {model} tensor this adapter knows")
 
 
 def hf_stacked_expert(hf_key: str) -> tuple[str, int] | None:
@@ -159,6 +159,17 @@ def describe_model_type(config: Mapping[str, Any]) -> str:
     model_type = config.get("model_type")
     arch = ", ".join(str(a) for a in config.get("architectures") or []) or "unknown architecture"
     return "has no model_type" if model_type is None else f'describes a "{model_type}" model ({arch})'
+
+
+def activation_and_bias_problems(config: Mapping[str, Any]) -> list[str]:
+    """What config.json asks for that a bias-free SwiGLU decoder cannot be: an activation other than SiLU,
+    attention biases."""
+    problems: list[str] = []
+    if config.get("hidden_act", "silu") != "silu":
+        problems.append(f'hidden_act={config["hidden_act"]!r} (only "silu")')
+    if config.get("attention_bias"):
+        problems.append("attention_bias=true (this model has no biases)")
+    return problems
 
 
 def is_int(value: Any) -> bool:

@@ -52,9 +52,9 @@ _LAYER = {
     "moe.experts.w3": "mlp.experts.up_proj",
     "moe.experts.w2": "mlp.experts.down_proj",
 }
-_LAYER_BACK = hf_names.inverse(_LAYER)
 _BIAS = re.compile(r"^layers\.(\d+)\.moe\.router\.expert_bias$")
 _HF_BIAS = "mlp.gate.e_score_correction_bias"
+_MODEL = "DeepSeek-V3"  # as the KeyError for an unknown name says it
 
 
 class DeepSeekV3StateDictAdapter(hf_names.RenamingAdapter):
@@ -66,10 +66,7 @@ class DeepSeekV3StateDictAdapter(hf_names.RenamingAdapter):
     # ---- tensor names ------------------------------------------------------------------------------
     def hf_name(self, key: str, model_args: DeepSeekV3Args) -> str:
         bias = _BIAS.match(key)
-        name = f"model.layers.{bias.group(1)}.{_HF_BIAS}" if bias else hf_names.renamed_to_hf(key, _LAYER)
-        if name is None:
-            raise KeyError(f"{key!r} is not a DeepSeek-V3 parameter this adapter knows")
-        return name
+        return f"model.layers.{bias.group(1)}.{_HF_BIAS}" if bias else hf_names.renamed_to_hf(key, _LAYER, model=_MODEL)
 
     def native_name(self, hf_key: str, model_args: DeepSeekV3Args) -> str | None:
         """None for a tensor that is deliberately not read (the MTP layer, after the model's ``n_layers``)."""
@@ -78,10 +75,7 @@ class DeepSeekV3StateDictAdapter(hf_names.RenamingAdapter):
             return None
         if layer is not None and layer[1] == _HF_BIAS:
             return f"layers.{layer[0]}.moe.router.expert_bias"
-        name = hf_names.renamed_from_hf(hf_key, _LAYER_BACK)
-        if name is None:
-            raise KeyError(f"{hf_key!r} is not a DeepSeek-V3 tensor this adapter knows")
-        return name
+        return hf_names.renamed_from_hf(hf_key, _LAYER, model=_MODEL)
 
     # ---- config.json -----------------------------------------------------------------------------
     def hf_config(self, model_args: DeepSeekV3Args) -> dict[str, Any]:
@@ -135,10 +129,7 @@ class DeepSeekV3StateDictAdapter(hf_names.RenamingAdapter):
             problems.append(f"q_lora_rank={q_lora!r} (null or a whole number of 1 or more)")
         problems += [f"{k}={c[k]} (more than {limit:,})" for k, limit in _LIMITS.items()
                      if hf_names.is_int(c.get(k)) and c[k] > limit]
-        if c.get("hidden_act", "silu") != "silu":
-            problems.append(f'hidden_act={c["hidden_act"]!r} (only "silu")')
-        if c.get("attention_bias"):
-            problems.append("attention_bias=true (this model has no biases)")
+        problems += hf_names.activation_and_bias_problems(c)
         if hf_names.is_int(c.get("qk_rope_head_dim")) and c["qk_rope_head_dim"] % 2:
             problems.append(f"qk_rope_head_dim={c['qk_rope_head_dim']} (an even number: rotary channels come in pairs)")
         for key in ("tie_word_embeddings", "norm_topk_prob", "rope_interleave"):

@@ -46,7 +46,6 @@ _LAYER = {
     "moe.experts.w3": "mlp.experts.up_proj",
     "moe.experts.w2": "mlp.experts.down_proj",
 }
-_LAYER_BACK = hf_names.inverse(_LAYER)
 _NOT_EXPORTED = re.compile(r"^layers\.\d+\.moe\.router\.expert_bias$")
 
 
@@ -58,18 +57,10 @@ class Qwen3StateDictAdapter(hf_names.RenamingAdapter):
 
     # ---- tensor names ------------------------------------------------------------------------------
     def hf_name(self, key: str, model_args: Qwen3Args) -> str | None:
-        if _NOT_EXPORTED.match(key):
-            return None
-        name = hf_names.renamed_to_hf(key, _LAYER)
-        if name is None:
-            raise KeyError(f"{key!r} is not a Qwen3 parameter this adapter knows")
-        return name
+        return None if _NOT_EXPORTED.match(key) else hf_names.renamed_to_hf(key, _LAYER, model="Qwen3")
 
     def native_name(self, hf_key: str, model_args: Qwen3Args) -> str:
-        name = hf_names.renamed_from_hf(hf_key, _LAYER_BACK)
-        if name is None:
-            raise KeyError(f"{hf_key!r} is not a Qwen3 / Qwen3-MoE tensor this adapter knows")
-        return name
+        return hf_names.renamed_from_hf(hf_key, _LAYER, model="Qwen3 / Qwen3-MoE")
 
     # ---- config.json -----------------------------------------------------------------------------
     def hf_config(self, model_args: Qwen3Args) -> dict[str, Any]:
@@ -121,10 +112,7 @@ class Qwen3StateDictAdapter(hf_names.RenamingAdapter):
         problems = [f"{k}={config[k]} (must be 1 or more)" for k in shape if config[k] < 1]
         problems += [f"{k}={config[k]} (more than {limit:,})" for k, limit in _LIMITS.items()
                      if hf_names.is_int(config.get(k)) and config[k] > limit]
-        if config.get("hidden_act", "silu") != "silu":
-            problems.append(f'hidden_act={config["hidden_act"]!r} (only "silu")')
-        if config.get("attention_bias"):
-            problems.append("attention_bias=true (this model has no biases)")
+        problems += hf_names.activation_and_bias_problems(config)
         if config.get("use_sliding_window"):
             problems.append("use_sliding_window=true (this model attends to the whole causal context)")
         heads = config["num_attention_heads"]
