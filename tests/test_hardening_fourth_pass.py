@@ -1,0 +1,149 @@
+"""Hardening, fourth pass (issue 31, items 6 and 7): each class through the real command's ``main`` in this
+process, on the 1-layer llama3 debug model: the exit code, the one message, no traceback, nothing saved lost.
+
+Classes: the final loss a run reports (one noisy step, now a mean) and report charts with nothing to draw (an
+empty frame, now one line); data on which document masking leaves no target (trained at loss 0); a shard
+truncated or replaced while a run reads it (SIGBUS); a titan-data worker that dies (reported as "Connection
+reset by peer" on "a file of the run") and a full disk in prepare (advised a flag titan-data does not have);
+torchao's "Failed to load" warnings in float8/MX runs; titan-convert from-hf on a full disk (exit 0 and a half
+folder).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+
+import pytest
+
+TINY = ("--spec", "llama3", "--flavor", "debugmodel", "--llama3.n_layers=1", "--training.seq_len=32",
+        "--training.local_batch_size=2", "--metrics.log_freq=1", "--lr_scheduler.warmup_steps=1",
+        "--metrics.report=false")
+
+
+def train(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
+    from titan_core.commands.titan_train import main
+
+    code = main(list(args))
+    captured = capsys.readouterr()
+    return code, captured.out + captured.err
+
+
+def prepare(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
+    from titan_core.commands.data_prepare import main
+
+    code = main(["prepare", *args])
+    captured = capsys.readouterr()
+    return code, captured.out + captured.err
+
+
+def one_error(text: str, prog: str) -> str:
+    errors = [line for line in text.splitlines() if f"{prog}: error:" in line or line.startswith("error:")]
+    assert len(errors) == 1, text
+    assert "Traceback" not in text, text
+    return errors[0]
+
+
+@pytest.fixture(scope="module")
+def shard_set(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A small prepared shard set (200 short documents, shards of 512 tokens)."""
+    from titan_core.commands.data_prepare import main
+
+    folder = tmp_path_factory.mktemp("shards")
+    corpus = folder / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"text": f"document {i} says alpha beta gamma delta"}) + "\n"
+                              for i in range(200)))
+    assert main(["prepare", str(corpus), "--tokenizer", "builtin", "--out", str(folder / "out"),
+                 "--shard-tokens", "512", "--workers", "1"]) == 0
+    return folder / "out"
+
+
+def copy_shards(shard_set: Path, to: Path) -> Path:
+    import shutil
+
+    shutil.copytree(shard_set, to)
+    return to
+
+
+# ---- item 7: a smoothed final loss; charts without data are one line ---------------------------------------
+
+
+@pytest.mark.fast
+def test_final_loss_is_the_mean_of_the_last_finite_losses() -> None:
+    from titan_core.observability.final_loss import FINAL_LOSS_WINDOW, final_loss
+
+    losses = [10.0] * 5 + [float(i % 2) for i in range(FINAL_LOSS_WINDOW - 1)] + [math.nan, 3.0]
+    ending = final_loss(losses)
+    assert ending is not None and ending.last == 3.0
+    tail = [x for x in losses[-FINAL_LOSS_WINDOW:] if math.isfinite(x)]
+    assert ending.count == len(tail) == FINAL_LOSS_WINDOW - 1 and ending.mean == pytest.approx(sum(tail) / len(tail))
+    assert ending.describe() == f"{ending.mean:.4f} (mean of the last {ending.count} steps), last step 3.0000"
+    assert final_loss([]) is None and final_loss([2.5]).describe() == "2.5000 (one step)"  # type: ignore[union-attr]
+
+
+def test_a_run_ends_on_its_smoothed_loss_and_its_report_draws_no_empty_frame(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from titan_core.observability.report import write_run_report
+
+    run = tmp_path / "run"
+    code, text = train(capsys, *TINY, f"--job.run_dir={run}", "--training.steps=3")
+    assert code == 0, text
+    losses = [json.loads(line)["loss"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+    mean = sum(losses) / 3
+    assert f"final loss {mean:.4f} (mean of the last 3 steps), last step {losses[-1]:.4f}" in text, text
+
+    page = write_run_report(run).html.read_text()
+    assert "final loss (mean of the last 10 logged)" in page
+    assert f"{mean:.4g} (last: {losses[-1]:.4g})" in page
+    # Validation (off) and MFU (no peak on a CPU) have nothing to draw: one line each saying why, no frame.
+    assert 'class="plot-area empty"' not in page
+    assert re.search(r'data-metric="val_loss"><b>Validation loss</b>: not drawn, no validation: enable it with '
+                     r'--validation.enable=true', page), page
+    assert 'data-metric="mfu"><b>MFU (%)</b>: not drawn, no MFU' in page
+    assert page.count('<svg class="chart"') == 5
+
+
+# ---- item 6: document masking on data with no target ----------------------------------------------------------
+
+
+def eos_only(shard_set: Path, to: Path) -> Path:
+    """``shard_set`` with every token replaced by the builtin tokenizer's EOS (index hashes updated: a valid set)."""
+    import numpy as np
+
+    from titan_core.data.shard_format import VERIFIED_NAME, file_sha256
+    from titan_core.plan.tokenizer import build_tokenizer
+
+    folder = copy_shards(shard_set, to)
+    index = json.loads((folder / "index.json").read_text())
+    eos = build_tokenizer("builtin").eos_id
+    for entry in index["shards"]:
+        path = folder / entry["file"]
+        np.full(entry["tokens"], eos, dtype=index["dtype"]).tofile(path)
+        entry["sha256"] = file_sha256(path)
+    (folder / "index.json").write_text(json.dumps(index))
+    (folder / VERIFIED_NAME).unlink(missing_ok=True)
+    return folder
+
+
+@pytest.mark.parametrize("how", ["data.source", "mixture source"])
+def test_document_masking_on_data_without_a_target_is_refused_before_training(
+        how: str, shard_set: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = eos_only(shard_set, tmp_path / "eos")
+    data = (f"--data.source=tokens:{bad}",) if how == "data.source" else \
+        (f"--data.mix.text.source=tokens:{shard_set}", "--data.mix.text.weight=0.5",
+         f"--data.mix.ends.source=tokens:{bad}", "--data.mix.ends.weight=0.5")
+    run = tmp_path / "run"
+    code, text = train(capsys, *TINY, *data, "--data.document_masking=true", "--training.steps=1",
+                       f"--job.run_dir={run}")
+    assert code == 2, text
+    line = one_error(text, "titan-train")
+    named = f'data.source "tokens:{bad}"' if how == "data.source" else f'data.mix.ends.source "tokens:{bad}"'
+    assert f"data.document_masking=true leaves no token with a target in {named} (train split)" in line, line
+    assert "--data.document_masking=false" in line
+    assert not (run / "metrics.jsonl").exists()  # refused before the first step
+
+    code, text = train(capsys, *TINY, f"--data.source=tokens:{shard_set}", "--data.document_masking=true",
+                       "--training.steps=1", f"--job.run_dir={tmp_path / 'fine'}")
+    assert code == 0, text  # ordinary data passes the check
