@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 from pathlib import Path
 
@@ -147,3 +148,46 @@ def test_document_masking_on_data_without_a_target_is_refused_before_training(
     code, text = train(capsys, *TINY, f"--data.source=tokens:{shard_set}", "--data.document_masking=true",
                        "--training.steps=1", f"--job.run_dir={tmp_path / 'fine'}")
     assert code == 0, text  # ordinary data passes the check
+
+
+# ---- item 6: a shard truncated or replaced while the run reads it -------------------------------------------
+
+
+@pytest.mark.parametrize("change", ["truncated", "replaced by a shorter file"])
+def test_a_shard_changed_under_a_run_is_one_error_naming_it_and_the_checkpoint_is_kept(
+        change: str, shard_set: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Shards were memory-mapped: a shorter file under a mapping killed the run with SIGBUS. Now a read comes back
+    short (same file) or the reopened file is another one (MAX_OPEN_SHARDS=1 reopens a shard at every switch)."""
+    import numpy as np
+
+    from titan_core.data import shards
+
+    folder = copy_shards(shard_set, tmp_path / "shards")
+    real_read = shards.ShardSet.read
+    run = tmp_path / "run"
+    saved = run / "checkpoints" / "step-000001" / "titan_checkpoint.json"
+    victim: list[Path] = []
+
+    def read_then_change(self: shards.ShardSet, start: int, length: int, out: object) -> None:
+        if saved.is_file() and not victim:  # once step 1 is saved: the shard this read is about to use
+            victim.append(self.shards[int(np.searchsorted(self.starts, start, side="right")) - 1].path)
+            if change == "truncated":
+                os.truncate(victim[0], 10)
+            else:
+                (folder / "new.bin").write_bytes(b"\0" * 10)
+                os.replace(folder / "new.bin", victim[0])
+        real_read(self, start, length, out)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(shards.ShardSet, "read", read_then_change)
+    monkeypatch.setattr(shards, "MAX_OPEN_SHARDS", 1)
+    code, text = train(capsys, *TINY, f"--data.source=tokens:{folder}", "--training.steps=200",
+                       "--checkpoint.enable=true", "--checkpoint.interval=1", f"--job.run_dir={run}")
+    assert code == 2, text
+    line = one_error(text, "titan-train")
+    said = f"{victim[0].name} was truncated to 10 bytes (the index records" if change == "truncated" else \
+        f"{victim[0].name} was replaced by another file"
+    assert f"shard set {folder}: {said}" in line and "while this run read it" in line, line
+    assert "resume from the last checkpoint" in line
+    kept = sorted((run / "checkpoints").glob("step-*/titan_checkpoint.json"))
+    assert kept, text  # nothing saved is lost: the newest checkpoints stay whole
