@@ -11,10 +11,12 @@ folder).
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
 import re
+import signal
 from pathlib import Path
 
 import pytest
@@ -191,3 +193,57 @@ def test_a_shard_changed_under_a_run_is_one_error_naming_it_and_the_checkpoint_i
     assert "resume from the last checkpoint" in line
     kept = sorted((run / "checkpoints").glob("step-*/titan_checkpoint.json"))
     assert kept, text  # nothing saved is lost: the newest checkpoints stay whole
+
+
+# ---- item 6: a titan-data worker that dies; a full disk in prepare ---------------------------------------------
+
+
+@pytest.mark.parametrize("death, said", [("SIGKILL", "was killed by SIGKILL (the kernel's out-of-memory killer, or kill -9)"),
+                                         ("exit 3", "exited with code 3")])
+def test_a_dead_prepare_worker_is_named_with_how_it_died_and_its_input(
+        death: str, said: str, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """It was "Connection reset by peer" on "a file of the run". The workers are forked: the patched encoder is
+    theirs, and each one ends the real process (no exception crosses the pipe)."""
+    from titan_core.data.prepare import workers
+
+    def die(*_: object) -> None:
+        if death == "SIGKILL":
+            os.kill(os.getpid(), signal.SIGKILL)
+        os._exit(3)
+
+    monkeypatch.setattr(workers, "encode_documents", die)
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"text": f"row {i}"}) + "\n" for i in range(50)))
+    out = tmp_path / "out"
+    code, text = prepare(capsys, str(corpus), "--tokenizer", "builtin", "--out", str(out), "--workers", "2")
+    assert code == 2, text
+    line = one_error(text, "titan-data")
+    assert re.search(rf"titan-data worker 1 of 2 \(pid \d+\) {re.escape(said)} while tokenizing "
+                     rf"{re.escape(str(corpus))} \(bytes 0\.\.{corpus.stat().st_size}, task 0\)", line), line
+    assert f"the finished shards in {out} are kept" in line and "Connection reset" not in line
+
+
+@pytest.mark.parametrize("named", [True, False], ids=["the file named", "no file named"])
+def test_a_full_disk_in_prepare_advises_its_own_out_flag(
+        named: bool, shard_set: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """It advised --job.run_dir (a titan-train setting, remembered from an earlier run in the same process)."""
+    from titan_core.data.prepare import writer
+
+    code, text = train(capsys, *TINY, f"--job.run_dir={tmp_path / 'run'}", "--training.steps=1")
+    assert code == 0, text  # a training run in this process first: its settings must not leak into titan-data
+
+    def full(f: object, tmp: Path, path: Path) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device", *([str(path)] if named else []))
+
+    monkeypatch.setattr(writer, "publish", full)
+    out = tmp_path / "out"
+    code, text = prepare(capsys, "builtin", "--tokenizer", "builtin", "--out", str(out), "--shard-tokens", "512",
+                         "--workers", "1")
+    assert code == 2, text
+    line = one_error(text, "titan-data")
+    where = f"{out}/shard-00000.bin" if named else f"a file in {out}"
+    assert f"disk full while writing {where}: free space on that filesystem or point --out at another one" in line
+    assert f"The finished shards in {out} are kept" in line and "job.run_dir" not in line
+    assert "Checkpoints" not in line, line
