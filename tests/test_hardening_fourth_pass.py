@@ -247,3 +247,40 @@ def test_a_full_disk_in_prepare_advises_its_own_out_flag(
     assert f"disk full while writing {where}: free space on that filesystem or point --out at another one" in line
     assert f"The finished shards in {out} are kept" in line and "job.run_dir" not in line
     assert "Checkpoints" not in line, line
+
+
+# ---- item 6: torchao's "Failed to load" warnings in float8/MX runs ----------------------------------------------
+
+
+def test_float8_and_mx_runs_show_no_torchao_load_warnings_and_still_say_they_are_emulated(tmp_path: Path) -> None:
+    """One fresh process (torchao warns on its first import only): the real command, as a user runs it."""
+    from conftest import run_cli
+
+    result = run_cli("--spec", "llama3", "--flavor", "debugmodel", "--llama3.n_layers=1", "--converters", "float8,mx",
+                     f"--job.run_dir={tmp_path / 'run'}", "--dry-run", cwd=tmp_path)
+    assert result.code == 0, result.text
+    assert "Failed to load" not in result.text and "register_constant()" not in result.text, result.text
+    assert "float8: float8 matmuls are emulated in float32 on cpu" in result.out + result.err
+    assert "mx: MXFP8 matmuls are emulated" in result.text
+
+
+@pytest.mark.fast
+def test_only_torchao_extension_load_warnings_are_dropped_and_a_gpu_run_is_told_once(
+        capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+
+    from titan_core.runtime import library_noise
+
+    library_noise.quiet_torchao_extension_loads()
+    library_noise.quiet_torchao_extension_loads()  # idempotent: one filter
+    torchao = logging.getLogger("torchao")
+    assert torchao.filters.count(library_noise._FILTER) == 1
+    before = list(library_noise._failed)
+    torchao.warning("Failed to load /site/torchao/_C_mxfp8.cpython-310-x86_64-linux-gnu.so: Could not load this library")
+    torchao.warning("some other torchao warning")
+    assert "Failed to load" not in capsys.readouterr().err
+    assert [r.getMessage() for r in caplog.records if r.name == "torchao"] == ["some other torchao warning"]
+    assert library_noise._failed[len(before):] == ["_C_mxfp8.cpython-310-x86_64-linux-gnu.so"]
+    note = library_noise.kernel_load_note()
+    assert note is not None and "_C_mxfp8.cpython-310-x86_64-linux-gnu.so" in note and "fused kernels" in note
+    library_noise._failed[:] = before
