@@ -17,6 +17,7 @@ import math
 import os
 import re
 import signal
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -284,3 +285,81 @@ def test_only_torchao_extension_load_warnings_are_dropped_and_a_gpu_run_is_told_
     note = library_noise.kernel_load_note()
     assert note is not None and "_C_mxfp8.cpython-310-x86_64-linux-gnu.so" in note and "fused kernels" in note
     library_noise._failed[:] = before
+
+
+# ---- item 6: titan-convert onto a full disk -----------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A one-step run with a checkpoint and its Hugging Face export (the inputs of both conversions)."""
+    from titan_core.commands.titan_train import main
+
+    run = tmp_path_factory.mktemp("export") / "run"
+    assert main([*TINY, f"--job.run_dir={run}", "--training.steps=1", "--checkpoint.enable=true",
+                 "--checkpoint.export_at_end=true", "--checkpoint.export_format=hf"]) == 0
+    return run
+
+
+def _enospc(path: object) -> OSError:
+    return OSError(errno.ENOSPC, "No space left on device", str(path))
+
+
+def full_tensor_file(monkeypatch: pytest.MonkeyPatch) -> None:
+    from titan_core.checkpoint.storage import IndexedWriter
+
+    def write_data(self: IndexedWriter, *_: object, **__: object) -> None:
+        raise _enospc(self.path)
+
+    monkeypatch.setattr(IndexedWriter, "write_data", write_data)
+
+
+def full_identity_file(monkeypatch: pytest.MonkeyPatch) -> None:
+    from titan_core.checkpoint import manager
+
+    def write_record(folder: Path, *_: object) -> None:
+        raise _enospc(folder / "titan_checkpoint.json")
+
+    monkeypatch.setattr(manager, "write_record", write_record)
+
+
+def full_files_list(monkeypatch: pytest.MonkeyPatch) -> None:
+    from titan_core.commands import convert
+
+    def publish(partial: Path, final: Path) -> None:
+        raise _enospc(partial / ".titan-files.json")
+
+    monkeypatch.setattr(convert, "publish", publish)
+
+
+def full_safetensors(monkeypatch: pytest.MonkeyPatch) -> None:
+    from titan_core.hf import export
+
+    def save_file(_: object, filename: str, **__: object) -> None:
+        raise _enospc(filename)
+
+    monkeypatch.setattr(export, "save_file", save_file)
+
+
+@pytest.mark.parametrize("command, fill", [
+    ("from-hf", full_tensor_file), ("from-hf", full_identity_file), ("from-hf", full_files_list),
+    ("to-hf", full_safetensors)], ids=["from-hf tensors", "from-hf identity file", "from-hf files list", "to-hf"])
+def test_titan_convert_onto_a_full_disk_exits_2_and_leaves_no_folder(
+        command: str, fill: Callable[[pytest.MonkeyPatch], None], exported: Path, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """It exited 0 leaving a half folder, or advised --checkpoint.folder / job.run_dir (titan-train settings)."""
+    from titan_core.commands.convert import main
+
+    source = exported / "export" / "hf" if command == "from-hf" else exported / "checkpoints" / "step-000001"
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    fill(monkeypatch)
+    code = main([command, str(source), str(dest / "out")])
+    captured = capsys.readouterr()
+    text = captured.out + captured.err
+    assert code == 2, text
+    line = one_error(text, "titan-convert")
+    assert "No space left on device" in line or "disk full" in line, line
+    assert f"Nothing was written to {dest / 'out'}" in line and "OUT" in line, line
+    assert "checkpoint.folder" not in line and "job.run_dir" not in line, line
+    assert list(dest.iterdir()) == []  # neither OUT nor its unfinished copy beside it

@@ -46,7 +46,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from ..plan.tokenizer import build_tokenizer  # start-up: nor the tokenizer (tiktoken)
 
         # A full disk then advises titan-data's own --out (not a titan-train flag) and says what is kept.
-        remember_tool_paths({"--out": args.out}, unnamed="--out",
+        remember_tool_paths([("--out", args.out)], unnamed="--out",
                             kept=f"The finished shards in {args.out} are kept: the same command continues.")
 
         req = PrepareRequest(sources=list(args.sources), tokenizer=args.tokenizer, out=args.out, workers=args.workers,

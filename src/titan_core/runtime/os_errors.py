@@ -37,7 +37,8 @@ def describe_os_error(exc: OSError) -> TitanError:
     what, fix = _ADVICE.get(exc.errno or -1, (exc.strerror or str(exc), "check the path and its filesystem"))
     # The flag to change is named only when a setting of this command chose the path: a tool's own flags
     # (titan-data's --out) are its own, and a flag it does not have (--job.run_dir) is no advice.
-    flag = setting if setting is None or setting.startswith("--") else f"--{setting}"
+    # A config setting (dotted) is typed as a flag; a tool's own flag or positional (--out, OUT) as it is.
+    flag = f"--{setting}" if setting is not None and "." in setting else setting
     fix = fix.format(where=flag if flag else "place",
                      move=f"point {flag} at another one" if flag else "write to another filesystem")
     if exc.errno == errno.EEXIST and exc.filename is not None and os.path.islink(exc.filename) \

@@ -45,11 +45,12 @@ def forget_paths() -> None:
     _KEPT[:] = [""]
 
 
-def remember_tool_paths(flags: dict[str, Path], *, unnamed: str | None = None, kept: str = "") -> None:
-    """A console tool's own path flags (``{"--out": Path(...)}``); ``unnamed``: the flag whose folder an OS error
-    that names no file is about (a tool that writes only there); ``kept``: what a full disk leaves whole."""
-    _PATHS[:] = [(os.path.abspath(path), flag) for flag, path in flags.items()]
-    _UNNAMED[:] = [(os.path.abspath(flags[unnamed]), unnamed)] if unnamed is not None else []
+def remember_tool_paths(flags: list[tuple[str, Path]], *, unnamed: str | None = None, kept: str = "") -> None:
+    """A console tool's own path flags, as typed (``[("--out", Path(...))]``, or a positional's name, ``OUT``;
+    a flag may own several paths); ``unnamed``: the flag whose first path an OS error that names no file is about
+    (a tool that writes only there); ``kept``: what a full disk leaves whole."""
+    _PATHS[:] = [(os.path.abspath(path), flag) for flag, path in flags]
+    _UNNAMED[:] = [(os.path.abspath(path), flag) for flag, path in flags if flag == unnamed][:1]
     _KEPT[:] = [kept]
 
 
