@@ -214,6 +214,14 @@ def file_level(files: list[Path], modules: set[str], lazy: dict[str, str]) -> tu
     return strongly_connected(graph), up
 
 
+def report(title: str, found: list[str], show: bool) -> None:
+    """``title: <how many>``, then each of ``found`` on its own line when ``show`` (the command's flag)."""
+    print(f"{title}: {len(found)}")
+    if show:
+        for line in found:
+            print(f"  {line}")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--list", action="store_true", help="print every function-level import")
@@ -231,7 +239,6 @@ def main() -> int:
     why: dict[tuple[str, str], list[str]] = defaultdict(list)
     function_level: list[str] = []
     top_graph: dict[str, set[str]] = defaultdict(set)  # module -> modules its top level imports
-    any_count = 0
     any_where: list[str] = []
     for path in files:
         source = path.read_text()
@@ -259,9 +266,7 @@ def main() -> int:
             if a != b and a != "titan_core" and b != "titan_core":
                 graph[a].add(b)
                 why[(a, b)].append(f"{mod} -> {dest}{' (in a function)' if in_function else ''}")
-        found = any_params(tree)
-        any_count += len(found)
-        any_where += [f"{path.relative_to(ROOT)}:{n}" for n in found]
+        any_where += [f"{path.relative_to(ROOT)}:{n}" for n in any_params(tree)]
 
     cycles = strongly_connected(graph)
     print(f"cycles between direct children of titan_core: {len(cycles)}"
@@ -272,23 +277,11 @@ def main() -> int:
             for a in comp:
                 for b in sorted(graph[a] & set(comp)):
                     print(f"    {a} -> {b}: {'; '.join(why[(a, b)][:3])}")
-    print(f"function-level imports of titan_core modules inside titan_core: {len(function_level)}")
-    if args.list:
-        for line in function_level:
-            print(f"  {line}")
-    print(f"parameters annotated Any in src (not *args/**kwargs): {any_count}")
-    if args.any:
-        for line in any_where:
-            print(f"  {line}")
+    report("function-level imports of titan_core modules inside titan_core", function_level, args.list)
+    report("parameters annotated Any in src (not *args/**kwargs)", any_where, args.any)
     circles, up = file_level(files, modules, lazy)
-    print(f"file-level import circles: {len(circles)}")
-    if args.files:
-        for comp in circles:
-            print(f"  {', '.join(comp)}")
-    print(f"file-level arrows running back up a layer: {len(up)}")
-    if args.files:
-        for edge in up:
-            print(f"  {edge}")
+    report("file-level import circles", [", ".join(comp) for comp in circles], args.files)
+    report("file-level arrows running back up a layer", up, args.files)
     top = sorted(p.stem for p in PKG.glob("*.py"))
     print(f"top-level modules of titan_core: {len(top)} ({', '.join(top)})")
     if args.modules:

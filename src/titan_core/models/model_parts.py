@@ -142,3 +142,4 @@ def init_decoder_parameter(fqn: str, tensor: torch.Tensor, generator: torch.Gene
         trunc_normal_(tensor, dim**-0.5, generator)
     else:
         raise ValueError(f"Transformer.init_parameter: no init rule for parameter {fqn!r}")
+

@@ -21,15 +21,12 @@ checkpoint holds after the last layer (``model.layers.61`` in DeepSeek-V3) is no
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Mapping
 from typing import Any
 
-import torch
-
 from titan_core import ConfigError
-from titan_core.models.hf_names import DECODER_TOP, decoder_config, inverse, tensors_from_hf, tensors_to_hf
+from titan_core.models import hf_names
 
 from .model import DeepSeekV3Args
 
@@ -55,86 +52,30 @@ _LAYER = {
     "moe.experts.w3": "mlp.experts.up_proj",
     "moe.experts.w2": "mlp.experts.down_proj",
 }
-_TOP = DECODER_TOP
-_LAYER_BACK = inverse(_LAYER)
-_TOP_BACK = inverse(_TOP)
-_NATIVE_LAYER = re.compile(r"^layers\.(\d+)\.(.+)$")
-_HF_LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
-# The expert index in plain ASCII digits without leading zeros: "experts.03" would otherwise read as expert 3 twice.
-_EXPERT_FILE = re.compile(r"^(model\.layers\.\d+\.mlp\.experts)\.(0|[1-9][0-9]*)\.((?:gate|up|down)_proj\.weight)$")
-_STACKED = re.compile(r"^(model\.layers\.\d+\.mlp\.experts)\.((?:gate|up|down)_proj\.weight)$")
-_BIAS, _HF_BIAS = "moe.router.expert_bias", "mlp.gate.e_score_correction_bias"
+_BIAS = re.compile(r"^layers\.(\d+)\.moe\.router\.expert_bias$")
+_HF_BIAS = "mlp.gate.e_score_correction_bias"
+_MODEL = "DeepSeek-V3"  # as the KeyError for an unknown name says it
 
 
-def _weight_module(key: str) -> str | None:
-    """``a.b`` for ``a.b.weight``; ``a.b`` for a stacked experts key ``a.b`` (its own parameter)."""
-    if key.endswith(".weight"):
-        return key.removesuffix(".weight")
-    return key if re.search(r"experts\.w[123]$", key) else None
-
-
-def _to_hf_name(key: str) -> str:
-    match = _NATIVE_LAYER.match(key)
-    if match:
-        layer, rest = match.groups()
-        if rest == _BIAS:
-            return f"model.layers.{layer}.{_HF_BIAS}"
-        module = _weight_module(rest)
-        if module in _LAYER:
-            return f"model.layers.{layer}.{_LAYER[module]}.weight"
-    elif key.endswith(".weight") and key.removesuffix(".weight") in _TOP:
-        return f"{_TOP[key.removesuffix('.weight')]}.weight"
-    raise KeyError(f"{key!r} is not a DeepSeek-V3 parameter this adapter knows")
-
-
-def _from_hf_name(key: str, n_layers: int) -> str | None:
-    """The native name; None for a tensor that is deliberately not read (the MTP layer)."""
-    match = _HF_LAYER.match(key)
-    if match:
-        layer, rest = match.group(1), match.group(2)
-        if int(layer) >= n_layers:
-            return None
-        if rest == _HF_BIAS:
-            return f"layers.{layer}.{_BIAS}"
-        module = rest.removesuffix(".weight")
-        if rest.endswith(".weight") and module in _LAYER_BACK:
-            native = _LAYER_BACK[module]
-            return f"layers.{layer}.{native}" if native.startswith("moe.experts") else f"layers.{layer}.{native}.weight"
-    elif key.endswith(".weight") and key.removesuffix(".weight") in _TOP_BACK:
-        return f"{_TOP_BACK[key.removesuffix('.weight')]}.weight"
-    raise KeyError(f"{key!r} is not a DeepSeek-V3 tensor this adapter knows")
-
-
-class DeepSeekV3StateDictAdapter:
-    """``TrainSpec.state_dict_adapter`` of the deepseek_v3 spec (the protocol in titan_core.hf)."""
+class DeepSeekV3StateDictAdapter(hf_names.RenamingAdapter):
+    """``TrainSpec.state_dict_adapter`` of the deepseek_v3 spec (the protocol in titan_core.hf): the tensor
+    loops, row maps and per-expert files are ``RenamingAdapter``'s, the names and config.json DeepSeek-V3's."""
 
     runtime_fields: tuple[str, ...] = ("max_seq_len", "moe_aux_loss_coeff", "moe_bias_update_rate")
 
-    # ---- tensors -------------------------------------------------------------------------------
-    def to_hf(self, state_dict: Mapping[str, torch.Tensor], model_args: DeepSeekV3Args) -> dict[str, torch.Tensor]:
-        return tensors_to_hf(state_dict, tied=model_args.tie_embeddings,
-                             rename=lambda key, tensor: (_to_hf_name(key), tensor))
+    # ---- tensor names ------------------------------------------------------------------------------
+    def hf_name(self, key: str, model_args: DeepSeekV3Args) -> str:
+        bias = _BIAS.match(key)
+        return f"model.layers.{bias.group(1)}.{_HF_BIAS}" if bias else hf_names.renamed_to_hf(key, _LAYER, model=_MODEL)
 
-    def from_hf(self, state_dict: Mapping[str, torch.Tensor], model_args: DeepSeekV3Args) -> dict[str, torch.Tensor]:
-        def rename(key: str, tensor: torch.Tensor) -> tuple[str, torch.Tensor] | None:
-            name = _from_hf_name(key, model_args.n_layers)
-            return None if name is None else (name, tensor)
-
-        return tensors_from_hf(state_dict, tied=model_args.tie_embeddings, rename=rename)
-
-    def from_hf_rows(self, hf_key: str, hf_shape: tuple[int, ...], model_args: DeepSeekV3Args) -> None:
-        """Every map is a rename: rows stay in order (each rank reads only its own rows)."""
-        _from_hf_name(hf_key, model_args.n_layers)  # a KeyError for a name this adapter does not know
-        return None
-
-    # ---- per-expert files <-> stacked experts (titan_core.hf.stacks) ----------------------------
-    def hf_stacked_name(self, hf_key: str) -> tuple[str, int] | None:
-        match = _EXPERT_FILE.match(hf_key)
-        return None if match is None else (f"{match.group(1)}.{match.group(3)}", int(match.group(2)))
-
-    def hf_expert_name(self, stacked_name: str, index: int) -> str | None:
-        match = _STACKED.match(stacked_name)
-        return None if match is None else f"{match.group(1)}.{index}.{match.group(2)}"
+    def native_name(self, hf_key: str, model_args: DeepSeekV3Args) -> str | None:
+        """None for a tensor that is deliberately not read (the MTP layer, after the model's ``n_layers``)."""
+        layer = hf_names.hf_layer(hf_key)
+        if layer is not None and layer[0] >= model_args.n_layers:
+            return None
+        if layer is not None and layer[1] == _HF_BIAS:
+            return f"layers.{layer[0]}.moe.router.expert_bias"
+        return hf_names.renamed_from_hf(hf_key, _LAYER, model=_MODEL)
 
     # ---- config.json -----------------------------------------------------------------------------
     def hf_config(self, model_args: DeepSeekV3Args) -> dict[str, Any]:
@@ -153,7 +94,7 @@ class DeepSeekV3StateDictAdapter:
         legacy = None if a.rope_type == "default" else {k: v for k, v in rope.items() if k != "rope_theta"}
         # An all-dense model is written with experts that no layer uses (transformers' fields need values).
         experts = a.n_routed_experts
-        return decoder_config(
+        return hf_names.decoder_config(
             architecture="DeepseekV3ForCausalLM", model_type="deepseek_v3", dim=a.dim, n_layers=a.n_layers,
             n_heads=a.n_heads, n_kv_heads=a.n_heads, head_dim=a.qk_rope_head_dim,
             intermediate_size=a.intermediate_size, vocab_size=a.vocab_size, norm_eps=a.norm_eps,
@@ -170,38 +111,34 @@ class DeepSeekV3StateDictAdapter:
     def model_args_from_hf(self, config: Mapping[str, Any]) -> DeepSeekV3Args:
         model_type = config.get("model_type")
         if model_type != "deepseek_v3":
-            arch = ", ".join(str(a) for a in config.get("architectures") or []) or "unknown architecture"
-            said = "has no model_type" if model_type is None else f'describes a "{model_type}" model ({arch})'
-            raise ConfigError(f'config.json {said}, not a DeepSeek-V3: the deepseek_v3 spec reads model_type '
-                              f'"deepseek_v3" (DeepseekV3ForCausalLM) only. Pick the spec that matches the checkpoint.')
+            raise ConfigError(f'config.json {hf_names.describe_model_type(config)}, not a DeepSeek-V3: the deepseek_v3 '
+                              f'spec reads model_type "deepseek_v3" (DeepseekV3ForCausalLM) only. Pick the spec that '
+                              f'matches the checkpoint.')
         if "n_routed_experts" not in config and "num_local_experts" in config:
             config = {**config, "n_routed_experts": config["num_local_experts"]}
         c = {**_DEFAULTS, **{k: v for k, v in config.items() if v is not None or k == "q_lora_rank"}}
         problems: list[str] = []
         for key in _SHAPE:
-            if not _is_int(c.get(key)) or c[key] < 1:
+            if not hf_names.is_int(c.get(key)) or c[key] < 1:
                 problems.append(f"{key}={c.get(key)!r} (a whole number of 1 or more)")
         for key in ("n_shared_experts", "first_k_dense_replace"):
-            if not _is_int(c.get(key)) or c[key] < 0:
+            if not hf_names.is_int(c.get(key)) or c[key] < 0:
                 problems.append(f"{key}={c.get(key)!r} (a whole number of 0 or more)")
         q_lora = c.get("q_lora_rank")
-        if q_lora is not None and (not _is_int(q_lora) or q_lora < 1):
+        if q_lora is not None and (not hf_names.is_int(q_lora) or q_lora < 1):
             problems.append(f"q_lora_rank={q_lora!r} (null or a whole number of 1 or more)")
         problems += [f"{k}={c[k]} (more than {limit:,})" for k, limit in _LIMITS.items()
-                     if _is_int(c.get(k)) and c[k] > limit]
-        if c.get("hidden_act", "silu") != "silu":
-            problems.append(f'hidden_act={c["hidden_act"]!r} (only "silu")')
-        if c.get("attention_bias"):
-            problems.append("attention_bias=true (this model has no biases)")
-        if _is_int(c.get("qk_rope_head_dim")) and c["qk_rope_head_dim"] % 2:
+                     if hf_names.is_int(c.get(k)) and c[k] > limit]
+        problems += hf_names.activation_and_bias_problems(c)
+        if hf_names.is_int(c.get("qk_rope_head_dim")) and c["qk_rope_head_dim"] % 2:
             problems.append(f"qk_rope_head_dim={c['qk_rope_head_dim']} (an even number: rotary channels come in pairs)")
         for key in ("tie_word_embeddings", "norm_topk_prob", "rope_interleave"):
             if not isinstance(c.get(key), bool):
                 problems.append(f"{key}={c.get(key)!r} (true or false)")
-        eps = _positive(c.get("rms_norm_eps"), "rms_norm_eps", problems)
-        scaling = _positive(c.get("routed_scaling_factor"), "routed_scaling_factor", problems)
+        eps = hf_names.positive(c.get("rms_norm_eps"), "rms_norm_eps", problems)
+        scaling = hf_names.positive(c.get("routed_scaling_factor"), "routed_scaling_factor", problems)
         max_len: int = c["max_position_embeddings"]
-        if not _is_int(max_len) or not 1 <= max_len <= 10**7:
+        if not hf_names.is_int(max_len) or not 1 <= max_len <= 10**7:
             problems.append(f"max_position_embeddings={max_len!r} (a whole number from 1 to 10,000,000)")
             max_len = 4096
         rope = _rope_fields(config, max_len, problems)
@@ -243,24 +180,13 @@ _LIMITS = {"hidden_size": 2**17, "num_hidden_layers": 4096, "num_attention_heads
            "q_lora_rank": 2**16}
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _positive(value: Any, key: str, problems: list[str]) -> float:
-    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0:
-        return float(value)
-    problems.append(f"{key}={value!r} (a positive number)")
-    return 1.0
-
-
 def _rope_fields(config: Mapping[str, Any], max_len: int, problems: list[str]) -> dict[str, Any]:
     """The model's rope_* fields from rope_parameters (transformers 5) or rope_scaling / rope_theta (4.x)."""
     rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
     if not isinstance(rope, Mapping):
         problems.append(f"rope_parameters={rope!r} (an object)")
         return {}
-    theta = _positive(rope.get("rope_theta", config.get("rope_theta", 10000.0)), "rope_theta", problems)
+    theta = hf_names.positive(rope.get("rope_theta", config.get("rope_theta", 10000.0)), "rope_theta", problems)
     kind = rope.get("rope_type", rope.get("type", "default"))
     if kind in ("default", None):
         return {"rope_theta": theta}
@@ -268,19 +194,19 @@ def _rope_fields(config: Mapping[str, Any], max_len: int, problems: list[str]) -
         problems.append(f"a {kind!r} RoPE scaling (only plain RoPE and yarn)")
         return {}
     original = rope.get("original_max_position_embeddings", max_len)
-    if not _is_int(original) or original < 1:
+    if not hf_names.is_int(original) or original < 1:
         problems.append(f"original_max_position_embeddings={original!r} (a whole number of 1 or more)")
         original = max_len
     factor = rope.get("factor")
     # transformers: without a factor, the ratio of the context to the original one.
-    factor = _positive(max_len / original if factor is None else factor, "rope factor", problems)
+    factor = hf_names.positive(max_len / original if factor is None else factor, "rope factor", problems)
     fields: dict[str, Any] = {"rope_theta": theta, "rope_type": "yarn", "rope_factor": factor,
                               "rope_original_max_seq_len": original,
-                              "rope_beta_fast": _positive(rope.get("beta_fast") or 32, "beta_fast", problems),
-                              "rope_beta_slow": _positive(rope.get("beta_slow") or 1, "beta_slow", problems),
+                              "rope_beta_fast": hf_names.positive(rope.get("beta_fast") or 32, "beta_fast", problems),
+                              "rope_beta_slow": hf_names.positive(rope.get("beta_slow") or 1, "beta_slow", problems),
                               "rope_truncate": bool(rope.get("truncate", True))}
     for key, field in (("mscale", "rope_mscale"), ("mscale_all_dim", "rope_mscale_all_dim"),
                        ("attention_factor", "rope_attention_factor")):
         if rope.get(key):
-            fields[field] = _positive(rope[key], key, problems)
+            fields[field] = hf_names.positive(rope[key], key, problems)
     return fields

@@ -40,6 +40,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from titan_core.models.decoder import RMSNorm, decoder_flops_per_token, decoder_parameter_counts, token_embedding
 from titan_core.models.model_parts import (
     FeedForward,
     final_norm_and_head,
@@ -197,20 +198,6 @@ def apply_rope(x: torch.Tensor, table: torch.Tensor, *, interleave: bool, start:
     return torch.cat([first * cos - second * sin, second * cos + first * sin], dim=-1).type_as(x)
 
 
-class RMSNorm(nn.Module):
-    """x / sqrt(mean(x^2) + eps) * weight over the last dimension, computed in float32."""
-
-    def __init__(self, dim: int, eps: float) -> None:
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * h.type_as(x)
-
-
 class MultiHeadLatentAttention(nn.Module):
     """Causal MLA: queries through ``wq`` (or ``wq_a`` -> ``q_norm`` -> ``wq_b``), keys and values
     expanded by ``wkv_b`` from the normed latent that ``wkv_a`` writes beside the shared rotary key."""
@@ -325,10 +312,8 @@ class Transformer(nn.Module):
 
     def __init__(self, args: DeepSeekV3Args) -> None:
         super().__init__()
-        if args.vocab_size is None:
-            raise ValueError("DeepSeekV3Args.vocab_size is None: fill it (from the tokenizer) before building the model")
         self.args = args
-        self.tok_embeddings: nn.Embedding | None = nn.Embedding(args.vocab_size, args.dim)
+        self.tok_embeddings: nn.Embedding | None = token_embedding(args)
         # Keyed "0".."n-1" so that checkpoint keys keep the layer ids.
         self.layers = nn.ModuleDict({str(i): TransformerBlock(args, i) for i in range(args.n_layers)})
         self.norm: RMSNorm | None = RMSNorm(args.dim, args.norm_eps)
@@ -395,22 +380,12 @@ def parameter_counts(args: DeepSeekV3Args) -> tuple[int, int]:
     """(total, active per token) parameters, embedding and head included (a tied head counted once)."""
     if args.vocab_size is None:
         raise ValueError("parameter_counts: DeepSeekV3Args.vocab_size is None; fill it first")
-    d = args.dim
-    attention = attention_parameters(args) + 2 * d  # + the block's two norms
-    expert = 3 * d * args.moe_intermediate_size
-    shared = args.n_shared_experts * expert
-    total = active = args.vocab_size * d * (1 if args.tie_embeddings else 2) + d
-    for i in range(args.n_layers):
-        total += attention
-        active += attention
-        if args.is_sparse(i):
-            router = d * args.n_routed_experts
-            total += router + args.n_routed_experts * expert + shared
-            active += router + args.num_experts_per_tok * expert + shared
-        else:
-            total += 3 * d * args.intermediate_size
-            active += 3 * d * args.intermediate_size
-    return total, active
+    return decoder_parameter_counts(
+        vocab_size=args.vocab_size, dim=args.dim, tie_embeddings=args.tie_embeddings,
+        attention=attention_parameters(args) + 2 * args.dim,  # + the block's two norms
+        sparse=[args.is_sparse(i) for i in range(args.n_layers)], dense_hidden=args.intermediate_size,
+        num_experts=args.n_routed_experts, experts_per_token=args.num_experts_per_tok,
+        expert_hidden=args.moe_intermediate_size, shared_hidden=args.n_shared_experts * args.moe_intermediate_size)
 
 
 def flops_per_token(args: DeepSeekV3Args, seq_len: int, *, full_attention: bool = False) -> float:
@@ -418,7 +393,7 @@ def flops_per_token(args: DeepSeekV3Args, seq_len: int, *, full_attention: bool 
     if args.vocab_size is None:
         raise ValueError("flops_per_token: DeepSeekV3Args.vocab_size is None; fill it from the tokenizer first")
     _, active = parameter_counts(args)
-    non_embedding = active - args.vocab_size * args.dim * (0 if args.tie_embeddings else 1)
-    keys_per_query = seq_len if full_attention else (seq_len + 1) / 2
     # Per key: q.k over qk_head_dim channels, then the value's v_head_dim; x2 (multiply-add) x3 (fwd + bwd).
-    return 6.0 * non_embedding + 6.0 * args.n_layers * args.n_heads * (args.qk_head_dim + args.v_head_dim) * keys_per_query
+    per_key = 6.0 * args.n_layers * args.n_heads * (args.qk_head_dim + args.v_head_dim)
+    return decoder_flops_per_token(active, vocab_size=args.vocab_size, dim=args.dim, tie_embeddings=args.tie_embeddings,
+                                   seq_len=seq_len, full_attention=full_attention, attention_per_key=per_key)

@@ -40,6 +40,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from titan_core.models.decoder import token_embedding
 from titan_core.models.model_parts import (
     FeedForward,
     final_norm_and_head,
@@ -325,10 +326,8 @@ class Transformer(nn.Module):
 
     def __init__(self, args: LlamaArgs) -> None:
         super().__init__()
-        if args.vocab_size is None:
-            raise ValueError("LlamaArgs.vocab_size is None: fill it (from the tokenizer) before building the model")
         self.args = args
-        self.tok_embeddings: nn.Embedding | None = nn.Embedding(args.vocab_size, args.dim)
+        self.tok_embeddings: nn.Embedding | None = token_embedding(args)
         # A ModuleDict keyed "0".."n-1", not a ModuleList, so that a pipeline stage keeps
         # the original names (and checkpoint keys) of the layers it holds.
         self.layers = nn.ModuleDict({str(i): TransformerBlock(args) for i in range(args.n_layers)})

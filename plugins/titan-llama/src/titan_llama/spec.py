@@ -37,5 +37,5 @@ llama3_spec = TrainSpec(
     validate_fn=validate_llama_layout,
     flops_per_token_fn=flops_per_token,
     state_dict_adapter=LlamaStateDictAdapter(),
-    plugin_api_version="1.0",  # the titan-core plugin API this spec was written for
+    plugin_api_version="1.1",  # the titan-core plugin API this spec was written for (it uses models.decoder, new in 1.1)
 )

@@ -20,15 +20,12 @@ Shared experts have no place in ``Qwen3MoeForCausalLM``, so a model with them is
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Mapping
 from typing import Any
 
-import torch
-
 from titan_core import ConfigError
-from titan_core.models.hf_names import DECODER_TOP, decoder_config, inverse, tensors_from_hf, tensors_to_hf
+from titan_core.models import hf_names
 
 from .model import Qwen3Args
 
@@ -49,86 +46,26 @@ _LAYER = {
     "moe.experts.w3": "mlp.experts.up_proj",
     "moe.experts.w2": "mlp.experts.down_proj",
 }
-_TOP = DECODER_TOP
-_LAYER_BACK = inverse(_LAYER)
-_TOP_BACK = inverse(_TOP)
-_NATIVE_LAYER = re.compile(r"^layers\.(\d+)\.(.+)$")
-_HF_LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
-# The expert index in plain ASCII digits without leading zeros: "experts.03" or a non-ASCII digit would
-# otherwise read as a second copy of expert 3.
-_EXPERT_FILE = re.compile(r"^(model\.layers\.\d+\.mlp\.experts)\.(0|[1-9][0-9]*)\.((?:gate|up|down)_proj\.weight)$")
-_STACKED = re.compile(r"^(model\.layers\.\d+\.mlp\.experts)\.((?:gate|up|down)_proj\.weight)$")
-_NOT_EXPORTED = ("moe.router.expert_bias",)
+_NOT_EXPORTED = re.compile(r"^layers\.\d+\.moe\.router\.expert_bias$")
 
 
-def _weight_module(key: str) -> str | None:
-    """``a.b`` for ``a.b.weight``; ``a.b`` for a stacked experts key ``a.b`` (its own parameter)."""
-    if key.endswith(".weight"):
-        return key.removesuffix(".weight")
-    return key if re.search(r"experts\.w[123]$", key) else None
-
-
-def _to_hf_name(key: str) -> str | None:
-    match = _NATIVE_LAYER.match(key)
-    if match:
-        layer, rest = match.groups()
-        if rest in _NOT_EXPORTED:
-            return None
-        module = _weight_module(rest)
-        if module in _LAYER:
-            return f"model.layers.{layer}.{_LAYER[module]}.weight"
-    elif key.removesuffix(".weight") in _TOP and key.endswith(".weight"):
-        return f"{_TOP[key.removesuffix('.weight')]}.weight"
-    raise KeyError(f"{key!r} is not a Qwen3 parameter this adapter knows")
-
-
-def _from_hf_name(key: str) -> str:
-    match = _HF_LAYER.match(key)
-    if match and key.endswith(".weight"):
-        layer, module = match.group(1), match.group(2).removesuffix(".weight")
-        if module in _LAYER_BACK:
-            native = _LAYER_BACK[module]
-            return f"layers.{layer}.{native}" if native.startswith("moe.experts") else f"layers.{layer}.{native}.weight"
-    elif key.endswith(".weight") and key.removesuffix(".weight") in _TOP_BACK:
-        return f"{_TOP_BACK[key.removesuffix('.weight')]}.weight"
-    raise KeyError(f"{key!r} is not a Qwen3 / Qwen3-MoE tensor this adapter knows")
-
-
-class Qwen3StateDictAdapter:
-    """``TrainSpec.state_dict_adapter`` of the qwen3 spec (the protocol in titan_core.hf)."""
+class Qwen3StateDictAdapter(hf_names.RenamingAdapter):
+    """``TrainSpec.state_dict_adapter`` of the qwen3 spec (the protocol in titan_core.hf): the tensor loops,
+    row maps and per-expert files are ``RenamingAdapter``'s, the names and config.json are Qwen3's."""
 
     runtime_fields: tuple[str, ...] = ("max_seq_len", "moe_aux_loss_coeff", "moe_bias_update_rate")
 
-    # ---- tensors -------------------------------------------------------------------------------
-    def to_hf(self, state_dict: Mapping[str, torch.Tensor], model_args: Qwen3Args) -> dict[str, torch.Tensor]:
-        def rename(key: str, tensor: torch.Tensor) -> tuple[str, torch.Tensor] | None:
-            name = _to_hf_name(key)
-            return None if name is None else (name, tensor)
+    # ---- tensor names ------------------------------------------------------------------------------
+    def hf_name(self, key: str, model_args: Qwen3Args) -> str | None:
+        return None if _NOT_EXPORTED.match(key) else hf_names.renamed_to_hf(key, _LAYER, model="Qwen3")
 
-        return tensors_to_hf(state_dict, tied=model_args.tie_embeddings, rename=rename)
-
-    def from_hf(self, state_dict: Mapping[str, torch.Tensor], model_args: Qwen3Args) -> dict[str, torch.Tensor]:
-        return tensors_from_hf(state_dict, tied=model_args.tie_embeddings,
-                               rename=lambda key, tensor: (_from_hf_name(key), tensor))
-
-    def from_hf_rows(self, hf_key: str, hf_shape: tuple[int, ...], model_args: Qwen3Args) -> None:
-        """Every map is a rename: rows stay in order (each rank reads only its own rows)."""
-        _from_hf_name(hf_key)  # a KeyError for a name this adapter does not know
-        return None
-
-    # ---- per-expert files <-> stacked experts (titan_core.hf.stacks) ----------------------------
-    def hf_stacked_name(self, hf_key: str) -> tuple[str, int] | None:
-        match = _EXPERT_FILE.match(hf_key)
-        return None if match is None else (f"{match.group(1)}.{match.group(3)}", int(match.group(2)))
-
-    def hf_expert_name(self, stacked_name: str, index: int) -> str | None:
-        match = _STACKED.match(stacked_name)
-        return None if match is None else f"{match.group(1)}.{index}.{match.group(2)}"
+    def native_name(self, hf_key: str, model_args: Qwen3Args) -> str:
+        return hf_names.renamed_from_hf(hf_key, _LAYER, model="Qwen3 / Qwen3-MoE")
 
     # ---- config.json -----------------------------------------------------------------------------
     def hf_config(self, model_args: Qwen3Args) -> dict[str, Any]:
         a = model_args
-        config = decoder_config(
+        config = hf_names.decoder_config(
             architecture="Qwen3ForCausalLM", model_type="qwen3", dim=a.dim, n_layers=a.n_layers, n_heads=a.n_heads,
             n_kv_heads=a.n_kv_heads, head_dim=a.head_dim, intermediate_size=a.intermediate_size,
             vocab_size=a.vocab_size, norm_eps=a.norm_eps, max_seq_len=a.max_seq_len, tie_embeddings=a.tie_embeddings,
@@ -159,42 +96,38 @@ class Qwen3StateDictAdapter:
     def model_args_from_hf(self, config: Mapping[str, Any]) -> Qwen3Args:
         model_type = config.get("model_type")
         if model_type not in ("qwen3", "qwen3_moe"):
-            arch = ", ".join(str(a) for a in config.get("architectures") or []) or "unknown architecture"
-            said = "has no model_type" if model_type is None else f'describes a "{model_type}" model ({arch})'
             raise ConfigError(
-                f'config.json {said}, not a Qwen3: the qwen3 spec reads model_type "qwen3" (Qwen3ForCausalLM) and '
-                f'"qwen3_moe" (Qwen3MoeForCausalLM) only. Pick the spec that matches the checkpoint.'
+                f'config.json {hf_names.describe_model_type(config)}, not a Qwen3: the qwen3 spec reads model_type '
+                f'"qwen3" (Qwen3ForCausalLM) and "qwen3_moe" (Qwen3MoeForCausalLM) only. Pick the spec that matches '
+                f'the checkpoint.'
             )
         moe = model_type == "qwen3_moe"
         if moe and "num_experts" not in config and "num_local_experts" in config:
             config = {**config, "num_experts": config["num_local_experts"]}  # transformers 5's spelling
         shape = _SHAPE + (_MOE_SHAPE if moe else ())
-        missing = [k for k in shape if not _is_int(config.get(k))]
+        missing = [k for k in shape if not hf_names.is_int(config.get(k))]
         if missing:
             raise ConfigError(f"config.json lacks the integer field(s) {', '.join(missing)} that give the model's "
                               f"shape (found {', '.join(f'{k}={config.get(k)!r}' for k in missing)}).")
         problems = [f"{k}={config[k]} (must be 1 or more)" for k in shape if config[k] < 1]
         problems += [f"{k}={config[k]} (more than {limit:,})" for k, limit in _LIMITS.items()
-                     if _is_int(config.get(k)) and config[k] > limit]
-        if config.get("hidden_act", "silu") != "silu":
-            problems.append(f'hidden_act={config["hidden_act"]!r} (only "silu")')
-        if config.get("attention_bias"):
-            problems.append("attention_bias=true (this model has no biases)")
+                     if hf_names.is_int(config.get(k)) and config[k] > limit]
+        problems += hf_names.activation_and_bias_problems(config)
         if config.get("use_sliding_window"):
             problems.append("use_sliding_window=true (this model attends to the whole causal context)")
         heads = config["num_attention_heads"]
         kv_heads = config.get("num_key_value_heads", heads)
-        if not _is_int(kv_heads) or kv_heads < 1:
+        if not hf_names.is_int(kv_heads) or kv_heads < 1:
             problems.append(f"num_key_value_heads={kv_heads!r} (a whole number of 1 or more)")
         elif not problems and heads % kv_heads:
             problems.append(f"num_attention_heads={heads} is not a multiple of num_key_value_heads={kv_heads}")
         head_dim = config.get("head_dim") or (config["hidden_size"] // heads if heads else 0)
-        if not _is_int(head_dim) or head_dim < 2 or head_dim % 2:
+        if not hf_names.is_int(head_dim) or head_dim < 2 or head_dim % 2:
             problems.append(f"head_dim={head_dim!r} (an even whole number)")
-        theta = _positive(_rope_theta(config), "rope_theta", problems)
-        eps = _positive(config.get("rms_norm_eps", 1e-6), "rms_norm_eps", problems)
+        theta = hf_names.positive(_rope_theta(config), "rope_theta", problems)
+        eps = hf_names.positive(config.get("rms_norm_eps", 1e-6), "rms_norm_eps", problems)
         max_len = config.get("max_position_embeddings", 40960)
-        if not _is_int(max_len) or not 1 <= max_len <= 10**7:
+        if not hf_names.is_int(max_len) or not 1 <= max_len <= 10**7:
             problems.append(f"max_position_embeddings={max_len!r} (a whole number from 1 to 10,000,000)")
         tie = config.get("tie_word_embeddings", False)
         if not isinstance(tie, bool):
@@ -221,17 +154,6 @@ _LIMITS = {"hidden_size": 2**17, "num_hidden_layers": 4096, "num_attention_heads
            "vocab_size": 2**24, "num_experts": 4096, "moe_intermediate_size": 2**20}
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _positive(value: Any, key: str, problems: list[str]) -> float:
-    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0:
-        return float(value)
-    problems.append(f"{key}={value!r} (a positive number)")
-    return 1.0
-
-
 def _rope_theta(config: Mapping[str, Any]) -> Any:
     rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
     if isinstance(rope, Mapping) and rope.get("rope_type", rope.get("type", "default")) not in ("default", None):
@@ -241,13 +163,13 @@ def _rope_theta(config: Mapping[str, Any]) -> Any:
 
 def _moe_fields(config: Mapping[str, Any], problems: list[str]) -> dict[str, Any]:
     experts, top_k = config["num_experts"], config["num_experts_per_tok"]
-    if _is_int(experts) and _is_int(top_k) and top_k > experts:
+    if hf_names.is_int(experts) and hf_names.is_int(top_k) and top_k > experts:
         problems.append(f"num_experts_per_tok={top_k} is more than num_experts={experts}")
     step = config.get("decoder_sparse_step", 1)
-    if not _is_int(step) or step < 1:
+    if not hf_names.is_int(step) or step < 1:
         problems.append(f"decoder_sparse_step={step!r} (a whole number of 1 or more)")
     dense = config.get("mlp_only_layers") or []
-    if not isinstance(dense, list) or not all(_is_int(i) and i >= 0 for i in dense):
+    if not isinstance(dense, list) or not all(hf_names.is_int(i) and i >= 0 for i in dense):
         problems.append(f"mlp_only_layers={dense!r} (a list of layer numbers)")
         dense = []
     norm = config.get("norm_topk_prob", False)

@@ -16,7 +16,8 @@ Features:
     stage receives hidden states) or ``norm`` and ``output`` (an earlier stage returns them);
   * buildable on the meta device; weights filled per parameter name (``init_parameter``).
 
-Nothing here knows about parallelism.
+Nothing here knows about parallelism: ``tp_plan.py`` shards the dense parts and leaves the MoE
+blocks whole, and expert parallelism comes from ``titan_core.moe``'s blocks.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from titan_core.models.decoder import RMSNorm, decoder_flops_per_token, decoder_parameter_counts, token_embedding
 from titan_core.models.model_parts import (
     FeedForward,
     final_norm_and_head,
@@ -118,20 +120,6 @@ def apply_rope(x: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
     return (x.float() * cos + rotated.float() * sin).type_as(x)
 
 
-class RMSNorm(nn.Module):
-    """x / sqrt(mean(x^2) + eps) * weight over the last dimension, computed in float32."""
-
-    def __init__(self, dim: int, eps: float) -> None:
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * h.type_as(x)
-
-
 class Attention(nn.Module):
     """Causal grouped-query attention with per-head QK-norm and rotary embeddings."""
 
@@ -190,10 +178,8 @@ class Transformer(nn.Module):
 
     def __init__(self, args: Qwen3Args) -> None:
         super().__init__()
-        if args.vocab_size is None:
-            raise ValueError("Qwen3Args.vocab_size is None: fill it (from the tokenizer) before building the model")
         self.args = args
-        self.tok_embeddings: nn.Embedding | None = nn.Embedding(args.vocab_size, args.dim)
+        self.tok_embeddings: nn.Embedding | None = token_embedding(args)
         # Keyed "0".."n-1" so that checkpoint keys keep the layer ids.
         self.layers = nn.ModuleDict({str(i): TransformerBlock(args, i) for i in range(args.n_layers)})
         self.norm: RMSNorm | None = RMSNorm(args.dim, args.norm_eps)
@@ -240,20 +226,11 @@ def parameter_counts(args: Qwen3Args) -> tuple[int, int]:
         raise ValueError("parameter_counts: Qwen3Args.vocab_size is None; fill it first")
     d, hd = args.dim, args.head_dim
     attention = d * hd * (2 * args.n_heads + 2 * args.n_kv_heads) + 2 * hd + 2 * d  # + QK-norms, block norms
-    expert = 3 * d * args.moe_intermediate_size
-    shared = 3 * d * args.shared_expert_intermediate_size
-    total = active = args.vocab_size * d * (1 if args.tie_embeddings else 2) + d
-    for i in range(args.n_layers):
-        total += attention
-        active += attention
-        if args.is_sparse(i):
-            router = d * args.num_experts
-            total += router + args.num_experts * expert + shared
-            active += router + args.num_experts_per_tok * expert + shared
-        else:
-            total += 3 * d * args.intermediate_size
-            active += 3 * d * args.intermediate_size
-    return total, active
+    return decoder_parameter_counts(
+        vocab_size=args.vocab_size, dim=d, tie_embeddings=args.tie_embeddings, attention=attention,
+        sparse=[args.is_sparse(i) for i in range(args.n_layers)], dense_hidden=args.intermediate_size,
+        num_experts=args.num_experts, experts_per_token=args.num_experts_per_tok,
+        expert_hidden=args.moe_intermediate_size, shared_hidden=args.shared_expert_intermediate_size)
 
 
 def flops_per_token(args: Qwen3Args, seq_len: int, *, full_attention: bool = False) -> float:
@@ -261,6 +238,6 @@ def flops_per_token(args: Qwen3Args, seq_len: int, *, full_attention: bool = Fal
     if args.vocab_size is None:
         raise ValueError("flops_per_token: Qwen3Args.vocab_size is None; fill it from the tokenizer first")
     _, active = parameter_counts(args)
-    non_embedding = active - args.vocab_size * args.dim * (0 if args.tie_embeddings else 1)
-    keys_per_query = seq_len if full_attention else (seq_len + 1) / 2
-    return 6.0 * non_embedding + 12.0 * args.n_layers * args.n_heads * args.head_dim * keys_per_query
+    return decoder_flops_per_token(active, vocab_size=args.vocab_size, dim=args.dim, tie_embeddings=args.tie_embeddings,
+                                   seq_len=seq_len, full_attention=full_attention,
+                                   attention_per_key=12.0 * args.n_layers * args.n_heads * args.head_dim)

@@ -42,5 +42,5 @@ qwen3_spec = TrainSpec(
     config_model=Qwen3Section,
     flops_per_token_fn=flops_per_token,
     state_dict_adapter=Qwen3StateDictAdapter(),
-    plugin_api_version="1.0",  # the titan-core plugin API this spec was written for
+    plugin_api_version="1.1",  # the titan-core plugin API this spec was written for (it uses models.decoder, new in 1.1)
 )
