@@ -7,6 +7,11 @@ throughput and start-up: ``benchmarks/prepare.py``).
         deleted afterwards. Target: big / small <= 1.1 for both.
     python benchmarks/data.py data-ms [--steps 4] [--seq-len 2048] [--batch 8]
         debugmodel on CPU over shards: data_ms against the step time. Target: <= 1%.
+    python benchmarks/data.py reads [--batches 2000] [--seq-len 32] [--batch 2]
+        the loader's shard reads (``os.pread`` per window piece, what a run does since reads stopped
+        memory-mapping: a truncated shard was a SIGBUS) against a ``numpy.memmap`` of the same shards
+        (the earlier reader), microseconds per batch, and both against one step of the 1-layer debugmodel
+        at that shape. Target: the difference under 1% of a step.
 
 Synthetic shard sets: ``--big`` tokens of 2 billion would take hours to tokenize on two
 cores, so the startup benchmark writes the shard files directly as sparse files of token id
@@ -21,6 +26,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import math
 import os
 import subprocess
 import sys
@@ -149,6 +155,62 @@ def bench_data_ms(args: argparse.Namespace) -> None:
     print(f"{step_ms:>10.1f} {data_ms:>10.3f} {data_ms / step_ms:>11.4%}")
 
 
+def bench_reads(args: argparse.Namespace) -> None:
+    import numpy as np
+    import torch
+
+    from titan_core.data.shards import open_shard_set, split_windows
+    from titan_core.plan.tokenizer import build_tokenizer
+
+    window = args.seq_len + 1
+    with tempfile.TemporaryDirectory(prefix="titan-bench-", dir=args.dir) as tmp:
+        folder = Path(tmp) / "shards"
+        subprocess.run([sys.executable, "-m", "titan_core.commands.data_prepare", "prepare", "builtin", "--tokenizer",
+                        "builtin", "--out", str(folder), "--quiet", "--shard-tokens", "65536"], check=True,
+                       stdout=subprocess.DEVNULL)
+        view = split_windows(open_shard_set(str(folder), build_tokenizer("builtin")), split="train", val_fraction=0.0)
+        shard_set = view.shard_set
+        maps = [np.memmap(s.path, dtype=shard_set.dtype, mode="r", shape=(s.tokens,)) for s in shard_set.shards]
+
+        def mapped(rows: torch.Tensor) -> torch.Tensor:  # the earlier reader (one segment: val_fraction 0)
+            out = np.empty((len(rows), window), dtype=np.int64)
+            for r, row in enumerate(rows.tolist()):
+                pos, filled = row * window, 0
+                while filled < window:
+                    i = int(np.searchsorted(shard_set.starts, pos, side="right")) - 1
+                    lo = pos - int(shard_set.starts[i])
+                    take = min(window - filled, shard_set.shards[i].tokens - lo)
+                    out[r, filled : filled + take] = maps[i][lo : lo + take]
+                    filled, pos = filled + take, pos + take
+            return torch.from_numpy(out)
+
+        num_windows = view.numel() // window
+        batches = [torch.randint(0, num_windows, (args.batch,), generator=torch.Generator().manual_seed(b))
+                   for b in range(args.batches)]
+        assert all(torch.equal(view.read_windows(b, window), mapped(b)) for b in batches[:50])
+        timings = {}
+        for name, read in (("pread (now)", lambda b: view.read_windows(b, window)), ("memmap (before)", mapped)):
+            best = math.inf
+            for _ in range(3):
+                start = time.perf_counter()
+                for b in batches:
+                    read(b)
+                best = min(best, time.perf_counter() - start)
+            timings[name] = best / len(batches) * 1e6
+        _, _, records = timed_run(folder, Path(tmp) / "run", ["--llama3.n_layers=1", f"--training.seq_len={args.seq_len}",
+                                                              f"--training.local_batch_size={args.batch}",
+                                                              "--training.steps=6", "--training.device=cpu"])
+    steady = records[1:] or records
+    step_us = sum(r["step_time_s"] for r in steady) / len(steady) * 1e6
+    print(f"shard reads, batch {args.batch} x {window} tokens, {args.batches} random batches, best of 3; "
+          f"1-layer debugmodel step at that shape {step_us / 1000:.1f} ms (steps 2..6)")
+    print(f"{'reader':<18} {'us / batch':>11} {'of a step':>10}")
+    for name, us in timings.items():
+        print(f"{name:<18} {us:>11.1f} {us / step_us:>10.4%}")
+    difference = timings["pread (now)"] - timings["memmap (before)"]
+    print(f"pread - memmap: {difference:+.1f} us per batch, {difference / step_us:+.4%} of a step")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="what", required=True)
@@ -162,8 +224,13 @@ def main() -> None:
     d.add_argument("--seq-len", type=int, default=2048)
     d.add_argument("--batch", type=int, default=8)
     d.add_argument("--dir", default=None)
+    r = sub.add_parser("reads")
+    r.add_argument("--batches", type=int, default=2000)
+    r.add_argument("--seq-len", type=int, default=32)
+    r.add_argument("--batch", type=int, default=2)
+    r.add_argument("--dir", default=None)
     args = parser.parse_args()
-    {"startup": bench_startup, "data-ms": bench_data_ms}[args.what](args)
+    {"startup": bench_startup, "data-ms": bench_data_ms, "reads": bench_reads}[args.what](args)
 
 
 if __name__ == "__main__":

@@ -25,5 +25,11 @@ if [ -f "$run_dir/report.html" ]; then
 else
   echo "No report in $run_dir (metrics.report=false); draw one with: .venv/bin/titan-report $run_dir"
 fi
-echo "A greedy continuation of '$prompt' by the model just trained (.venv/bin/titan-generate $run_dir --prompt ...):"
+echo "A greedy continuation of '$prompt' by the model just trained (.venv/bin/titan-generate $run_dir --prompt ...)."
 .venv/bin/titan-generate "$run_dir" --prompt "$prompt" --max-new-tokens 48
+echo
+echo "What to expect: the default 300 steps of a 6-million-parameter model (its loss starts near 8,"
+echo "falling fast, then slowly; the run's 'final loss' is the mean of its last 10 steps) learn the corpus's commonest words and"
+echo "punctuation, not language: the text above is not fluent, and greedy decoding of so young a model"
+echo "usually repeats a few frequent words or one phrase. That is a working run; fluent text needs a larger"
+echo "model and far more tokens (docs/seeing-a-run.md)."

@@ -225,6 +225,15 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """With TITAN_TEST_TIMES=FILE, each phase's duration is appended to FILE as it ends (a tab-separated
+    line: seconds, phase, test), so the slowest tests of a run still going, or killed, can be read."""
+    path = os.environ.get("TITAN_TEST_TIMES")
+    if path:
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(f"{report.duration:.2f}\t{report.when}\t{report.nodeid}\n")
+
+
 # The frozen API-1.0 plugins carry their own tests/test_conformance.py: they run as those plugins' tests, not ours.
 collect_ignore_glob = ["compat/third_party/*"]
 

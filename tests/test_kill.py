@@ -120,7 +120,7 @@ def test_sigkill_mid_training_resumes_from_the_last_checkpoint_and_ends_exactly(
     assert checkpoints(run_dir) == ["step-000010"]
 
     result = rerun(run_dir)
-    assert f"final loss {reference[20]:.4f}" in result.text
+    assert f"last step {reference[20]:.4f}" in result.text
     assert losses(run_dir) == reference  # bit-identical: steps 11..at_kill were redone from step 10
 
 

@@ -10,18 +10,15 @@ config.json round-trips through the model args.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 import torch
 from hf_deepseek import FULL, PLAIN, VOCAB, reference, tiny_hf_deepseek
-from safetensors.torch import load_file, save_file
+from hf_export_helpers import assert_convert_round_trips, perturbed_model_shaped_like, save_as_hf_folder
 
 from titan_core import ConfigError, cross_entropy_loss
-from titan_core.commands.convert import main as convert_main
 from titan_core.hf.folder import open_hf_folder
-from titan_core.hf.stacks import unstack
 from titan_core.weights.load import load_hf_weights
 from titan_deepseek.hf_adapter import DeepSeekV3StateDictAdapter
 from titan_deepseek.model import DeepSeekV3Args, Transformer
@@ -56,22 +53,14 @@ def test_hf_to_titan_logits_and_step1_loss_match(tmp_path: Path, case: dict) -> 
 
 @pytest.mark.parametrize("case", CASES)
 def test_titan_to_hf_logits_match_with_a_routing_bias(tmp_path: Path, case: dict) -> None:
-    base = ADAPTER.model_args_from_hf(json.loads((tiny_hf_deepseek(tmp_path / "shape", **case) / "config.json")
-                                                 .read_text()))
-    model = Transformer(base)
-    model.init_weights(seed=3)
+    base, model = perturbed_model_shaped_like(ADAPTER, Transformer, tiny_hf_deepseek(tmp_path / "shape", **case))
     with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn_like(p) * 0.05)
         for layer in model.layers.values():
             if layer.moe is not None:  # strong enough to change which experts win
                 layer.moe.router.expert_bias.copy_(torch.randn(8) * 0.3)
     out = tmp_path / "export"
-    out.mkdir()
-    tensors = unstack(ADAPTER, ADAPTER.to_hf(model.state_dict(), base))
+    tensors = save_as_hf_folder(ADAPTER, model, base, out)
     assert sum(k.endswith("e_score_correction_bias") for k in tensors) == 3 - case["first_k_dense_replace"]
-    save_file({k: v.contiguous() for k, v in tensors.items()}, str(out / "model.safetensors"), metadata={"format": "pt"})
-    (out / "config.json").write_text(json.dumps(ADAPTER.hf_config(base)))
     with torch.no_grad():
         ours, theirs = model.eval()(_tokens()), reference(out)(_tokens()).logits
         for layer in model.layers.values():
@@ -84,15 +73,7 @@ def test_titan_to_hf_logits_match_with_a_routing_bias(tmp_path: Path, case: dict
 
 def test_convert_round_trips_a_transformers_saved_deepseek_v3(tmp_path: Path) -> None:
     source = tiny_hf_deepseek(tmp_path / "hf", **FULL)
-    # titan-convert in this process (the console script's main; the subprocess start is the slow part).
-    assert convert_main(["from-hf", "--spec", "deepseek_v3", str(source), str(tmp_path / "ckpt")]) == 0
-    assert convert_main(["to-hf", str(tmp_path / "ckpt" / "step-000000"), str(tmp_path / "back")]) == 0
-    original, again = load_file(source / "model.safetensors"), load_file(tmp_path / "back" / "model.safetensors")
-    assert sorted(again) == sorted(original)
-    assert all(torch.equal(again[k], original[k]) for k in original)
-    with torch.no_grad():
-        a, b = reference(source)(_tokens()).logits, reference(tmp_path / "back")(_tokens()).logits
-    assert torch.equal(a, b)
+    assert_convert_round_trips(source, "deepseek_v3", tmp_path, reference, _tokens())
 
 
 def test_config_round_trip_and_refusals() -> None:

@@ -10,17 +10,15 @@ one message, exit 2.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
+from hf_export_helpers import assert_convert_round_trips, perturbed_model_shaped_like, save_as_hf_folder
 from test_convert import convert
 
 from titan_core.hf.folder import open_hf_folder
-from titan_core.hf.stacks import unstack
 from titan_core.weights.load import load_hf_weights
 from titan_qwen3.hf_adapter import Qwen3StateDictAdapter
 from titan_qwen3.model import Qwen3Args, Transformer
@@ -95,18 +93,9 @@ def test_hf_to_titan_logits_match(tmp_path: Path, case: dict) -> None:
 
 @pytest.mark.parametrize("case", CASES)
 def test_titan_to_hf_logits_match(tmp_path: Path, case: dict) -> None:
-    base = ADAPTER.model_args_from_hf(json.loads((tiny_hf_qwen3(tmp_path / "shape", **case) / "config.json")
-                                                 .read_text()))
-    model = Transformer(base)
-    model.init_weights(seed=3)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn_like(p) * 0.05)
+    base, model = perturbed_model_shaped_like(ADAPTER, Transformer, tiny_hf_qwen3(tmp_path / "shape", **case))
     out = tmp_path / "export"
-    out.mkdir()
-    tensors = unstack(ADAPTER, ADAPTER.to_hf(model.state_dict(), base))
-    save_file({k: v.contiguous() for k, v in tensors.items()}, str(out / "model.safetensors"), metadata={"format": "pt"})
-    (out / "config.json").write_text(json.dumps(ADAPTER.hf_config(base)))
+    tensors = save_as_hf_folder(ADAPTER, model, base, out)
     if case["moe"]:
         assert sum(k.endswith("mlp.experts.0.gate_proj.weight") for k in tensors) == \
             sum(layer.moe is not None for layer in model.layers.values()) > 0
@@ -130,16 +119,8 @@ def test_config_round_trip_and_other_architectures() -> None:
 def test_convert_round_trips_a_transformers_saved_qwen3_moe(tmp_path: Path) -> None:
     source = tiny_hf_qwen3(tmp_path / "hf", moe=True, tied=False, n_kv_heads=2, norm_topk_prob=True,
                            mlp_only_layers=[1])
-    to_titan = convert("from-hf", "--spec", "qwen3", str(source), str(tmp_path / "ckpt"))
-    assert to_titan.code == 0, to_titan.text
-    back = convert("to-hf", str(tmp_path / "ckpt" / "step-000000"), str(tmp_path / "back"))
-    assert back.code == 0, back.text
-    original, again = load_file(source / "model.safetensors"), load_file(tmp_path / "back" / "model.safetensors")
-    assert sorted(again) == sorted(original)
-    assert all(torch.equal(again[k], original[k]) for k in original)
-    with torch.no_grad():
-        a, b = _reference(source)(_tokens()).logits, _reference(tmp_path / "back")(_tokens()).logits
-    assert torch.equal(a, b)
+    # titan-convert's main in this process (the console script itself is run by tests/hf/test_convert.py)
+    assert_convert_round_trips(source, "qwen3", tmp_path, _reference, _tokens())
 
 
 def test_a_folder_of_another_moe_architecture_is_one_message(tmp_path: Path) -> None:

@@ -98,6 +98,8 @@ class CheckpointManager:
                             "lr_schedulers/dataloader, not both")
         self.config = config
         self.folder = Path(run_dir) / config.folder
+        # The last sentence of a failed save: the setting that moves it (a tool saving a checkpoint names its own).
+        self.failure_advice = "Free disk space or point --checkpoint.folder at a writable location."
         self.identity = identity
         self.is_rank0 = is_rank0
         self.states = _checked_states(states)
@@ -320,7 +322,7 @@ class CheckpointManager:
         kept = f"the previous checkpoint {previous} is intact" if previous else "no earlier checkpoint exists"
         return (
             f"saving the checkpoint of step {step} to {tmp} failed: {error}. The partial save was discarded and "
-            f"{kept}. Free disk space or point --checkpoint.folder at a writable location."
+            f"{kept}. {self.failure_advice}"
         )
 
     # ---- resuming -----------------------------------------------------------------

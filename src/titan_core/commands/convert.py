@@ -21,11 +21,13 @@ from pathlib import Path
 from ..checkpoint import RunIdentity, collect_param_shapes
 from ..checkpoint.weights_only import write_weights_checkpoint
 from ..config.finite import FLOAT32_MAX
-from ..errors import ConfigError
+from ..errors import ConfigError, TitanError
 from ..hf.export import export_hf
 from ..plugin import discovery
 from ..runtime.folder_kinds import is_hf_folder, is_titan_checkpoint
-from ..runtime.folder_publish import fresh_partial, publish
+from ..runtime.folder_publish import discard_partial, fresh_partial, partial_of, publish
+from ..runtime.os_errors import describe_os_error
+from ..runtime.path_settings import remember_tool_paths
 from ..train.whole_model import cpu_model, load_titan_checkpoint
 from ..weights.load import load_hf_weights
 from ..weights.shape import hf_starting_weights
@@ -117,7 +119,8 @@ def to_hf(args: argparse.Namespace) -> int:
     total = sum(p.numel() * p.element_size() for p in model.parameters())
     bar = ProgressBar("writing", total, mode=args.progress)
     export_hf([model], args.out, spec=spec, model_args=model_args, tokenizer=tokenizer,
-              dtype=getattr(torch, args.dtype), shard_gb=args.shard_gb, is_rank0=True, on_tensor=bar.advance)
+              dtype=getattr(torch, args.dtype), shard_gb=args.shard_gb, is_rank0=True, on_tensor=bar.advance,
+              failure_advice=_nothing_written(args.out))
     bar.close()
     return 0
 
@@ -144,7 +147,8 @@ def from_hf(args: argparse.Namespace) -> int:
     # in the checkpoint's manifest), so initial_load and to-hf need no flags.
     work = fresh_partial(args.out)
     step_dir = write_weights_checkpoint(work, [model], identity=identity, extra_files={
-        HF_CONFIG_IN_CHECKPOINT: json.dumps(folder.config, indent=2).encode("utf-8")})
+        HF_CONFIG_IN_CHECKPOINT: json.dumps(folder.config, indent=2).encode("utf-8")},
+        failure_advice=f"{_nothing_written(args.out)} Free space on that filesystem, or give an OUT folder on another one.")
     publish(work, args.out)
     step_dir = args.out / step_dir.name
     print(f"[titan-convert] wrote the titan checkpoint {step_dir}; start a run from it with "
@@ -166,9 +170,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     return run_tool("titan-convert", _convert, args)
 
 
+def _nothing_written(out: Path) -> str:
+    return f"Nothing was written to {out} (its unfinished copy {partial_of(out)} is removed)."
+
+
 def _convert(args: argparse.Namespace) -> int:
     check_flags(args)
-    return to_hf(args) if args.command == "to-hf" else from_hf(args)
+    # An OS error names OUT (the positional), never a titan-train setting; the copy beside OUT counts as OUT.
+    remember_tool_paths([("OUT", args.out), ("OUT", partial_of(args.out))], unnamed="OUT")
+    try:
+        return to_hf(args) if args.command == "to-hf" else from_hf(args)
+    except OSError as exc:  # publishing, a file beside the tensors: the OS error, and that OUT is not there
+        discard_partial(args.out)
+        raise TitanError(f"{describe_os_error(exc)} {_nothing_written(args.out)}") from exc
+    except BaseException:  # a full disk in the checkpoint writer, a signal, a bug: no half copy beside OUT either
+        discard_partial(args.out)
+        raise
 
 
 if __name__ == "__main__":  # pragma: no cover

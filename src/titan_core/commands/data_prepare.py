@@ -14,6 +14,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from ..runtime.path_settings import remember_tool_paths
 from .tool_main import run_tool
 
 
@@ -43,6 +44,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     def command(args: argparse.Namespace) -> int:
         from ..data.prepare import PrepareRequest, prepare  # start-up: --help and a bad flag need no numpy
         from ..plan.tokenizer import build_tokenizer  # start-up: nor the tokenizer (tiktoken)
+
+        # A full disk then advises titan-data's own --out (not a titan-train flag) and says what is kept.
+        remember_tool_paths([("--out", args.out)], unnamed="--out",
+                            kept=f"The finished shards in {args.out} are kept: the same command continues.")
 
         req = PrepareRequest(sources=list(args.sources), tokenizer=args.tokenizer, out=args.out, workers=args.workers,
                              shard_tokens=args.shard_tokens, text_field=args.text_field, hf_split=args.hf_split,

@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 
 from ..errors import Terminated, TitanError
 from ..runtime.os_errors import describe_os_error
+from ..runtime.path_settings import forget_paths
 from ..runtime.signals import sigterm_raises
 
 
@@ -21,6 +22,7 @@ def run_tool(prog: str, command: Callable[[argparse.Namespace], int], args: argp
     """``command(args)``, with the project's exits for user errors and signals (see the module docstring);
     ``on_stop`` is added to the line printed on Ctrl+C or SIGTERM (what was kept, how to continue)."""
     note = f"; {on_stop}" if on_stop else ""
+    forget_paths()  # an error names this tool's flags (the command registers them), never an earlier command's
     try:
         with sigterm_raises():
             return command(args)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ..observability.final_loss import final_loss
 from ..parallel import distributed
 from ..plan.resolve import ResolvedConfig
 from ..runtime import signals
@@ -43,7 +44,9 @@ def train(resolved: ResolvedConfig, *, trainer_class: type[Trainer] | None = Non
             trainer.setup()
             losses = trainer.train()
         if trainer.is_rank0 and losses:
-            print(f"[titan] done: {len(losses)} steps this run, final loss {losses[-1]:.4f}, "
+            ending = final_loss(losses)
+            assert ending is not None
+            print(f"[titan] done: {len(losses)} steps this run, final loss {ending.describe()}, "
                   f"run folder {trainer.run_dir}", flush=True)
         clean = True
     finally:

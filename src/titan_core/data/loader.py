@@ -123,11 +123,14 @@ class TokenDataLoader:
         start = self.window_offset + self.dp_rank * self.local_batch_size
         rows = self._epoch_order()[start : start + self.local_batch_size]
         self.window_offset += self.global_batch_size
-        if self._source is not None:  # only this rank's windows are read
-            batch = self._source.read_windows(rows, self.seq_len + 1)
-        else:
-            batch = self._windows[rows].long()
+        batch = self.read_rows(rows)
         return batch[:, :-1].contiguous(), batch[:, 1:].contiguous()
+
+    def read_rows(self, rows: torch.Tensor) -> torch.Tensor:
+        """Windows ``rows`` (in storage order) as int64 ``[len(rows), seq_len + 1]``."""
+        if self._source is not None:  # only the windows asked for are read
+            return self._source.read_windows(rows, self.seq_len + 1)
+        return self._windows[rows].long()
 
     def reset(self) -> None:
         """Back to the first batch of epoch 0 (e.g. before each validation pass)."""

@@ -13,9 +13,12 @@ A shard set is a folder written by ``titan-data prepare``:
   document counts, each shard's size, SHA-256 and mtime, and each source file's
   size and SHA-256.
 
-Reading never loads the stream: shards are ``numpy.memmap``-ed and only the
-windows a rank asks for are copied out, so start-up time and resident memory do
-not grow with the corpus. Start-up reads the index, stats every file, and
+Reading never loads the stream: only the windows a rank asks for are read (``os.pread``
+on a shard kept open), so start-up time and resident memory do not grow with the
+corpus. Shards are read, not memory-mapped: a mapped file truncated (or replaced by a
+shorter one) while the run reads it kills the process with SIGBUS, where a read comes
+back short and becomes an error naming the shard (the cost, one system call per window
+piece, is measured by ``benchmarks/shard_reads.py``). Start-up reads the index, stats every file, and
 re-hashes only a file whose size or mtime differs from the index (an edited or
 copied shard); a size that does not match is a truncated shard.
 
@@ -29,8 +32,10 @@ chunks.
 from __future__ import annotations
 
 import json
+import os
 import re
 import stat
+from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -53,6 +58,11 @@ _CHUNK = 1 << 16  # document offsets read per chunk when a split is computed (bo
 class ShardInfo:
     path: Path
     tokens: int
+    identity: tuple[int, int] = (0, 0)  # (st_dev, st_ino) when the set was checked: a replaced file differs
+
+
+# Shards held open at once (least recently read closed first): far below the usual limit of 1024 descriptors.
+MAX_OPEN_SHARDS = 64
 
 
 class ShardSet:
@@ -67,18 +77,34 @@ class ShardSet:
         self.num_tokens = int(index["num_tokens"])
         self.num_documents = int(index["num_documents"])
         self.starts = np.cumsum([0] + [s.tokens for s in shards], dtype=np.int64)
-        self._maps: dict[int, np.memmap[Any, Any]] = {}
+        self._open: OrderedDict[int, int] = OrderedDict()  # shard -> its open descriptor
 
     @property
     def documents_path(self) -> Path:
         return self.folder / DOCUMENTS_NAME
 
-    def _map(self, i: int) -> np.memmap[Any, Any]:
-        m = self._maps.get(i)
-        if m is None:
-            m = np.memmap(self.shards[i].path, dtype=self.dtype, mode="r", shape=(self.shards[i].tokens,))
-            self._maps[i] = m
-        return m
+    def _changed(self, i: int, problem: str) -> ConfigError:
+        return _refuse(self.folder, f"{self.shards[i].path.name} {problem} while this run read it",
+                       "restore the file (or prepare the corpus into a new folder) and resume from the last checkpoint")
+
+    def _fd(self, i: int) -> int:
+        fd = self._open.get(i)
+        if fd is not None:
+            self._open.move_to_end(i)
+            return fd
+        info = self.shards[i]
+        try:
+            fd = os.open(info.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        except OSError as e:
+            raise self._changed(i, f"could not be opened again ({e.strerror or e})") from None
+        st = os.fstat(fd)
+        if info.identity != (0, 0) and (st.st_dev, st.st_ino) != info.identity:
+            os.close(fd)
+            raise self._changed(i, "was replaced by another file")
+        self._open[i] = fd
+        if len(self._open) > MAX_OPEN_SHARDS:
+            os.close(self._open.popitem(last=False)[1])
+        return fd
 
     def read(self, start: int, length: int, out: np.ndarray) -> None:
         """Copy stream tokens ``[start, start + length)`` into ``out`` (int64, at least ``length`` long)."""
@@ -87,9 +113,29 @@ class ShardSet:
             i = int(np.searchsorted(self.starts, pos, side="right")) - 1
             lo = pos - int(self.starts[i])
             take = min(length - filled, self.shards[i].tokens - lo)
-            out[filled : filled + take] = self._map(i)[lo : lo + take]
+            raw = bytearray(take * self.dtype.itemsize)
+            fd = self._fd(i)
+            try:
+                got = os.preadv(fd, [raw], lo * self.dtype.itemsize)
+            except OSError as e:
+                raise self._changed(i, f"could not be read ({e.strerror or e})") from None
+            if got != len(raw):  # the file is shorter than the index says: truncated under the run
+                raise self._changed(i, f"was truncated to {os.fstat(fd).st_size} bytes (the index records "
+                                       f"{self.shards[i].tokens * self.dtype.itemsize})")
+            out[filled : filled + take] = np.frombuffer(raw, dtype=self.dtype)
             filled += take
             pos += take
+
+    def close(self) -> None:
+        """Close the shards held open (a later read opens them again)."""
+        while self._open:
+            os.close(self._open.popitem()[1])
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except OSError:
+            pass
 
     def document_offsets(self, first: int, count: int) -> np.ndarray:
         """``count`` int64 entries of ``documents.bin`` from entry ``first`` (read, not mapped)."""
@@ -119,7 +165,7 @@ def _checked_file(folder: Path, name: object, what: str) -> Path:
     return path
 
 
-def _check_file(folder: Path, path: Path, entry: dict[str, Any], size: int, mtimes: dict[str, Any]) -> None:
+def _check_file(folder: Path, path: Path, entry: dict[str, Any], size: int, mtimes: dict[str, Any]) -> tuple[int, int]:
     """Size always; the SHA-256 when the mtime differs from the one prepare recorded (an edit or a copy).
 
     The mtimes live in ``.verified.json``, not in the index, so the index stays byte-identical
@@ -137,6 +183,7 @@ def _check_file(folder: Path, path: Path, entry: dict[str, Any], size: int, mtim
     if st.st_mtime_ns != mtimes.get(path.name) and file_sha256(path) != entry.get("sha256"):
         raise _refuse(folder, f"{path.name} was modified after it was written (its SHA-256 differs from the index)",
                       "restore the file, or prepare the corpus again")
+    return st.st_dev, st.st_ino
 
 
 def _int(folder: Path, value: object, what: str) -> int:
@@ -208,8 +255,8 @@ def open_shard_set(folder_text: str, tokenizer: Tokenizer) -> ShardSet:
             raise _refuse(folder, "index.json has a shard entry that is not an object")
         path = _checked_file(folder, entry.get("file"), "shard")
         tokens = _int(folder, entry.get("tokens"), f"token count of {path.name}")
-        _check_file(folder, path, entry, tokens * itemsize, mtimes)
-        shards.append(ShardInfo(path, tokens))
+        identity = _check_file(folder, path, entry, tokens * itemsize, mtimes)
+        shards.append(ShardInfo(path, tokens, identity))
     num_tokens = _int(folder, index.get("num_tokens"), "num_tokens")
     if sum(s.tokens for s in shards) != num_tokens:
         raise _refuse(folder, "the shards' token counts do not add up to num_tokens")

@@ -87,10 +87,12 @@ def shard_file_names(count: int) -> list[str]:
 
 def export_hf(model_parts: list[nn.Module], out_dir: Path, *, spec: TrainSpec, model_args: object, tokenizer: Tokenizer,
               dtype: torch.dtype, shard_gb: float, is_rank0: bool,
-              on_tensor: Callable[[int], None] | None = None) -> None:
+              on_tensor: Callable[[int], None] | None = None,
+              failure_advice: str = "Point job.run_dir at a writable folder with free space.") -> None:
     """Write ``out_dir`` as a Hugging Face folder (a collective when a process group exists).
 
-    ``on_tensor`` is called with each tensor's byte size once it is gathered (a progress bar).
+    ``on_tensor`` is called with each tensor's byte size once it is gathered (a progress bar);
+    ``failure_advice`` ends the error of a failed write (a tool names its own flag, not job.run_dir).
     """
     out_dir = Path(out_dir)
     adapter = adapter_of(spec, purpose="checkpoint.export_format=hf")
@@ -159,7 +161,7 @@ def export_hf(model_parts: list[nn.Module], out_dir: Path, *, spec: TrainSpec, m
             error = f"cannot finish the Hugging Face export in {out_dir}: {exc}"
     error = next((e for e in gather(error) if e), None)
     if error:
-        raise CheckpointError(f"{error}. Point job.run_dir at a writable folder with free space.")
+        raise CheckpointError(f"{error.rstrip('.')}. {failure_advice}")
     if is_rank0:
         print(f"[checkpoint] exported a Hugging Face folder ({str(dtype).removeprefix('torch.')}, {len(files)} safetensors file"
               f"{'s' if len(files) > 1 else ''}) to {out_dir}", flush=True)

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
 
 from .._version import PLUGIN_API_VERSION
 from ..errors import PluginError, did_you_mean
+from ..runtime.library_noise import quiet_torchao_extension_loads
 from .entry_points import entry_points_of
 from .section_names import refuse_core_section_name
 
@@ -197,6 +198,7 @@ def _import_target(info: PluginInfo) -> Any:
     if info.target == "<in-process>":
         return _registered[info.group][info.name][0]
     module_name, _, attr = info.target.partition(":")
+    quiet_torchao_extension_loads()  # a converter imports torchao, which warns of extensions this machine cannot load
     try:
         obj: Any = importlib.import_module(module_name.strip())
         for part in attr.strip().split(".") if attr else []:

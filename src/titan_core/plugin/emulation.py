@@ -16,6 +16,7 @@ import torch
 from ..console import progress
 from ..errors import TitanError
 from ..runtime.launch_env import rank_env
+from ..runtime.library_noise import kernel_load_note
 
 
 @dataclass(frozen=True)
@@ -64,5 +65,8 @@ def resolve_emulation(emulate: bool | str, device: torch.device, needs: KernelNe
         return True, f"emulated: no {needs.kernels} kernels on {device.type}"
     major, minor = cuda_capability(device)
     if (major, minor) >= needs.min_capability:
+        note = kernel_load_note()
+        if note is not None:
+            _say_once(needs, f"{needs.section}: real {needs.kernels} kernels on sm_{major}{minor}; {note}")
         return False, f"real {needs.kernels} kernels on sm_{major}{minor}"
     raise TitanError(needs.too_old.format(major=major, minor=minor))

@@ -30,7 +30,7 @@ from pathlib import Path
 
 from ..errors import ConfigError
 
-__all__ = ["FILES_LIST", "PARTIAL_MARK", "fresh_partial", "publish"]
+__all__ = ["FILES_LIST", "PARTIAL_MARK", "discard_partial", "fresh_partial", "publish"]
 
 PARTIAL_MARK = ".titan-partial"
 FILES_LIST = ".titan-files.json"
@@ -70,6 +70,13 @@ def fresh_partial(final: Path) -> Path:
         raise OSError(exc.errno, exc.strerror, str(final)) from None
     (partial / PARTIAL_MARK).write_bytes(b"")
     return partial
+
+
+def discard_partial(final: Path) -> None:
+    """Remove ``final``'s unfinished copy after a failed write (ours only: it carries the mark); never raises."""
+    partial = partial_of(Path(final))
+    if partial.is_dir() and not partial.is_symlink() and (partial / PARTIAL_MARK).is_file():
+        shutil.rmtree(partial, ignore_errors=True)
 
 
 def _files_below(folder: Path) -> list[str]:

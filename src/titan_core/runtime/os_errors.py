@@ -8,12 +8,12 @@ import stat
 from pathlib import Path
 
 from ..errors import TitanError
-from .path_settings import setting_for
+from .path_settings import kept_after_failure, setting_for, unnamed_file_setting
 
 __all__ = ["describe_os_error", "io_errno"]
 
 _ADVICE = {
-    errno.ENOSPC: ("disk full", "free space on that filesystem or point {where} at another one"),
+    errno.ENOSPC: ("disk full", "free space on that filesystem or {move}"),
     errno.EDQUOT: ("disk quota exceeded", "free space within your quota or use another folder"),
     errno.EACCES: ("permission denied", "make it writable for this user or choose another {where}"),
     errno.EPERM: ("operation not permitted", "make it writable for this user or choose another {where}"),
@@ -32,16 +32,22 @@ def describe_os_error(exc: OSError) -> TitanError:
     setting = None
     if exc.filename is not None:
         setting = setting_for(exc.filename)
+    elif (folder := unnamed_file_setting()) is not None:  # a tool that writes only under one flag's folder
+        name, setting = f"a file in {folder[0]}", folder[1]
     what, fix = _ADVICE.get(exc.errno or -1, (exc.strerror or str(exc), "check the path and its filesystem"))
-    # The flag to change is named only when a setting of this run chose the path: another tool (titan-data,
-    # titan-plugin new, titan-convert) has no --job.run_dir, and a flag it does not have is no advice.
-    fix = fix.format(where=f"--{setting}" if setting else "place")
+    # The flag to change is named only when a setting of this command chose the path: a tool's own flags
+    # (titan-data's --out) are its own, and a flag it does not have (--job.run_dir) is no advice.
+    # A config setting (dotted) is typed as a flag; a tool's own flag or positional (--out, OUT) as it is.
+    flag = f"--{setting}" if setting is not None and "." in setting else setting
+    fix = fix.format(where=flag if flag else "place",
+                     move=f"point {flag} at another one" if flag else "write to another filesystem")
     if exc.errno == errno.EEXIST and exc.filename is not None and os.path.islink(exc.filename) \
             and not os.path.exists(exc.filename):
         what = f"it is a symbolic link to {os.readlink(exc.filename)}, which does not exist"
-        fix = "remove the link, or create what it points to" + (f", or choose another --{setting}" if setting else "")
+        fix = "remove the link, or create what it points to" + (f", or choose another {flag}" if flag else "")
     if exc.errno == errno.ENOSPC:
-        message = f"disk full while writing {name}: {fix}. Checkpoints published before this are intact."
+        kept = kept_after_failure()
+        message = f"disk full while writing {name}: {fix}." + (f" {kept}" if kept else "")
     else:
         message = f"cannot use {name}: {what} ([Errno {exc.errno}] {exc.strerror}); {fix}."
     if setting:

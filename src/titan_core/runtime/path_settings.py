@@ -15,9 +15,13 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from ..config.job import JobConfig
 
-__all__ = ["remember_paths", "setting_for"]
+__all__ = ["forget_paths", "kept_after_failure", "remember_paths", "remember_tool_paths", "setting_for", "unnamed_file_setting"]
 
-_PATHS: list[tuple[str, str]] = []  # (absolute path, setting name)
+_PATHS: list[tuple[str, str]] = []  # (absolute path, setting name, or a tool's flag as typed: "--out")
+_UNNAMED: list[tuple[str, str]] = []  # (folder, setting) an error naming no file is about, when a tool has one
+# What a full disk leaves whole: a training run's published checkpoints; a console tool says its own.
+_RUN_KEEPS = "Checkpoints published before this are intact."
+_KEPT: list[str] = [_RUN_KEEPS]
 
 
 def remember_paths(config: JobConfig) -> None:
@@ -30,6 +34,34 @@ def remember_paths(config: JobConfig) -> None:
         if value and value != "builtin" and not value.startswith("hf:"):
             found.append((Path(value), name))
     _PATHS[:] = [(os.path.abspath(path), name) for path, name in found]
+    _UNNAMED.clear()
+    _KEPT[:] = [_RUN_KEEPS]
+
+
+def forget_paths() -> None:
+    """No path is any setting's (a tool starts: an earlier command's settings in this process are not its flags)."""
+    _PATHS.clear()
+    _UNNAMED.clear()
+    _KEPT[:] = [""]
+
+
+def remember_tool_paths(flags: list[tuple[str, Path]], *, unnamed: str | None = None, kept: str = "") -> None:
+    """A console tool's own path flags, as typed (``[("--out", Path(...))]``, or a positional's name, ``OUT``;
+    a flag may own several paths); ``unnamed``: the flag whose first path an OS error that names no file is about
+    (a tool that writes only there); ``kept``: what a full disk leaves whole."""
+    _PATHS[:] = [(os.path.abspath(path), flag) for flag, path in flags]
+    _UNNAMED[:] = [(os.path.abspath(path), flag) for flag, path in flags if flag == unnamed][:1]
+    _KEPT[:] = [kept]
+
+
+def kept_after_failure() -> str:
+    """The sentence that says what a failed write left whole ("" when the command has none to say)."""
+    return _KEPT[0]
+
+
+def unnamed_file_setting() -> tuple[str, str] | None:
+    """(folder, flag) for an OS error that names no file, when the running tool writes only under one flag."""
+    return _UNNAMED[0] if _UNNAMED else None
 
 
 def setting_for(filename: str | bytes | os.PathLike[Any]) -> str | None:

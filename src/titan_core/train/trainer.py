@@ -31,6 +31,7 @@ from ..console import progress, say
 from ..data import build_dataloader, build_mixture_loader
 from ..data.describe import describe_data
 from ..data.documents import split_documents
+from ..data.masking_check import check_targets_under_masking
 from ..data.mixture import source_tokens
 from ..data.prefetch import PrefetchingLoader
 from ..data.token_ids import check_batch_ids
@@ -228,9 +229,15 @@ class Trainer:
             spec_loader = self.calls.dataloader(source=d.source, **common)
             return build_dataloader(source=d.source, **common) if spec_loader is None else spec_loader
 
-        # The next batches are made in a thread while the step runs; its state is that of the consumed batches.
-        self.dataloader = PrefetchingLoader(loader("train"))
+        train = loader("train")
         self.val_dataloader = loader("validation") if self.config.validation.enable else None
+        if d.document_masking:  # data of end-of-document tokens only would train at loss 0
+            mix = {n: m.source for n, m in d.mix.items()}
+            for split, built in (("train", train), ("validation", self.val_dataloader)):
+                check_targets_under_masking(built, split=split, source=d.source, mix=mix,
+                                            eos_id=self.tokenizer.eos_id, bos_id=self.tokenizer.bos_id)
+        # The next batches are made in a thread while the step runs; its state is that of the consumed batches.
+        self.dataloader = PrefetchingLoader(train)
 
     def data_shard(self) -> tuple[int, int]:
         """(this rank's share, number of shares) of each global batch (fault tolerance adds replica groups)."""

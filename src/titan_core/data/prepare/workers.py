@@ -76,6 +76,31 @@ def _worker_main(conn: Connection, out: Path, dtype: str, text_field: str, tok: 
         pass
 
 
+def ended_how(exitcode: int | None) -> str:
+    """How a process ended, in a message's words (``exitcode`` as multiprocessing reports it)."""
+    if exitcode is None:
+        return "stopped answering (its pipe closed, the process still runs)"
+    if exitcode < 0:
+        try:
+            name = signal.Signals(-exitcode).name
+        except ValueError:
+            name = f"signal {-exitcode}"
+        why = " (the kernel's out-of-memory killer, or kill -9)" if -exitcode == signal.SIGKILL else ""
+        return f"was killed by {name}{why}"
+    return f"exited with code {exitcode}"
+
+
+def describe_task(index: int, task: Task) -> str:
+    """The input a task covers, for a message: a file and where in it, or the task's number for in-memory texts."""
+    if task.kind == "lines":
+        return f"{task.path} (bytes {task.start}..{task.end}, task {index})"
+    if task.kind == "parquet":
+        return f"{task.path} (row group {task.start}, task {index})"
+    if task.path:
+        return f"{task.path} (task {index})"
+    return f"{len(task.texts)} documents held in memory (from the built-in corpus, an hf: source or a .json list; task {index})"
+
+
 class Workers:
     """N tokenizer processes writing pieces into ``out``. ``submit`` a task when ``has_room``; ``finished``
     waits for answers (in any order)."""
@@ -88,6 +113,7 @@ class Workers:
         self.conns: list[Connection] = []
         self.procs: list[Any] = []
         self.queued: list[int] = []
+        self.inputs: list[dict[int, str]] = [{} for _ in range(n)]  # per worker: its tasks in hand, described
         for _ in range(n):
             parent, child = ctx.Pipe()
             # Forked workers share the parent's tokenizer (a large vocabulary is not loaded N more times).
@@ -109,13 +135,18 @@ class Workers:
 
     def submit(self, index: int, task: Task) -> None:
         """Task ``index`` to the worker with the fewest tasks waiting (the first of them on a tie)."""
+        described = describe_task(index, task)
         if task.kind == "texts":
             fd, name = tempfile.mkstemp(dir=self.out, prefix="task-", suffix=".tmp")
             with os.fdopen(fd, "wb") as f:
                 f.write(spilled_texts(task.texts))
             task = Task("texts-file", name)
         w = self.queued.index(min(self.queued))
-        self.conns[w].send((index, task))
+        try:
+            self.conns[w].send((index, task))
+        except OSError:  # its pipe is closed: the worker died since its last answer
+            raise self._died(w) from None
+        self.inputs[w][index] = described
         self.queued[w] += 1
 
     def finished(self) -> list[Piece]:
@@ -126,13 +157,23 @@ class Workers:
             w = next(i for i, c in enumerate(self.conns) if c is ready)
             try:
                 piece: Piece = self.conns[w].recv()
-            except EOFError:
-                raise TitanError(f"a titan-data worker process died (exit code {self.procs[w].exitcode}), perhaps "
-                                 "killed for lack of memory; the finished shards are kept: run the same command "
-                                 "again, with fewer --workers if memory is short.") from None
+            except (EOFError, OSError):  # EOF, or "Connection reset by peer": the worker is gone
+                raise self._died(w) from None
+            self.inputs[w].pop(piece.task, None)
             self.queued[w] -= 1
             pieces.append(piece)
         return pieces
+
+    def _died(self, w: int) -> TitanError:
+        """The error for worker ``w`` gone: which worker, how it ended, and the input it had in hand."""
+        proc = self.procs[w]
+        proc.join(timeout=WORKER_EXIT_S)  # its pipe closed as it ended: the exit code follows at once
+        how = ended_how(proc.exitcode)
+        held = self.inputs[w]
+        on = f" while tokenizing {held[min(held)]}" if held else ""
+        return TitanError(f"titan-data worker {w + 1} of {len(self.procs)} (pid {proc.pid}) {how}{on}; the finished "
+                          f"shards in {self.out} are kept: run the same command again to continue (with fewer "
+                          "--workers if memory is short).")
 
     def close(self, *, stop: bool) -> None:
         """Ask the workers to finish (``stop``: end them now), then wait for them."""

@@ -10,6 +10,7 @@ import base64
 import math
 from html import escape
 
+from ..final_loss import FINAL_LOSS_WINDOW, final_loss
 from .runs import RunData, config_differences
 from .svg import Series, color_of, line_chart
 
@@ -40,8 +41,19 @@ def _fmt(value: float | None, spec: str = ".4g") -> str:
     return "–" if value is None or not math.isfinite(value) else format(value, spec)
 
 
+def _final(run: RunData) -> str:
+    """The mean of the last logged losses (one logged step is one batch: noise), and the last one itself."""
+    ending = final_loss([y for _, y in run.series.get("loss", []) if math.isfinite(y)])
+    if ending is None:
+        return "–"
+    if ending.count <= 1:
+        return _fmt(ending.last)
+    return f"{_fmt(ending.mean)} (last: {_fmt(ending.last)})"
+
+
 def _summary(runs: list[RunData]) -> str:
-    rows = ["<tr><th>run</th><th>folder</th><th>last step</th><th>last loss</th><th>last validation loss</th>"
+    rows = ["<tr><th>run</th><th>folder</th><th>last step</th>"
+            f"<th>final loss (mean of the last {FINAL_LOSS_WINDOW} logged)</th><th>last validation loss</th>"
             "<th>tokens seen</th><th>tokens/s (last)</th><th>notes</th></tr>"]
     for i, run in enumerate(runs):
         color, _ = color_of(i)
@@ -58,7 +70,7 @@ def _summary(runs: list[RunData]) -> str:
         rows.append(
             f'<tr><td><span class="swatch" style="background:{color}"></span>{escape(run.name)}</td>'
             f"<td>{escape(str(run.path))}</td><td>{_fmt(steps[-1] if steps else None, '.0f')}</td>"
-            f"<td>{_fmt(run.last('loss'))}</td><td>{_fmt(run.last('val_loss'))}</td>"
+            f"<td>{_final(run)}</td><td>{_fmt(run.last('val_loss'))}</td>"
             f"<td>{_fmt(run.last('tokens_seen'), ',.0f')}</td><td>{_fmt(tps, ',.0f')}</td>"
             f"<td>{escape('; '.join(notes))}</td></tr>")
     return f"<table>{''.join(rows)}</table>"
@@ -77,7 +89,8 @@ def _differences(runs: list[RunData]) -> str:
 
 
 def _charts(runs: list[RunData]) -> str:
-    figures = []
+    """The charts with something to draw, then one line per chart without (why it has nothing), not an empty frame."""
+    figures, missing = [], []
     for chart_id, title, keys, scale, note in CHARTS:
         series = []
         for i, run in enumerate(runs):
@@ -85,9 +98,16 @@ def _charts(runs: list[RunData]) -> str:
             if key is not None:
                 color, dashed = color_of(i)
                 series.append(Series(run.name, [(x, y * scale) for x, y in run.series[key]], color, dashed))
+        if not any(math.isfinite(x) and math.isfinite(y) for s in series for x, y in s.points):
+            if series:  # recorded, but nothing a chart can draw
+                note = "every recorded value is non-finite or too large to draw"
+            missing.append(f'<li class="not-drawn" data-metric="{escape(chart_id)}"><b>{escape(title)}</b>: '
+                           f'not drawn, {escape(note)}</li>')
+            continue
         figures.append(f'<figure><figcaption>{escape(title)}</figcaption>'
                        f'{line_chart(chart_id, title, series, empty_note=note)}</figure>')
-    return f'<div class="charts">{"".join(figures)}</div>'
+    absent = f'<ul class="note">{"".join(missing)}</ul>' if missing else ""
+    return f'<div class="charts">{"".join(figures)}</div>{absent}'
 
 
 def _settings(runs: list[RunData]) -> str:
