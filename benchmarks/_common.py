@@ -1,5 +1,6 @@
-"""What the benchmark scripts share: their command line (run them as ``python benchmarks/<name>.py``) and
-the CPU's nominal peak, the yardstick CPU MFU is stated against beside the measured matmul rate."""
+"""What the benchmark scripts share: their command line (run them as ``python benchmarks/<name>.py``), the
+fixed-width table they print their figures in, and the CPU's nominal peak, the yardstick CPU MFU is
+stated against beside the measured matmul rate."""
 
 from __future__ import annotations
 
@@ -15,6 +16,22 @@ def int_parser(doc: str | None, **defaults: int) -> argparse.ArgumentParser:
     for name, default in defaults.items():
         parser.add_argument(f"--{name.replace('_', '-')}", type=int, default=default)
     return parser
+
+
+class Table:
+    """A fixed-width table printed line by line: each column's heading and alignment-and-width (``"<10"``:
+    left in 10 characters, ``">15"``: right in 15) given once, for the heading line and every row."""
+
+    def __init__(self, *columns: tuple[str, str]) -> None:
+        self.widths = [width for _, width in columns]
+        self.headings = [heading for heading, _ in columns]
+
+    def print_header(self) -> None:
+        self.print_row(*self.headings)
+
+    def print_row(self, *cells: str) -> None:
+        """One line: each cell (numbers already formatted, e.g. ``f"{seconds:.2f}"``) in its column's width."""
+        print("".join(format(cell, width) for cell, width in zip(cells, self.widths, strict=True)))
 
 
 def _cpu_flags_and_clock() -> tuple[set[str], float | None, str]:

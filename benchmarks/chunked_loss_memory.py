@@ -23,6 +23,8 @@ import sys
 import time
 from pathlib import Path
 
+from _common import Table
+
 
 def status_kib(field: str) -> int:
     for line in Path("/proc/self/status").read_text().splitlines():
@@ -93,9 +95,10 @@ def main() -> int:
         results[variant] = json.loads(out.stdout.strip().splitlines()[-1])
     print(f"loss step (head + cross-entropy, forward + backward), float32: vocabulary {args.vocab:,}, "
           f"batch {args.batch} x {args.seq_len}, dim {args.dim}; full logits {logits_gib:.2f} GiB")
-    print(f"{'variant':<10}{'step peak MiB':>15}{'seconds':>10}{'loss':>12}")
+    table = Table(("variant", "<10"), ("step peak MiB", ">15"), ("seconds", ">10"), ("loss", ">12"))
+    table.print_header()
     for variant, r in results.items():
-        print(f"{variant:<10}{r['step_peak_mib']:>15.0f}{r['seconds']:>10.2f}{r['loss']:>12.6f}")
+        table.print_row(variant, f"{r['step_peak_mib']:.0f}", f"{r['seconds']:.2f}", f"{r['loss']:.6f}")
     full, chunked = results["full"], results["chunked"]
     print(f"chunked / full: peak memory {chunked['step_peak_mib'] / full['step_peak_mib']:.3f}, "
           f"time {chunked['seconds'] / full['seconds']:.2f}, loss difference {abs(chunked['loss'] - full['loss']):.2e}")

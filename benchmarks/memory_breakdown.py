@@ -57,17 +57,9 @@ def main() -> int:
     import torch.distributed.tensor  # noqa: F401
     import torch.nn.functional as F
 
-    from titan_core import (
-        ActivationCheckpointSection,
-        CompileSection,
-        ParallelDims,
-        ParallelismSection,
-        TensorParallelStyles,
-        TrainingSection,
-        build_dataloader,
-        build_tokenizer,
-    )
+    from titan_core import build_dataloader, build_tokenizer
     from titan_core.models.model_parts import hidden_states_for_loss
+    from titan_core.parallel.one_process import parallelize_alone
     from titan_core.runtime.cpu_allocator import keep_freed_memory_in_heap
     from titan_core.train.chunked_loss import chunked_cross_entropy
     from titan_llama.flavors import llama3_flavors
@@ -93,11 +85,7 @@ def main() -> int:
     margs = dataclasses.replace(llama3_flavors["debugmodel"], vocab_size=tok.vocab_size, max_seq_len=args.seq_len)
     model = Transformer(margs)
     model.init_weights(0)
-    dims = ParallelDims.resolve(dp_replicate=1, dp_shard=1, tp=1, pp=1, world_size=1)
-    model = parallelize_llama(model, parallel_dims=dims, mesh=None, training=TrainingSection(),
-                              parallelism=ParallelismSection(), compile=CompileSection(),
-                              activation_checkpoint=ActivationCheckpointSection(mode="selective"),
-                              tp_styles=TensorParallelStyles.default())
+    model = parallelize_alone(parallelize_llama, model, mode="selective")  # default sections, one process
     optimizer = torch.optim.AdamW(model.parameters(), lr=8e-4, foreach=True)
     n_params = sum(p.numel() for p in model.parameters())
 

@@ -35,6 +35,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from _common import Table
+
 HERE = Path(__file__).resolve().parent
 # The recipe sits in shared/bench/torchtitan-cpu beside the checkout (or above a worktree of it).
 RECIPE = next((p / "shared" / "bench" / "torchtitan-cpu" for p in HERE.parents
@@ -133,7 +135,9 @@ def main() -> int:
     print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     print(f"\nllama3 debugmodel, batch {args.batch} x {args.seq_len} per rank, per-op selective AC, median of steps 3-{args.steps}, "
           f"{args.rounds} round(s), {time.strftime('%Y-%m-%d')}")
-    print(f"{'layout':<8}{'framework':<12}{'step s':>9}{'tokens/s':>10}{'peak RSS GiB':>14}{'first step s':>14}")
+    table = Table(("layout", "<8"), ("framework", "<12"), ("step s", ">9"), ("tokens/s", ">10"),
+                  ("peak RSS GiB", ">14"), ("first step s", ">14"))
+    table.print_header()
     for layout in args.layouts.split(","):
         world = 2 if layout == "fsdp2" else 1
         med = {}
@@ -143,12 +147,12 @@ def main() -> int:
                 continue
             m = {k: statistics.median(x[k] for x in runs) for k in runs[0]}
             med[fw] = m
-            print(f"{layout:<8}{fw:<12}{m['step_s']:>9.2f}{args.batch * args.seq_len * world / m['step_s']:>10.0f}"
-                  f"{m['rss_gib']:>14.2f}{m['first_s']:>14.1f}")
+            table.print_row(layout, fw, f"{m['step_s']:.2f}", f"{args.batch * args.seq_len * world / m['step_s']:.0f}",
+                            f"{m['rss_gib']:.2f}", f"{m['first_s']:.1f}")
         if len(med) == 2:
             t, tt = med["titan"], med["torchtitan"]
-            print(f"{layout:<8}{'ratio':<12}{t['step_s'] / tt['step_s']:>9.2f}{tt['step_s'] / t['step_s']:>10.2f}"
-                  f"{t['rss_gib'] / tt['rss_gib']:>14.2f}{t['first_s'] / tt['first_s']:>14.2f}")
+            table.print_row(layout, "ratio", f"{t['step_s'] / tt['step_s']:.2f}", f"{tt['step_s'] / t['step_s']:.2f}",
+                            f"{t['rss_gib'] / tt['rss_gib']:.2f}", f"{t['first_s'] / tt['first_s']:.2f}")
     return 0
 
 

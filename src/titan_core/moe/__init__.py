@@ -16,7 +16,7 @@ parallelism) and the model plugins use it.
 from .balance import load_balancing_loss, load_imbalance, update_expert_bias
 from .experts import GroupedExperts
 from .grouped_mm import grouped_linear, grouped_mm_available
-from .layer import MoE
+from .layer import MoE, reset_routers
 from .layers import is_moe_layer
 from .monitor import MoEMonitor
 from .router import SCORE_FUNCS, ScoreFunc, TopKRouter, check_routing
@@ -34,5 +34,6 @@ __all__ = [
     "is_moe_layer",
     "load_balancing_loss",
     "load_imbalance",
+    "reset_routers",
     "update_expert_bias",
 ]

@@ -107,3 +107,11 @@ class MoE(nn.Module):
             counts_E = num_tokens_per_expert_E.detach()
             self.tokens_per_expert = counts_E if before is None else before + counts_E
             self.aux_loss = aux_loss
+
+
+def reset_routers(model: nn.Module) -> None:
+    """Start every MoE router of ``model`` unbiased: the routers' part of a MoE model's ``init_buffers``
+    (after ``to_empty``; a loaded checkpoint then brings its own biases)."""
+    for module in model.modules():
+        if isinstance(module, MoE):
+            module.router.init_buffers()

@@ -7,7 +7,8 @@ Degrees come from the ``ParallelDims`` and mesh the core hands to ``parallelize_
 nothing here re-reads them from the config.
 
 Also the process group and device (``distributed``), compute dtype and autocast (``precision``) and
-the printed parameter layout (``parameter_layout``). May import ``optim``, ``moe``, ``plugin``,
+the printed parameter layout (``parameter_layout``), and a ``parallelize_fn`` applied on one process
+with the default sections (``one_process``, for tests and benchmarks). May import ``optim``, ``moe``, ``plugin``,
 ``models``, ``config``, ``runtime`` and the leaves; independent of the other components.
 """
 
@@ -16,6 +17,7 @@ from .compile import apply_compile
 from .default import TensorParallelPlanFn, default_parallelize_fn, spec_parallelize_fn
 from .expert_parallel import apply_expert_parallel, check_expert_parallel, check_experts_split, shard_experts
 from .fsdp import apply_fsdp, reshard_policy
+from .one_process import parallel_kwargs, parallelize_alone
 from .tensor_parallel import apply_tensor_parallel
 
 __all__ = [
@@ -29,6 +31,8 @@ __all__ = [
     "check_experts_split",
     "checkpoint_module",
     "default_parallelize_fn",
+    "parallel_kwargs",
+    "parallelize_alone",
     "reshard_policy",
     "resolve_ops",
     "selective_context_fn",

@@ -40,16 +40,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from titan_core.models.decoder import RMSNorm, decoder_flops_per_token, decoder_parameter_counts, token_embedding
-from titan_core.models.model_parts import (
-    FeedForward,
-    final_norm_and_head,
-    init_decoder_parameter,
-    output_head,
-    tied_head,
-    trunc_normal_,
-)
-from titan_core.moe import MoE, check_routing, is_moe_layer
+from titan_core.models.decoder import DecoderModel, RMSNorm, decoder_flops_per_token, decoder_parameter_counts
+from titan_core.models.model_parts import FeedForward, final_norm_and_head, trunc_normal_
+from titan_core.moe import MoE, check_routing, is_moe_layer, reset_routers
 
 if TYPE_CHECKING:
     from titan_core.models.kv_cache import KVCache, LayerCache
@@ -305,19 +298,13 @@ class TransformerBlock(nn.Module):
         return out
 
 
-class Transformer(nn.Module):
+class Transformer(DecoderModel):
     """Token ids [B, S] -> logits [B, S, vocab]."""
 
     rope: torch.Tensor  # cos/sin table, a non-persistent buffer
 
     def __init__(self, args: DeepSeekV3Args) -> None:
-        super().__init__()
-        self.args = args
-        self.tok_embeddings: nn.Embedding | None = token_embedding(args)
-        # Keyed "0".."n-1" so that checkpoint keys keep the layer ids.
-        self.layers = nn.ModuleDict({str(i): TransformerBlock(args, i) for i in range(args.n_layers)})
-        self.norm: RMSNorm | None = RMSNorm(args.dim, args.norm_eps)
-        self.output: nn.Linear | None = output_head(self.tok_embeddings, args.tie_embeddings)
+        super().__init__(args, lambda i: TransformerBlock(args, i), RMSNorm(args.dim, args.norm_eps))
         self.register_buffer("rope", rope_table(args), persistent=False)
 
     def forward(self, tokens: torch.Tensor, *, cache: KVCache | None = None) -> torch.Tensor:
@@ -328,32 +315,20 @@ class Transformer(nn.Module):
             h = layer(h, self.rope) if cache is None else layer(h, self.rope, cache.layer(name), cache.offset)
         return final_norm_and_head(h, self.norm, self.output)
 
-    def tied_weights(self) -> list[tuple[str, str]]:
-        """(source, alias) parameter names that are one tensor; the core keeps them tied."""
-        return tied_head(self.args.tie_embeddings)
+    # tied_weights and init_weights: DecoderModel's.
 
     def init_parameter(self, fqn: str, tensor: torch.Tensor, generator: torch.Generator) -> None:
         """Fill ``tensor`` (full-shaped, plain) with the initial value of parameter ``fqn``."""
         owner = fqn.split(".")[-2] if fqn.count(".") else ""
         if owner in ("wq_a", "wq_b", "wkv_a", "wkv_b"):  # MLA's input-side projections: as wq/wk/wv
             trunc_normal_(tensor, 0.02, generator)
-            return
-        # Untied, the embedding starts at unit scale (as titan-llama and titan-qwen3 start it).
-        embedding_std = 0.02 if self.args.tie_embeddings else 1.0
-        init_decoder_parameter(fqn, tensor, generator, dim=self.args.dim, embedding_std=embedding_std)
+        else:  # the rest as every decoder here (the untied embedding at unit scale)
+            super().init_parameter(fqn, tensor, generator)
 
     def init_buffers(self) -> None:
         """Recompute the rotary table on its device and start every router unbiased (after ``to_empty``)."""
         self.rope = rope_table(self.args, self.rope.device)
-        for module in self.modules():
-            if isinstance(module, MoE):
-                module.router.init_buffers()
-
-    def init_weights(self, seed: int = 0) -> None:
-        """Initialise a plain model in place; the same seed gives the same weights anywhere."""
-        from titan_core import init_model_weights
-
-        init_model_weights(self, seed=seed)
+        reset_routers(self)
 
 
 def cache_bytes_per_token(args: DeepSeekV3Args, *, bytes_per_number: int = 4) -> tuple[int, int]:

@@ -8,10 +8,6 @@ is reached through a ``titan_core.plugin.deferred`` stand-in, so ``titan-train -
 
 from __future__ import annotations
 
-from typing import Any
-
-from torch import nn
-
 from titan_core import TrainSpec
 from titan_core.plugin.deferred import deferred
 
@@ -22,12 +18,9 @@ from .model import Transformer, flops_per_token
 
 validate_deepseek_v3_layout = deferred("titan_deepseek.parallelize", "validate_deepseek_v3_layout")
 
-
-def pipeline_deepseek_v3(model: nn.Module, **kwargs: Any) -> Any:
-    """titan-core's pipeline over ``layers``; the first stage keeps ``tok_embeddings``, the last ``norm`` and ``output``."""
-    from titan_core.parallel.pipeline import pipeline_model
-
-    return pipeline_model(model, blocks_attr="layers", first=("tok_embeddings",), last=("norm", "output"), **kwargs)
+# titan-core's pipeline with its defaults: blocks ``layers``, the first stage keeps ``tok_embeddings``, the last
+# ``norm`` and ``output``.
+pipeline_deepseek_v3 = deferred("titan_core.parallel.pipeline", "pipeline_model")
 
 
 deepseek_v3_spec = TrainSpec(

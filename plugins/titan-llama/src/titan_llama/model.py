@@ -40,14 +40,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from titan_core.models.decoder import token_embedding
-from titan_core.models.model_parts import (
-    FeedForward,
-    final_norm_and_head,
-    init_decoder_parameter,
-    output_head,
-    tied_head,
-)
+from titan_core.models.decoder import DecoderModel
+from titan_core.models.model_parts import FeedForward, final_norm_and_head
 
 from . import cpu_attention
 
@@ -319,20 +313,13 @@ def _document_block_mask(starts: torch.Tensor) -> BlockMask:
     return build(visible, batch, None, seqlen, seqlen, device=starts.device)
 
 
-class Transformer(nn.Module):
+class Transformer(DecoderModel):
     """Token ids [b, s] -> logits [b, s, vocab]; a pipeline stage may lack either end."""
 
     freqs_cis: torch.Tensor  # the rotary table, a non-persistent buffer
 
     def __init__(self, args: LlamaArgs) -> None:
-        super().__init__()
-        self.args = args
-        self.tok_embeddings: nn.Embedding | None = token_embedding(args)
-        # A ModuleDict keyed "0".."n-1", not a ModuleList, so that a pipeline stage keeps
-        # the original names (and checkpoint keys) of the layers it holds.
-        self.layers = nn.ModuleDict({str(i): TransformerBlock(args) for i in range(args.n_layers)})
-        self.norm: RMSNorm | None = RMSNorm(args.dim, args.norm_eps)
-        self.output: nn.Linear | None = output_head(self.tok_embeddings, args.tie_embeddings)
+        super().__init__(args, lambda i: TransformerBlock(args), RMSNorm(args.dim, args.norm_eps))
         # Non-persistent: derived from args, so not saved; recomputed by init_buffers().
         self.register_buffer("freqs_cis", rope_table(args), persistent=False)
 
@@ -366,29 +353,11 @@ class Transformer(nn.Module):
                       cache=None if cache is None else cache.layer(name))
         return final_norm_and_head(h, self.norm, self.output)
 
-    def tied_weights(self) -> list[tuple[str, str]]:
-        """(source, alias) parameter names that are one tensor; the core keeps them tied."""
-        return tied_head(self.args.tie_embeddings)
-
-    def init_parameter(self, fqn: str, tensor: torch.Tensor, generator: torch.Generator) -> None:
-        """Fill ``tensor`` (full-shaped, plain) with the initial value of parameter ``fqn``."""
-        # Tied, the table is also the head: small, as Hugging Face initialises Llama (0.02).
-        init_decoder_parameter(fqn, tensor, generator, dim=self.args.dim,
-                               embedding_std=0.02 if self.args.tie_embeddings else 1.0)
+    # tied_weights, init_parameter (the untied embedding at unit scale), init_weights: DecoderModel's.
 
     def init_buffers(self) -> None:
         """Recompute the rotary table on the buffer's current device (after ``to_empty``)."""
         self.freqs_cis = rope_table(self.args, self.freqs_cis.device)
-
-    def init_weights(self, seed: int = 0) -> None:
-        """Initialise a plain (not distributed) model in place; same seed, same weights anywhere.
-
-        The core's own init, which also fills sharded models: a plain and a sharded model
-        built with one seed hold the same weights.
-        """
-        from titan_core import init_model_weights  # imports DTensor: not at module import (--list)
-
-        init_model_weights(self, seed=seed)
 
 
 

@@ -28,15 +28,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from titan_core.models.decoder import RMSNorm, decoder_flops_per_token, decoder_parameter_counts, token_embedding
-from titan_core.models.model_parts import (
-    FeedForward,
-    final_norm_and_head,
-    init_decoder_parameter,
-    output_head,
-    tied_head,
-)
-from titan_core.moe import MoE, is_moe_layer
+from titan_core.models.decoder import DecoderModel, RMSNorm, decoder_flops_per_token, decoder_parameter_counts
+from titan_core.models.model_parts import FeedForward, final_norm_and_head
+from titan_core.moe import MoE, is_moe_layer, reset_routers
 
 
 @dataclass(frozen=True)
@@ -171,19 +165,13 @@ class TransformerBlock(nn.Module):
         return h + mlp(self.ffn_norm(h))
 
 
-class Transformer(nn.Module):
+class Transformer(DecoderModel):
     """Token ids [b, s] -> logits [b, s, vocab]."""
 
     rope: torch.Tensor  # cos/sin table, a non-persistent buffer
 
     def __init__(self, args: Qwen3Args) -> None:
-        super().__init__()
-        self.args = args
-        self.tok_embeddings: nn.Embedding | None = token_embedding(args)
-        # Keyed "0".."n-1" so that checkpoint keys keep the layer ids.
-        self.layers = nn.ModuleDict({str(i): TransformerBlock(args, i) for i in range(args.n_layers)})
-        self.norm: RMSNorm | None = RMSNorm(args.dim, args.norm_eps)
-        self.output: nn.Linear | None = output_head(self.tok_embeddings, args.tie_embeddings)
+        super().__init__(args, lambda i: TransformerBlock(args, i), RMSNorm(args.dim, args.norm_eps))
         self.register_buffer("rope", rope_table(args), persistent=False)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -192,32 +180,12 @@ class Transformer(nn.Module):
             h = layer(h, self.rope)
         return final_norm_and_head(h, self.norm, self.output)
 
-    def tied_weights(self) -> list[tuple[str, str]]:
-        """(source, alias) parameter names that are one tensor; the core keeps them tied."""
-        return tied_head(self.args.tie_embeddings)
-
-    def init_parameter(self, fqn: str, tensor: torch.Tensor, generator: torch.Generator) -> None:
-        """Fill ``tensor`` (full-shaped, plain) with the initial value of parameter ``fqn``."""
-        # Untied, the embedding starts at unit scale (as torchtitan and titan-llama start it). At 0.02
-        # the token's own vector is a sliver of the residual stream, every token's hidden state is
-        # nearly the same for the first tens of steps, and a MoE router sends them all to the same
-        # experts (debugmoe: max/mean load 3.9 at step 20). Tied, the table is also the head: small,
-        # as Hugging Face initialises Qwen3 (initializer_range 0.02).
-        embedding_std = 0.02 if self.args.tie_embeddings else 1.0
-        init_decoder_parameter(fqn, tensor, generator, dim=self.args.dim, embedding_std=embedding_std)
+    # tied_weights, init_parameter (the untied embedding at unit scale), init_weights: DecoderModel's.
 
     def init_buffers(self) -> None:
         """Recompute the rotary table on its device and start every router unbiased (after ``to_empty``)."""
         self.rope = rope_table(self.args, self.rope.device)
-        for module in self.modules():
-            if isinstance(module, MoE):
-                module.router.init_buffers()
-
-    def init_weights(self, seed: int = 0) -> None:
-        """Initialise a plain model in place; the same seed gives the same weights anywhere."""
-        from titan_core import init_model_weights
-
-        init_model_weights(self, seed=seed)
+        reset_routers(self)
 
 
 def parameter_counts(args: Qwen3Args) -> tuple[int, int]:

@@ -9,10 +9,6 @@ import DTensor, which costs seconds, and ``titan-train --list`` must stay cheap.
 
 from __future__ import annotations
 
-from typing import Any
-
-from torch import nn
-
 from titan_core import TrainSpec
 from titan_core.plugin.deferred import deferred
 
@@ -24,12 +20,9 @@ from .model import Transformer, flops_per_token
 qwen3_tp_plan = deferred("titan_qwen3.tp_plan", "qwen3_tp_plan")
 validate_qwen3_layout = deferred("titan_qwen3.parallelize", "validate_qwen3_layout")
 
-
-def pipeline_qwen3(model: nn.Module, **kwargs: Any) -> Any:
-    """titan-core's pipeline over ``layers``; the first stage keeps ``tok_embeddings``, the last ``norm`` and ``output``."""
-    from titan_core.parallel.pipeline import pipeline_model
-
-    return pipeline_model(model, blocks_attr="layers", first=("tok_embeddings",), last=("norm", "output"), **kwargs)
+# titan-core's pipeline with its defaults: blocks ``layers``, the first stage keeps ``tok_embeddings``, the last
+# ``norm`` and ``output``.
+pipeline_qwen3 = deferred("titan_core.parallel.pipeline", "pipeline_model")
 
 
 qwen3_spec = TrainSpec(
