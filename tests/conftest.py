@@ -209,14 +209,23 @@ def _checkout_paths() -> set[str] | None:
     return {line for line in proc.stdout.splitlines() if not any(cache in line for cache in _ALLOWED_NEW)}
 
 
+def _is_xdist_worker(session: pytest.Session) -> bool:
+    return hasattr(session.config, "workerinput")
+
+
 def pytest_sessionstart(session: pytest.Session) -> None:
+    # Under pytest-xdist the controller checks the checkout around the whole run; a worker's own check
+    # would race the other workers' tests.
     global _checkout_before
-    _checkout_before = _checkout_paths()
+    if not _is_xdist_worker(session):
+        _checkout_before = _checkout_paths()
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if _is_xdist_worker(session) or _checkout_before is None:
+        return
     after = _checkout_paths()
-    if _checkout_before is None or after is None:
+    if after is None:
         return
     new = sorted(after - _checkout_before)
     if new:

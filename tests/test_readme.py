@@ -38,7 +38,7 @@ def test_ci_fails_when_pytest_collects_nothing(tmp_path: Path, pytest_rc: int, e
     _stand_in_ci(tmp_path, pytest_rc=pytest_rc)
     result = subprocess.run(["bash", str(tmp_path / ".ci/run")], capture_output=True, text=True, timeout=60)
     assert result.returncode == expected_rc, result.stdout + result.stderr
-    assert "ran python: -m pytest -q" in result.stdout
+    assert "ran python: -m pytest -q --durations=30 -n 2 --dist loadfile" in result.stdout  # two workers by default
     if pytest_rc == 5:
         assert "pytest collected no tests: failing" in result.stderr
 
