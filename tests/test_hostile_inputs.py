@@ -166,14 +166,20 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> Path:
 table = table_printer(TABLE, "input")
 
 
+def damaged_copy(good_run: Path, tmp_path: Path, damage: Callable[[Path], None] | None) -> Path:
+    """A copy of the good run folder for one case, with the case's damage done to it."""
+    run = tmp_path / "run"
+    shutil.copytree(good_run, run)
+    if damage is not None:
+        damage(run)
+    return run
+
+
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 def test_hostile_input_is_one_clear_error_and_changes_nothing(
         case: Case, good_run: Path, inputs: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str]) -> None:
-    run = tmp_path / "run"
-    shutil.copytree(good_run, run)
-    if case.damage is not None:
-        case.damage(run)
+    run = damaged_copy(good_run, tmp_path, case.damage)
     before = snapshot(run)
     args = [*(SMALL if case.small else ()), f"--job.run_dir={run}", *(a.format(run=run, inputs=inputs) for a in case.args)]
     if case.process:
@@ -441,10 +447,7 @@ def test_run_time_hostile_input_is_one_clear_error_and_changes_nothing(
         capsys: pytest.CaptureFixture[str]) -> None:
     import socket
 
-    run = tmp_path / "run"
-    shutil.copytree(good_run, run)
-    if case.damage is not None:
-        case.damage(run)
+    run = damaged_copy(good_run, tmp_path, case.damage)
     isolate(monkeypatch, case.env)
     if case.prepare is not None:
         case.prepare(monkeypatch, run)
