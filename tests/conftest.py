@@ -11,6 +11,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -207,6 +208,30 @@ def _checkout_paths() -> set[str] | None:
     if proc.returncode != 0:
         return None
     return {line for line in proc.stdout.splitlines() if not any(cache in line for cache in _ALLOWED_NEW)}
+
+
+@pytest.fixture(autouse=True)
+def _forget_plugins_registered_by_the_test() -> Iterator[None]:
+    """Specs and converters a test registers in this process (``--import`` of a test plugin run through the
+    CLI's main, ``register_train_spec``) end with the test, and a module imported by the test that
+    registered them is imported afresh next time (registering again). Without this, they leak into
+    whichever tests share the process: two specs then claim one Hugging Face folder, and a test's outcome
+    depends on the order files run in (pytest-xdist changes it)."""
+    from titan_core.plugin import discovery
+
+    before = {group: set(entries) for group, entries in discovery._registered.items()}
+    modules_before = set(sys.modules)
+    yield
+    forgot = False
+    for group, entries in discovery._registered.items():
+        for name in [n for n in entries if n not in before.get(group, set())]:
+            del entries[name]
+            forgot = True
+    if forgot:  # the test plugin modules this test imported (tests/*.py) register again when next imported
+        tests = str(Path(__file__).parent) + os.sep
+        for module in set(sys.modules) - modules_before:
+            if (getattr(sys.modules[module], "__file__", None) or "").startswith(tests):
+                del sys.modules[module]
 
 
 def _is_xdist_worker(session: pytest.Session) -> bool:

@@ -17,6 +17,7 @@ __all__ = [
     "PEER_LOST_EXIT",
     "CheckpointError",
     "ConfigError",
+    "CoreErrorInPluginCall",
     "DeadlinePassed",
     "LighthouseLost",
     "NonFiniteError",
@@ -69,6 +70,11 @@ class PluginHang(PluginError):
     def __init__(self, message: str, *, method: str, seconds: float) -> None:
         super().__init__(message)
         self.method, self.seconds = method, seconds
+
+
+class CoreErrorInPluginCall(TitanError):
+    """titan-core's own code raised while a plugin's method ran (a core helper the plugin called, such as the
+    shared Hugging Face renames); ``__cause__`` is the original exception."""
 
 
 class CheckpointError(TitanError):

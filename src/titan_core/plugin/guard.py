@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 import titan_core
 
-from ..errors import DeadlinePassed, PluginError, PluginHang, PluginOutOfMemory, Terminated, TitanError
+from ..errors import CoreErrorInPluginCall, DeadlinePassed, PluginError, PluginHang, PluginOutOfMemory, Terminated, TitanError
 from ..runtime.deadlines import call_deadline
 from ..runtime.out_of_memory import is_out_of_memory, out_of_memory_error
 from ..runtime.peer_failure import is_collective_failure
@@ -95,7 +95,7 @@ def plugin_call(group: Group, name: str, method: str, *, timed: bool = True) -> 
         first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ""
         core = core_origin(exc)
         if core is not None:  # the core's own code raised, called from (or around) the plugin's: say so
-            raise TitanError(
+            raise CoreErrorInPluginCall(
                 f"{core} raised {type(exc).__name__}: {first}, while {plugin_label(group, name)} ran {method}. "
                 f"The error comes from titan-core's own code, not from the plugin's: read it as a problem with "
                 f"the run's settings or the model's structure, and report it to titan-core if it is neither "

@@ -27,7 +27,7 @@ from ..boundary.meta_model import meta_model
 from ..checkpoint import collect_param_shapes
 from ..checkpoint.states import full_shapes, merged_view, model_state
 from ..console import progress
-from ..errors import ConfigError, PluginError
+from ..errors import ConfigError, CoreErrorInPluginCall, PluginError
 from ..hf.adapter import adapter_of, hf_key_of, row_map
 from ..hf.folder import HFFolder, open_hf_folder
 from ..hf.stacks import stack_folder
@@ -208,11 +208,11 @@ def plan_hf_load(folder: HFFolder, *, adapter: StateDictAdapter, expected: dict[
         except (KeyError, ValueError, RuntimeError) as exc:
             problems.append(f"{name}: {exc}")
             continue
-        except PluginError as exc:
+        except (PluginError, CoreErrorInPluginCall) as exc:
             if not isinstance(exc.__cause__, KeyError):
                 raise
-            # from_hf's KeyError names a tensor the adapter has no place for: the folder's
-            # problem (a stray or foreign tensor), not the plugin's
+            # from_hf's KeyError (raised by the adapter, or by the core's shared renames it calls) names a
+            # tensor the adapter has no place for: the folder's problem (a stray or foreign tensor), not the plugin's
             problems.append(f"{name} is not a tensor of this model ({exc.__cause__.args[0] if exc.__cause__.args else ''})")
             continue
         if mapped is None:
