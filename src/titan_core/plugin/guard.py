@@ -16,7 +16,15 @@ from typing import TYPE_CHECKING, TypeVar
 
 import titan_core
 
-from ..errors import CoreErrorInPluginCall, DeadlinePassed, PluginError, PluginHang, PluginOutOfMemory, Terminated, TitanError
+from ..errors import (
+    CoreErrorInPluginCall,
+    DeadlinePassed,
+    PluginError,
+    PluginHang,
+    PluginOutOfMemory,
+    Terminated,
+    TitanError,
+)
 from ..runtime.deadlines import call_deadline
 from ..runtime.out_of_memory import is_out_of_memory, out_of_memory_error
 from ..runtime.peer_failure import is_collective_failure
