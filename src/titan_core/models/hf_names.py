@@ -11,6 +11,7 @@ A leaf: imports nothing of titan_core, so an adapter imports it at no cost.
 
 from __future__ import annotations
 
+import abc
 import math
 import re
 from collections.abc import Callable, Mapping
@@ -186,20 +187,20 @@ def positive(value: Any, key: str, problems: list[str]) -> float:
     return 1.0
 
 
-class RenamingAdapter:
+class RenamingAdapter(abc.ABC):
     """The tensor side of a ``state_dict_adapter`` whose every map is a rename (no tensor is permuted, so
     rows stay in order) and whose stacked experts live in per-expert files. A subclass says how each
     name maps (``hf_name``, ``native_name``) and writes config.json (``hf_config``, ``model_args_from_hf``);
     ``model_args`` is the subclass's model-args dataclass, with a ``tie_embeddings`` field."""
 
+    @abc.abstractmethod
     def hf_name(self, key: str, model_args: Any) -> str | None:
         """transformers' name of native parameter ``key``; None: it is not exported. A KeyError for an unknown one."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def native_name(self, hf_key: str, model_args: Any) -> str | None:
         """The native name of transformers tensor ``hf_key``; None: it is deliberately not read. A KeyError for an
         unknown one."""
-        raise NotImplementedError
 
     def to_hf(self, state_dict: Mapping[str, torch.Tensor], model_args: Any) -> dict[str, torch.Tensor]:
         def rename(key: str, tensor: torch.Tensor) -> tuple[str, torch.Tensor] | None:
