@@ -105,11 +105,13 @@ def worker(folder: Path, run_dir: Path) -> None:
     params = list(trainer.model_parts[0].parameters())
     shard = sum((p.to_local() if isinstance(p, DTensor) else p).numel() * p.element_size() for p in params)
     largest = max(p.numel() * p.element_size() for p in params)
-    print("RESULT " + json.dumps({
-        "rank": torch.distributed.get_rank(), "before_mib": before / 1024, "peak_mib": sampler.peak / 1024,
+    # Each rank writes its own file: two ranks printing to one pipe can interleave their lines.
+    rank = torch.distributed.get_rank()
+    (run_dir.parent / f"result-{rank}.json").write_text(json.dumps({
+        "rank": rank, "before_mib": before / 1024, "peak_mib": sampler.peak / 1024,
         "load_peak_mib": (sampler.peak - before) / 1024, "shard_mib": shard / 2**20, "largest_mib": largest / 2**20,
         "read_mib": stats.bytes_read / 2**20, "model_mib": stats.bytes_total / 2**20,
-    }), flush=True)
+    }))
     torch.distributed.destroy_process_group()
 
 
@@ -137,7 +139,8 @@ def main() -> int:
              "--worker", str(folder), "--run-dir", str(Path(tmp) / "run")],
             env=env, capture_output=True, text=True, timeout=1200,
         )
-        rows = [json.loads(line.split("RESULT ", 1)[1]) for line in proc.stdout.splitlines() if "RESULT " in line]
+        results = sorted(Path(tmp).glob("result-*.json"))
+        rows = [json.loads(path.read_text()) for path in results]
         if proc.returncode != 0 or len(rows) != 2:
             print(proc.stdout[-3000:], proc.stderr[-3000:], file=sys.stderr)
             return 1
