@@ -188,7 +188,8 @@ def test_fsdp2_keeps_the_ema_sharded_and_equal_to_one_process(tmp_path: Path) ->
     steps = ("training.steps=3", "ema.decay=0.99", "checkpoint.enable=true")
     reference = tiny_run(tmp_path / "one", *steps)
     run = titan(tmp_path / "two", *DEBUG_LLAMA_2_LAYERS, *(f"--{p}" for p in steps), "--training.local_batch_size=2",
-                "--lr_scheduler.warmup_steps=1", "--metrics.report=false", "--parallelism.dp_shard=2", nproc=2)
+                "--lr_scheduler.warmup_steps=1", "--metrics.report=false", "--parallelism.dp_shard=2",
+                "--checkpoint.export_at_end=true", "--checkpoint.export_weights=ema", nproc=2)
     assert run.code == 0, run.text
     one = ema_tensors(tmp_path / "one" / "checkpoints" / "step-000003")
     saved = tmp_path / "two" / "checkpoints" / "step-000003"
@@ -198,6 +199,10 @@ def test_fsdp2_keeps_the_ema_sharded_and_equal_to_one_process(tmp_path: Path) ->
     assert worst <= 1e-6, worst
     moved = max((one[k] - reference.weights[0][k]).abs().max().item() for k in one)
     assert moved > 1e-5, moved  # the EMA did move away from the starting weights: the comparison can fail
+    # the export swapped the sharded EMA into the sharded model: the file holds it, whole
+    exported = load_file(tmp_path / "two" / "export" / "model.safetensors")
+    assert all(torch.equal(exported[k], v) for k, v in two.items())
+    assert "(the EMA weights)" in run.text
     # each rank saved its own shard, laid out as the parameter's: nothing was gathered
     index = read_index(saved, read_record(saved).files)
     for name in one:
