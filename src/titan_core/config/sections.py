@@ -82,7 +82,7 @@ class ParamGroupRule(Section):
 
 
 class OptimizerSection(Section):
-    name: Literal["AdamW", "Adam", "SGD"] = Field("AdamW", description="torch.optim optimizer class.")
+    name: Literal["AdamW", "Adam", "SGD", "Muon"] = Field("AdamW", description="torch.optim optimizer class, or Muon: Muon for the weight matrices and AdamW (betas, eps) for embeddings, the output head, norms and biases (optim/muon.py; docs/optimizer.md). Any letter case.")
     lr: float = Field(3e-3, ge=0, description="Peak learning rate (0 keeps the weights as loaded, e.g. to check a round trip).")
     betas: tuple[Beta, Beta] = Field((0.9, 0.95), description="Adam betas, each in [0, 1).")
     eps: float = Field(1e-8, gt=0, description="Adam epsilon.")
@@ -90,6 +90,15 @@ class OptimizerSection(Section):
     implementation: Literal["auto", "foreach", "for-loop", "fused"] = Field("auto", description="Kernel: auto = fused on CUDA, foreach elsewhere; where DTensor and plain parameters mix (some TP plans), fused and foreach fall back to for-loop, saying so.")
     no_decay_norms_biases_embeddings: bool = Field(True, description="Put norms and biases (parameters with fewer than 2 dims), embedding tables (nn.Embedding and weights tied to one) in the no_decay group (weight decay 0); false = decay every parameter.")
     param_groups: list[ParamGroupRule] = Field(default_factory=list, description="Extra parameter groups, matched by name before the built-in default/no_decay split (TOML: [[optimizer.param_groups]] tables).")
+    muon_momentum: float = Field(0.95, ge=0, lt=1, description="Muon only: momentum of the matrices' SGD momentum.")
+    muon_nesterov: bool = Field(True, description="Muon only: Nesterov momentum (orthogonalise the gradient pulled toward the momentum).")
+    muon_ns_steps: int = Field(5, ge=1, le=20, description="Muon only: Newton-Schulz iterations per orthogonalisation.")
+
+    @field_validator("name", mode="before")
+    @classmethod
+    def _any_letter_case(cls, value: object) -> object:
+        known = {"adamw": "AdamW", "adam": "Adam", "sgd": "SGD", "muon": "Muon"}
+        return known.get(value.lower(), value) if isinstance(value, str) else value
 
     @field_validator("param_groups")
     @classmethod
