@@ -14,7 +14,10 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+import torch
+
 from ..errors import ConfigError
+from ..evaluation import evaluate, format_results, load_tasks, prepare_tasks
 from ..runtime.run_files import atomic_write_text
 from ..train.evaluation import model_window
 from ..train.whole_model import load_hf_folder, load_titan_checkpoint
@@ -44,10 +47,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def run_eval(args: argparse.Namespace) -> int:
-    import torch
-
-    from ..evaluation import evaluate, format_results, load_tasks, prepare_tasks
-
     if args.limit is not None and args.limit <= 0:
         raise ConfigError(f"--limit must be a positive number of examples, got {args.limit}; leave it out for all.")
     if args.batch_size <= 0:

@@ -31,6 +31,9 @@ class ScoreLayout:
     dp_rank: int = 0
     dp: int = 1
     group: Any = None  # the data-parallel process group to sum over; None: a single data-parallel rank
+    # Batches are padded to a multiple of this length: tensor parallelism's sequence-parallel regions split
+    # the sequence over the TP ranks, evenly.
+    width_multiple: int = 1
 
 
 @dataclass(frozen=True)
@@ -48,10 +51,10 @@ def score_requests(requests: Sequence[Request], forward: Forward, *, window: int
     for b in range(batches):
         chunk = mine[b * batch_size:(b + 1) * batch_size]
         if not chunk:
-            forward(torch.full((1, 1), pad_id, dtype=torch.long, device=device))  # the gathers the others wait for
+            forward(torch.full((1, layout.width_multiple), pad_id, dtype=torch.long, device=device))  # the gathers the others wait for
             continue
         rows = [requests[i].tokens(window) for i in chunk]
-        width = max(len(r) for r in rows)
+        width = -(-max(len(r) for r in rows) // layout.width_multiple) * layout.width_multiple
         inputs = torch.full((len(rows), width), pad_id, dtype=torch.long)
         for j, row in enumerate(rows):
             inputs[j, :len(row)] = torch.tensor(row, dtype=torch.long)

@@ -9,18 +9,42 @@ the work is here so the loop keeps one line for it. The figures go to the metric
 
 from __future__ import annotations
 
+import contextlib
 import json
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 from torch import nn
+from torch.distributed.tensor import DTensor
 
+from ..boundary.plugin_boundary import SpecCalls
+from ..config.job import JobConfig
+from ..config.parallel_dims import ParallelDims
 from ..console import progress
 from ..evaluation import Forward, PreparedTask, ScoreLayout, evaluate, format_results, load_tasks, prepare_tasks
+from ..plan.resolve import ResolvedConfig
+from ..plugin.protocols import Tokenizer
+from ..plugin.spec_factories import MetricsProcessor
 
-if TYPE_CHECKING:
-    from .trainer import Trainer
+
+class Trainer(Protocol):
+    """What the evaluation reads of the Trainer (trainer.py), named here so neither file imports the other."""
+
+    config: JobConfig
+    resolved: ResolvedConfig
+    calls: SpecCalls
+    tokenizer: Tokenizer
+    metrics: MetricsProcessor
+    dims: ParallelDims
+    device: torch.device
+    dp_rank: int
+    dp_flat_mesh: Any
+    is_rank0: bool
+    step: int
+
+    def autocast(self) -> contextlib.AbstractContextManager[Any]: ...
+    def evaluation_weights(self) -> contextlib.AbstractContextManager[list[nn.Module]]: ...
 
 
 @dataclass(frozen=True)
@@ -54,7 +78,6 @@ def build_training_evaluation(trainer: Trainer) -> TrainingEvaluation:
 
 def forward_of(trainer: Trainer, part: nn.Module) -> Forward:
     """The model's logits as a plain tensor (a vocab-sharded DTensor under TP is gathered)."""
-    from torch.distributed.tensor import DTensor
 
     def forward(inputs: torch.Tensor) -> torch.Tensor:
         with trainer.autocast():
@@ -68,7 +91,8 @@ def forward_of(trainer: Trainer, part: nn.Module) -> Forward:
 def run_training_evaluation(trainer: Trainer, evaluation: TrainingEvaluation) -> dict[str, float]:
     """Score every task on ``trainer.evaluation_weights()``; log the figures on rank 0."""
     dims = trainer.dims
-    layout = ScoreLayout(trainer.dp_rank, dims.dp, trainer.dp_flat_mesh.get_group() if dims.dp > 1 else None)
+    layout = ScoreLayout(trainer.dp_rank, dims.dp, trainer.dp_flat_mesh.get_group() if dims.dp > 1 else None,
+                         width_multiple=dims.tp)
     with trainer.evaluation_weights() as parts:
         modes = [part.training for part in parts]
         for part in parts:
