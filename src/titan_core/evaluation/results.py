@@ -16,7 +16,7 @@ import torch
 
 from ..plugin.spec_factories import Tokenizer
 from .requests import Request, task_requests
-from .scoring import Forward, ScoreLayout, Scores, score_requests
+from .scoring import ONE_PROCESS, Forward, ScoreLayout, Scores, score_requests
 from .tasks import MultipleChoice, Task
 
 
@@ -57,13 +57,13 @@ def prepare_tasks(tasks: list[Task], tokenizer: Tokenizer, *, window: int) -> li
 
 
 def score_task(prepared: PreparedTask, forward: Forward, *, window: int, batch_size: int, device: torch.device,
-               layout: ScoreLayout = ScoreLayout()) -> Scores:
+               layout: ScoreLayout = ONE_PROCESS) -> Scores:
     return score_requests(prepared.requests, forward, window=window, batch_size=batch_size, device=device,
                           pad_id=prepared.pad_id, layout=layout)
 
 
 def evaluate(tasks: list[PreparedTask], forward: Forward, *, window: int, batch_size: int, device: torch.device,
-             layout: ScoreLayout = ScoreLayout()) -> dict[str, float]:
+             layout: ScoreLayout = ONE_PROCESS) -> dict[str, float]:
     """Every task's figures, the same on every rank. Call it with the model in eval mode, under no_grad."""
     results: dict[str, float] = {}
     for prepared in tasks:

@@ -36,6 +36,9 @@ class ScoreLayout:
     width_multiple: int = 1
 
 
+ONE_PROCESS = ScoreLayout()
+
+
 @dataclass(frozen=True)
 class Scores:
     loglikelihood: list[float]  # summed over each request's targets (natural log)
@@ -43,7 +46,7 @@ class Scores:
 
 
 def score_requests(requests: Sequence[Request], forward: Forward, *, window: int, batch_size: int,
-                   device: torch.device, pad_id: int, layout: ScoreLayout = ScoreLayout()) -> Scores:
+                   device: torch.device, pad_id: int, layout: ScoreLayout = ONE_PROCESS) -> Scores:
     order = sorted(range(len(requests)), key=lambda i: -len(requests[i].tokens(window)))
     mine = order[layout.dp_rank::layout.dp]
     batches = -(-len(order[::layout.dp]) // batch_size)  # the most any rank runs

@@ -53,7 +53,7 @@ class Task:
         """The task with only its first ``limit`` examples (all of them when None)."""
         if limit is None:
             return self
-        return Task(self.name, self.path, self.kind, self.examples[:limit])  # type: ignore[arg-type]
+        return Task(self.name, self.path, self.kind, self.examples[:limit])
 
 
 def task_paths(names: list[str]) -> list[tuple[str, Path]]:

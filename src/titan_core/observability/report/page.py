@@ -90,7 +90,7 @@ def _differences(runs: list[RunData]) -> str:
 
 def eval_charts(runs: list[RunData]) -> list[tuple[str, str, tuple[str, ...], float, str]]:
     """One chart per ``[eval]`` task any run recorded: its accuracy (multiple choice) or perplexity."""
-    charts = []
+    charts: list[tuple[str, str, tuple[str, ...], float, str]] = []
     for metric in sorted({k for run in runs for k in run.series if k.startswith("eval/")}):
         task, _, figure = metric.removeprefix("eval/").rpartition("/")
         if figure in ("acc", "ppl"):
