@@ -49,7 +49,9 @@ def test_out_of_memory_in_a_plugins_forward_names_the_step_not_the_plugin(
 
 def test_a_real_cpu_allocation_failure_is_one_clear_error(tmp_path: Path) -> None:
     """An address-space limit makes the first step's activations fail to allocate, as a too-big batch does."""
-    limit = 6 * 2**30  # room for torch and the model, not for 256 x 2048 tokens of activations
+    # Room for torch and the model, not for 256 x 2048 tokens of activations. 4 GiB fails in ~15 s;
+    # 6 GiB let the forward run ~2 minutes before the failing allocation.
+    limit = 4 * 2**30
 
     def cap_memory() -> None:
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))

@@ -73,15 +73,6 @@ def init_process_group(*, backend: str, device: torch.device, init_timeout_s: fl
     return ProcessInfo(rank, world_size, backend, device)
 
 
-def all_reduce_max(value: int, device: torch.device | None = None) -> int:
-    """The largest ``value`` over all ranks (itself in a single process)."""
-    if not dist.is_initialized():
-        return value
-    t = torch.tensor([value], dtype=torch.int64, device=device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return int(t.item())
-
-
 def all_reduce_sum(value: torch.Tensor) -> torch.Tensor:
     """Sum over all ranks (a copy; identity in a single process)."""
     out = value.detach().clone()

@@ -57,7 +57,7 @@ from ..runtime.determinism import enable_deterministic
 from ..runtime.launch_env import rank_env
 from ..runtime.out_of_memory import out_of_memory_named
 from ..runtime.run_files import atomic_write_text, require_writable, supersede_metrics
-from ..runtime.signals import no_interrupt, requested_signal
+from ..runtime.signals import no_interrupt
 from ..weights.load import load_starting_weights
 from ..weights.shape import check_shape_file_unchanged, record_shape_file
 from . import build
@@ -67,6 +67,7 @@ from .evaluation import TrainingEvaluation, build_training_evaluation, run_train
 from .finite_watch import FiniteWatch
 from .grad_norm import clip_grad_norm_on_device
 from .stop_on_signal import stop_after_signal
+from .stop_vote import StopVote
 from .token_loss import count_valid, global_token_mean, global_valid_tokens, token_loss_sum, token_weighted
 from .tp_styles import resolve_tp_styles
 
@@ -608,6 +609,8 @@ class Trainer:
         # Throughput is measured over the logging window (since the last log): a logging step's
         # host read waits for the device work of the unlogged steps before it too.
         window_start, window_steps = time.perf_counter(), 0
+        first_step = self.step + 1
+        self.stop_vote = StopVote(self.device, distributed=self.dims.distributed)
         while self.step < t.steps:
             window_steps += 1
             self.profiler.before_step(self.step + 1)
@@ -640,9 +643,10 @@ class Trainer:
                 self.checkpointer.maybe_save(self.step, tokens_seen=self.tokens_seen, last=last)
             self.maybe_validate(last=last)
             self.maybe_evaluate(last=last)
-            self.stop_if_signalled()
+            self.stop_if_signalled(read_now=logs or self.step == first_step)
             if logs:
                 window_start, window_steps = time.perf_counter(), 0
+        self.stop_vote.close()
         self.finish()
         history.extend(float(loss) for loss in losses)
         return history.tolist()
@@ -671,12 +675,12 @@ class Trainer:
         export = [self.run_dir / "export"] if c.export_at_end else []
         require_writable(folders=[self.run_dir, *export], files=[self.run_dir / "config.toml", self.metrics.path])
 
-    def stop_if_signalled(self) -> None:
-        """After a SIGTERM, every rank stops after this same step (they agree in one all_reduce)."""
-        signum = requested_signal()
-        if self.dims.distributed:
-            signum = distributed.all_reduce_max(signum, self.device)
+    def stop_if_signalled(self, *, read_now: bool = True) -> None:
+        """After a SIGTERM, every rank stops after the same step: the one where they read their vote
+        (stop_vote.py: read one step late, or at once on steps that read the device anyway)."""
+        signum = self.stop_vote.after_step(read_now=read_now)
         if signum:
+            self.stop_vote.close()
             self.stop_if_nonfinite_since_last_read()  # the save on SIGTERM must not hold an unread NaN step
             stop_after_signal(signum, step=self.step, tokens_seen=self.tokens_seen, checkpoint=self.config.checkpoint,
                               checkpointer=self.checkpointer, metrics=self.metrics, is_rank0=self.is_rank0)
