@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Create .venv-torch211 with torch 2.11.0 (the GPU image's torch, the oldest this project supports) and
-# install titan-core and the four plugins from this checkout into it, to run the fast tier there:
+# install titan-core and the five plugins from this checkout into it, to run the fast tier there:
 #   bash scripts/setup_torch211.sh && .venv-torch211/bin/python -m pytest -q -m fast
 # PyPI's torch 2.11.0 for Linux is the CUDA 13.0 build (no CPU build on PyPI). It imports, and runs on
 # CPU, with the CUDA libraries its own libraries link against, so only those are installed (about 3 GB
@@ -37,10 +37,10 @@ fi
 say "installing titan-core's dependencies and the test tools (torchao 0.18 without its dependencies)"
 pip_install "pydantic>=2.5,<3" "tiktoken>=0.7" "datasets>=2.19" "safetensors>=0.4" "numpy>=1.24" "pytest>=8" \
   "transformers>=4.45" "tokenizers>=0.19" "hatchling>=1.18" "build>=1.0" "matplotlib>=3.7"
-# --no-deps: torchao and the five packages would otherwise make pip resolve torch's own CUDA requirements.
+# --no-deps: torchao and the six packages would otherwise make pip resolve torch's own CUDA requirements.
 pip_install --no-deps "torchao==0.18.0"
-say "building titan-core and the four plugins as wheels and installing them"
-pip_install --no-deps --force-reinstall . plugins/titan-llama plugins/titan-qwen3 plugins/titan-float8 \
-  plugins/titan-mx-prototype
-"$VENV/bin/python" -c 'import titan_core, titan_llama, titan_qwen3, titan_float8, titan_mx_prototype'
+say "building titan-core and the five plugins as wheels and installing them"
+pip_install --no-deps --force-reinstall . plugins/titan-llama plugins/titan-qwen3 plugins/titan-deepseek \
+  plugins/titan-float8 plugins/titan-mx-prototype
+"$VENV/bin/python" -c 'import titan_core, titan_llama, titan_qwen3, titan_deepseek, titan_float8, titan_mx_prototype'
 say "done in $((SECONDS - start)) s: $VENV/bin/python -m pytest -q -m fast"

@@ -414,3 +414,18 @@ def test_tokens_per_batch(corpus: Path) -> None:
 def test_bad_split_name(corpus: Path) -> None:
     with pytest.raises(ConfigError, match='split "test" is unknown'):
         loader(corpus, split="test")
+
+
+@pytest.mark.parametrize("kind", ["tokens", "mixture"])
+@pytest.mark.parametrize("dp_rank", [-1, 2])
+def test_a_loader_refuses_a_data_parallel_rank_outside_its_world(kind: str, dp_rank: int) -> None:
+    from titan_core.data.loader import TokenDataLoader
+    from titan_core.data.mixture import MixtureDataLoader
+
+    stream = torch.arange(400)
+    layout = {"seq_len": 7, "local_batch_size": 2, "dp_rank": dp_rank, "dp_world_size": 2}
+    with pytest.raises(ValueError, match=rf"dp_rank {dp_rank} is outside 0..1"):
+        if kind == "tokens":
+            TokenDataLoader(stream, **layout)
+        else:
+            MixtureDataLoader([("a", 1.0, stream), ("b", 3.0, stream)], **layout)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Literal
 
 import torch
 import torch.distributed as dist
@@ -48,8 +49,15 @@ def _save_whole(tensors: dict[str, torch.Tensor], path: Path) -> None:
         raise
 
 
-def export_safetensors(model_parts: list[nn.Module], path: Path, *, dtype: torch.dtype, is_rank0: bool) -> None:
-    """Write the full weights to ``path`` (a collective when a process group exists)."""
+def weights_said(weights: Literal["raw", "ema"]) -> str:
+    """How an export's report line names the weights it wrote."""
+    return "the EMA weights" if weights == "ema" else "the raw weights"
+
+
+def export_safetensors(model_parts: list[nn.Module], path: Path, *, dtype: torch.dtype, is_rank0: bool,
+                       weights: Literal["raw", "ema"] = "raw") -> None:
+    """Write the full weights to ``path`` (a collective when a process group exists); ``weights`` says
+    which the parts hold (the trained ones, or their EMA swapped in), for the report line."""
     path = Path(path)
     distributed = dist.is_available() and dist.is_initialized()
     rank, world = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
@@ -93,7 +101,7 @@ def export_safetensors(model_parts: list[nn.Module], path: Path, *, dtype: torch
     if world > 1:
         dist.barrier()
     if is_rank0:
-        print(f"[checkpoint] exported the model weights ({dtype}) to {path}", flush=True)
+        print(f"[checkpoint] exported the model weights ({dtype}) to {path} ({weights_said(weights)})", flush=True)
 
 
 def _plain(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

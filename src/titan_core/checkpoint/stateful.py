@@ -5,7 +5,8 @@ The names are the checkpoint's top-level keys, so they are part of the on-disk f
 ``model`` (a :class:`ModelState`, required), ``optimizer`` (an :class:`OptimizerState`; never
 loaded when the converters changed), ``lr_scheduler``, ``dataloader`` and ``progress`` (step
 and tokens seen: the Trainer, or a :class:`StepCounter`). ``rng`` is the manager's own (one
-entry per rank).
+entry per rank). ``ema`` (train/ema.py: the EMA of each parameter, ``ema.<fqn>``) is present only
+in checkpoints of runs with ``[ema]``.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from torch import nn
 from . import states
 
 MODEL, OPTIMIZER, PROGRESS, RNG = "model", "optimizer", "progress", "rng"
+EMA = "ema"
 
 
 class Stateful(Protocol):

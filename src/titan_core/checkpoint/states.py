@@ -22,6 +22,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
+from ..optim.param_groups import clean_name
 from ..runtime.torch_compat import tree_map
 
 # Flattened keys ("state.<fqn>.exp_avg", "param_groups.<fqn>.lr") do not depend on
@@ -61,6 +62,23 @@ def _merge(modules: list[nn.Module], *, path: str) -> nn.Module:
     for name, group in children.items():
         node.add_module(name, group[0] if len(group) == 1 else _merge(group, path=f"{path}{name}."))
     return node
+
+
+def named_parameters(model_parts: list[nn.Module]) -> list[tuple[str, nn.Parameter]]:
+    """Every parameter of the parts once (a tied weight under its first name), by its canonical fqn
+    (compile and activation-checkpoint wrappers removed): the same names under any layout."""
+    return [(clean_name(name), param) for name, param in merged_view(model_parts).named_parameters()]
+
+
+def laid_out_like(param: torch.Tensor, local: torch.Tensor) -> torch.Tensor:
+    """``local`` (this rank's share of a state kept per parameter) as a DTensor with ``param``'s mesh,
+    placements and global shape when ``param`` is a DTensor, so DCP saves each rank's shard; else as it is."""
+    from torch.distributed.tensor import DTensor
+
+    if isinstance(param, DTensor):
+        return DTensor.from_local(local, param.device_mesh, param.placements, run_check=False, shape=param.shape,
+                                  stride=param.stride())
+    return local
 
 
 def optimizers_of(optimizer: torch.optim.Optimizer) -> tuple[torch.optim.Optimizer, ...]:

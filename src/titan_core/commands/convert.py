@@ -1,6 +1,7 @@
 """``titan-convert``: checkpoint formats, either way, on one process.
 
     titan-convert to-hf CHECKPOINT OUT     a titan checkpoint (any layout it was saved from) -> a Hugging Face folder
+                                           (--weights ema: the checkpoint's EMA of the weights instead)
     titan-convert from-hf HF_DIR OUT       a Hugging Face folder -> a titan checkpoint (OUT/step-000000)
 
 Both go through the spec's ``state_dict_adapter``; a folder of the wrong kind, an OUT
@@ -46,6 +47,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="the run's config.toml (default: <checkpoint>/../../config.toml when present)")
     to_hf.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
     to_hf.add_argument("--shard-gb", type=float, default=5.0, help="start a new safetensors file above this size")
+    to_hf.add_argument("--weights", choices=("raw", "ema"), default="raw",
+                       help="raw: the trained weights; ema: the checkpoint's EMA of them (a run with [ema])")
     from_hf = sub.add_parser("from-hf", help="a Hugging Face folder -> a titan checkpoint (OUT/step-000000)")
     from_hf.add_argument("hf_dir", type=Path)
     from_hf.add_argument("out", type=Path)
@@ -114,13 +117,13 @@ def to_hf(args: argparse.Namespace) -> int:
         raise ConfigError(f"{ckpt} is not a titan checkpoint (no titan_checkpoint.json); to-hf reads a step-N "
                           f"folder such as runs/x/checkpoints/step-000100.{hint}")
     _require_new_folder(args.out, ckpt)
-    whole = load_titan_checkpoint(ckpt, config=args.config)
+    whole = load_titan_checkpoint(ckpt, config=args.config, weights=args.weights)
     spec, model, model_args, tokenizer = whole.spec, whole.model, whole.model_args, whole.tokenizer
     total = sum(p.numel() * p.element_size() for p in model.parameters())
     bar = ProgressBar("writing", total, mode=args.progress)
     export_hf([model], args.out, spec=spec, model_args=model_args, tokenizer=tokenizer,
               dtype=getattr(torch, args.dtype), shard_gb=args.shard_gb, is_rank0=True, on_tensor=bar.advance,
-              failure_advice=_nothing_written(args.out))
+              failure_advice=_nothing_written(args.out), weights=args.weights)
     bar.close()
     return 0
 

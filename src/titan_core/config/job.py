@@ -32,6 +32,7 @@ from .sections import (
     CheckpointSection,
     CompileSection,
     DataSection,
+    EmaSection,
     EvalSection,
     JobSection,
     LRSchedulerSection,
@@ -45,7 +46,7 @@ from .sections import (
 )
 
 CORE_SECTIONS: tuple[str, ...] = (
-    "job", "model", "training", "optimizer", "lr_scheduler", "data", "validation", "eval",
+    "job", "model", "training", "optimizer", "ema", "lr_scheduler", "data", "validation", "eval",
     "parallelism", "checkpoint", "metrics", "compile", "activation_checkpoint", "profiling",
 )
 
@@ -59,6 +60,7 @@ class JobConfig(BaseModel):
     model: ModelSection = Field(default_factory=ModelSection, description="Which spec, flavor and converters.")
     training: TrainingSection = Field(default_factory=TrainingSection, description="Steps, batch, precision, seed.")
     optimizer: OptimizerSection = Field(default_factory=OptimizerSection, description="Optimizer settings.")
+    ema: EmaSection = Field(default_factory=EmaSection, description="Exponential moving average of the weights.")
     lr_scheduler: LRSchedulerSection = Field(default_factory=LRSchedulerSection, description="Warmup and decay.")
     data: DataSection = Field(default_factory=DataSection, description="Dataset and tokenizer.")
     validation: ValidationSection = Field(default_factory=ValidationSection, description="Held-out evaluation.")
@@ -122,6 +124,13 @@ class JobConfig(BaseModel):
                     f"{t.local_batch_size}. Choose a number of microbatches that divides the local batch"
                     + (" (the default is the number of stages)" if p.pp_microbatches is None else "")
                 )
+        ft = self.fault_tolerance
+        if self.ema.decay is not None and (ft.enable or ft.local_replicas):
+            raise ValueError("ema.decay with fault tolerance is not supported yet: a replica group that heals from a "
+                             "peer does not receive the peer's EMA. Unset ema.decay, or train without fault_tolerance")
+        if self.checkpoint.export_weights == "ema" and self.ema.decay is None:
+            raise ValueError("checkpoint.export_weights=ema needs an EMA of the weights: set ema.decay (e.g. "
+                             "--ema.decay=0.999), or export the raw weights (checkpoint.export_weights=raw)")
         if self.checkpoint.async_mode == "async" and not self.checkpoint.enable:
             raise ValueError("checkpoint.async_mode=async needs checkpoint.enable=true")
         return self

@@ -100,6 +100,13 @@ class OptimizerSection(Section):
         return value
 
 
+class EmaSection(Section):
+    """An exponential moving average of the weights, kept beside them (train/ema.py, docs/optimizer.md)."""
+
+    decay: float | None = Field(None, gt=0, lt=1, description="Keep an EMA of the weights: after every interval-th optimizer step, ema = decay * ema + (1 - decay) * weight, in float32 (e.g. 0.999); unset = no EMA.")
+    interval: int = Field(1, ge=1, description="Update the EMA every N optimizer steps (1 = every step).")
+
+
 class LRSchedulerSection(Section):
     warmup_steps: int = Field(20, ge=0, description="Linear warmup steps from ~0 to the peak LR.")
     decay_type: Literal["linear", "cosine", "wsd", "constant"] = Field("cosine", description="Decay after warmup; wsd = constant then decay in the last decay_ratio of steps.")
@@ -185,6 +192,7 @@ class CheckpointSection(Section):
     export_dtype: Literal["float32", "bfloat16"] = Field("float32", description="dtype of the exported weights.")
     export_format: Literal["native", "hf"] = Field("native", description="native: the model's own names in export/model.safetensors; hf: a Hugging Face folder in export/hf/ (config.json, safetensors, tokenizer) through the spec's state_dict_adapter.")
     export_shard_gb: float = Field(5.0, gt=0, description="hf export: start a new safetensors shard (with an index) above this many GB.")
+    export_weights: Literal["raw", "ema"] = Field("raw", description="Which weights export_at_end writes: raw (the trained weights) or ema (the [ema] average; needs ema.decay).")
     initial_load: str = Field("", description="Starting weights for step 0 (no optimizer state): a Hugging Face folder (config.json + safetensors; the model shape then comes from config.json) or a titan checkpoint folder. A resume from this run's own checkpoints takes precedence.")
     save_on_sigterm: bool = Field(True, description="On SIGTERM (preemption), save a checkpoint at the next step boundary before exiting 143.")
 

@@ -43,13 +43,31 @@ class WindowSource(Protocol):
     def read_windows(self, rows: torch.Tensor, window: int) -> torch.Tensor: ...
 
 
+class RankBatches:
+    """What a data-parallel loader of either kind is told: its rows' shape, its rank's share of each global
+    batch, and its order's seed. Checks the rank."""
+
+    def __init__(self, *, seq_len: int, local_batch_size: int, dp_rank: int, dp_world_size: int, seed: int,
+                 shuffle: bool, name: str) -> None:
+        if not 0 <= dp_rank < dp_world_size:
+            raise ValueError(f"dp_rank {dp_rank} is outside 0..{dp_world_size - 1}")
+        self.seq_len = seq_len
+        self.local_batch_size = local_batch_size
+        self.dp_rank = dp_rank
+        self.dp_world_size = dp_world_size
+        self.global_batch_size = local_batch_size * dp_world_size
+        self.seed = seed
+        self.shuffle = shuffle
+        self.name = name
+
+
 def epoch_order(num_windows: int, seed: int, epoch: int) -> torch.Tensor:
     """The seeded permutation of ``num_windows`` windows for ``epoch`` (the same on every rank)."""
     gen = torch.Generator().manual_seed((seed * _EPOCH_MIX + epoch) & _MASK)
     return torch.randperm(num_windows, generator=gen)
 
 
-class TokenDataLoader:
+class TokenDataLoader(RankBatches):
     """Yields ``(inputs, labels)`` int64 tensors of shape ``[local_batch_size, seq_len]`` forever.
 
     It is its own iterator: ``next(loader)`` continues from the current state.
@@ -68,18 +86,10 @@ class TokenDataLoader:
         shuffle: bool = True,
         name: str = "train",
     ) -> None:
-        if not 0 <= dp_rank < dp_world_size:
-            raise ValueError(f"dp_rank {dp_rank} is outside 0..{dp_world_size - 1}")
-        self.seq_len = seq_len
-        self.local_batch_size = local_batch_size
-        self.dp_rank = dp_rank
-        self.dp_world_size = dp_world_size
-        self.seed = seed
-        self.shuffle = shuffle
-        self.name = name
+        super().__init__(seq_len=seq_len, local_batch_size=local_batch_size, dp_rank=dp_rank,
+                         dp_world_size=dp_world_size, seed=seed, shuffle=shuffle, name=name)
         self.num_tokens = int(stream.numel())
         self.num_windows = self.num_tokens // (seq_len + 1)
-        self.global_batch_size = local_batch_size * dp_world_size
         if self.num_windows < self.global_batch_size:
             raise ValueError(f"{name}: {self.num_windows} windows cannot fill a global batch of {self.global_batch_size}")
         self._source = stream if isinstance(stream, WindowSource) else None

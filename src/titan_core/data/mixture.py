@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from ..errors import ConfigError
-from .loader import WindowSource, epoch_order
+from .loader import RankBatches, WindowSource, epoch_order
 from .permutation import LazyOrder
 
 _BATCH_MIX = 0x2545F4914F6CDD1D
@@ -46,7 +46,7 @@ class _Windows:
         return self._table[rows].long()
 
 
-class MixtureDataLoader:
+class MixtureDataLoader(RankBatches):
     """Yields ``(inputs, labels)`` like :class:`TokenDataLoader`, each row from one source of the mixture."""
 
     def __init__(
@@ -67,14 +67,8 @@ class MixtureDataLoader:
         self.names = [n for n, _, _ in sources]
         self.weights = [w / total for _, w, _ in sources]
         self.windows = [_Windows(s, seq_len + 1) for _, _, s in sources]
-        self.seq_len = seq_len
-        self.local_batch_size = local_batch_size
-        self.dp_rank = dp_rank
-        self.dp_world_size = dp_world_size
-        self.global_batch_size = local_batch_size * dp_world_size
-        self.seed = seed
-        self.shuffle = shuffle
-        self.name = name
+        super().__init__(seq_len=seq_len, local_batch_size=local_batch_size, dp_rank=dp_rank,
+                         dp_world_size=dp_world_size, seed=seed, shuffle=shuffle, name=name)
         # Each source has its own window order, seeded from the run's seed and the source's name.
         self._seeds = [(seed * 1_000_003 + zlib.crc32(n.encode())) & _MASK for n in self.names]
         self._orders: dict[int, tuple[int, torch.Tensor | LazyOrder]] = {}  # source -> (epoch, its order)

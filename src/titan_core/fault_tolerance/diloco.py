@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..checkpoint.states import optimizers_of
+from ..checkpoint.states import laid_out_like, optimizers_of
 from ..errors import CheckpointError
 from ..optim.param_groups import clean_name
 from .shards import local
@@ -110,13 +110,7 @@ class OuterState:
         self.outer = outer
 
     def _like_param(self, i: int, value: torch.Tensor) -> torch.Tensor:
-        from torch.distributed.tensor import DTensor
-
-        p = self.outer.full[i]
-        if isinstance(p, DTensor):
-            return DTensor.from_local(value, p.device_mesh, p.placements, run_check=False, shape=p.shape,
-                                      stride=p.stride())
-        return value
+        return laid_out_like(self.outer.full[i], value)
 
     def state_dict(self) -> dict[str, Any]:
         o = self.outer

@@ -20,7 +20,7 @@ import json
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 import torch
 import torch.distributed as dist
@@ -29,6 +29,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from ..checkpoint import states
+from ..checkpoint.safetensors_export import weights_said
 from ..errors import CheckpointError, ConfigError
 from ..runtime.folder_publish import fresh_partial, partial_of, publish
 from ..runtime.os_errors import describe_os_error, io_errno
@@ -88,11 +89,14 @@ def shard_file_names(count: int) -> list[str]:
 def export_hf(model_parts: list[nn.Module], out_dir: Path, *, spec: TrainSpec, model_args: object, tokenizer: Tokenizer,
               dtype: torch.dtype, shard_gb: float, is_rank0: bool,
               on_tensor: Callable[[int], None] | None = None,
-              failure_advice: str = "Point job.run_dir at a writable folder with free space.") -> None:
+              failure_advice: str = "Point job.run_dir at a writable folder with free space.",
+              weights: Literal["raw", "ema"] = "raw") -> None:
     """Write ``out_dir`` as a Hugging Face folder (a collective when a process group exists).
 
     ``on_tensor`` is called with each tensor's byte size once it is gathered (a progress bar);
-    ``failure_advice`` ends the error of a failed write (a tool names its own flag, not job.run_dir).
+    ``failure_advice`` ends the error of a failed write (a tool names its own flag, not job.run_dir);
+    ``weights`` says which weights the parts hold (the trained ones, or their EMA swapped in), for the
+    line that reports the export.
     """
     out_dir = Path(out_dir)
     adapter = adapter_of(spec, purpose="checkpoint.export_format=hf")
@@ -164,7 +168,7 @@ def export_hf(model_parts: list[nn.Module], out_dir: Path, *, spec: TrainSpec, m
         raise CheckpointError(f"{error.rstrip('.')}. {failure_advice}")
     if is_rank0:
         print(f"[checkpoint] exported a Hugging Face folder ({str(dtype).removeprefix('torch.')}, {len(files)} safetensors file"
-              f"{'s' if len(files) > 1 else ''}) to {out_dir}", flush=True)
+              f"{'s' if len(files) > 1 else ''}) to {out_dir} ({weights_said(weights)})", flush=True)
 
 
 def _write_metadata(folder: Path, *, spec: TrainSpec, model_args: object, tokenizer: Tokenizer, dtype: torch.dtype,

@@ -60,7 +60,8 @@ def check_fits(resolved: ResolvedConfig, n_params: int) -> None:
     p = c.parallelism
     # A dry run (before any launcher) counts the ranks the run would put on this machine.
     check_model_fits(n_params, optimizer=c.optimizer.name, dp_shard=resolved.dims.dp_shard, tp=p.tp, pp=p.pp,
-                     device=resolved.device, local_ranks=local_ranks_from_env(default=resolved.world_size))
+                     device=resolved.device, local_ranks=local_ranks_from_env(default=resolved.world_size),
+                     ema=c.ema.decay is not None)
 
 
 def run_context(resolved: ResolvedConfig) -> RunContext:

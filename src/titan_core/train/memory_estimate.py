@@ -1,7 +1,7 @@
 """Will the model fit? A lower bound checked before any weight is allocated.
 
 Per rank: float32 weights + float32 gradients + the optimizer's float32 state
-(AdamW/Adam: two moments; SGD here: none), divided by the degree the parameters are
+(AdamW/Adam: two moments; SGD here: none) and, with ``[ema]``, the float32 EMA of the weights, divided by the degree the parameters are
 split over (dp_shard x tp x pp; dp_replicate copies them). Activations come on top,
 so a run refused here could never have trained, and one accepted may still need more.
 Available memory: MemAvailable of this machine shared by its local ranks on CPU, the
@@ -22,6 +22,7 @@ __all__ = ["MemoryEstimate", "available_bytes", "check_model_fits", "estimate"]
 
 WEIGHT_AND_GRAD_BYTES = 4 + 4
 OPTIMIZER_STATE_BYTES = {"AdamW": 8, "Adam": 8, "SGD": 0}
+EMA_BYTES = 4
 GIB = 2**30
 
 
@@ -40,8 +41,9 @@ class MemoryEstimate:
         return math.ceil(self.n_params / self.split) * self.bytes_per_param
 
 
-def estimate(n_params: int, *, optimizer: str, split: int) -> MemoryEstimate:
-    return MemoryEstimate(n_params, WEIGHT_AND_GRAD_BYTES + OPTIMIZER_STATE_BYTES.get(optimizer, 8), max(split, 1))
+def estimate(n_params: int, *, optimizer: str, split: int, ema: bool = False) -> MemoryEstimate:
+    per_param = WEIGHT_AND_GRAD_BYTES + OPTIMIZER_STATE_BYTES.get(optimizer, 8) + (EMA_BYTES if ema else 0)
+    return MemoryEstimate(n_params, per_param, max(split, 1))
 
 
 def _mem_available_cpu() -> int | None:
@@ -73,7 +75,7 @@ def local_ranks_from_env(default: int = 1) -> int:
 
 
 def check_model_fits(n_params: int, *, optimizer: str, dp_shard: int, tp: int, pp: int,
-                     device: torch.device, local_ranks: int | None = None) -> None:
+                     device: torch.device, local_ranks: int | None = None, ema: bool = False) -> None:
     """ConfigError with the figures, and what would fit, when the lower bound exceeds the memory.
 
     ``local_ranks`` (ranks sharing this machine's memory) defaults to the launcher's environment;
@@ -81,7 +83,7 @@ def check_model_fits(n_params: int, *, optimizer: str, dp_shard: int, tp: int, p
     """
     local_ranks = local_ranks or local_ranks_from_env()
     have = available_bytes(device, local_ranks=local_ranks)
-    need = estimate(n_params, optimizer=optimizer, split=dp_shard * tp * pp)
+    need = estimate(n_params, optimizer=optimizer, split=dp_shard * tp * pp, ema=ema)
     if have is None or need.per_rank <= have:
         return
     where = "free on this GPU" if device.type == "cuda" else f"available per rank ({local_ranks} on this machine)"
@@ -95,7 +97,8 @@ def check_model_fits(n_params: int, *, optimizer: str, dp_shard: int, tp: int, p
             f"(dp_shard x tp x pp >= {shards}, e.g. --parallelism.dp_shard={shards})")
     raise ConfigError(
         f"the model cannot fit: {n_params:,} parameters need at least {need.per_rank / GIB:,.1f} GiB per rank "
-        f"(float32 weights + gradients + {optimizer} state = {need.bytes_per_param} bytes per parameter, split "
+        f"(float32 weights + gradients + {optimizer} state{' + EMA' if ema else ''} = {need.bytes_per_param} bytes "
+        f"per parameter, split "
         f"{need.split} way{'s' if need.split != 1 else ''} by dp_shard={dp_shard} x tp={tp} x pp={pp}; "
         f"activations come on top) but only {have / GIB:,.1f} GiB is {where}. Use a smaller model or flavor, "
         f"or {fits}."

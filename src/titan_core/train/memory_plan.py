@@ -6,7 +6,7 @@ torch's fake process group (``parallel/fake_group.py``): the parameter counts ar
 real shards. On top of them come, per rank:
 
 * gradients (float32, sharded as the weights) and the optimizer's state (AdamW: two float32
-  moments per local parameter);
+  moments per local parameter; with ``[ema]`` one float32 average more, counted in ``optim``);
 * activations of the micro-batches in flight, per the activation-checkpointing mode, measured by
   one forward on meta (``activation_probe.py``) and divided by tp (sequence parallelism splits
   what tensor parallelism does not); with ``full`` one block's activations live again during its
@@ -328,7 +328,8 @@ def plan_stage(resolved: ResolvedConfig, shape: StageShape, probe: ActivationPro
     if dims.pp_enabled:
         first = next((probe.blocks[n] for n in shape.layer_names if n in probe.blocks), None)
         pipe = 2 * (first.input_bytes if first is not None else 0) // tp  # one receive, one send buffer
-    optim_bytes = OPTIMIZER_STATE_BYTES.get(c.optimizer.name, 8)
+    # [ema] keeps a float32 average of each weight beside the optimizer's state, sharded like it
+    optim_bytes = OPTIMIZER_STATE_BYTES.get(c.optimizer.name, 8) + (4 if c.ema.decay is not None else 0)
     return StageMemory(
         pp_rank=shape.pp_rank, rank=shape.rank, stage_ids=shape.stage_ids, layers=len(shape.layer_names),
         local_params=shape.local_params, params=shape.param_bytes, grads=shape.local_params * 4,

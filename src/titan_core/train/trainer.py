@@ -23,7 +23,7 @@ from torch import nn
 
 from ..boundary.plugin_boundary import SpecCalls, converter_calls
 from ..checkpoint import CheckpointManager, RunIdentity, collect_param_shapes, export_safetensors, training_states
-from ..checkpoint.stateful import Stateful, progress_state
+from ..checkpoint.stateful import EMA, Stateful, progress_state
 from ..config.job import JobConfig, accumulation_steps
 from ..config.parallel_dims import ParallelDims
 from ..config.toml_out import dumps
@@ -63,6 +63,7 @@ from ..weights.shape import check_shape_file_unchanged, record_shape_file
 from . import build
 from .chunked_loss import chunkable_head, chunked_cross_entropy
 from .converters import ConversionTable
+from .ema import WeightAverage
 from .evaluation import TrainingEvaluation, build_training_evaluation, run_training_evaluation
 from .finite_watch import FiniteWatch
 from .grad_norm import clip_grad_norm_on_device
@@ -154,6 +155,7 @@ class Trainer:
     optimizer: torch.optim.Optimizer
     lr_schedulers: LRSchedulers
     checkpointer: CheckpointManager
+    ema: WeightAverage | None  # [ema]: the moving average of the weights (ema.py); swapped_in() for an evaluation
     metrics: MetricsProcessor
     profiler: StepProfiler
 
@@ -172,6 +174,7 @@ class Trainer:
         self.pp_batch_rows = 0
         self.tokens_seen = 0
         self.skipped_steps = 0
+        self.ema = None  # build_checkpointer makes it when [ema] sets a decay
         self.finite_watch = FiniteWatch(self.device)
         self.run_dir = Path(self.config.job.run_dir)
 
@@ -368,6 +371,9 @@ class Trainer:
         )
         states = training_states(self.model_parts, self.optimizer, lr_schedulers=self.lr_schedulers,
                                  dataloader=self.dataloader, progress=self)
+        self.ema = WeightAverage.from_config(c.ema, self.model_parts)
+        if self.ema is not None:
+            states[EMA] = self.ema.state()
         states.update(self.extra_states())
         self.checkpointer = CheckpointManager(config=c.checkpoint, run_dir=self.run_dir, states=states,
                                               identity=identity, is_rank0=self.is_rank0)
@@ -606,6 +612,8 @@ class Trainer:
         history = array("d")
         progress("first step (building kernels, loading data) ...", is_rank0=self.is_rank0)
         reset_peak_memory(self.device)  # the peak then counts the steps, not the set-up's transients
+        if self.ema is not None:
+            self.ema.start()  # from the weights the run starts from, unless the checkpoint held an EMA
         # Throughput is measured over the logging window (since the last log): a logging step's
         # host read waits for the device work of the unlogged steps before it too.
         window_start, window_steps = time.perf_counter(), 0
@@ -621,6 +629,8 @@ class Trainer:
                 self.checkpointer.wait()  # an async save of the last good step is published before stopping
                 raise
             self.step += 1
+            if self.ema is not None and not result.skipped:
+                self.ema.after_step(self.step)
             self.tokens_seen += tokens_per_step * self.dims.dp
             losses.append(result.loss)
             if len(losses) >= LOSS_BATCH:
@@ -731,14 +741,16 @@ class Trainer:
     def finish(self) -> None:
         self.dataloader.close()
         self.checkpointer.wait()
-        if self.config.checkpoint.export_at_end and self.config.checkpoint.export_format == "hf":
-            export_hf(self.model_parts, self.run_dir / "export" / "hf", spec=self.spec, model_args=self.model_args,
-                      tokenizer=self.tokenizer, dtype=getattr(torch, self.config.checkpoint.export_dtype),
-                      shard_gb=self.config.checkpoint.export_shard_gb, is_rank0=self.is_rank0)
-        elif self.config.checkpoint.export_at_end:
-            dtype = getattr(torch, self.config.checkpoint.export_dtype)
-            export_safetensors(self.model_parts, self.run_dir / "export" / "model.safetensors", dtype=dtype,
-                               is_rank0=self.is_rank0)
+        weights = self.config.checkpoint.export_weights
+        with self.ema.swapped_in() if weights == "ema" and self.ema is not None else contextlib.nullcontext():
+            if self.config.checkpoint.export_at_end and self.config.checkpoint.export_format == "hf":
+                export_hf(self.model_parts, self.run_dir / "export" / "hf", spec=self.spec, model_args=self.model_args,
+                          tokenizer=self.tokenizer, dtype=getattr(torch, self.config.checkpoint.export_dtype),
+                          shard_gb=self.config.checkpoint.export_shard_gb, is_rank0=self.is_rank0, weights=weights)
+            elif self.config.checkpoint.export_at_end:
+                dtype = getattr(torch, self.config.checkpoint.export_dtype)
+                export_safetensors(self.model_parts, self.run_dir / "export" / "model.safetensors", dtype=dtype,
+                                   is_rank0=self.is_rank0, weights=weights)
         self.metrics.close()
         self.profiler.close()
         if self.is_rank0 and self.config.metrics.report:

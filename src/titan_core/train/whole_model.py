@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from torch import nn
 
@@ -86,9 +86,11 @@ def check_config_matches(run_config: Mapping[str, Any], config_path: Path | None
                           f"--config out when the checkpoint is inside its run folder).")
 
 
-def load_titan_checkpoint(checkpoint: Path, *, config: Path | None = None) -> WholeModel:
+def load_titan_checkpoint(checkpoint: Path, *, config: Path | None = None,
+                          weights: Literal["raw", "ema"] = "raw") -> WholeModel:
     """The model of ``checkpoint`` (a step-N folder) in float32 on the CPU; ``config``: the run's
-    config.toml (default: two levels up, where titan-train writes it)."""
+    config.toml (default: two levels up, where titan-train writes it); ``weights``: the trained
+    weights, or the checkpoint's EMA of them."""
 
     identity = read_record(checkpoint).identity
     config_path = config or run_config_of(checkpoint)
@@ -101,7 +103,7 @@ def load_titan_checkpoint(checkpoint: Path, *, config: Path | None = None) -> Wh
                                        vocab_size=tokenizer.vocab_size)
     model, _ = cpu_model(spec, model_args)
     _finish(model)  # before the weights: a persistent buffer it resets (a routing bias) is then loaded
-    load_model_weights(checkpoint, [model])
+    load_model_weights(checkpoint, [model], weights=weights)
     return WholeModel(model, spec, model_args, tokenizer)
 
 

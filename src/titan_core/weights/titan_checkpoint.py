@@ -1,4 +1,5 @@
-"""Read only the model weights of a titan checkpoint (for initial_load and titan-convert).
+"""Read only the model weights of a titan checkpoint (for initial_load and titan-convert), or its EMA of
+them (``titan-convert to-hf --weights ema``).
 
 The same checks as a resume (complete folder, identity file, every file's checksum,
 shapes) but nothing else is loaded: no optimizer, schedule, data position or RNG.
@@ -8,6 +9,7 @@ DCP reshards, so the checkpoint may come from any layout and land in any other.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
@@ -17,9 +19,10 @@ from torch.distributed.checkpoint.api import CheckpointException
 from ..checkpoint import integrity, layout, states
 from ..checkpoint.identity import read_record
 from ..checkpoint.reading import open_checked_record
+from ..checkpoint.stateful import EMA
 from ..checkpoint.storage import CheckedLoadPlanner, IndexedReader
 from ..checkpoint.tensor_index import read_index
-from ..errors import CheckpointError
+from ..errors import CheckpointError, ConfigError
 from ..runtime.folder_kinds import is_titan_checkpoint
 
 
@@ -51,8 +54,11 @@ def saved_param_shapes(path: Path) -> dict[str, tuple[int, ...]]:
     return read_record(Path(path)).identity.param_shapes
 
 
-def load_model_weights(path: Path, model_parts: list[nn.Module]) -> int:
-    """Load the checkpoint's model tensors into ``model_parts`` (a collective); returns the step it holds."""
+def load_model_weights(path: Path, model_parts: list[nn.Module], *, weights: Literal["raw", "ema"] = "raw") -> int:
+    """Load the checkpoint's model tensors into ``model_parts`` (a collective); returns the step it holds.
+
+    ``weights="ema"``: then the parameters take the checkpoint's EMA of them (buffers stay the model's);
+    a checkpoint without one is a ConfigError naming the fix."""
     path = Path(path)
     record = open_checked_record(path)
     distributed = dist.is_available() and dist.is_initialized()
@@ -72,6 +78,10 @@ def load_model_weights(path: Path, model_parts: list[nn.Module]) -> int:
         raise CheckpointError(error)
     # Parsed only now: every byte of the index was verified against the manifest above.
     index = read_index(path, record.files)
+    if weights == "ema" and not any(key.startswith(f"{EMA}.") for key in index.tensors):
+        raise ConfigError(f"checkpoint {path} holds no EMA of the weights: the run that saved it had no [ema] "
+                          f"section (ema.decay unset). Use its raw weights (--weights raw), or train with "
+                          f"--ema.decay=... to keep an EMA in the checkpoints.")
     view = states.merged_view(model_parts)
     state = {"model": states.model_state(view)}
     try:
@@ -79,4 +89,11 @@ def load_model_weights(path: Path, model_parts: list[nn.Module]) -> int:
     except (Exception, CheckpointException) as exc:
         raise CheckpointError(f"cannot read the model weights of {path}: {exc}") from None
     states.load_model_state(view, state["model"])
+    if weights == "ema":
+        # Loaded in place into the parameters (local shards under FSDP2/TP), after the model's own tensors.
+        averages = {EMA: {name: param.detach() for name, param in states.named_parameters(model_parts)}}
+        try:
+            dcp.load(averages, storage_reader=IndexedReader(path, index), planner=CheckedLoadPlanner())
+        except (Exception, CheckpointException) as exc:
+            raise CheckpointError(f"cannot read the EMA weights of {path}: {exc}") from None
     return record.step
