@@ -155,6 +155,20 @@ class ValidationSection(Section):
     steps: int = Field(4, gt=0, description="Batches per validation.")
 
 
+class EvalSection(Section):
+    tasks: list[str] = Field(default_factory=list, description="Tasks scored on the current weights (docs/evaluation.md): JSONL files of multiple-choice or perplexity examples, 'builtin' (every built-in task) or 'builtin:NAME'; empty = no evaluation.")
+    interval: int = Field(100, gt=0, description="Evaluate every N steps, and at the last step.")
+    limit: int | None = Field(None, gt=0, description="Score only the first N examples of each task; unset = all of them.")
+    batch_size: int = Field(8, gt=0, description="Sequences per forward of the evaluation, on each data-parallel rank.")
+
+    @field_validator("tasks")
+    @classmethod
+    def _tasks_named(cls, value: list[str]) -> list[str]:
+        if any(not entry.strip() for entry in value):
+            raise ValueError("an empty task name; give JSONL files, 'builtin' or 'builtin:NAME'")
+        return value
+
+
 class ParallelismSection(Section):
     dp_replicate: int = Field(1, ge=1, description="Data-parallel replicas (DDP / HSDP outer dimension).")
     dp_shard: int = Field(-1, description="FSDP2 shard degree; -1 = whatever the world size leaves.")

@@ -88,10 +88,21 @@ def _differences(runs: list[RunData]) -> str:
     return f"<h2>Settings that differ</h2><table>{head}{body}</table>"
 
 
+def eval_charts(runs: list[RunData]) -> list[tuple[str, str, tuple[str, ...], float, str]]:
+    """One chart per ``[eval]`` task any run recorded: its accuracy (multiple choice) or perplexity."""
+    charts: list[tuple[str, str, tuple[str, ...], float, str]] = []
+    for metric in sorted({k for run in runs for k in run.series if k.startswith("eval/")}):
+        task, _, figure = metric.removeprefix("eval/").rpartition("/")
+        if figure in ("acc", "ppl"):
+            what = "accuracy" if figure == "acc" else "perplexity"
+            charts.append((f"eval-{task}-{figure}", f"Eval {task}: {what}", (metric,), 1.0, "no evaluation recorded"))
+    return charts
+
+
 def _charts(runs: list[RunData]) -> str:
     """The charts with something to draw, then one line per chart without (why it has nothing), not an empty frame."""
     figures, missing = [], []
-    for chart_id, title, keys, scale, note in CHARTS:
+    for chart_id, title, keys, scale, note in CHARTS + eval_charts(runs):
         series = []
         for i, run in enumerate(runs):
             key = next((k for k in keys if run.series.get(k)), None)
