@@ -131,6 +131,9 @@ class JobConfig(BaseModel):
         if self.checkpoint.export_weights == "ema" and self.ema.decay is None:
             raise ValueError("checkpoint.export_weights=ema needs an EMA of the weights: set ema.decay (e.g. "
                              "--ema.decay=0.999), or export the raw weights (checkpoint.export_weights=raw)")
+        if self.eval.weights == "ema" and self.ema.decay is None:
+            raise ValueError("eval.weights=ema scores the EMA of the weights: set ema.decay (e.g. --ema.decay=0.999), "
+                             "or score the trained weights (eval.weights=raw)")
         if self.checkpoint.async_mode == "async" and not self.checkpoint.enable:
             raise ValueError("checkpoint.async_mode=async needs checkpoint.enable=true")
         return self
