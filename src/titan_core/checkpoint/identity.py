@@ -38,6 +38,9 @@ class RunIdentity:
     param_shapes: dict[str, tuple[int, ...]]
     # Optimizer parameter groups (param_groups.layout); None: not recorded (older checkpoint, a spec's own optimizer).
     param_groups: dict[str, Any] | None = None
+    # What it trains on (data/identity.py: per source its data source, weight and fingerprint); None: not
+    # recorded (older checkpoint, a spec's own data loader).
+    data: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         out = {
@@ -48,6 +51,8 @@ class RunIdentity:
         }
         if self.param_groups is not None:
             out["param_groups"] = self.param_groups
+        if self.data is not None:
+            out["data"] = self.data
         return out
 
     @staticmethod
@@ -58,6 +63,7 @@ class RunIdentity:
             converters=tuple(str(c) for c in data["converters"]),
             param_shapes={str(k): tuple(int(d) for d in v) for k, v in data["param_shapes"].items()},
             param_groups=_groups_or_none(data.get("param_groups")),
+            data=_data_or_none(data.get("data")),
         )
 
 
@@ -70,6 +76,52 @@ def _groups_or_none(value: object) -> dict[str, Any] | None:
     ):
         raise ValueError("param_groups is not a mapping of group name -> {weight_decay, lr_mult, params}")
     return value
+
+
+def _data_or_none(value: object) -> dict[str, Any] | None:
+    if value is None:
+        return None
+    if not isinstance(value, dict) or not all(
+        isinstance(d, dict) and isinstance(d.get("fingerprint"), str) and isinstance(d.get("weight"), int | float)
+        and not isinstance(d.get("weight"), bool) for d in value.values()
+    ):
+        raise ValueError("data is not a mapping of source name -> {source, weight, fingerprint}")
+    return value
+
+
+def describe_data_change(saved: dict[str, Any] | None, current: dict[str, Any] | None) -> str | None:
+    """What differs between the data a checkpoint was trained on and this run's, in a phrase; None: the same
+    (or one side not recorded)."""
+    if saved is None or current is None:
+        return None
+    dropped, added = sorted(set(saved) - set(current)), sorted(set(current) - set(saved))
+    changes = [f"{name} is not in this run's data" for name in dropped]
+    changes += [f"{name} is new (not in the checkpoint's data)" for name in added]
+    for name in sorted(set(saved) & set(current)):
+        was, now = saved[name], current[name]
+        if abs(float(was["weight"]) - float(now["weight"])) > 1e-9:
+            changes.append(f"{name} had a share of {float(was['weight']):.4g} of the rows, {float(now['weight']):.4g} now")
+        if was["fingerprint"] != now["fingerprint"]:
+            source = f" ({now.get('source')})" if now.get("source") else ""
+            changes.append(f"{name}{source} holds other tokens than it did (fingerprint {was['fingerprint']} in "
+                           f"the checkpoint, {now['fingerprint']} now: other files, edited or swapped shards, "
+                           f"another tokenizer or validation split)")
+    return "; ".join(changes) if changes else None
+
+
+def check_data(saved: RunIdentity, current: RunIdentity, *, path: Path, allow_data_change: bool) -> str | None:
+    """CheckpointError when the data changed and that is not allowed; the change (a phrase) when it is."""
+    change = describe_data_change(saved.data, current.data)
+    if change is None or allow_data_change:
+        return change
+    raise CheckpointError(
+        f"checkpoint {path} was trained on other data: {change}. Its data-loader position (epoch, windows "
+        f"consumed, rows per mixture source) belongs to that data. Resume with the data settings it was written "
+        f"with; or pass --checkpoint.allow_data_change=true to resume anyway (the position carries over: after a "
+        f"weight change the mixture serves the sources whose share rose until their row counts catch up); or "
+        f"start a new run folder from its weights with --checkpoint.initial_load={path} (a fresh optimizer and "
+        f"data order)."
+    )
 
 
 @dataclass(frozen=True)

@@ -55,7 +55,15 @@ from torch.distributed.tensor import DTensor
 from ..config.sections import CheckpointSection
 from ..errors import CheckpointError, NonFiniteError, TitanError
 from . import integrity, layout, states as st, storage
-from .identity import CheckpointRecord, ResumeInfo, RunIdentity, check_identity, read_record, write_record
+from .identity import (
+    CheckpointRecord,
+    ResumeInfo,
+    RunIdentity,
+    check_data,
+    check_identity,
+    read_record,
+    write_record,
+)
 from .stateful import MODEL, OPTIMIZER, PROGRESS, RNG, ModelState, Stateful, StepCounter, training_states
 from .tensor_index import INDEX_FILE, TensorIndex, is_plain_name, read_index
 
@@ -356,6 +364,10 @@ class CheckpointManager:
         weights_only = check_identity(
             record.identity, self.identity, path=path, allow_converter_change=self.config.allow_converter_change
         )
+        change = check_data(record.identity, self.identity, path=path,
+                            allow_data_change=self.config.allow_data_change)
+        if change is not None:
+            self._log(f"resuming {path} on changed data (checkpoint.allow_data_change=true): {change}")
         return path, record, weights_only
 
     def _checked_record(self, path: Path) -> CheckpointRecord:

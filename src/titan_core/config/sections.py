@@ -198,6 +198,7 @@ class CheckpointSection(Section):
     async_mode: Literal["disabled", "async"] = Field("disabled", description="async: save in the background after the copy to CPU.")
     resume: str = Field("auto", description='"auto" (newest complete checkpoint in folder), "never", or a path to a checkpoint.')
     allow_converter_change: bool = Field(False, description="Allow resuming with a different converter list (e.g. fine-tune a baseline with float8).")
+    allow_data_change: bool = Field(False, description="Allow resuming on data other than the checkpoint's (another source or its content, other mixture weights, a source added or dropped): the data-loader position carries over; false = such a resume is refused, naming the change.")
     export_at_end: bool = Field(False, description="Write the full model weights as safetensors at the end.")
     export_dtype: Literal["float32", "bfloat16"] = Field("float32", description="dtype of the exported weights.")
     export_format: Literal["native", "hf"] = Field("native", description="native: the model's own names in export/model.safetensors; hf: a Hugging Face folder in export/hf/ (config.json, safetensors, tokenizer) through the spec's state_dict_adapter.")

@@ -58,6 +58,7 @@ def build_dataloader(
         shuffle=split == "train",
         name=split,
     )
+    loader.source = source
     logger.info("data %s (%s): %d documents, %r", source, split, num_docs, loader)
     return loader
 
@@ -103,5 +104,6 @@ def build_mixture_loader(
         parts.append((name, weight, stream))
     loader = MixtureDataLoader(parts, seq_len=seq_len, local_batch_size=local_batch_size, dp_rank=dp_rank,
                                dp_world_size=dp_world_size, seed=seed, shuffle=split == "train", name=split)
+    loader.sources = [source for source, _ in mix.values()]
     logger.info("data mixture (%s): %r", split, loader)
     return loader

@@ -22,11 +22,12 @@ second and a few MB for the built-in corpus).
 
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 
 from ..errors import ConfigError
+from .identity import stream_fingerprint
 from .permutation import LazyOrder
 
 # Mixes (seed, epoch) into one generator seed; any fixed odd constant would do.
@@ -93,6 +94,9 @@ class TokenDataLoader(RankBatches):
         if self.num_windows < self.global_batch_size:
             raise ValueError(f"{name}: {self.num_windows} windows cannot fill a global batch of {self.global_batch_size}")
         self._source = stream if isinstance(stream, WindowSource) else None
+        self._stream = stream
+        self._fingerprint: str | None = None
+        self.source = ""  # the data.source it was built from (build_dataloader sets it), for the checkpoint's record
         if not isinstance(stream, WindowSource):
             self._windows = stream[: self.num_windows * (seq_len + 1)].view(self.num_windows, seq_len + 1)
         self.epoch = 0
@@ -100,6 +104,16 @@ class TokenDataLoader(RankBatches):
         self._order_epoch = -1
         self._order: torch.Tensor | LazyOrder = torch.arange(self.num_windows) if self._source is None else \
             LazyOrder(self.num_windows, seed=seed, epoch=0, shuffle=False)
+
+    def fingerprint(self) -> str:
+        """A digest of the split's tokens (data/identity.py), computed once."""
+        if self._fingerprint is None:
+            self._fingerprint = stream_fingerprint(self._stream)
+        return self._fingerprint
+
+    def data_record(self) -> dict[str, dict[str, Any]]:
+        """What a checkpoint records of this loader's data (data/identity.py)."""
+        return {"data.source": {"source": self.source, "weight": 1.0, "fingerprint": self.fingerprint()}}
 
     @property
     def tokens_per_batch(self) -> int:

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from ..errors import ConfigError
+from .identity import stream_fingerprint
 from .loader import RankBatches, WindowSource, epoch_order
 from .permutation import LazyOrder
 
@@ -33,11 +34,19 @@ class _Windows:
 
     def __init__(self, stream: torch.Tensor | WindowSource, window: int) -> None:
         self.window = window
+        self._stream = stream
+        self._fingerprint: str | None = None
         self.num_windows = int(stream.numel()) // window
         self._source = stream if isinstance(stream, WindowSource) else None
         self.lazy = self._source is not None
         self._table = None if isinstance(stream, WindowSource) else \
             stream[: self.num_windows * window].view(self.num_windows, window)
+
+    def fingerprint(self) -> str:
+        """A digest of the source's tokens (data/identity.py), computed once."""
+        if self._fingerprint is None:
+            self._fingerprint = stream_fingerprint(self._stream)
+        return self._fingerprint
 
     def read(self, rows: torch.Tensor) -> torch.Tensor:
         if self._source is not None:
@@ -67,6 +76,7 @@ class MixtureDataLoader(RankBatches):
         self.names = [n for n, _, _ in sources]
         self.weights = [w / total for _, w, _ in sources]
         self.windows = [_Windows(s, seq_len + 1) for _, _, s in sources]
+        self.sources = [""] * len(sources)  # each one's data source (build_mixture_loader sets them), for the record
         super().__init__(seq_len=seq_len, local_batch_size=local_batch_size, dp_rank=dp_rank,
                          dp_world_size=dp_world_size, seed=seed, shuffle=shuffle, name=name)
         # Each source has its own window order, seeded from the run's seed and the source's name.
@@ -74,6 +84,11 @@ class MixtureDataLoader(RankBatches):
         self._orders: dict[int, tuple[int, torch.Tensor | LazyOrder]] = {}  # source -> (epoch, its order)
         self.batch = 0
         self.rows = [0] * len(sources)
+
+    def data_record(self) -> dict[str, dict[str, Any]]:
+        """What a checkpoint records of this mixture's data (data/identity.py): each source's share and tokens."""
+        return {f"data.mix.{name}": {"source": source, "weight": weight, "fingerprint": windows.fingerprint()}
+                for name, source, weight, windows in zip(self.names, self.sources, self.weights, self.windows)}
 
     @property
     def tokens_per_batch(self) -> int:

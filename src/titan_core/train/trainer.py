@@ -31,6 +31,7 @@ from ..console import progress, say
 from ..data import build_dataloader, build_mixture_loader
 from ..data.describe import describe_data
 from ..data.documents import split_documents
+from ..data.identity import data_identity
 from ..data.masking_check import check_targets_under_masking
 from ..data.mixture import source_tokens
 from ..data.prefetch import PrefetchingLoader
@@ -373,6 +374,7 @@ class Trainer:
             spec=self.spec.name, flavor=c.model.flavor, converters=tuple(c.model.converters),
             param_shapes=collect_param_shapes(self.model_parts),  # all pipeline stages' parameters
             param_groups=None if self.spec.build_optimizers_fn else run_layout(self.model_parts, c.optimizer),
+            data=data_identity(self.dataloader),
         )
         states = training_states(self.model_parts, self.optimizer, lr_schedulers=self.lr_schedulers,
                                  dataloader=self.dataloader, progress=self)
