@@ -43,9 +43,10 @@ from .sections import (
     TrainingSection,
     ValidationSection,
 )
+from .stability import StabilitySection
 
 CORE_SECTIONS: tuple[str, ...] = (
-    "job", "model", "training", "optimizer", "ema", "lr_scheduler", "data", "validation",
+    "job", "model", "training", "optimizer", "ema", "stability", "lr_scheduler", "data", "validation",
     "parallelism", "checkpoint", "metrics", "compile", "activation_checkpoint", "profiling",
 )
 
@@ -60,6 +61,7 @@ class JobConfig(BaseModel):
     training: TrainingSection = Field(default_factory=TrainingSection, description="Steps, batch, precision, seed.")
     optimizer: OptimizerSection = Field(default_factory=OptimizerSection, description="Optimizer settings.")
     ema: EmaSection = Field(default_factory=EmaSection, description="Exponential moving average of the weights.")
+    stability: StabilitySection = Field(default_factory=StabilitySection, description="z-loss and the loss-spike guard.")
     lr_scheduler: LRSchedulerSection = Field(default_factory=LRSchedulerSection, description="Warmup and decay.")
     data: DataSection = Field(default_factory=DataSection, description="Dataset and tokenizer.")
     validation: ValidationSection = Field(default_factory=ValidationSection, description="Held-out evaluation.")
