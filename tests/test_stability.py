@@ -6,7 +6,7 @@ loss. A model that has learned a repetitive corpus is fed one batch of uniformly
 skips that step, and the weights at the end equal those of a run whose update at that step was skipped by
 the older mechanism (skip_nonfinite_steps on a loss made NaN); its window resumes exactly from a
 checkpoint. One real 2-process FSDP2 run with z-loss gives the losses, z-losses and gradient norms of one
-process.
+process, and a run with z-loss reads no device value on a step that does not log.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import torch
 
 from conftest import DEBUG_LLAMA_2_LAYERS, titan
 from test_ema import TinyRun, tiny_run
+from test_host_reads import device_reads
 
 Z = "stability.z_loss=1e-3"
 SPIKE_AT, STEPS = 20, 22
@@ -47,6 +48,13 @@ def test_a_z_loss_run_logs_z_loss_and_its_loss_stays_the_cross_entropy(tmp_path:
     moved = max((chunked.weights[1][k] - plain.weights[1][k]).abs().max().item() for k in plain.weights[1])
     assert moved > 0
     assert full.trainer.z_loss.coeff == 1e-3
+
+
+def test_the_z_loss_stays_on_the_device_on_steps_that_do_not_log(tmp_path: Path) -> None:
+    [reads] = device_reads(tmp_path, "--spec", "llama3", "--flavor", "debugmodel", "--llama3.n_layers=1",
+                           "--stability.z_loss=1e-3")  # 10 steps, logging 1, 5 and 10
+    assert set(reads["same"]) == {1, 5, 10} and set(reads["lagged"]) <= {1, 5, 10}, reads
+    assert [r["step"] for r in records(tmp_path / "run") if r["z_loss"] > 0] == [1, 5, 10]
 
 
 @pytest.fixture(scope="module")
