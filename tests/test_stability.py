@@ -17,10 +17,10 @@ from typing import Any
 
 import pytest
 import torch
-
-from conftest import DEBUG_LLAMA_2_LAYERS, titan
 from test_ema import TinyRun, tiny_run
 from test_host_reads import device_reads
+
+from conftest import DEBUG_LLAMA_2_LAYERS, titan
 
 Z = "stability.z_loss=1e-3"
 SPIKE_AT, STEPS = 20, 22
