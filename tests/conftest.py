@@ -279,7 +279,8 @@ FAST_MODULES = {
     "test_plugin_api_contract.py", "test_config.py", "test_discovery.py", "test_optim.py", "test_tokenizer.py", "test_llama_model.py",
     "test_data.py", "test_mx_converter.py", "test_converters_pipeline.py", "test_docs.py",
     "test_float8_converter.py", "test_precision_and_mfu.py", "test_readme.py", "test_checkpoint.py",
-    "test_moved_modules.py", "test_architecture_doc.py", "test_torch_compat.py", "test_ema_units.py",
+    "test_moved_modules.py", "test_architecture_doc.py", "test_torch_compat.py", "test_ema_units.py", "test_muon.py",
+    "test_eval_tasks.py",
     "test_stability_units.py",
 }
 FAST_TESTS = {

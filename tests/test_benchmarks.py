@@ -110,6 +110,8 @@ SMALLEST = {
     "hf_initial_load_memory.py": ([], r"^\| 1 \| \d+ \| \d+ \| \d+ \| \d+ \| \d+ \| yes \|"),
     # the planned side of torchtitan's published layouts: dry runs on meta under the fake process group
     "memory_plan.py": (["--only", "published"], r"^\| 70B[^|]*\| 71\.9 \| [\d.]+ \| [\d.]+ \|$"),
+    "muon.py": (["--steps", "3", "--lrs", "3e-3", "--val-batches", "1", "--layers", "1", "--seq-len", "16"],
+                r"^best Muon / best AdamW validation loss: [\d.]+$"),
     "memory_breakdown.py": (["--batch", "1", "--seq-len", "64", "--steps", "1"],
                             r"^sum = peak resident memory of the step\s+\d+$"),
     # Without a torchtitan source: titan-core alone, and the script says so.

@@ -3,6 +3,9 @@ window, and the section's checks (train/z_loss.py, train/chunked_loss.py, train/
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 import torch
 from torch import nn
@@ -125,3 +128,13 @@ def test_the_stability_section_refuses_bad_values(pairs: dict[str, float], messa
     with pytest.raises(ValidationError, match=message):
         StabilitySection(**pairs)  # type: ignore[arg-type]
     assert StabilitySection().z_loss == 0 and StabilitySection().spike_guard is False  # off by default
+
+
+def test_titan_report_notes_the_steps_the_spike_guard_skipped(tmp_path: Path) -> None:
+    from titan_core.observability.report import write_run_report
+
+    lines = [{"step": s, "loss": loss, "grad_norm": 1.0, "lr": 1e-3, "spike_skipped": int(s == 3), "z_loss": 0.06}
+             for s, loss in ((1, 3.0), (2, 2.9), (3, 9.5), (4, 2.8))]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    html = write_run_report(tmp_path).html.read_text()
+    assert "1 loss spike skipped by the guard (step 3)" in html

@@ -33,6 +33,7 @@ from .sections import (
     CompileSection,
     DataSection,
     EmaSection,
+    EvalSection,
     JobSection,
     LRSchedulerSection,
     MetricsSection,
@@ -46,7 +47,7 @@ from .sections import (
 from .stability import StabilitySection
 
 CORE_SECTIONS: tuple[str, ...] = (
-    "job", "model", "training", "optimizer", "ema", "stability", "lr_scheduler", "data", "validation",
+    "job", "model", "training", "optimizer", "ema", "stability", "lr_scheduler", "data", "validation", "eval",
     "parallelism", "checkpoint", "metrics", "compile", "activation_checkpoint", "profiling",
 )
 
@@ -65,6 +66,7 @@ class JobConfig(BaseModel):
     lr_scheduler: LRSchedulerSection = Field(default_factory=LRSchedulerSection, description="Warmup and decay.")
     data: DataSection = Field(default_factory=DataSection, description="Dataset and tokenizer.")
     validation: ValidationSection = Field(default_factory=ValidationSection, description="Held-out evaluation.")
+    eval: EvalSection = Field(default_factory=EvalSection, description="Tasks scored during and after training (docs/evaluation.md).")
     parallelism: ParallelismSection = Field(default_factory=ParallelismSection, description="Parallel degrees and schedules.")
     checkpoint: CheckpointSection = Field(default_factory=CheckpointSection, description="Checkpointing and resume.")
     metrics: MetricsSection = Field(default_factory=MetricsSection, description="Console, JSONL and W&B metrics.")
@@ -99,6 +101,12 @@ class JobConfig(BaseModel):
                 f"schedules have no forward-only pass (validation hangs or fails inside torch 2.13). Use "
                 f"Interleaved1F1B or InterleavedZeroBubble (also several stages per rank), 1F1B or GPipe, or turn "
                 f"validation off"
+            )
+        if p.pp > 1 and self.eval.tasks:
+            raise ValueError(
+                f"eval.tasks with parallelism.pp={p.pp}: evaluation under pipeline parallelism is not supported yet "
+                f"(its scores would need the last stage's per-sequence log-probabilities). Evaluate the checkpoints "
+                f"with titan-eval, or set eval.tasks=[] for this run"
             )
         # The one place the degrees are derived (and checked against the world size).
         dims = ParallelDims.resolve(dp_replicate=p.dp_replicate, dp_shard=p.dp_shard, tp=p.tp, pp=p.pp,

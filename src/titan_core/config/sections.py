@@ -82,7 +82,7 @@ class ParamGroupRule(Section):
 
 
 class OptimizerSection(Section):
-    name: Literal["AdamW", "Adam", "SGD"] = Field("AdamW", description="torch.optim optimizer class.")
+    name: Literal["AdamW", "Adam", "SGD", "Muon"] = Field("AdamW", description="torch.optim optimizer class, or Muon: Muon for the weight matrices and AdamW (betas, eps) for embeddings, the output head, norms and biases (optim/muon.py; docs/optimizer.md). Any letter case.")
     lr: float = Field(3e-3, ge=0, description="Peak learning rate (0 keeps the weights as loaded, e.g. to check a round trip).")
     betas: tuple[Beta, Beta] = Field((0.9, 0.95), description="Adam betas, each in [0, 1).")
     eps: float = Field(1e-8, gt=0, description="Adam epsilon.")
@@ -90,6 +90,15 @@ class OptimizerSection(Section):
     implementation: Literal["auto", "foreach", "for-loop", "fused"] = Field("auto", description="Kernel: auto = fused on CUDA, foreach elsewhere; where DTensor and plain parameters mix (some TP plans), fused and foreach fall back to for-loop, saying so.")
     no_decay_norms_biases_embeddings: bool = Field(True, description="Put norms and biases (parameters with fewer than 2 dims), embedding tables (nn.Embedding and weights tied to one) in the no_decay group (weight decay 0); false = decay every parameter.")
     param_groups: list[ParamGroupRule] = Field(default_factory=list, description="Extra parameter groups, matched by name before the built-in default/no_decay split (TOML: [[optimizer.param_groups]] tables).")
+    muon_momentum: float = Field(0.95, ge=0, lt=1, description="Muon only: momentum of the matrices' SGD momentum.")
+    muon_nesterov: bool = Field(True, description="Muon only: Nesterov momentum (orthogonalise the gradient pulled toward the momentum).")
+    muon_ns_steps: int = Field(5, ge=1, le=20, description="Muon only: Newton-Schulz iterations per orthogonalisation.")
+
+    @field_validator("name", mode="before")
+    @classmethod
+    def _any_letter_case(cls, value: object) -> object:
+        known = {"adamw": "AdamW", "adam": "Adam", "sgd": "SGD", "muon": "Muon"}
+        return known.get(value.lower(), value) if isinstance(value, str) else value
 
     @field_validator("param_groups")
     @classmethod
@@ -144,6 +153,20 @@ class ValidationSection(Section):
     enable: bool = Field(False, description="Run a validation loop on the held-out split.")
     freq: int = Field(100, gt=0, description="Validate every N steps.")
     steps: int = Field(4, gt=0, description="Batches per validation.")
+
+
+class EvalSection(Section):
+    tasks: list[str] = Field(default_factory=list, description="Tasks scored on the current weights (docs/evaluation.md): JSONL files of multiple-choice or perplexity examples, 'builtin' (every built-in task) or 'builtin:NAME'; empty = no evaluation.")
+    interval: int = Field(100, gt=0, description="Evaluate every N steps, and at the last step.")
+    limit: int | None = Field(None, gt=0, description="Score only the first N examples of each task; unset = all of them.")
+    batch_size: int = Field(8, gt=0, description="Sequences per forward of the evaluation, on each data-parallel rank.")
+
+    @field_validator("tasks")
+    @classmethod
+    def _tasks_named(cls, value: list[str]) -> list[str]:
+        if any(not entry.strip() for entry in value):
+            raise ValueError("an empty task name; give JSONL files, 'builtin' or 'builtin:NAME'")
+        return value
 
 
 class ParallelismSection(Section):

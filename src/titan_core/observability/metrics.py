@@ -119,6 +119,11 @@ class MetricsLogger:
     def log_validation(self, *, step: int, loss: float) -> None:
         self._emit({"step": step, "val_loss": loss}, f"step {step:>6} | validation loss {loss:.4f}")
 
+    def log_evaluation(self, *, step: int, results: dict[str, float]) -> None:
+        """The ``[eval]`` figures of ``step`` (``eval/<task>/<figure>``) as one record."""
+        shown = " | ".join(f"{k.removeprefix('eval/')} {v:.4f}" for k, v in results.items() if not k.endswith("/examples"))
+        self._emit({"step": step, **results}, f"step {step:>6} | eval | {shown}")
+
     def _line(self, r: dict[str, float]) -> str:
         mem = r.get("mem_max_allocated_gib", r.get("mem_peak_rss_gib", 0.0))
         parts = [

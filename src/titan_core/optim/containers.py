@@ -13,12 +13,14 @@ from torch.optim.lr_scheduler import LambdaLR
 from ..config.sections import LRSchedulerSection, OptimizerSection
 from ..console import progress
 from ..runtime.launch_env import rank_env
+from .muon import Muon
 from .param_groups import torch_groups
 
 _OPTIMIZERS: dict[str, type[torch.optim.Optimizer]] = {
     "AdamW": torch.optim.AdamW,
     "Adam": torch.optim.Adam,
     "SGD": torch.optim.SGD,
+    "Muon": Muon,
 }
 
 
@@ -37,7 +39,10 @@ class OptimizersContainer(torch.optim.Optimizer):
     def __init__(self, model_parts: list[nn.Module], config: OptimizerSection, *, device_type: str) -> None:
         cls = _OPTIMIZERS[config.name]
         kwargs: dict[str, Any] = {"lr": config.lr, "weight_decay": config.weight_decay}
-        if config.name != "SGD":
+        if config.name == "Muon":  # its own loop over the parameters: no kernel choice
+            kwargs.update(betas=config.betas, eps=config.eps, momentum=config.muon_momentum,
+                          nesterov=config.muon_nesterov, ns_steps=config.muon_ns_steps)
+        elif config.name != "SGD":
             kwargs.update(betas=config.betas, eps=config.eps)
             impl = config.implementation
             if impl == "auto":

@@ -54,6 +54,21 @@ def _structural_no_decay(module: nn.Module) -> set[int]:
     return ids
 
 
+def muon_matrices(module: nn.Module) -> set[int]:
+    """ids of the parameters Muon updates (optimizer.name = "Muon"), from the model's structure: the
+    2-d weights (and 3-d grouped expert weights) of the hidden-state maps. Left to AdamW: norm scales
+    and biases (fewer than 2 dims), embedding tables and weights tied to one, and the output head
+    (a linear layer as wide as the vocabulary, i.e. as some embedding table has rows)."""
+    vocab_sizes = {sub.num_embeddings for sub in module.modules() if isinstance(sub, nn.Embedding)}
+    excluded = _structural_no_decay(module) | {id(p) for p in module.parameters() if p.ndim > 3}
+    for sub in module.modules():
+        if isinstance(sub, nn.Embedding):
+            excluded.update(id(p) for p in sub.parameters(recurse=False))
+        elif isinstance(sub, nn.Linear) and sub.out_features in vocab_sizes:
+            excluded.update(id(p) for p in sub.parameters(recurse=False))
+    return {id(p) for p in module.parameters() if id(p) not in excluded}
+
+
 def settings(config: OptimizerSection) -> list[GroupSetting]:
     """Every group this config can make, in the order the optimizer holds them."""
     groups = [GroupSetting(DEFAULT, config.weight_decay, 1.0)]
@@ -80,13 +95,23 @@ def assign(module: nn.Module, config: OptimizerSection) -> dict[str, list[tuple[
 
 
 def torch_groups(module: nn.Module, config: OptimizerSection) -> list[dict[str, Any]]:
-    """torch.optim param groups for one model part (empty groups left out); each carries its name and lr_mult."""
+    """torch.optim param groups for one model part (empty groups left out); each carries its name and lr_mult.
+
+    With Muon each group is split in two torch groups of the same name: its Muon matrices
+    (``use_muon=True``) and the rest; the recorded layout (``layout``) stays by group name."""
     members = assign(module, config)
-    return [
-        {"params": [p for _, p in members[g.name]], "weight_decay": g.weight_decay, "lr": config.lr * g.lr_mult,
-         "lr_mult": g.lr_mult, "group": g.name}
-        for g in settings(config) if members[g.name]
-    ]
+    groups = []
+    for g in settings(config):
+        params = [p for _, p in members[g.name]]
+        common = {"weight_decay": g.weight_decay, "lr": config.lr * g.lr_mult, "lr_mult": g.lr_mult, "group": g.name}
+        if config.name != "Muon":
+            groups.append({"params": params, **common})
+            continue
+        matrices = muon_matrices(module)
+        for use_muon in (True, False):
+            chosen = [p for p in params if (id(p) in matrices) == use_muon]
+            groups.append({"params": chosen, **common, "use_muon": use_muon})
+    return [group for group in groups if group["params"]]
 
 
 def layout(model_parts: list[nn.Module], config: OptimizerSection) -> dict[str, Any]:
@@ -139,4 +164,5 @@ def run_layout(model_parts: list[nn.Module], config: OptimizerSection) -> dict[s
     dist.all_gather_object(gathered, local)
     return merge_layouts([g for g in gathered if g is not None])
 
-__all__ = ["GroupSetting", "assign", "describe_difference", "layout", "merge_layouts", "run_layout", "settings", "torch_groups"]
+__all__ = ["GroupSetting", "assign", "describe_difference", "layout", "merge_layouts", "muon_matrices", "run_layout", "settings",
+           "torch_groups"]

@@ -11,6 +11,7 @@ TP-style rule fail here, once.
 from __future__ import annotations
 
 from ..boundary.plugin_boundary import converter_calls
+from ..evaluation import load_tasks
 from ..parallel import check_experts_split
 from ..plan.resolve import ResolvedConfig
 from .build import build_converters, build_meta_model
@@ -18,7 +19,9 @@ from .tp_styles import resolve_tp_styles
 
 
 def preflight(resolved: ResolvedConfig) -> None:
-    """Raise the error a worker would raise for the converters (and expert parallelism), before any worker starts."""
+    """Raise the error a worker would raise for the converters, expert parallelism and the eval task files,
+    before any worker starts."""
+    load_tasks(resolved.config.eval.tasks)
     if resolved.dims.ep_enabled:
         check_ep_fits(resolved)
     if not resolved.converters:

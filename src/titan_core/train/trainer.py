@@ -64,6 +64,7 @@ from . import build
 from .chunked_loss import chunkable_head, chunked_cross_entropy_and_z
 from .converters import ConversionTable
 from .ema import WeightAverage
+from .evaluation import TrainingEvaluation, build_training_evaluation, run_training_evaluation
 from .finite_watch import FiniteWatch
 from .grad_norm import clip_grad_norm_on_device
 from .spike_guard import SPIKE_GUARD, SpikeGuard
@@ -140,6 +141,7 @@ class Trainer:
     tokenizer: Tokenizer
     dataloader: PrefetchingLoader
     val_dataloader: Any  # a DataLoader, or None without validation
+    evaluation: TrainingEvaluation  # [eval]: the tasks, read and tokenized (evaluation.py)
     # build_model, apply_converters
     model_args: Any
     ties: list[tuple[str, str]]
@@ -187,6 +189,7 @@ class Trainer:
     def setup(self) -> None:
         self.init_distributed()
         self.build_tokenizer_and_data()
+        self.build_evaluation()
         model = self.build_model()
         self.apply_converters(model)
         self.build_model_parts(model)
@@ -249,6 +252,18 @@ class Trainer:
                                             eos_id=self.tokenizer.eos_id, bos_id=self.tokenizer.bos_id)
         # The next batches are made in a thread while the step runs; its state is that of the consumed batches.
         self.dataloader = PrefetchingLoader(train)
+
+    def build_evaluation(self) -> None:
+        self.evaluation = build_training_evaluation(self)
+
+    def evaluation_weights(self) -> contextlib.AbstractContextManager[list[nn.Module]]:
+        """The model parts ``[eval]`` scores, for the duration of one evaluation: the training weights.
+        A subclass (or EMA) yields other weights here, swapped in and back out around the evaluation."""
+        return contextlib.nullcontext(self.model_parts)
+
+    def maybe_evaluate(self, *, last: bool) -> None:
+        if self.evaluation.due(self.step, last=last):
+            run_training_evaluation(self, self.evaluation)
 
     def data_shard(self) -> tuple[int, int]:
         """(this rank's share, number of shares) of each global batch (fault tolerance adds replica groups)."""
@@ -659,6 +674,7 @@ class Trainer:
             with no_interrupt():  # Ctrl+C waits for the save to be published: never half a checkpoint
                 self.checkpointer.maybe_save(self.step, tokens_seen=self.tokens_seen, last=last)
             self.maybe_validate(last=last)
+            self.maybe_evaluate(last=last)
             self.stop_if_signalled(read_now=logs or self.step == first_step)
             if logs:
                 window_start, window_steps = time.perf_counter(), 0

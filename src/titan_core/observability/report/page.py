@@ -66,6 +66,10 @@ def _summary(runs: list[RunData]) -> str:
         nonfinite = sum(1 for _, y in run.series.get("loss", []) if not math.isfinite(y))
         if nonfinite:
             notes.append(f"{nonfinite} non-finite losses (gaps in the lines)")
+        spikes = [int(x) for x, y in run.series.get("spike_skipped", []) if y]
+        if spikes:  # [stability] spike_guard: updates skipped
+            shown = ", ".join(str(s) for s in spikes[:10]) + (", ..." if len(spikes) > 10 else "")
+            notes.append(f"{len(spikes)} loss spike{'s' if len(spikes) > 1 else ''} skipped by the guard (step {shown})")
         tps = run.last("tokens_per_s_total") or run.last("tokens_per_s")
         rows.append(
             f'<tr><td><span class="swatch" style="background:{color}"></span>{escape(run.name)}</td>'
@@ -88,10 +92,21 @@ def _differences(runs: list[RunData]) -> str:
     return f"<h2>Settings that differ</h2><table>{head}{body}</table>"
 
 
+def eval_charts(runs: list[RunData]) -> list[tuple[str, str, tuple[str, ...], float, str]]:
+    """One chart per ``[eval]`` task any run recorded: its accuracy (multiple choice) or perplexity."""
+    charts: list[tuple[str, str, tuple[str, ...], float, str]] = []
+    for metric in sorted({k for run in runs for k in run.series if k.startswith("eval/")}):
+        task, _, figure = metric.removeprefix("eval/").rpartition("/")
+        if figure in ("acc", "ppl"):
+            what = "accuracy" if figure == "acc" else "perplexity"
+            charts.append((f"eval-{task}-{figure}", f"Eval {task}: {what}", (metric,), 1.0, "no evaluation recorded"))
+    return charts
+
+
 def _charts(runs: list[RunData]) -> str:
     """The charts with something to draw, then one line per chart without (why it has nothing), not an empty frame."""
     figures, missing = [], []
-    for chart_id, title, keys, scale, note in CHARTS:
+    for chart_id, title, keys, scale, note in CHARTS + eval_charts(runs):
         series = []
         for i, run in enumerate(runs):
             key = next((k for k in keys if run.series.get(k)), None)

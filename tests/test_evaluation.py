@@ -1,0 +1,104 @@
+"""[eval] and titan-eval (docs/evaluation.md): a bad task file stops a run and titan-eval, the figures logged during
+training and drawn by titan-report, titan-eval on a checkpoint and on the exported Hugging Face folder,
+the log-likelihoods against transformers' LlamaForCausalLM, and FSDP2 x 2 against one process."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import torch
+
+from titan_core.evaluation import load_tasks
+
+from conftest import PARITY_TOLERANCE, SMALL_RUN, assert_user_error, torchrun, trained
+
+
+def test_bad_task_file_stops_titan_train_and_titan_eval_before_training(tmp_path: Path, cli, capsys) -> None:
+    from titan_core.commands.evaluate import main as eval_main
+
+    task = tmp_path / "bad.jsonl"
+    task.write_text('{"context": "a", "choices": [" b"], "gold": 0}\n')
+    result = cli(*(f"--{p}" for p in SMALL_RUN), f"--job.run_dir={tmp_path / 'run'}", f"--eval.tasks={task}")
+    assert_user_error(result, f"{task}:1: 'choices' has 1 entry; give at least two")
+    assert "step" not in result.out
+    assert eval_main([str(tmp_path), "--tasks", str(task)]) == 2
+    err = capsys.readouterr().err
+    assert f"titan-eval: error: {task}:1:" in err and "Traceback" not in err
+
+
+def _eval_records(run_dir: Path) -> list[dict[str, float]]:
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return [r for r in map(json.loads, lines) if any(k.startswith("eval/") for k in r)]
+
+
+def _titan_logliks(model: torch.nn.Module, tokenizer, window: int) -> tuple[list[list[int]], list[int], list[float]]:
+    """Every request of the built-in tasks: (its context+targets, its number of targets, titan's log-likelihood)."""
+    from titan_core.evaluation.results import prepare_tasks, score_task
+
+    rows, counts, lls = [], [], []
+    with torch.no_grad():
+        for prepared in prepare_tasks(load_tasks(["builtin"]), tokenizer, window=window):
+            scores = score_task(prepared, model, window=window, batch_size=8, device=torch.device("cpu"))
+            lls += scores.loglikelihood
+            for r in prepared.requests:
+                rows.append(list(r.context + r.targets)[-(window + 1):])
+                counts.append(len(r.targets))
+    return rows, counts, lls
+
+
+def test_eval_during_training_titan_eval_and_transformers_agree(tmp_path: Path, capsys) -> None:
+    """A short run evaluates at steps 2 and 4; its report draws a curve per task; titan-eval on the last checkpoint
+    and on the exported HF folder gives the run's last figures; and every request's log-likelihood equals the one
+    transformers' LlamaForCausalLM computes on the exported folder (fp32) within 1e-5."""
+    from transformers import LlamaForCausalLM
+
+    from titan_core.commands.evaluate import main as eval_main
+
+    run_dir = tmp_path / "run"
+    trainer, _ = trained(run_dir, "training.steps=4", "eval.tasks=builtin", "eval.interval=2",
+                         "checkpoint.enable=true", "checkpoint.export_at_end=true", "checkpoint.export_format=hf")
+    records = _eval_records(run_dir)
+    assert [int(r["step"]) for r in records] == [2, 4]
+    last = records[-1]
+    assert last["eval/python_syntax/examples"] == 40 and last["eval/python_text/examples"] == 8
+    assert 0 <= last["eval/python_syntax/acc"] <= 1 and 0 <= last["eval/python_syntax/acc_norm"] <= 1
+    assert math.isclose(last["eval/python_text/ppl"], math.exp(last["eval/python_text/nll"]), rel_tol=1e-12)
+    report = (run_dir / "report.html").read_text()
+    assert 'data-metric="eval-python_syntax-acc"' in report and 'data-metric="eval-python_text-ppl"' in report
+
+    for source in (run_dir, run_dir / "export" / "hf"):
+        out = tmp_path / f"{source.name}.json"
+        assert eval_main([str(source), "--tasks", "builtin", "--output", str(out)]) == 0, capsys.readouterr().err
+        again = json.loads(out.read_text())
+        assert sorted(again) == sorted(k for k in last if k != "step")
+        assert all(abs(again[k] - last[k]) <= 1e-6 * max(1.0, abs(last[k])) for k in again), (source, again, last)
+
+    window = trainer.model_args.max_seq_len
+    rows, counts, ours = _titan_logliks(trainer.model_parts[0].eval(), trainer.tokenizer, window)
+    reference = LlamaForCausalLM.from_pretrained(run_dir / "export" / "hf", dtype=torch.float32).eval()
+    theirs = []
+    with torch.no_grad():
+        for row, n in zip(rows, counts):
+            logits = reference(torch.tensor([row[:-1]])).logits[0, -n:].float()
+            picked = torch.log_softmax(logits, dim=-1).gather(-1, torch.tensor(row[-n:])[:, None])
+            theirs.append(picked.double().sum().item())
+    worst = max(abs(a - b) for a, b in zip(ours, theirs))
+    print(f"{len(ours)} requests: largest |titan - transformers| log-likelihood difference {worst:.3g}")
+    assert len(ours) == len(theirs) > 40 * 4 and worst <= 1e-5, worst
+
+
+def test_fsdp2_on_two_processes_scores_as_one_process(tmp_path: Path) -> None:
+    """The same weights (lr 0: the initial ones) scored by one process and by FSDP2 over 2 gloo processes,
+    each rank taking half of the requests: the same figures."""
+    common = ("training.steps=1", "optimizer.lr=0", "eval.tasks=builtin", "eval.limit=12", "eval.batch_size=4")
+    trained(tmp_path / "one", *common)
+    two = torchrun(tmp_path / "two", *(f"--{p}" for p in SMALL_RUN), "--training.local_batch_size=2",
+                   "--parallelism.dp_shard=2", *(f"--{p}" for p in common), "--metrics.report=false")
+    assert two.code == 0, two.text
+    (one_record,), (two_record,) = _eval_records(tmp_path / "one"), _eval_records(tmp_path / "two")
+    assert sorted(one_record) == sorted(two_record)
+    print("largest difference:", max(abs(two_record[k] - v) for k, v in one_record.items()))
+    for key, value in one_record.items():
+        assert abs(two_record[key] - value) <= PARITY_TOLERANCE * max(1.0, abs(value)), (key, value, two_record[key])
