@@ -138,3 +138,19 @@ def test_titan_report_notes_the_steps_the_spike_guard_skipped(tmp_path: Path) ->
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
     html = write_run_report(tmp_path).html.read_text()
     assert "1 loss spike skipped by the guard (step 3)" in html
+
+
+def test_a_pipeline_step_keeps_the_z_loss_of_its_scheduled_losses_only() -> None:
+    # torch's first pipeline step calls the loss once more (to infer the backward's shapes) before its microbatches
+    from titan_core.train.z_loss import ZLoss
+
+    zl = ZLoss(1.0, torch.device("cpu"))
+    zl.start_step()
+    zl.record(torch.tensor(5.0))  # an earlier accumulation micro-batch: kept
+    mark = zl.mark()
+    for value in (100.0, 1.0, 2.0):  # the shape inference's call, then two microbatches
+        zl.record(torch.tensor(value))
+    zl.keep_last_since(mark, 2)
+    assert zl.step_value(global_valid=4, tp=1, distributed=False) == (5.0 + 1.0 + 2.0) / 4
+    zl.keep_last_since(zl.mark(), 0)  # a rank without the last stage: nothing recorded, nothing dropped
+    assert len(zl.sums) == 3

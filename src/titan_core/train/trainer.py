@@ -494,10 +494,12 @@ class Trainer:
         args = (inputs,) if pipe.has_first_stage else ()
         # Keyword arguments reach every stage (split into microbatches like the inputs): the
         # document positions travel beside the activations (TrainSpec.pipeline_takes_positions).
+        z_mark = self.z_loss.mark()
         with self.autocast(), self.loss_context(), self.head_request() as self.pipe_head:
             pipe.schedule.step(*args, target=target, losses=losses, return_outputs=False,
                                **self.model_kwargs(positions))
         self.pipe_head = None
+        self.z_loss.keep_last_since(z_mark, len(losses or ()))  # the schedule's losses only (z_loss.py)
         if losses:
             return torch.stack([_plain(loss) for loss in losses]).mean()
         return torch.zeros((), device=self.device)

@@ -64,20 +64,29 @@ class ZLoss:
     def __init__(self, coeff: float, device: torch.device) -> None:
         self.coeff = coeff
         self.device = device
-        self.step_sum = torch.zeros((), dtype=torch.float64, device=device)  # coeff * sum of lse**2, this rank
+        self.sums: list[torch.Tensor] = []  # this step's, one per loss computed: coeff * sum of lse**2, this rank
 
     @property
     def enabled(self) -> bool:
         return self.coeff > 0
 
     def start_step(self) -> None:
-        if self.enabled:
-            self.step_sum = torch.zeros((), dtype=torch.float64, device=self.device)
+        self.sums = []
 
     def record(self, z_sum: torch.Tensor) -> None:
-        """A micro-batch's ``coeff * sum of lse**2`` (detached), added on the device."""
+        """A micro-batch's ``coeff * sum of lse**2`` (detached), kept on the device."""
         if self.enabled and torch.is_grad_enabled():
-            self.step_sum = self.step_sum + z_sum.detach().double()
+            self.sums.append(z_sum.detach().double().reshape(()))
+
+    def mark(self) -> int:
+        return len(self.sums)
+
+    def keep_last_since(self, mark: int, count: int) -> None:
+        """Of the sums recorded since ``mark``, keep the last ``count``: a pipeline schedule computes one loss per
+        microbatch, but torch's first step also calls the loss once more to infer the backward's shapes."""
+        extra = len(self.sums) - mark - count
+        if extra > 0:
+            del self.sums[mark:mark + extra]
 
     def fold(self, loss: torch.Tensor, logits: torch.Tensor, labels: torch.Tensor, *, valid: int) -> torch.Tensor:
         """``loss`` (the micro-batch's mean over its ``valid`` labels) with the z-loss of ``logits`` in its
@@ -91,11 +100,10 @@ class ZLoss:
     def step_value(self, *, global_valid: int | torch.Tensor, tp: int, distributed: bool) -> float:
         """The last step's z-loss per valid token of the whole step (all data-parallel ranks): a collective over
         every rank when ``distributed`` (pipeline ranks without the last stage add 0, ``tp`` ranks repeat)."""
-        total = self.step_sum
+        total = torch.stack(self.sums).sum() if self.sums else torch.zeros((), dtype=torch.float64, device=self.device)
         if distributed:
             import torch.distributed as dist
 
-            total = total.clone()
             dist.all_reduce(total, op=dist.ReduceOp.SUM)
         count = global_valid.double() if isinstance(global_valid, torch.Tensor) else float(global_valid)
         return float(total / tp / count) if (isinstance(count, torch.Tensor) or count) else float("nan")
