@@ -24,7 +24,8 @@ from conftest import DEBUG_LLAMA_2_LAYERS, titan
 
 Z = "stability.z_loss=1e-3"
 SPIKE_AT, STEPS = 20, 22
-GUARD = ("stability.spike_guard=true", "stability.spike_window=8", "stability.spike_min_steps=8")
+GUARD = ("stability.spike_guard=true", "stability.spike_window=8", "stability.spike_min_steps=8",
+         "stability.spike_sigmas=20")  # near loss 0 one batch in ten is 6 deviations up: not a spike
 
 
 def records(run_dir: Path) -> list[dict[str, Any]]:
@@ -65,22 +66,34 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-@pytest.fixture
-def garbage_batch(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Step SPIKE_AT trains on uniformly random tokens instead of its batch (the next batch is not consumed early)."""
+def feed(monkeypatch: pytest.MonkeyPatch, *, garbage: set[int], never_seen: set[int] = frozenset(),  # type: ignore[assignment]
+         by_step: bool = False) -> None:
+    """The run's n-th batch (counted from 1 in this process, across rollbacks; ``by_step``: the batch of step n)
+    is uniformly random tokens for n in ``garbage``; batches in ``never_seen`` are drawn and dropped (a run
+    that never saw them)."""
     from titan_core import Trainer
 
     next_batch = Trainer.next_batch
 
-    def garbage_at_spike(self: Any, batches: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        inputs, labels = next_batch(self, batches)
-        if self.step + 1 != SPIKE_AT:
+    def fed(self: Any, batches: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        while True:
+            self.draws = getattr(self, "draws", 0) + 1
+            inputs, labels = next_batch(self, batches)
+            if self.draws not in never_seen:
+                break
+        if (self.step + 1 if by_step else self.draws) not in garbage:
             return inputs, labels
-        gen = torch.Generator().manual_seed(SPIKE_AT)
+        gen = torch.Generator().manual_seed(self.step + 1 if by_step else self.draws)
         vocab = self.model_args.vocab_size
         return torch.randint(0, vocab, inputs.shape, generator=gen), torch.randint(0, vocab, labels.shape, generator=gen)
 
-    monkeypatch.setattr(Trainer, "next_batch", garbage_at_spike)
+    monkeypatch.setattr(Trainer, "next_batch", fed)
+
+
+@pytest.fixture
+def garbage_batch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Step SPIKE_AT trains on uniformly random tokens instead of its batch."""
+    feed(monkeypatch, garbage={SPIKE_AT}, by_step=True)
 
 
 def learned(run_dir: Path, corpus: Path, *pairs: str) -> TinyRun:
@@ -144,3 +157,26 @@ def test_fsdp2_with_z_loss_equals_one_process(tmp_path: Path) -> None:
         worst = max(abs(a[key] - b[key]) / abs(b[key]) for a, b in zip(two, one))
         print(f"\nfsdp2 x 2 vs one process, {key}: max relative difference {worst:.2e}")
         assert worst <= 1e-6, (key, worst, [r[key] for r in two], [r[key] for r in one])
+
+
+def test_three_spikes_in_a_row_roll_back_and_end_as_a_run_that_never_saw_those_batches(
+        tmp_path: Path, corpus: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    feed(monkeypatch, garbage={18, 19, 20})
+    rolled = learned(tmp_path / "rolled", corpus, *GUARD, "stability.spike_rollback=3", "checkpoint.enable=true",
+                     "checkpoint.interval=8", "checkpoint.keep_latest_k=0")
+    said = capsys.readouterr().err
+    logged = records(tmp_path / "rolled")
+    # steps 1-20 (18, 19 and 20 skipped as spikes; the third rolls back to step 16), then 17-22 on batches 21-26
+    assert [r["step"] for r in logged] == [*range(1, 21), *range(17, 23)]
+    assert [r["step"] for r in logged if r["spike_skipped"]] == [18, 19, 20]
+    assert [r["step"] for r in logged if r.get("spike_rollback")] == [20]
+    assert said.count("is a spike") == 3, said
+    assert ("[titan] step 20: 3 spikes in a row: rolled back to the checkpoint of step 16; the data of steps 17 to 20 "
+            "is skipped ([stability] spike_rollback)") in said, said
+    assert rolled.trainer.step == STEPS and len(rolled.weights) == STEPS + 4 + 1
+
+    # The reference never sees batches 17-20 (17 was a good one: the rollback skips all the data since step 16).
+    monkeypatch.undo()
+    feed(monkeypatch, garbage=set(), never_seen={17, 18, 19, 20})
+    reference = learned(tmp_path / "reference", corpus)
+    assert all(torch.equal(rolled.weights[-1][k], v) for k, v in reference.weights[-1].items())

@@ -119,6 +119,7 @@ def test_a_damaged_spike_guard_entry_is_refused_with_a_message() -> None:
     ({"z_loss": -1e-4}, "greater than or equal to 0"),
     ({"spike_window": 10, "spike_min_steps": 11}, "spike_min_steps=11 exceeds stability.spike_window=10"),
     ({"spike_sigmas": 0}, "greater than 0"),
+    ({"spike_rollback": 3}, "spike_rollback=3 needs the spike guard"),
 ])
 def test_the_stability_section_refuses_bad_values(pairs: dict[str, float], message: str) -> None:
     from pydantic import ValidationError
@@ -135,9 +136,28 @@ def test_titan_report_notes_the_steps_the_spike_guard_skipped(tmp_path: Path) ->
 
     lines = [{"step": s, "loss": loss, "grad_norm": 1.0, "lr": 1e-3, "spike_skipped": int(s == 3), "z_loss": 0.06}
              for s, loss in ((1, 3.0), (2, 2.9), (3, 9.5), (4, 2.8))]
+    lines[2]["spike_rollback"] = 1
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
     html = write_run_report(tmp_path).html.read_text()
     assert "1 loss spike skipped by the guard (step 3)" in html
+    assert "rolled back to a checkpoint after repeated spikes at step 3" in html
+    assert "<figcaption>z-loss (added to the trained loss)</figcaption>" in html
+    for r in lines:
+        del r["z_loss"]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    assert "z-loss" not in write_run_report(tmp_path).html.read_text()  # no chart, no note, without one
+
+
+def test_a_rollback_needs_checkpoints() -> None:
+    from pydantic import ValidationError
+
+    from titan_core.config.job import JobConfig
+
+    stability = {"spike_guard": True, "spike_rollback": 3}
+    with pytest.raises(ValidationError, match="spike_rollback=3 rolls back to the run's newest checkpoint: set "
+                                              "checkpoint.enable=true"):
+        JobConfig.model_validate({"stability": stability}, context={"world_size": 1})
+    JobConfig.model_validate({"stability": stability, "checkpoint": {"enable": True}}, context={"world_size": 1})
 
 
 def test_a_pipeline_step_keeps_the_z_loss_of_its_scheduled_losses_only() -> None:

@@ -15,10 +15,14 @@ class StabilitySection(Section):
     spike_window: int = Field(100, ge=2, description="Accepted steps whose losses the spike guard keeps (the most recent ones).")
     spike_sigmas: float = Field(6.0, gt=0, description="How many standard deviations above the window's mean a loss must be to be a spike.")
     spike_min_steps: int = Field(20, ge=2, description="Accepted steps the window must hold before the spike guard judges a step (the early losses fall fast and would look like spikes).")
+    spike_rollback: int = Field(0, ge=0, description="After this many spikes in a row, roll back to the run's newest checkpoint (weights, optimizer, LR schedule, EMA, the guard's window) and go on with the data after the spikes: the data since that checkpoint is skipped. Needs spike_guard and checkpoint.enable. 0 = never.")
 
     @model_validator(mode="after")
-    def _min_steps_fit_the_window(self) -> StabilitySection:
+    def _guard_settings_agree(self) -> StabilitySection:
         if self.spike_min_steps > self.spike_window:
             raise ValueError(f"stability.spike_min_steps={self.spike_min_steps} exceeds stability.spike_window="
                              f"{self.spike_window}: the guard would never act. Make spike_min_steps at most the window")
+        if self.spike_rollback and not self.spike_guard:
+            raise ValueError(f"stability.spike_rollback={self.spike_rollback} needs the spike guard: set "
+                             "stability.spike_guard=true, or leave spike_rollback at 0")
         return self

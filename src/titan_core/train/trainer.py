@@ -85,6 +85,7 @@ class StepResult:
     grad_norm: torch.Tensor | float
     skipped: bool
     spiked: bool = False  # skipped by the loss-spike guard (spike_guard.py)
+    rolls_back: bool = False  # the spike that makes spike_rollback spikes in a row
 
 
 # Steps whose loss tensors are kept on the device before being read into floats (one host sync per batch).
@@ -547,7 +548,7 @@ class Trainer:
             return None
         self.optimizer.zero_grad()
         self.skipped_steps += 1
-        return StepResult(loss, grad_norm, skipped=True, spiked=True)
+        return StepResult(loss, grad_norm, skipped=True, spiked=True, rolls_back=self.spike_guard.rollback_due())
 
     def stop_if_nonfinite_since_last_read(self) -> None:
         bad = self.finite_watch.first_bad_step()
@@ -673,6 +674,8 @@ class Trainer:
                            "window_steps": window_steps, **source_tokens(self.dataloader.state_dict(), t.seq_len),
                            **self.moe.metrics, **self.stability_metrics(result), **self.step_metrics()},
                 )
+            if result.rolls_back and self.roll_back_after_spikes():
+                continue  # from the checkpoint's step, on the data after the spikes
             with no_interrupt():  # Ctrl+C waits for the save to be published: never half a checkpoint
                 self.checkpointer.maybe_save(self.step, tokens_seen=self.tokens_seen, last=last)
             self.maybe_validate(last=last)
@@ -706,7 +709,24 @@ class Trainer:
                                                        distributed=self.dims.distributed)
         if self.spike_guard is not None:
             figures["spike_skipped"] = int(result.spiked)
+            if result.rolls_back:
+                figures["spike_rollback"] = 1
         return figures
+
+    def roll_back_after_spikes(self) -> bool:
+        """[stability] spike_rollback: load the run's newest checkpoint but keep the data where it is (the batches
+        since that checkpoint are skipped). False, and training goes on, when there is no checkpoint yet."""
+        assert self.spike_guard is not None  # only a guarded step rolls back
+        step = self.step
+        self.checkpointer.wait()  # an async save in flight is the newest checkpoint once published
+        data = self.dataloader.state_dict()
+        resumed = self.checkpointer.resume(newest=True)
+        if resumed is not None:
+            self.dataloader.load_state_dict(data)  # the checkpoint's data position would replay the spikes
+            self.step, self.tokens_seen = resumed.step, resumed.tokens_seen
+        self.spike_guard.rolled_back(step=step, to_step=None if resumed is None else resumed.step,
+                                     is_rank0=self.is_rank0)
+        return resumed is not None
 
     def step_metrics(self) -> dict[str, float]:
         """Figures a subclass adds to each step's metrics record (fault tolerance: the live replica groups)."""
