@@ -702,15 +702,16 @@ class Trainer:
         self.dataloader.close()
 
     def stability_metrics(self, result: StepResult) -> dict[str, float]:
-        """A logging step's ``z_loss`` (a collective over every rank) and ``spike_skipped`` ([stability])."""
+        """A logging step's ``z_loss`` (a collective over every rank); ``spike_skipped`` and ``spike_rollback``
+        on the steps they mark ([stability])."""
         figures: dict[str, float] = {}
         if self.z_loss.enabled:
             figures["z_loss"] = self.z_loss.step_value(global_valid=self.step_valid_tokens, tp=self.dims.tp,
                                                        distributed=self.dims.distributed)
-        if self.spike_guard is not None:
-            figures["spike_skipped"] = int(result.spiked)
-            if result.rolls_back:
-                figures["spike_rollback"] = 1
+        if result.spiked:  # only on the records it marks: a later record of the same step (after a rollback)
+            figures["spike_skipped"] = 1  # does not unmark it in titan-report, which keeps a step's last value
+        if result.rolls_back:
+            figures["spike_rollback"] = 1
         return figures
 
     def roll_back_after_spikes(self) -> bool:
