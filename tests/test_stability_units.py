@@ -148,7 +148,7 @@ def test_titan_report_notes_the_steps_the_spike_guard_skipped(tmp_path: Path) ->
     assert "z-loss" not in write_run_report(tmp_path).html.read_text()  # no chart, no note, without one
 
 
-def test_a_rollback_needs_checkpoints() -> None:
+def test_a_rollback_needs_checkpoints_and_the_guard_is_refused_with_fault_tolerance() -> None:
     from pydantic import ValidationError
 
     from titan_core.config.job import JobConfig
@@ -158,6 +158,9 @@ def test_a_rollback_needs_checkpoints() -> None:
                                               "checkpoint.enable=true"):
         JobConfig.model_validate({"stability": stability}, context={"world_size": 1})
     JobConfig.model_validate({"stability": stability, "checkpoint": {"enable": True}}, context={"world_size": 1})
+    with pytest.raises(ValidationError, match="stability.spike_guard with fault tolerance is not supported yet"):
+        JobConfig.model_validate({"stability": {"spike_guard": True}, "fault_tolerance": {"local_replicas": 2}},
+                                 context={"world_size": 1})
 
 
 def test_a_pipeline_step_keeps_the_z_loss_of_its_scheduled_losses_only() -> None:

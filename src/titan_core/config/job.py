@@ -133,6 +133,10 @@ class JobConfig(BaseModel):
         if self.checkpoint.export_weights == "ema" and self.ema.decay is None:
             raise ValueError("checkpoint.export_weights=ema needs an EMA of the weights: set ema.decay (e.g. "
                              "--ema.decay=0.999), or export the raw weights (checkpoint.export_weights=raw)")
+        if self.stability.spike_guard and (ft.enable or ft.local_replicas):
+            raise ValueError("stability.spike_guard with fault tolerance is not supported yet: the replica groups' step "
+                             "does not consult the guard. Set stability.spike_guard=false, or train without "
+                             "fault_tolerance")
         if self.stability.spike_rollback and not self.checkpoint.enable:
             raise ValueError(f"stability.spike_rollback={self.stability.spike_rollback} rolls back to the run's newest "
                              "checkpoint: set checkpoint.enable=true (and a checkpoint.interval), or leave it at 0")
