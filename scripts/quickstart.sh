@@ -15,8 +15,9 @@ for arg in "$@"; do  # the run folder, as titan-train will read it (--job.run_di
   previous=$arg
 done
 
+# --eval.tasks=builtin: the built-in tasks scored every 50 steps, drawn in the report (docs/evaluation.md).
 .venv/bin/titan-train --spec llama3 --flavor debugmodel --training.steps=300 --job.run_dir=runs/quickstart \
-  --checkpoint.enable=true "$@"
+  --checkpoint.enable=true --eval.tasks=builtin --eval.interval=50 "$@"
 
 prompt='The "for" statement'
 echo

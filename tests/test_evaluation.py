@@ -102,3 +102,28 @@ def test_fsdp2_on_two_processes_scores_as_one_process(tmp_path: Path) -> None:
     print("largest difference:", max(abs(two_record[k] - v) for k, v in one_record.items()))
     for key, value in one_record.items():
         assert abs(two_record[key] - value) <= PARITY_TOLERANCE * max(1.0, abs(value)), (key, value, two_record[key])
+
+
+def test_eval_weights_ema_scores_the_average_that_titan_eval_finds_in_the_ema_export(tmp_path: Path, capsys) -> None:
+    """With eval.weights=ema the run scores its EMA (swapped in for the evaluation): titan-eval on the EMA
+    export gives the same figures, and they differ from those of the trained weights (the raw export)."""
+    from titan_core.commands.evaluate import main as eval_main
+
+    common = ("training.steps=3", "eval.tasks=builtin", "eval.limit=6", "eval.interval=3", "ema.decay=0.5",
+              "checkpoint.export_at_end=true", "checkpoint.export_format=hf", "metrics.report=false")
+    trained(tmp_path / "ema", *common, "eval.weights=ema", "checkpoint.export_weights=ema")
+    trained(tmp_path / "raw", *common)
+    (ema_record,), (raw_record,) = _eval_records(tmp_path / "ema"), _eval_records(tmp_path / "raw")
+    assert ema_record["eval/python_text/nll"] != raw_record["eval/python_text/nll"]
+    for run, record in (("ema", ema_record), ("raw", raw_record)):
+        out = tmp_path / f"{run}.json"
+        assert eval_main([str(tmp_path / run / "export" / "hf"), "--tasks", "builtin", "--limit", "6",
+                          "--output", str(out)]) == 0, capsys.readouterr().err
+        again = json.loads(out.read_text())
+        assert all(abs(again[k] - record[k]) <= 1e-6 * max(1.0, abs(record[k])) for k in again), (run, again, record)
+
+
+def test_eval_weights_ema_without_an_ema_is_refused(tmp_path: Path, cli) -> None:
+    result = cli(*(f"--{p}" for p in SMALL_RUN), f"--job.run_dir={tmp_path / 'run'}", "--eval.tasks=builtin",
+                 "--eval.weights=ema")
+    assert_user_error(result, "eval.weights=ema scores the EMA of the weights: set ema.decay")

@@ -96,6 +96,8 @@ def test_quickstart_script_trains(tmp_path: Path) -> None:
     report = tmp_path / "quickstart" / "report.html"
     assert f"Report (open it in a browser): {report}\n" in proc.stdout and report.is_file()
     assert (tmp_path / "quickstart" / "report-loss.png").is_file()
+    # The built-in evaluation tasks ran (at the last step here) and the report draws them.
+    assert 'data-metric="eval-python_syntax-acc"' in report.read_text()
     tail = proc.stdout.split("A greedy continuation of 'The \"for\" statement'", 1)[1].splitlines()
     assert tail[1].startswith('The "for" statement') and len(tail[1]) > len('The "for" statement') + 10
     assert "greedy, with a KV cache" in proc.stderr

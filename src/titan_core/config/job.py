@@ -140,6 +140,9 @@ class JobConfig(BaseModel):
         if self.stability.spike_rollback and not self.checkpoint.enable:
             raise ValueError(f"stability.spike_rollback={self.stability.spike_rollback} rolls back to the run's newest "
                              "checkpoint: set checkpoint.enable=true (and a checkpoint.interval), or leave it at 0")
+        if self.eval.weights == "ema" and self.ema.decay is None:
+            raise ValueError("eval.weights=ema scores the EMA of the weights: set ema.decay (e.g. --ema.decay=0.999), "
+                             "or score the trained weights (eval.weights=raw)")
         if self.checkpoint.async_mode == "async" and not self.checkpoint.enable:
             raise ValueError("checkpoint.async_mode=async needs checkpoint.enable=true")
         return self

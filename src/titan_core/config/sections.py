@@ -160,6 +160,7 @@ class EvalSection(Section):
     interval: int = Field(100, gt=0, description="Evaluate every N steps, and at the last step.")
     limit: int | None = Field(None, gt=0, description="Score only the first N examples of each task; unset = all of them.")
     batch_size: int = Field(8, gt=0, description="Sequences per forward of the evaluation, on each data-parallel rank.")
+    weights: Literal["raw", "ema"] = Field("raw", description="Which weights are scored: raw (the trained weights) or ema (the [ema] average, swapped in for the evaluation; needs ema.decay).")
 
     @field_validator("tasks")
     @classmethod

@@ -257,10 +257,15 @@ class Trainer:
     def build_evaluation(self) -> None:
         self.evaluation = build_training_evaluation(self)
 
-    def evaluation_weights(self) -> contextlib.AbstractContextManager[list[nn.Module]]:
-        """The model parts ``[eval]`` scores, for the duration of one evaluation: the training weights.
-        A subclass (or EMA) yields other weights here, swapped in and back out around the evaluation."""
-        return contextlib.nullcontext(self.model_parts)
+    @contextlib.contextmanager
+    def evaluation_weights(self) -> Iterator[list[nn.Module]]:
+        """The model parts ``[eval]`` scores, for the duration of one evaluation: the trained weights, or with
+        ``eval.weights=ema`` the EMA swapped in and back out. A subclass may yield other weights here."""
+        if self.config.eval.weights == "ema" and self.ema is not None:
+            with self.ema.swapped_in():
+                yield self.model_parts
+        else:
+            yield self.model_parts
 
     def maybe_evaluate(self, *, last: bool) -> None:
         if self.evaluation.due(self.step, last=last):
