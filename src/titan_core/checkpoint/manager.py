@@ -135,8 +135,9 @@ class CheckpointManager:
 
     # ---- public API ---------------------------------------------------------------
 
-    def resume(self) -> ResumeInfo | None:
-        """Load the checkpoint ``config.resume`` names; None when starting fresh.
+    def resume(self, *, newest: bool = False) -> ResumeInfo | None:
+        """Load the checkpoint ``config.resume`` names (``newest``: this run's newest trusted checkpoint, whatever
+        ``config.resume`` says: the loss-spike guard's rollback); None when starting fresh.
 
         Creates the checkpoint folder first, so an unwritable folder stops the run
         before training rather than at the first save ``interval`` steps later.
@@ -144,7 +145,7 @@ class CheckpointManager:
         if not self.config.enable:
             return None
         self._agree_on_rank0(lambda: layout.ensure_folder(self.folder))
-        decision = self._agree_on_rank0(self._decide_resume)
+        decision = self._agree_on_rank0(lambda: self._decide_resume(newest=newest))
         if decision is None:
             return None
         path, record, weights_only = decision
@@ -335,9 +336,9 @@ class CheckpointManager:
 
     # ---- resuming -----------------------------------------------------------------
 
-    def _decide_resume(self) -> tuple[Path, CheckpointRecord, bool] | None:
+    def _decide_resume(self, *, newest: bool = False) -> tuple[Path, CheckpointRecord, bool] | None:
         """Rank 0: which checkpoint to load, checked for completeness, listing and identity."""
-        mode = self.config.resume
+        mode = "auto" if newest else self.config.resume
         if mode == "never":
             if layout.latest_checkpoint(self.folder) is not None:
                 self._log(f"checkpoint.resume=never: ignoring the checkpoints in {self.folder}")

@@ -44,9 +44,10 @@ from .sections import (
     TrainingSection,
     ValidationSection,
 )
+from .stability import StabilitySection
 
 CORE_SECTIONS: tuple[str, ...] = (
-    "job", "model", "training", "optimizer", "ema", "lr_scheduler", "data", "validation", "eval",
+    "job", "model", "training", "optimizer", "ema", "stability", "lr_scheduler", "data", "validation", "eval",
     "parallelism", "checkpoint", "metrics", "compile", "activation_checkpoint", "profiling",
 )
 
@@ -61,6 +62,7 @@ class JobConfig(BaseModel):
     training: TrainingSection = Field(default_factory=TrainingSection, description="Steps, batch, precision, seed.")
     optimizer: OptimizerSection = Field(default_factory=OptimizerSection, description="Optimizer settings.")
     ema: EmaSection = Field(default_factory=EmaSection, description="Exponential moving average of the weights.")
+    stability: StabilitySection = Field(default_factory=StabilitySection, description="z-loss and the loss-spike guard.")
     lr_scheduler: LRSchedulerSection = Field(default_factory=LRSchedulerSection, description="Warmup and decay.")
     data: DataSection = Field(default_factory=DataSection, description="Dataset and tokenizer.")
     validation: ValidationSection = Field(default_factory=ValidationSection, description="Held-out evaluation.")
@@ -131,6 +133,13 @@ class JobConfig(BaseModel):
         if self.checkpoint.export_weights == "ema" and self.ema.decay is None:
             raise ValueError("checkpoint.export_weights=ema needs an EMA of the weights: set ema.decay (e.g. "
                              "--ema.decay=0.999), or export the raw weights (checkpoint.export_weights=raw)")
+        if self.stability.spike_guard and (ft.enable or ft.local_replicas):
+            raise ValueError("stability.spike_guard with fault tolerance is not supported yet: the replica groups' step "
+                             "does not consult the guard. Set stability.spike_guard=false, or train without "
+                             "fault_tolerance")
+        if self.stability.spike_rollback and not self.checkpoint.enable:
+            raise ValueError(f"stability.spike_rollback={self.stability.spike_rollback} rolls back to the run's newest "
+                             "checkpoint: set checkpoint.enable=true (and a checkpoint.interval), or leave it at 0")
         if self.eval.weights == "ema" and self.ema.decay is None:
             raise ValueError("eval.weights=ema scores the EMA of the weights: set ema.decay (e.g. --ema.decay=0.999), "
                              "or score the trained weights (eval.weights=raw)")

@@ -12,6 +12,11 @@ head, loss parallel) act on every chunk as on the full logits, and FSDP2's gathe
 (the root's, kept gathered between forward and backward) is the one that gets the gradient.
 The value is the mean over the valid labels, as :func:`titan_core.loss.cross_entropy_loss`;
 losses and gradients agree with it to float32 rounding (the sums run per chunk).
+
+With a z-loss coefficient (``[stability] z_loss``, z_loss.py) each chunk's gradients are those of
+its cross-entropy plus the coefficient times its valid tokens' ``logsumexp(logits)**2``, taken from
+the same chunk logits; the value stays the cross-entropy alone, and the z-loss sum comes back
+beside it, detached, to be logged.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..models.loss import IGNORE_INDEX
+from .z_loss import laid_out_like, logsumexp_squared_sum
 
 #: logits per chunk when the caller names no chunk size: 64 MiB in float32
 CHUNK_ELEMENTS = 1 << 24
@@ -55,16 +61,24 @@ def chunked_cross_entropy(hidden: torch.Tensor, head: nn.Module, labels: torch.T
     ``hidden`` may be a sequence-sharded DTensor (tensor parallelism): it is gathered once (the
     head would gather it anyway), differentiably. NaN with no valid label, as the plain mean.
     """
+    return chunked_cross_entropy_and_z(hidden, head, labels, valid=valid, chunk_tokens=chunk_tokens)[0]
+
+
+def chunked_cross_entropy_and_z(hidden: torch.Tensor, head: nn.Module, labels: torch.Tensor, *, valid: int,
+                                chunk_tokens: int = 0, z_coeff: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """As :func:`chunked_cross_entropy`, whose gradient also holds ``z_coeff`` times the mean over the valid
+    labels of ``logsumexp(logits)**2``; and, detached, ``z_coeff`` times that sum (zero when ``z_coeff`` is 0
+    or without gradients: the z-loss is a training term only)."""
     weight = head.weight
     assert isinstance(weight, torch.Tensor)
     rows = rows_per_chunk(_local(weight).shape[0], chunk_tokens)
     hidden = _replicated(hidden)
     flat_labels = labels.reshape(-1)
     if torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad):
-        total: torch.Tensor = _ChunkedHeadLoss.apply(hidden, weight, head, flat_labels, rows)  # type: ignore[no-untyped-call]  # torch leaves apply untyped
+        total, z_sum = _ChunkedHeadLoss.apply(hidden, weight, head, flat_labels, rows, z_coeff)  # type: ignore[no-untyped-call]  # torch leaves apply untyped
     else:
-        total = _loss_sum(hidden, head, flat_labels, rows)
-    return total / valid if valid else total * float("nan")
+        total, z_sum = _loss_sum(hidden, head, flat_labels, rows), torch.zeros((), device=_local(hidden).device)
+    return (total / valid if valid else total * float("nan")), z_sum
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
@@ -98,8 +112,18 @@ def _pieces(hidden: torch.Tensor, rows: int, *, leaves: bool) -> Iterator[tuple[
 
 
 def _chunk_loss_sum(head: nn.Module, x: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    logits = head(x)
-    return F.cross_entropy(logits.float(), labels, ignore_index=IGNORE_INDEX, reduction="sum")
+    return _chunk_terms(head, x, labels, z_coeff=0.0)[0]
+
+
+def _chunk_terms(head: nn.Module, x: torch.Tensor, labels: torch.Tensor, *, z_coeff: float
+                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The chunk's summed cross-entropy and, with ``z_coeff``, its valid tokens' summed ``logsumexp**2``
+    times ``z_coeff`` (None without): both from the one float32 copy of the chunk's logits."""
+    logits = head(x).float()
+    ce = F.cross_entropy(logits, labels, ignore_index=IGNORE_INDEX, reduction="sum")
+    if not z_coeff:
+        return ce, None
+    return ce, laid_out_like(ce, z_coeff * logsumexp_squared_sum(logits, labels))
 
 
 def _loss_sum(hidden: torch.Tensor, head: nn.Module, labels: torch.Tensor, rows: int) -> torch.Tensor:
@@ -117,34 +141,40 @@ class _ChunkedHeadLoss(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, hidden: torch.Tensor, weight: torch.Tensor, head: nn.Module, labels: torch.Tensor,
-                rows: int) -> torch.Tensor:
+                rows: int, z_coeff: float) -> tuple[torch.Tensor, torch.Tensor]:
         from torch.distributed.tensor import DTensor
 
         local = _local(hidden)
         grad_hidden = torch.empty_like(local).reshape(-1, local.shape[-1]) if hidden.requires_grad else None
         grad_weight: torch.Tensor | None = None
         total: torch.Tensor | None = None
+        z_total = torch.zeros((), device=local.device)
         with torch.enable_grad():
             for span, piece, x in _pieces(hidden, rows, leaves=True):
-                part = _chunk_loss_sum(head, x, labels[span])
+                part, z_part = _chunk_terms(head, x, labels[span], z_coeff=z_coeff)
                 wanted = [piece] + ([weight] if weight.requires_grad else [])
-                grads = torch.autograd.grad(part, wanted)
+                # The gradient of the objective (cross-entropy + z-loss); the value kept is the cross-entropy.
+                grads = torch.autograd.grad(part if z_part is None else part + z_part, wanted)
+                if z_part is not None:
+                    z_total = z_total + _full(z_part.detach())
                 if grad_hidden is not None:
                     grad_hidden[span] = grads[0]
                 if weight.requires_grad:
                     grad_weight = grads[1] if grad_weight is None else grad_weight.add_(grads[1])
                 part = part.detach()
                 total = part if total is None else total + part
-                del grads, x, piece
+                del grads, x, piece, z_part
         assert total is not None, "no tokens"
         # The layout of the hidden states' gradient, not the tensor (the graph keeps that).
         layout = (hidden.device_mesh, hidden.placements) if isinstance(hidden, DTensor) else None
         ctx.hidden_layout = (layout, local.shape)
         ctx.grads = (grad_hidden, grad_weight)
-        return total
+        ctx.mark_non_differentiable(z_total)
+        return total, z_total
 
     @staticmethod
-    def backward(ctx: Any, grad_total: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+    def backward(ctx: Any, grad_total: torch.Tensor, _grad_z: torch.Tensor | None = None
+                 ) -> tuple[torch.Tensor | None, ...]:
         from torch.distributed.tensor import DTensor
 
         if ctx.grads is None:
@@ -163,4 +193,11 @@ class _ChunkedHeadLoss(torch.autograd.Function):
                                              grad_weight.placements, run_check=False)
         elif grad_weight is not None:
             grad_weight = grad_weight.mul_(scale)
-        return out_hidden, grad_weight, None, None, None
+        return out_hidden, grad_weight, None, None, None, None
+
+
+def _full(t: torch.Tensor) -> torch.Tensor:
+    """A replicated DTensor's value as a plain tensor (the z-loss sum of vocabulary-sharded logits)."""
+    from torch.distributed.tensor import DTensor
+
+    return t.full_tensor() if isinstance(t, DTensor) else t

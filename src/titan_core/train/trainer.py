@@ -62,16 +62,18 @@ from ..runtime.signals import no_interrupt
 from ..weights.load import load_starting_weights
 from ..weights.shape import check_shape_file_unchanged, record_shape_file
 from . import build
-from .chunked_loss import chunkable_head, chunked_cross_entropy
+from .chunked_loss import chunkable_head, chunked_cross_entropy_and_z
 from .converters import ConversionTable
 from .ema import WeightAverage
 from .evaluation import TrainingEvaluation, build_training_evaluation, run_training_evaluation
 from .finite_watch import FiniteWatch
 from .grad_norm import clip_grad_norm_on_device
+from .spike_guard import SPIKE_GUARD, SpikeGuard
 from .stop_on_signal import stop_after_signal
 from .stop_vote import StopVote
 from .token_loss import count_valid, global_token_mean, global_valid_tokens, token_loss_sum, token_weighted
 from .tp_styles import resolve_tp_styles
+from .z_loss import ZLoss
 
 # A micro-batch as the step runs it: inputs, labels, and the document positions (data.document_masking).
 MicroBatch = tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]
@@ -83,6 +85,8 @@ class StepResult:
     loss: torch.Tensor | float
     grad_norm: torch.Tensor | float
     skipped: bool
+    spiked: bool = False  # skipped by the loss-spike guard (spike_guard.py)
+    rolls_back: bool = False  # the spike that makes spike_rollback spikes in a row
 
 
 # Steps whose loss tensors are kept on the device before being read into floats (one host sync per batch).
@@ -157,6 +161,8 @@ class Trainer:
     lr_schedulers: LRSchedulers
     checkpointer: CheckpointManager
     ema: WeightAverage | None  # [ema]: the moving average of the weights (ema.py); swapped_in() for an evaluation
+    z_loss: ZLoss  # [stability] z_loss (z_loss.py): in each micro-batch's gradient, logged on logging steps
+    spike_guard: SpikeGuard | None  # [stability] spike_guard (spike_guard.py): its window is checkpointed
     metrics: MetricsProcessor
     profiler: StepProfiler
 
@@ -177,6 +183,8 @@ class Trainer:
         self.skipped_steps = 0
         self.ema = None  # build_checkpointer makes it when [ema] sets a decay
         self.finite_watch = FiniteWatch(self.device)
+        self.z_loss = ZLoss(self.config.stability.z_loss, self.device)
+        self.spike_guard = SpikeGuard.from_config(self.config.stability)
         self.run_dir = Path(self.config.job.run_dir)
 
     # ---- set-up, in the architecture page's order -------------------------------------------
@@ -381,6 +389,8 @@ class Trainer:
         self.ema = WeightAverage.from_config(c.ema, self.model_parts)
         if self.ema is not None:
             states[EMA] = self.ema.state()
+        if self.spike_guard is not None:
+            states[SPIKE_GUARD] = self.spike_guard
         states.update(self.extra_states())
         self.checkpointer = CheckpointManager(config=c.checkpoint, run_dir=self.run_dir, states=states,
                                               identity=identity, is_rank0=self.is_rank0)
@@ -450,12 +460,15 @@ class Trainer:
         """The mean loss of one micro-batch from the forward's ``output``: logits, or the final hidden
         states when the forward handed its head over in ``request``."""
         head = request.head if request is not None else None
-        if head is None:
-            return self.compute_loss(output, labels)
+        if head is None:  # with [stability] z_loss, its gradient joins the loss's (the value stays the loss)
+            return self.z_loss.fold(self.compute_loss(output, labels), output, labels, valid=valid)
         if chunkable_head(head):
-            return chunked_cross_entropy(output, head, labels, valid=valid,
-                                         chunk_tokens=self.config.training.loss_chunk_tokens)
-        return self.compute_loss(head(output), labels)
+            loss, z_sum = chunked_cross_entropy_and_z(output, head, labels, valid=valid, z_coeff=self.z_loss.coeff,
+                                                      chunk_tokens=self.config.training.loss_chunk_tokens)
+            self.z_loss.record(z_sum)
+            return loss
+        logits = head(output)
+        return self.z_loss.fold(self.compute_loss(logits, labels), logits, labels, valid=valid)
 
     def model_kwargs(self, positions: torch.Tensor | None) -> dict[str, torch.Tensor]:
         return {} if positions is None else {"positions": to_device(positions, self.device)}
@@ -489,10 +502,12 @@ class Trainer:
         args = (inputs,) if pipe.has_first_stage else ()
         # Keyword arguments reach every stage (split into microbatches like the inputs): the
         # document positions travel beside the activations (TrainSpec.pipeline_takes_positions).
+        z_mark = self.z_loss.mark()
         with self.autocast(), self.loss_context(), self.head_request() as self.pipe_head:
             pipe.schedule.step(*args, target=target, losses=losses, return_outputs=False,
                                **self.model_kwargs(positions))
         self.pipe_head = None
+        self.z_loss.keep_last_since(z_mark, len(losses or ()))  # the schedule's losses only (z_loss.py)
         if losses:
             return torch.stack([_plain(loss) for loss in losses]).mean()
         return torch.zeros((), device=self.device)
@@ -514,11 +529,12 @@ class Trainer:
 
     def reads_loss_at(self, step: int) -> bool:
         """Whether ``step`` copies its loss and gradient norm to the host: the steps that log, save or
-        validate, and every step with training.skip_nonfinite_steps (it must decide before the update)."""
+        validate, and every step with training.skip_nonfinite_steps or stability.spike_guard (they decide before
+        the update)."""
         c, last = self.config, step == self.config.training.steps
         validates = self.val_dataloader is not None and (step % c.validation.freq == 0 or last)
-        return (c.training.skip_nonfinite_steps or self.metrics.should_log(step, last=last) or validates
-                or self.checkpointer.saves_at(step, last=last))
+        return (c.training.skip_nonfinite_steps or self.spike_guard is not None
+                or self.metrics.should_log(step, last=last) or validates or self.checkpointer.saves_at(step, last=last))
 
     def check_finite(self, loss: torch.Tensor, grad_norm: torch.Tensor) -> StepResult | None:
         """On a reading step, stop (or skip) a non-finite step before its update. Other steps only note it
@@ -530,8 +546,16 @@ class Trainer:
         self.stop_if_nonfinite_since_last_read()
         loss_value, norm_value = float(loss), float(grad_norm)
         if math.isfinite(loss_value) and math.isfinite(norm_value):
-            return None
+            return self.skip_if_spike(loss_value, norm_value)
         return self.handle_nonfinite(loss_value, norm_value)
+
+    def skip_if_spike(self, loss: float, grad_norm: float) -> StepResult | None:
+        """With [stability] spike_guard: a finite loss far above the recent ones skips the update (spike_guard.py)."""
+        if self.spike_guard is None or not self.spike_guard.judge(self.step + 1, loss, is_rank0=self.is_rank0):
+            return None
+        self.optimizer.zero_grad()
+        self.skipped_steps += 1
+        return StepResult(loss, grad_norm, skipped=True, spiked=True, rolls_back=self.spike_guard.rollback_due())
 
     def stop_if_nonfinite_since_last_read(self) -> None:
         bad = self.finite_watch.first_bad_step()
@@ -549,6 +573,7 @@ class Trainer:
         # Every micro-batch is read first: the loss is a mean over the step's valid labels.
         micro_batches = [self.prepare_batch(*self.next_batch(batches)) for _ in range(self.accum)]
         self.step_valid_tokens = self.count_step_tokens(micro_batches)
+        self.z_loss.start_step()
         return sum((self.forward_backward(*mb) for mb in micro_batches), torch.zeros((), device=self.device))
 
     def next_batch(self, batches: Iterator[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -646,7 +671,7 @@ class Trainer:
             last = self.step == t.steps
             data_ms = self.dataloader.wait_ms()  # time this step waited for its batches
             self.profiler.after_step(self.step, last=last)
-            logs = self.metrics.should_log(self.step, last=last)
+            logs = self.metrics.should_log(self.step, last=last) or result.spiked  # a skipped spike gets its record
             if logs:
                 loss, grad_norm = float(result.loss), float(result.grad_norm)  # waits for the device
                 self.metrics.log_step(
@@ -654,8 +679,10 @@ class Trainer:
                     tokens=tokens_per_device, step_time=(time.perf_counter() - window_start) / window_steps,
                     extra={"skipped_steps": self.skipped_steps, "tokens_seen": self.tokens_seen, "data_ms": data_ms,
                            "window_steps": window_steps, **source_tokens(self.dataloader.state_dict(), t.seq_len),
-                           **self.moe.metrics, **self.step_metrics()},
+                           **self.moe.metrics, **self.stability_metrics(result), **self.step_metrics()},
                 )
+            if result.rolls_back and self.roll_back_after_spikes():
+                continue  # from the checkpoint's step, on the data after the spikes
             with no_interrupt():  # Ctrl+C waits for the save to be published: never half a checkpoint
                 self.checkpointer.maybe_save(self.step, tokens_seen=self.tokens_seen, last=last)
             self.maybe_validate(last=last)
@@ -680,6 +707,34 @@ class Trainer:
                 f"metrics and checkpoints unchanged). To train on, give --training.steps above {self.step}; to "
                 f"start a new run, give another --job.run_dir.")
         self.dataloader.close()
+
+    def stability_metrics(self, result: StepResult) -> dict[str, float]:
+        """A logging step's ``z_loss`` (a collective over every rank); ``spike_skipped`` and ``spike_rollback``
+        on the steps they mark ([stability])."""
+        figures: dict[str, float] = {}
+        if self.z_loss.enabled:
+            figures["z_loss"] = self.z_loss.step_value(global_valid=self.step_valid_tokens, tp=self.dims.tp,
+                                                       distributed=self.dims.distributed)
+        if result.spiked:  # only on the records it marks: a later record of the same step (after a rollback)
+            figures["spike_skipped"] = 1  # does not unmark it in titan-report, which keeps a step's last value
+        if result.rolls_back:
+            figures["spike_rollback"] = 1
+        return figures
+
+    def roll_back_after_spikes(self) -> bool:
+        """[stability] spike_rollback: load the run's newest checkpoint but keep the data where it is (the batches
+        since that checkpoint are skipped). False, and training goes on, when there is no checkpoint yet."""
+        assert self.spike_guard is not None  # only a guarded step rolls back
+        step = self.step
+        self.checkpointer.wait()  # an async save in flight is the newest checkpoint once published
+        data = self.dataloader.state_dict()
+        resumed = self.checkpointer.resume(newest=True)
+        if resumed is not None:
+            self.dataloader.load_state_dict(data)  # the checkpoint's data position would replay the spikes
+            self.step, self.tokens_seen = resumed.step, resumed.tokens_seen
+        self.spike_guard.rolled_back(step=step, to_step=None if resumed is None else resumed.step,
+                                     is_rank0=self.is_rank0)
+        return resumed is not None
 
     def step_metrics(self) -> dict[str, float]:
         """Figures a subclass adds to each step's metrics record (fault tolerance: the live replica groups)."""

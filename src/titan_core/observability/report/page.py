@@ -66,6 +66,13 @@ def _summary(runs: list[RunData]) -> str:
         nonfinite = sum(1 for _, y in run.series.get("loss", []) if not math.isfinite(y))
         if nonfinite:
             notes.append(f"{nonfinite} non-finite losses (gaps in the lines)")
+        spikes = [int(x) for x, y in run.series.get("spike_skipped", []) if y]
+        if spikes:  # [stability] spike_guard: updates skipped
+            shown = ", ".join(str(s) for s in spikes[:10]) + (", ..." if len(spikes) > 10 else "")
+            notes.append(f"{len(spikes)} loss spike{'s' if len(spikes) > 1 else ''} skipped by the guard (step {shown})")
+        rollbacks = [int(x) for x, y in run.series.get("spike_rollback", []) if y]
+        if rollbacks:  # [stability] spike_rollback: the steps that rolled back to the newest checkpoint
+            notes.append(f"rolled back to a checkpoint after repeated spikes at step {', '.join(map(str, rollbacks))}")
         tps = run.last("tokens_per_s_total") or run.last("tokens_per_s")
         rows.append(
             f'<tr><td><span class="swatch" style="background:{color}"></span>{escape(run.name)}</td>'
@@ -99,10 +106,17 @@ def eval_charts(runs: list[RunData]) -> list[tuple[str, str, tuple[str, ...], fl
     return charts
 
 
+def stability_charts(runs: list[RunData]) -> list[tuple[str, str, tuple[str, ...], float, str]]:
+    """The z-loss's chart when a run logged one ([stability] z_loss); nothing, not a note, otherwise."""
+    if not any(run.series.get("z_loss") for run in runs):
+        return []
+    return [("z_loss", "z-loss (added to the trained loss)", ("z_loss",), 1.0, "no z-loss recorded")]
+
+
 def _charts(runs: list[RunData]) -> str:
     """The charts with something to draw, then one line per chart without (why it has nothing), not an empty frame."""
     figures, missing = [], []
-    for chart_id, title, keys, scale, note in CHARTS + eval_charts(runs):
+    for chart_id, title, keys, scale, note in CHARTS + eval_charts(runs) + stability_charts(runs):
         series = []
         for i, run in enumerate(runs):
             key = next((k for k in keys if run.series.get(k)), None)
