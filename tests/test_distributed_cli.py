@@ -68,6 +68,10 @@ LAYOUTS = [
     Layout("pp2_1f1b", "relaunch", GLOBAL_BATCH, ("--parallelism.pp=2", "--parallelism.pp_schedule=1F1B")),
     Layout("pp2_gpipe", "torchrun", GLOBAL_BATCH,
            ("--parallelism.pp=2", "--parallelism.pp_schedule=GPipe", "--parallelism.pp_microbatches=4")),
+    # Two accumulation micro-batches, each a schedule step of 2 microbatches: each step divides all the
+    # gradients by 2, the earlier micro-batch's too (the trainer undoes that: pipeline_forward_backward).
+    Layout("pp2_accumulation2", "relaunch", GLOBAL_BATCH // 2,
+           ("--parallelism.pp=2", f"--training.global_batch_size={GLOBAL_BATCH}")),
     Layout("dp_replicate2", "relaunch", DP_BATCH, ("--parallelism.dp_replicate=2", "--parallelism.dp_shard=1")),
     Layout("fsdp2_ac_full", "torchrun", DP_BATCH, ("--parallelism.dp_shard=2", "--activation_checkpoint.mode=full")),
     Layout("fsdp2_ac_selective", "relaunch", DP_BATCH,

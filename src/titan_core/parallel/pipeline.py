@@ -23,7 +23,10 @@ How the trainer drives the schedule (per optimizer step, after zero_grad):
   * ``loss_fn(output, target)`` runs once per microbatch and must return the MEAN
     over that microbatch; the schedule divides the gradients by the number of
     microbatches (``scale_grads=True``), so the gradients are those of the mean
-    over the local batch. The step's loss is ``torch.stack(losses).mean()``, known
+    over the local batch. That division covers every gradient of the stages, so with
+    gradient accumulation (several ``step`` calls per optimizer step) the trainer first
+    multiplies the gradients the earlier calls left by the same count. The step's loss is
+    ``torch.stack(losses).mean()``, known
     only on the last stage's rank: broadcast (or all-reduce a masked value) over
     the ``pp`` mesh to log it everywhere.
   * with tp > 1 and ``parallelism.loss_parallel``, run ``schedule.step`` inside

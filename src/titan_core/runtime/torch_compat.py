@@ -53,6 +53,7 @@ __all__ = [
     "has_grouped_mm",
     "load_state_dict_in_process",
     "narrow_tensor_by_index",
+    "pipeline_grad_divisor",
     "record_memory_history",
     "replicate_with_fsdp",
     "set_element",
@@ -184,6 +185,16 @@ def trunc_normal_(tensor: torch.Tensor, *, mean: float, std: float, a: float, b:
 
 
 # ---- device meshes and data parallelism --------------------------------------------------------------
+
+
+def pipeline_grad_divisor(schedule: object) -> int:
+    """What a torch pipeline schedule's ``step`` divides every gradient of its stages by when it ends (its
+    number of microbatches with ``scale_grads``, the default; 1 without). A schedule that does not say (not
+    torch's) divides by nothing. ``_n_microbatches`` is private in torch 2.11-2.13."""
+    if not getattr(schedule, "scale_grads", False):
+        return 1
+    divisor = getattr(schedule, "_n_microbatches", 1)
+    return divisor if isinstance(divisor, int) and divisor > 0 else 1
 
 
 def flatten_mesh(mesh: DeviceMesh, name: str) -> DeviceMesh:

@@ -67,3 +67,14 @@ def clip_grad_norm_on_device(model_parts: list[nn.Module], max_norm: float, *,
 def clip_grad_norm(model_parts: list[nn.Module], max_norm: float, *, pp_group: dist.ProcessGroup | None) -> float:
     """``clip_grad_norm_on_device``, with the norm read on the host."""
     return float(clip_grad_norm_on_device(model_parts, max_norm, pp_group=pp_group))
+
+
+@torch.no_grad()
+def scale_gradients(model_parts: list[nn.Module], factor: float) -> None:
+    """Multiply every gradient of ``model_parts`` by ``factor`` in place (1: nothing to do)."""
+    if factor == 1:
+        return
+    for part in model_parts:
+        for param in part.parameters():
+            if param.grad is not None:
+                param.grad.mul_(factor)

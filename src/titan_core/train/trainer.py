@@ -59,6 +59,7 @@ from ..runtime.launch_env import rank_env
 from ..runtime.out_of_memory import out_of_memory_named
 from ..runtime.run_files import atomic_write_text, require_writable, supersede_metrics
 from ..runtime.signals import no_interrupt
+from ..runtime.torch_compat import pipeline_grad_divisor
 from ..weights.load import load_starting_weights
 from ..weights.shape import check_shape_file_unchanged, record_shape_file
 from . import build
@@ -67,7 +68,7 @@ from .converters import ConversionTable
 from .ema import WeightAverage
 from .evaluation import TrainingEvaluation, build_training_evaluation, run_training_evaluation
 from .finite_watch import FiniteWatch
-from .grad_norm import clip_grad_norm_on_device
+from .grad_norm import clip_grad_norm_on_device, scale_gradients
 from .spike_guard import SPIKE_GUARD, SpikeGuard
 from .stop_on_signal import stop_after_signal
 from .stop_vote import StopVote
@@ -132,6 +133,7 @@ class Trainer:
     finite_watch: FiniteWatch  # the first unread non-finite step, kept on the device
     step_valid_tokens: int | torch.Tensor  # valid labels of the step over all data-parallel ranks (on the device)
     pp_batch_rows: int  # rows of the micro-batch the pipeline schedule is running
+    pp_schedule_steps: int  # pipeline schedule steps run so far in this optimizer step (accumulation)
     # init_distributed
     is_rank0: bool
     proc: distributed.ProcessInfo
@@ -179,6 +181,7 @@ class Trainer:
         self.step = 0
         self.step_valid_tokens = 0
         self.pp_batch_rows = 0
+        self.pp_schedule_steps = 0
         self.tokens_seen = 0
         self.skipped_steps = 0
         self.ema = None  # build_checkpointer makes it when [ema] sets a decay
@@ -503,6 +506,12 @@ class Trainer:
         # Keyword arguments reach every stage (split into microbatches like the inputs): the
         # document positions travel beside the activations (TrainSpec.pipeline_takes_positions).
         z_mark = self.z_loss.mark()
+        # Each schedule step ends by dividing every gradient of its stages by its microbatch count, the
+        # gradients earlier accumulation micro-batches left too: they are multiplied by it first, so that
+        # each micro-batch's gradients are divided once (exactly, for a power-of-two count).
+        if self.pp_schedule_steps:
+            scale_gradients(self.model_parts, pipeline_grad_divisor(pipe.schedule))
+        self.pp_schedule_steps += 1
         with self.autocast(), self.loss_context(), self.head_request() as self.pipe_head:
             pipe.schedule.step(*args, target=target, losses=losses, return_outputs=False,
                                **self.model_kwargs(positions))
@@ -574,6 +583,7 @@ class Trainer:
         micro_batches = [self.prepare_batch(*self.next_batch(batches)) for _ in range(self.accum)]
         self.step_valid_tokens = self.count_step_tokens(micro_batches)
         self.z_loss.start_step()
+        self.pp_schedule_steps = 0  # pipeline_forward_backward: schedule steps run in this optimizer step
         return sum((self.forward_backward(*mb) for mb in micro_batches), torch.zeros((), device=self.device))
 
     def next_batch(self, batches: Iterator[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
