@@ -48,6 +48,7 @@ __all__ = [
     "fake_store_class",
     "flatten_mesh",
     "flatten_state_dict",
+    "foreach_scaled_add_",
     "grouped_mm",
     "grouped_mm_op",
     "has_grouped_mm",
@@ -185,6 +186,13 @@ def trunc_normal_(tensor: torch.Tensor, *, mean: float, std: float, a: float, b:
 
 
 # ---- device meshes and data parallelism --------------------------------------------------------------
+
+
+def foreach_scaled_add_(targets: list[torch.Tensor], keep: float, sources: list[torch.Tensor], take: float) -> None:
+    """``target = target * keep + source * take`` for each pair, in place: two products and a sum, each
+    rounded once (no fused multiply-add), with torch's multi-tensor kernels (``torch._foreach_*``, private)."""
+    torch._foreach_mul_(targets, keep)
+    torch._foreach_add_(targets, torch._foreach_mul(sources, take))
 
 
 def pipeline_grad_divisor(schedule: object) -> int:

@@ -26,6 +26,7 @@ from ..checkpoint.stateful import EMA
 from ..checkpoint.states import laid_out_like, named_parameters, plain_tensor
 from ..config.sections import EmaSection
 from ..errors import CheckpointError
+from ..runtime.torch_compat import foreach_scaled_add_
 
 # The scaled weights of one update are made this many bytes at a time (see WeightAverage.after_step).
 GROUP_BYTES = 256 * 2**20
@@ -81,8 +82,7 @@ class WeightAverage:
             # with alpha may fuse into one rounding on some kernels). The scaled weights are a temporary,
             # made a group of tensors at a time so that it never holds a whole copy of a large model.
             for averages, weights in _groups(self.averages, self.weights()):
-                torch._foreach_mul_(averages, self.decay)
-                torch._foreach_add_(averages, torch._foreach_mul([w.float() for w in weights], 1.0 - self.decay))
+                foreach_scaled_add_(averages, self.decay, [w.float() for w in weights], 1.0 - self.decay)
 
     @contextlib.contextmanager
     def swapped_in(self) -> Iterator[None]:
