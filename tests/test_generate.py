@@ -131,8 +131,10 @@ def test_a_model_without_the_cache_argument_recomputes_the_prefix_and_says_so(
     eos = titan_model.tokenizer.eos_id
     assert sample(wrapped, prompt, Sampling(max_new_tokens=8), eos_id=eos, use_cache=False) == \
         sample(titan_model.model, prompt, Sampling(max_new_tokens=8), eos_id=eos)
-    # Patched where the command looks it up (it imports the loader at module level).
-    monkeypatch.setattr(generate_cli, "load_titan_checkpoint",
+    # Patched where the command looks it up (commands/model_source.py imports the loader at module level).
+    from titan_core.commands import model_source
+
+    monkeypatch.setattr(model_source, "load_titan_checkpoint",
                         lambda folder, config=None: WholeModel(wrapped, titan_model.spec, titan_model.model_args,
                                                                titan_model.tokenizer))
     assert generate_cli.main([str(run_dir), "--prompt", PROMPTS[0], "--max-new-tokens", "8"]) == 0

@@ -20,8 +20,7 @@ from ..errors import ConfigError
 from ..evaluation import evaluate, format_results, load_tasks, prepare_tasks
 from ..runtime.run_files import atomic_write_text
 from ..train.evaluation import model_window
-from ..train.whole_model import load_hf_folder, load_titan_checkpoint
-from .generate import resolve_source, usable_device
+from .model_source import add_model_source_arguments, load_model_source
 from .tool_main import parse_and_run
 
 PROG = "titan-eval"
@@ -30,19 +29,12 @@ PROG = "titan-eval"
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=PROG, description="Score evaluation tasks (docs/evaluation.md) on a titan "
                                                       "checkpoint or a Hugging Face folder.")
-    p.add_argument("source", type=Path, help="a titan checkpoint (step-N folder), a run folder (its newest "
-                                             "checkpoint) or a Hugging Face folder")
+    add_model_source_arguments(p)
     p.add_argument("--tasks", nargs="+", required=True,
                    help="JSONL task files, 'builtin' (every built-in task) or 'builtin:NAME'")
     p.add_argument("--limit", type=int, default=None, help="score only the first N examples of each task")
     p.add_argument("--batch-size", type=int, default=8, help="sequences per forward (default 8)")
     p.add_argument("--output", type=Path, default=None, help="also write the figures to this JSON file")
-    p.add_argument("--config", type=Path, default=None,
-                   help="a titan checkpoint's run config.toml (default: <checkpoint>/../../config.toml when present)")
-    p.add_argument("--spec", default=None, help="a Hugging Face folder: the TrainSpec whose adapter reads it "
-                                                "(default: the only installed spec)")
-    p.add_argument("--device", default="cpu", help="torch device to run on (default cpu)")
-    p.add_argument("--traceback", action="store_true", help="show Python tracebacks for errors")
     return p
 
 
@@ -52,22 +44,15 @@ def run_eval(args: argparse.Namespace) -> int:
     if args.batch_size <= 0:
         raise ConfigError(f"--batch-size must be a positive number of sequences, got {args.batch_size}.")
     tasks = [t.limited(args.limit) for t in load_tasks(args.tasks)]  # a bad file stops before any weight is read
-    device = usable_device(args.device)
-    kind, folder = resolve_source(args.source)
-    whole = (load_titan_checkpoint(folder, config=args.config) if kind == "titan"
-             else load_hf_folder(folder, spec_name=args.spec, what=PROG))
-    try:
-        model = whole.model.to(device)
-    except Exception as exc:  # noqa: BLE001 (torch's backends fail with AssertionError, RuntimeError, ...)
-        raise ConfigError(f"--device {args.device} cannot be used: {type(exc).__name__}: {exc}.") from None
+    loaded = load_model_source(args, prog=PROG)
+    whole, model = loaded.whole, loaded.model
     window = model_window(whole.model_args, 2048)
     prepared = prepare_tasks(tasks, whole.tokenizer, window=window)
-    print(f"[{PROG}] {folder} ({'titan checkpoint' if kind == 'titan' else 'Hugging Face folder'}, spec "
-          f"{whole.spec.name}): {', '.join(f'{t.name} ({len(t.examples)})' for t in tasks)}", file=sys.stderr,
-          flush=True)
+    print(f"[{PROG}] {loaded.describe()}: {', '.join(f'{t.name} ({len(t.examples)})' for t in tasks)}",
+          file=sys.stderr, flush=True)
     model.eval()
     with torch.no_grad():
-        results = evaluate(prepared, model, window=window, batch_size=args.batch_size, device=device)
+        results = evaluate(prepared, model, window=window, batch_size=args.batch_size, device=loaded.device)
     print(f"[{PROG}] {format_results(results)}", file=sys.stderr)
     text = json.dumps(results, indent=1)
     if args.output is not None:
