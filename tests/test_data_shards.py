@@ -594,4 +594,5 @@ def test_a_worker_that_does_not_end_when_stopped_is_killed_not_waited_on_for_eve
     start = time.monotonic()
     workers.close(stop=True)
     assert not proc.is_alive() and proc.exitcode == -signal.SIGKILL
-    assert prepare_workers.WORKER_EXIT_S <= time.monotonic() - start < prepare_workers.WORKER_EXIT_S + 10
+    # A stop kills at once (SIGKILL, which no handler catches): no wait for a worker deaf to SIGTERM.
+    assert time.monotonic() - start < prepare_workers.WORKER_EXIT_S

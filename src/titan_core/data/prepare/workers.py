@@ -179,7 +179,10 @@ class Workers:
         """Ask the workers to finish (``stop``: end them now), then wait for them."""
         for conn, proc in zip(self.conns, self.procs):
             if stop:
-                proc.terminate()
+                # SIGKILL, not SIGTERM: a worker forked a moment ago still runs the caller's SIGTERM handler
+                # (titan's, which raises), so a SIGTERM could make it report "stopped by SIGTERM" as if it
+                # were the command itself (seen when prepare ran in a test process). Nothing it holds is needed.
+                proc.kill()
             else:
                 try:
                     conn.send(None)
