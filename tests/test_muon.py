@@ -124,3 +124,19 @@ def test_muon_under_fsdp2_and_tp2_matches_one_process(tmp_path: Path) -> None:
             worst = max(abs(r[key] - ref[key]) / abs(ref[key]) for r, ref in zip(got, reference))
             print(f"{name} {key}: max relative difference {worst:.2e} over {len(got)} steps")
             assert len(got) == 4 and worst <= 1e-6, (name, key, worst)
+
+
+@pytest.mark.parametrize(("flag", "said"), [
+    ("--optimizer.name=lion", "optimizer.name"),
+    ("--optimizer.muon_ns_steps=0", "optimizer.muon_ns_steps"),
+    ("--optimizer.muon_momentum=1.5", "optimizer.muon_momentum"),
+    ("--optimizer.muon_nesterov=perhaps", "optimizer.muon_nesterov"),
+])
+def test_bad_muon_settings_are_refused_naming_the_key_and_nothing_is_written(flag: str, said: str, tmp_path: Path,
+                                                                           cli) -> None:
+    from conftest import assert_user_error
+
+    run = tmp_path / "run"
+    result = cli(*DEBUG_LLAMA_2_LAYERS, "--training.steps=1", f"--job.run_dir={run}", flag)
+    assert_user_error(result, said)
+    assert not run.exists()

@@ -13,15 +13,11 @@ import argparse
 import math
 import sys
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 from ..errors import ConfigError
 from ..models.sampling import Sampling, sample, takes_cache
 from .model_source import add_model_source_arguments, load_model_source
 from .tool_main import parse_and_run
-
-if TYPE_CHECKING:
-    pass
 
 PROG = "titan-generate"
 
