@@ -12,6 +12,7 @@ process, and a run with z-loss reads no device value on a step that does not log
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -180,6 +181,9 @@ def test_three_spikes_in_a_row_roll_back_and_end_as_a_run_that_never_saw_those_b
     html = write_run_report(tmp_path / "rolled").html.read_text()
     assert "3 loss spikes skipped by the guard (step 18, 19, 20)" in html
     assert "rolled back to a checkpoint after repeated spikes at step 20" in html
+    # and marks the loss curve at each skipped spike and at the rollback
+    marks = re.findall(r'<line class="mark" data-kind="([\w-]+)" data-step="(\d+)"', html)
+    assert marks == [("spike-skipped", "18"), ("spike-skipped", "19"), ("spike-skipped", "20"), ("spike-rollback", "20")]
 
     # The reference never sees batches 17-20 (17 was a good one: the rollback skips all the data since step 16).
     monkeypatch.undo()

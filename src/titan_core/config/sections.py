@@ -216,6 +216,7 @@ class MetricsSection(Section):
     peak_tflops: float | None = Field(None, gt=0, description="Peak bf16 TFLOP/s for MFU; default from a table of known GPUs.")
     conversion_table: Literal["summary", "full"] = Field(
         "summary", description="What the start-up prints of the converters' work: one summary line (the full table is always in job.run_dir/conversion_table.json), or the full table, one row per converted module.")
+    layer_stats: bool = Field(False, description="On logging steps only, measure per transformer block (model.layers) its parameter norm, gradient norm before clipping, update/parameter ratio and output activation RMS, global under FSDP2/TP/PP; recorded as layer/<id>/<figure> in metrics.jsonl and drawn by titan-report as layer x step heatmaps. Other steps install and compute nothing.")
     report: bool = Field(True, description="When training ends, write report.html (charts of metrics.jsonl, see titan-report) and report-loss.png into the run folder; a failure to draw is a warning, never an error.")
 
 

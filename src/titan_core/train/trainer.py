@@ -69,6 +69,7 @@ from .ema import WeightAverage
 from .evaluation import TrainingEvaluation, build_training_evaluation, run_training_evaluation
 from .finite_watch import FiniteWatch
 from .grad_norm import clip_grad_norm_on_device, scale_gradients
+from .layer_stats import LayerStats, StepMeasurement
 from .spike_guard import SPIKE_GUARD, SpikeGuard
 from .stop_on_signal import stop_after_signal
 from .stop_vote import StopVote
@@ -166,6 +167,8 @@ class Trainer:
     z_loss: ZLoss  # [stability] z_loss (z_loss.py): in each micro-batch's gradient, logged on logging steps
     spike_guard: SpikeGuard | None  # [stability] spike_guard (spike_guard.py): its window is checkpointed
     metrics: MetricsProcessor
+    layer_stats: LayerStats | None  # metrics.layer_stats (layer_stats.py): measures logging steps only
+    layer_figures: dict[str, float]  # the last measured step's ``layer/*`` figures, until logged
     profiler: StepProfiler
 
     def __init__(self, resolved: ResolvedConfig) -> None:
@@ -417,6 +420,11 @@ class Trainer:
         )
         metrics = self.calls.metrics(self.config.metrics, **options)
         self.metrics = MetricsLogger(self.config.metrics, **options) if metrics is None else metrics
+        self.layer_figures = {}
+        self.layer_stats = None
+        if self.config.metrics.layer_stats:
+            self.layer_stats = LayerStats(self.model_parts, distributed=self.dims.distributed,
+                                          stage_ranks=self.dims.world_size // self.dims.pp)
 
     def build_profiler(self) -> None:
         self.profiler = StepProfiler(self.config.profiling, run_dir=self.run_dir, rank=self.proc.rank,
@@ -522,16 +530,36 @@ class Trainer:
         return torch.zeros((), device=self.device)
 
     def train_step(self, batches: Iterator[tuple[torch.Tensor, torch.Tensor]]) -> StepResult:
+        measuring = self.measures_layers_at(self.step + 1)
+        measure = self.layer_stats.open() if measuring and self.layer_stats is not None else None
+        try:
+            return self.train_step_measured(batches, measure)
+        finally:
+            if measure is not None:
+                measure.close()  # the hooks never outlive the step, whatever happened in it
+
+    def measures_layers_at(self, step: int) -> bool:
+        """Whether ``step`` measures the per-block statistics: the logging steps, with metrics.layer_stats."""
+        return self.layer_stats is not None and self.metrics.should_log(step, last=step == self.config.training.steps)
+
+    def train_step_measured(self, batches: Iterator[tuple[torch.Tensor, torch.Tensor]],
+                            measure: StepMeasurement | None) -> StepResult:
         self.optimizer.zero_grad()
         loss = self.step_forward_backward(batches)
+        if measure is not None:
+            measure.after_backward()  # the gradients before clipping
         pp_group = self.mesh["pp"].get_group() if self.dims.pp_enabled else None
         grad_norm = clip_grad_norm_on_device(self.model_parts, self.config.training.max_norm, pp_group=pp_group)
         global_loss = self.global_loss_on_device(loss)
         refused = self.check_finite(global_loss, grad_norm)
         if refused is not None:
             return refused
+        if measure is not None:
+            measure.before_update()
         with self.profiler.phase("optimizer"):
             self.optimizer.step()
+        if measure is not None:
+            self.layer_figures = measure.after_update()
         self.moe.after_step(read=False)  # MoE bias update; its figures stay on the device until logged
         self.lr_schedulers.step()
         return StepResult(global_loss, grad_norm, skipped=False)
@@ -689,8 +717,10 @@ class Trainer:
                     tokens=tokens_per_device, step_time=(time.perf_counter() - window_start) / window_steps,
                     extra={"skipped_steps": self.skipped_steps, "tokens_seen": self.tokens_seen, "data_ms": data_ms,
                            "window_steps": window_steps, **source_tokens(self.dataloader.state_dict(), t.seq_len),
-                           **self.moe.metrics, **self.stability_metrics(result), **self.step_metrics()},
+                           **self.moe.metrics, **self.stability_metrics(result), **self.step_metrics(),
+                           **self.layer_figures},
                 )
+                self.layer_figures = {}
             if result.rolls_back and self.roll_back_after_spikes():
                 continue  # from the checkpoint's step, on the data after the spikes
             with no_interrupt():  # Ctrl+C waits for the save to be published: never half a checkpoint

@@ -11,8 +11,9 @@ import math
 from html import escape
 
 from ..final_loss import FINAL_LOSS_WINDOW, final_loss
+from .heatmap import heatmaps
 from .runs import RunData, config_differences
-from .svg import Series, color_of, line_chart
+from .svg import Mark, Series, color_of, line_chart
 
 # (chart id, title, metric keys tried in order per run, scale, note when no run has it)
 CHARTS: list[tuple[str, str, tuple[str, ...], float, str]] = [
@@ -113,6 +114,18 @@ def stability_charts(runs: list[RunData]) -> list[tuple[str, str, tuple[str, ...
     return [("z_loss", "z-loss (added to the trained loss)", ("z_loss",), 1.0, "no z-loss recorded")]
 
 
+def spike_marks(runs: list[RunData]) -> list[Mark]:
+    """The loss chart's marks: each step whose update the spike guard skipped, and each rollback ([stability])."""
+    marks: list[Mark] = []
+    for run in runs:
+        who = f"{run.name}: " if len(runs) > 1 else ""
+        for key, kind, what in (("spike_skipped", "spike-skipped", "loss spike skipped"),
+                                ("spike_rollback", "spike-rollback", "rolled back to the newest checkpoint")):
+            marks.extend(Mark(x, kind, f"{who}step {x:.0f}: {what}") for x, y in run.series.get(key, [])
+                         if y and math.isfinite(x))
+    return marks
+
+
 def _charts(runs: list[RunData]) -> str:
     """The charts with something to draw, then one line per chart without (why it has nothing), not an empty frame."""
     figures, missing = [], []
@@ -129,8 +142,9 @@ def _charts(runs: list[RunData]) -> str:
             missing.append(f'<li class="not-drawn" data-metric="{escape(chart_id)}"><b>{escape(title)}</b>: '
                            f'not drawn, {escape(note)}</li>')
             continue
+        marks = spike_marks(runs) if chart_id == "loss" else []
         figures.append(f'<figure><figcaption>{escape(title)}</figcaption>'
-                       f'{line_chart(chart_id, title, series, empty_note=note)}</figure>')
+                       f'{line_chart(chart_id, title, series, empty_note=note, marks=marks)}</figure>')
     absent = f'<ul class="note">{"".join(missing)}</ul>' if missing else ""
     return f'<div class="charts">{"".join(figures)}</div>{absent}'
 
@@ -155,6 +169,6 @@ def render(runs: list[RunData], *, png: bytes | None, png_name: str | None, png_
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
         f"<title>{escape(title)}</title><style>{STYLE}</style></head><body>"
         f"<h1>{escape(title)}</h1><p class=\"note\">written {escape(generated)} by titan-report</p>"
-        f"<h2>Runs</h2>{_summary(runs)}{_differences(runs)}<h2>Against steps</h2>{_charts(runs)}"
+        f"<h2>Runs</h2>{_summary(runs)}{_differences(runs)}<h2>Against steps</h2>{_charts(runs)}{heatmaps(runs)}"
         f"<h2>Loss (PNG)</h2>{picture}{_settings(runs)}</body></html>\n"
     )

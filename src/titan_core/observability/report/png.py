@@ -27,6 +27,12 @@ def loss_png(runs: list[RunData]) -> bytes | None:
             if points:
                 ax.plot([x for x, _ in points], [y for _, y in points], style, color=color, label=label,
                         marker="o" if len(points) == 1 else None)
+    for run in runs:  # [stability]: the steps the spike guard skipped (dashed) and rolled back at (dotted)
+        for key, style in (("spike_skipped", "--"), ("spike_rollback", ":")):
+            for x, y in run.series.get(key, []):
+                if y:
+                    ax.axvline(x, linestyle=style, color="#D55E00" if key == "spike_skipped" else "#000000",
+                               linewidth=1)
     ax.set_xlabel("step")
     ax.set_ylabel("loss")
     ax.grid(alpha=0.3)

@@ -8,6 +8,7 @@ break a line into pieces; a series of one point is a dot.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from html import escape
 
@@ -15,6 +16,18 @@ WIDTH, HEIGHT = 520, 280
 LEFT, RIGHT, TOP, BOTTOM = 64, 16, 12, 40
 # Colour-blind-safe (Okabe-Ito), then two greys; runs beyond these repeat with dashes.
 COLORS = ["#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#000000", "#999999"]
+
+
+@dataclass(frozen=True)
+class Mark:
+    """A vertical line at ``step`` (a loss spike the guard skipped, a rollback): ``kind`` names it."""
+
+    step: float
+    kind: str
+    label: str
+
+
+MARK_COLORS = {"spike-skipped": "#D55E00", "spike-rollback": "#000000"}
 
 
 @dataclass(frozen=True)
@@ -69,8 +82,9 @@ def _thin(points: list[tuple[float, float]], limit: int = 2000) -> list[tuple[fl
     return points[::stride] + ([points[-1]] if (len(points) - 1) % stride else [])
 
 
-def line_chart(metric: str, title: str, series: list[Series], *, empty_note: str) -> str:
-    """One chart; with no finite value in any series, a framed note saying why instead of lines."""
+def line_chart(metric: str, title: str, series: list[Series], *, empty_note: str, marks: Sequence[Mark] = ()) -> str:
+    """One chart; with no finite value in any series, a framed note saying why instead of lines. Each of
+    ``marks`` is a vertical line ``<line class="mark" data-kind=.. data-step=..>`` across the plot area."""
     finite = [(x, y) for s in series for x, y in s.points if math.isfinite(x) and math.isfinite(y)]
     head = (f'<svg class="chart" data-metric="{escape(metric)}" xmlns="http://www.w3.org/2000/svg" '
             f'width="{WIDTH}" height="{HEIGHT}" viewBox="0 0 {WIDTH} {HEIGHT}" role="img" '
@@ -112,6 +126,13 @@ def line_chart(metric: str, title: str, series: list[Series], *, empty_note: str
             else:
                 parts.append(f'<polyline fill="none" stroke="{s.color}" stroke-width="2"{dash} '
                              f'points="{" ".join(p)}"/>')
+    for m in marks:
+        if x0 <= m.step <= x1:
+            dash = "2 2" if m.kind == "spike-rollback" else "5 3"
+            parts.append(f'<line class="mark" data-kind="{escape(m.kind)}" data-step="{fmt(m.step)}" '
+                         f'x1="{px(m.step):.1f}" x2="{px(m.step):.1f}" y1="{TOP}" y2="{TOP + ph}" '
+                         f'stroke="{MARK_COLORS.get(m.kind, "#666666")}" stroke-width="1.5" stroke-dasharray="{dash}">'
+                         f'<title>{escape(m.label)}</title></line>')
     parts.append("</g>")
     for t in yt:
         parts.append(f'<text x="{LEFT - 6}" y="{py(t) + 4:.1f}" text-anchor="end" font-size="11">{fmt(t)}</text>')
