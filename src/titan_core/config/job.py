@@ -137,6 +137,10 @@ class JobConfig(BaseModel):
             raise ValueError("stability.spike_guard with fault tolerance is not supported yet: the replica groups' step "
                              "does not consult the guard. Set stability.spike_guard=false, or train without "
                              "fault_tolerance")
+        if self.stability.qk_clip_threshold and (p.tp > 1 or p.pp > 1):
+            raise ValueError(f"stability.qk_clip_threshold={self.stability.qk_clip_threshold} works on one process and "
+                             f"under FSDP2 (parallelism.dp_shard/dp_replicate), not yet with parallelism.tp={p.tp} or "
+                             f"parallelism.pp={p.pp}: set them to 1, or leave qk_clip_threshold at 0")
         if self.stability.spike_rollback and not self.checkpoint.enable:
             raise ValueError(f"stability.spike_rollback={self.stability.spike_rollback} rolls back to the run's newest "
                              "checkpoint: set checkpoint.enable=true (and a checkpoint.interval), or leave it at 0")

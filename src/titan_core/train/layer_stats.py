@@ -14,7 +14,9 @@ sums (squares over elements), which replicas scale alike.
 
 Keys of the step's metrics record, ``<id>`` the block's key in ``model.layers``:
 ``layer/<id>/param_norm`` (weights before the step), ``layer/<id>/grad_norm``,
-``layer/<id>/update_ratio`` (norm of the step's change over ``param_norm``), ``layer/<id>/act_rms``.
+``layer/<id>/update_ratio`` (norm of the step's change over ``param_norm``), ``layer/<id>/act_rms``, and
+``layer/<id>/max_attn_logit`` (the largest q.k*scale of any head in the step's forward) where the model's
+attention records its logits (models/attention_logits.py).
 """
 
 from __future__ import annotations
@@ -28,9 +30,10 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from ..errors import ConfigError
+from ..models.attention_logits import AttentionLogits, attention_logits
 
 PREFIX = "layer/"
-STATS = ("param_norm", "grad_norm", "update_ratio", "act_rms")
+STATS = ("param_norm", "grad_norm", "update_ratio", "act_rms", "max_attn_logit")
 # Columns of the per-block sums reduced in one all-reduce.
 _PARAM_SQ, _GRAD_SQ, _DELTA_SQ, _ACT_SQ, _ACT_COUNT = range(5)
 _COLUMNS = 5
@@ -90,6 +93,7 @@ class LayerStats:
         self.layers = _order(names)
         self.row = {name: i for i, name in enumerate(self.layers)}
         self.blocks = local
+        self.owner = {id(m): self.row[name] for name, block in local.items() for m in block.modules()}
         self.params = {name: [p for p in block.parameters() if p.requires_grad] for name, block in local.items()}
         self.distributed = distributed
         self.plain_copies = stage_ranks  # ranks of a pipeline stage: each holds a plain (unsharded) tensor
@@ -108,9 +112,12 @@ class StepMeasurement:
     def __init__(self, stats: LayerStats) -> None:
         self.stats = stats
         self.sums = torch.zeros(len(stats.layers), _COLUMNS, dtype=torch.float64, device=stats.device)
+        self.maxima = torch.full((len(stats.layers),), -math.inf, dtype=torch.float64, device=stats.device)
         self.before: dict[str, list[torch.Tensor]] = {}
         self.handles = [block.register_forward_hook(self._activation_hook(stats.row[name]))
                         for name, block in stats.blocks.items()]
+        self.logits_request = attention_logits()
+        self.logits: AttentionLogits | None = self.logits_request.__enter__()
 
     def _activation_hook(self, row: int) -> Any:
         def hook(module: nn.Module, args: Any, output: Any) -> None:
@@ -123,18 +130,26 @@ class StepMeasurement:
         return hook
 
     def close(self) -> None:
-        """Remove the hooks and drop the copies (idempotent)."""
+        """Remove the hooks, end the logits request and drop the copies (idempotent)."""
+        self._stop_watching()
+        self.before = {}
+
+    def _stop_watching(self) -> None:
         for handle in self.handles:
             handle.remove()
         self.handles = []
-        self.before = {}
+        if self.logits is not None:
+            self.logits_request.__exit__(None, None, None)
+            for heads in self.logits.heads.values():
+                row = self.stats.owner.get(id(heads.module))
+                if row is not None:
+                    self.maxima[row] = torch.maximum(self.maxima[row], heads.max.max().to(self.maxima.dtype))
+            self.logits = None
 
     @torch.no_grad()
     def after_backward(self) -> None:
         """The gradients as backward left them (before clipping); the forwards are over: the hooks go."""
-        for handle in self.handles:
-            handle.remove()
-        self.handles = []
+        self._stop_watching()
         for name, params in self.stats.params.items():
             grads = [p.grad for p in params if p.grad is not None]
             if grads:
@@ -161,16 +176,20 @@ class StepMeasurement:
                 delta += change.square() / _copies(p, self.stats.plain_copies)
             self.sums[self.stats.row[name], _DELTA_SQ] = delta
         self.close()
-        sums = self.sums
+        sums, maxima = self.sums, self.maxima
         if self.stats.distributed:
             dist.all_reduce(sums, op=dist.ReduceOp.SUM)
-        return figures(self.stats.layers, sums.cpu().tolist())
+            dist.all_reduce(maxima, op=dist.ReduceOp.MAX)
+        return figures(self.stats.layers, sums.cpu().tolist(), maxima.cpu().tolist())
 
 
-def figures(layers: list[str], sums: list[list[float]]) -> dict[str, float]:
-    """The record's keys from each block's global sums (a block without activations or weights: NaN there)."""
+def figures(layers: list[str], sums: list[list[float]], maxima: list[float]) -> dict[str, float]:
+    """The record's keys from each block's global sums (a block without activations or weights: NaN there)
+    and largest attention logits (left out where no attention recorded one)."""
     out: dict[str, float] = {}
-    for name, row in zip(layers, sums):
+    for name, row, largest in zip(layers, sums, maxima):
+        if math.isfinite(largest):
+            out[metric_key(name, "max_attn_logit")] = largest
         param = math.sqrt(row[_PARAM_SQ])
         out[metric_key(name, "param_norm")] = param
         out[metric_key(name, "grad_norm")] = math.sqrt(row[_GRAD_SQ])

@@ -38,6 +38,7 @@ from ..data.prefetch import PrefetchingLoader
 from ..data.token_ids import check_batch_ids
 from ..errors import ConfigError, NonFiniteError
 from ..hf.export import export_hf
+from ..models.attention_logits import Adjust, AttentionLogits, attention_logits
 from ..models.loss import cross_entropy_loss
 from ..models.model_parts import HeadRequest, hidden_states_for_loss
 from ..models.ties import check_ties, retie_weights
@@ -69,7 +70,8 @@ from .ema import WeightAverage
 from .evaluation import TrainingEvaluation, build_training_evaluation, run_training_evaluation
 from .finite_watch import FiniteWatch
 from .grad_norm import clip_grad_norm_on_device, scale_gradients
-from .layer_stats import LayerStats, StepMeasurement
+from .layer_stats import LayerStats, StepMeasurement, blocks_of
+from .qk_clip import QKClip, reshard
 from .spike_guard import SPIKE_GUARD, SpikeGuard
 from .stop_on_signal import stop_after_signal
 from .stop_vote import StopVote
@@ -168,7 +170,9 @@ class Trainer:
     spike_guard: SpikeGuard | None  # [stability] spike_guard (spike_guard.py): its window is checkpointed
     metrics: MetricsProcessor
     layer_stats: LayerStats | None  # metrics.layer_stats (layer_stats.py): measures logging steps only
-    layer_figures: dict[str, float]  # the last measured step's ``layer/*`` figures, until logged
+    layer_figures: dict[str, float]  # the last measured step's ``layer/*`` (and ``qk_clip/*``) figures, until logged
+    qk_clip: QKClip | None  # [stability] qk_clip_threshold (qk_clip.py): rescales heads after each step
+    last_micro_batch: MicroBatch  # the step's last micro-batch, which QK-clip measures again after the update
     profiler: StepProfiler
 
     def __init__(self, resolved: ResolvedConfig) -> None:
@@ -425,6 +429,12 @@ class Trainer:
         if self.config.metrics.layer_stats:
             self.layer_stats = LayerStats(self.model_parts, distributed=self.dims.distributed,
                                           stage_ranks=self.dims.world_size // self.dims.pp)
+        self.qk_clip = None
+        if self.config.stability.qk_clip_threshold:
+            owner = {id(m): name for name, block in blocks_of(self.model_parts).items() for m in block.modules()}
+            self.qk_clip = QKClip(self.config.stability.qk_clip_threshold, model_parts=self.model_parts,
+                                  layer_of=lambda m: owner.get(id(m)),
+                                  dp_group=self.dp_flat_mesh.get_group() if self.dims.dp > 1 else None)
 
     def build_profiler(self) -> None:
         self.profiler = StepProfiler(self.config.profiling, run_dir=self.run_dir, rank=self.proc.rank,
@@ -560,6 +570,10 @@ class Trainer:
             self.optimizer.step()
         if measure is not None:
             self.layer_figures = measure.after_update()
+        if self.qk_clip is not None:
+            clipped = self.qk_clip.after_step(self.measure_attention_logits)
+            if self.metrics.should_log(self.step + 1, last=self.step + 1 == self.config.training.steps):
+                self.layer_figures = {**self.layer_figures, **clipped}
         self.moe.after_step(read=False)  # MoE bias update; its figures stay on the device until logged
         self.lr_schedulers.step()
         return StepResult(global_loss, grad_norm, skipped=False)
@@ -605,10 +619,21 @@ class Trainer:
                 f"reads every step's loss and skips such steps."
             )
 
+    @torch.no_grad()
+    def measure_attention_logits(self, adjust: Adjust) -> AttentionLogits:
+        """[stability] qk_clip_threshold: a forward of the step's last micro-batch with the updated weights,
+        each attention head's largest logit recorded and ``adjust`` applied (models/attention_logits.py)."""
+        inputs, _, positions = self.last_micro_batch
+        with attention_logits(adjust) as request, self.autocast(), self.head_request():
+            self.calls.forward(self.model_parts[0], to_device(inputs, self.device), **self.model_kwargs(positions))
+        reshard(self.model_parts)  # FSDP2 keeps some blocks gathered after a forward: the clip changes the shards
+        return request
+
     def step_forward_backward(self, batches: Iterator[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
         """Forward and backward of every accumulation micro-batch; the step's loss on this rank."""
         # Every micro-batch is read first: the loss is a mean over the step's valid labels.
         micro_batches = [self.prepare_batch(*self.next_batch(batches)) for _ in range(self.accum)]
+        self.last_micro_batch = micro_batches[-1]
         self.step_valid_tokens = self.count_step_tokens(micro_batches)
         self.z_loss.start_step()
         self.pp_schedule_steps = 0  # pipeline_forward_backward: schedule steps run in this optimizer step

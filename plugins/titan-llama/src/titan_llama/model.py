@@ -45,6 +45,11 @@ from titan_core.models.model_parts import FeedForward, final_norm_and_head
 
 from . import cpu_attention
 
+try:  # an optional capability of the core (QK-clip, layer statistics): a core without it gets no logits
+    from titan_core.models import attention_logits as _logits
+except ImportError:  # pragma: no cover - an older titan-core
+    _logits = None  # type: ignore[assignment]
+
 if TYPE_CHECKING:  # imported where used: flex_attention is not needed to build or run the other kernels
     from torch.nn.attention.flex_attention import BlockMask
 
@@ -233,6 +238,8 @@ class Attention(nn.Module):
         q, k = apply_rope(q, freqs_cis), apply_rope(k, freqs_cis)
         if cache is not None:
             return self._cached(q, k, v, cache)
+        if _logits is not None and _logits.attention_logits_requested():  # asked by the core: nothing otherwise
+            _logits.record_attention_logits(self, q, k, q_proj=self.wq, k_proj=self.wk, starts=starts)
         if block_mask is None and self.kernel == "auto" and cpu_attention.supports(q, k, v):
             # Takes and returns the [b, s, h, d] layout, so no transposes at all.
             out, _ = cpu_attention.causal_attention(q, k, v, starts)

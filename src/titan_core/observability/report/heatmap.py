@@ -17,7 +17,8 @@ from .svg import fmt
 PREFIX = "layer/"
 # (figure, title) in the order the page shows them.
 FIGURES = [("grad_norm", "gradient norm (before clipping)"), ("update_ratio", "update / parameter norm"),
-           ("param_norm", "parameter norm"), ("act_rms", "activation RMS (block output)")]
+           ("param_norm", "parameter norm"), ("act_rms", "activation RMS (block output)"),
+           ("max_attn_logit", "largest attention logit (q.k * scale)")]
 # A perceptually ordered ramp (dark blue -> green -> yellow), interpolated between these stops.
 RAMP = [(0x44, 0x01, 0x54), (0x3B, 0x52, 0x8B), (0x21, 0x90, 0x8C), (0x5D, 0xC8, 0x63), (0xFD, 0xE7, 0x25)]
 CELL_W_MAX, CELL_H, LEFT, TOP, PLOT_W = 24.0, 14, 56, 8, 480
