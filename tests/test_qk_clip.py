@@ -82,7 +82,7 @@ def test_the_factors_cut_each_head_to_tau_with_grouped_keys() -> None:
     assert torch.allclose(query, key) and torch.allclose(query * key, torch.tensor([4 / 9, 1.0]))
 
 
-def test_qk_clip_with_tensor_or_pipeline_parallelism_is_refused_naming_the_keys() -> None:
+def test_qk_clip_with_tp_pp_or_fault_tolerance_is_refused_naming_the_keys() -> None:
     from pydantic import ValidationError
 
     from titan_core.config.job import JobConfig
@@ -94,6 +94,10 @@ def test_qk_clip_with_tensor_or_pipeline_parallelism_is_refused_naming_the_keys(
                                      context={"world_size": 2})
     JobConfig.model_validate({"stability": {"qk_clip_threshold": 50}, "parallelism": {"dp_shard": 2}},
                              context={"world_size": 2})
+    for section in ({"stability": {"qk_clip_threshold": 50}}, {"metrics": {"layer_stats": True}}):
+        with pytest.raises(ValidationError, match=r"(qk_clip_threshold|layer_stats) with fault tolerance is not "
+                                                  r"supported yet"):
+            JobConfig.model_validate({**section, "fault_tolerance": {"local_replicas": 2}}, context={"world_size": 1})
 
 
 @pytest.mark.slow

@@ -141,6 +141,10 @@ class JobConfig(BaseModel):
             raise ValueError(f"stability.qk_clip_threshold={self.stability.qk_clip_threshold} works on one process and "
                              f"under FSDP2 (parallelism.dp_shard/dp_replicate), not yet with parallelism.tp={p.tp} or "
                              f"parallelism.pp={p.pp}: set them to 1, or leave qk_clip_threshold at 0")
+        if (self.stability.qk_clip_threshold or self.metrics.layer_stats) and (ft.enable or ft.local_replicas):
+            key = "stability.qk_clip_threshold" if self.stability.qk_clip_threshold else "metrics.layer_stats"
+            raise ValueError(f"{key} with fault tolerance is not supported yet: the replica groups' step does not "
+                             f"run it. Turn {key} off, or train without fault_tolerance")
         if self.stability.spike_rollback and not self.checkpoint.enable:
             raise ValueError(f"stability.spike_rollback={self.stability.spike_rollback} rolls back to the run's newest "
                              "checkpoint: set checkpoint.enable=true (and a checkpoint.interval), or leave it at 0")
