@@ -112,7 +112,7 @@ SMALLEST = {
     "memory_plan.py": (["--only", "published"], r"^\| 70B[^|]*\| 71\.9 \| [\d.]+ \| [\d.]+ \|$"),
     "muon.py": (["--steps", "3", "--lrs", "3e-3", "--val-batches", "1", "--layers", "1", "--seq-len", "16"],
                 r"^best Muon / best AdamW validation loss: [\d.]+$"),
-    "layer_stats.py": (["--rounds", "1", "--steps", "30", "--seq-len", "16"],
+    "layer_stats.py": (["--steps", "40", "--seq-len", "16"],
                        r"^step-time ratio with / without: [\d.]+ \(target <= 1.03\)$"),
     "memory_breakdown.py": (["--batch", "1", "--seq-len", "64", "--steps", "1"],
                             r"^sum = peak resident memory of the step\s+\d+$"),
