@@ -2,8 +2,8 @@
 
 In process, on the parity tests' tiny model (2 blocks): each logged ``layer/<id>/*`` figure equals a hand
 computation from the weights before and after the step, the gradients before clipping and the blocks'
-outputs (1e-6); a step that does not log installs no hook and measures nothing. One real 2-process FSDP2
-run gives one process's figures. The report draws a heatmap per figure and a mark on the loss curve at
+outputs (1e-6); a step that does not log installs no hook and measures nothing. Real 2-process FSDP2 and
+TP 2 runs give one process's figures (1e-6). The report draws a heatmap per figure and a mark on the loss curve at
 each spike the guard skipped and each rollback.
 """
 
@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,7 @@ import pytest
 import torch
 from test_ema import tiny_run
 
-from conftest import DEBUG_LLAMA_2_LAYERS, PARITY_GLOBAL_BATCH, titan
+from conftest import DEBUG_LLAMA_2_LAYERS, PARITY_GLOBAL_BATCH, titan, torchrun
 
 STATS = ("param_norm", "grad_norm", "update_ratio", "act_rms", "max_attn_logit")
 
@@ -125,20 +126,29 @@ def test_off_by_default_nothing_is_recorded(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_fsdp2_x2_gives_the_figures_of_one_process(tmp_path: Path) -> None:
+def test_fsdp2_x2_and_tp2_give_the_figures_of_one_process(tmp_path: Path) -> None:
     common = ("--training.steps=2", "--metrics.log_freq=1", "--metrics.report=false", "--lr_scheduler.warmup_steps=1",
               "--metrics.layer_stats=true")
-    one = titan(tmp_path / "one", *DEBUG_LLAMA_2_LAYERS, *common, f"--training.local_batch_size={PARITY_GLOBAL_BATCH}")
-    two = titan(tmp_path / "two", *DEBUG_LLAMA_2_LAYERS, *common,
-                f"--training.local_batch_size={PARITY_GLOBAL_BATCH // 2}", "--parallelism.dp_shard=2", nproc=2)
-    assert one.code == 0 and two.code == 0, one.text + two.text
-    a, b = records(tmp_path / "one"), records(tmp_path / "two")
-    keys = [k for k in a[0] if k.startswith("layer/")]
-    assert len(keys) == 2 * len(STATS) and len(a) == len(b) == 2
-    for key in keys:
-        worst = max(abs(x[key] - y[key]) / abs(x[key]) for x, y in zip(a, b))
-        print(f"{key}: fsdp2 x 2 vs one process, max relative difference {worst:.1e}")
-        assert worst <= 1e-6, (key, [x[key] for x in a], [y[key] for y in b])
+    full = f"--training.local_batch_size={PARITY_GLOBAL_BATCH}"
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        one = pool.submit(titan, tmp_path / "one", *DEBUG_LLAMA_2_LAYERS, *common, full)
+        fsdp = pool.submit(titan, tmp_path / "fsdp2", *DEBUG_LLAMA_2_LAYERS, *common,
+                           f"--training.local_batch_size={PARITY_GLOBAL_BATCH // 2}", "--parallelism.dp_shard=2",
+                           nproc=2)
+        tp = pool.submit(torchrun, tmp_path / "tp2", *DEBUG_LLAMA_2_LAYERS, *common, full, "--parallelism.tp=2")
+        runs = {"one": one.result(), "fsdp2": fsdp.result(), "tp2": tp.result()}
+    for name, run in runs.items():
+        assert run.code == 0, f"{name}: {run.text}"
+    reference = records(tmp_path / "one")
+    keys = [k for k in reference[0] if k.startswith("layer/")]
+    assert len(keys) == 2 * len(STATS) and len(reference) == 2
+    for name in ("fsdp2", "tp2"):
+        got = records(tmp_path / name)
+        assert len(got) == 2, name
+        for key in keys:
+            worst = max(abs(x[key] - y[key]) / abs(x[key]) for x, y in zip(reference, got))
+            print(f"{name} {key}: vs one process, max relative difference {worst:.1e}")
+            assert worst <= 1e-6, (name, key, [x[key] for x in reference], [y[key] for y in got])
 
 
 def test_the_report_draws_a_heatmap_per_figure_and_marks_each_spike_on_the_loss_curve(tmp_path: Path) -> None:

@@ -6,9 +6,10 @@ the squares of its output, the gradients are measured before clipping, the param
 before the optimizer step and compared after it; then one all-reduce over every rank gives the global
 figures. Other steps install nothing and compute nothing.
 
-Global under sharding: each rank adds the squares of its local pieces, divided by the number of ranks
-holding the same piece (a DTensor's Replicate mesh dimensions; a plain parameter is on every rank of its
-pipeline stage), so that the sum over all ranks counts every element once. Pipeline stages hold disjoint
+Global under sharding: each rank adds the squares of its local pieces (a partial sum, such as a norm's
+weight gradient under sequence parallelism, summed first), divided by the number of ranks holding the
+same piece (a DTensor's Replicate mesh dimensions; a plain parameter is on every rank of its pipeline
+stage), so that the sum over all ranks counts every element once. Pipeline stages hold disjoint
 blocks, so a block's figures come from its own stage's ranks. An activation RMS is a ratio of two such
 sums (squares over elements), which replicas scale alike.
 
@@ -27,7 +28,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.tensor import DTensor
+from torch.distributed.tensor import DTensor, Replicate
 
 from ..errors import ConfigError
 from ..models.attention_logits import AttentionLogits, attention_logits
@@ -68,10 +69,18 @@ def _copies(t: torch.Tensor, plain_copies: int) -> int:
     return plain_copies
 
 
+def _summed(t: torch.Tensor) -> torch.Tensor:
+    """``t`` with its Partial placements summed (a collective over those mesh dimensions): under sequence
+    parallelism a norm's weight gradient is a partial sum on each tensor-parallel rank."""
+    if isinstance(t, DTensor) and any(p.is_partial() for p in t.placements):
+        return t.redistribute(t.device_mesh, [Replicate() if p.is_partial() else p for p in t.placements])
+    return t
+
+
 def _squares(tensors: list[torch.Tensor], plain_copies: int) -> torch.Tensor:
     """Sum over ``tensors`` of (sum of squares of the local piece) / copies, float64 on the device."""
     total = torch.zeros((), dtype=torch.float64, device=_local(tensors[0]).device)
-    for t in tensors:
+    for t in map(_summed, tensors):
         total += torch.linalg.vector_norm(_local(t), 2.0, dtype=torch.float64).square() / _copies(t, plain_copies)
     return total
 
