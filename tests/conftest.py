@@ -288,6 +288,7 @@ FAST_TESTS = {
     "test_golden_curves.py::test_loss_curve_matches_golden[single]",
     "test_golden_curves.py::test_loss_curve_matches_golden[fsdp2]",
     "test_data_shards.py::test_prepare_runs_without_torch_and_one_or_two_workers_write_the_same_bytes",
+    "test_deepseek_tp.py::test_tp_must_divide_the_heads",
 }
 
 
