@@ -47,8 +47,10 @@ from torch import nn
 from ..config.parallel_dims import ParallelDims
 from ..config.sections import ParallelismSection, TrainingSection
 from ..errors import ConfigError
+from ..plugin.resolved import resolve_compute_dtype
 from ..plugin.spec_factories import PipeliningFn
 from .fake_group import is_fake_group
+from .fsdp import gather_dtype
 
 # Schedules offered, in the spelling torch's get_schedule_class accepts.
 SINGLE_STAGE_SCHEDULES = ("1F1B", "GPipe")
@@ -246,7 +248,7 @@ def _stage_class(*, alone: bool = False) -> Any:
 
 
 def static_stage_args(model: nn.Module, *, is_first: bool, parallel_dims: ParallelDims,
-                      parallelism: ParallelismSection, training: TrainingSection,
+                      parallelism: ParallelismSection, training: TrainingSection, device: torch.device,
                       first: Sequence[str] = ("tok_embeddings",)) -> tuple[torch.Tensor, torch.Tensor] | None:
     """Meta tensors of what a stage receives and sends per micro-batch, known before any step: the
     first stage takes token ids ``[micro-batch, seq_len]``; every stage sends the residual stream,
@@ -262,7 +264,10 @@ def static_stage_args(model: nn.Module, *, is_first: bool, parallel_dims: Parall
     n_mb = parallelism.pp_microbatches or parallelism.pp * parallelism.pp_stages_per_rank
     rows = training.local_batch_size // n_mb
     seq = training.seq_len // parallel_dims.tp if parallel_dims.tp > 1 else training.seq_len
-    dtype = getattr(torch, parallelism.param_dtype) if parallel_dims.fsdp_enabled else embedding.weight.dtype
+    if parallel_dims.fsdp_enabled:
+        dtype = gather_dtype(parallelism, resolve_compute_dtype(training.dtype, device))
+    else:
+        dtype = embedding.weight.dtype
     # requires_grad: the stream's gradient flows back (torch sizes the gradient buffers from these)
     hidden = torch.empty(rows, seq, embedding.embedding_dim, dtype=dtype, device="meta", requires_grad=True)
     tokens = torch.empty(rows, training.seq_len, dtype=torch.long, device="meta")
@@ -320,7 +325,7 @@ def pipeline_model(
         part = parallelize(part)
         parts.append(part)
         shapes = static_stage_args(model, is_first=sid == 0, parallel_dims=parallel_dims, parallelism=parallelism,
-                                   training=training, first=first) if alone else None
+                                   training=training, device=device, first=first) if alone else None
         if alone and shapes is None and device.type != "meta":  # the dry run's plan never runs a step
             raise ConfigError(f"rehearsing a pipeline needs the stages' shapes before the first step, read from the "
                               f"model's embedding: {type(model).__name__}.{first[0]} is not one nn.Embedding.")
