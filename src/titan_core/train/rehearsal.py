@@ -10,7 +10,8 @@ Pipeline layouts are rehearsed with static stage shapes (parallel/pipeline.py's
 ``static_stage_args``: torch's stages would otherwise learn them from their neighbours at the first
 step, through collectives that here return nothing). A checkpoint save writes rank R's own shards,
 with no collective (checkpoint/manager.py's ``lone_rank``): ``step-N`` holds ``__R_0.distcp``, the
-index of its tensors and the identity record; the other ranks' files do not exist. This process is
+index of its tensors and the identity record; the other ranks' files do not exist, so
+``checkpoint.resume=auto`` never resumes in a rehearsal (it starts fresh). This process is
 the only one, so it prints what rank 0 prints and writes the run folder whatever R is.
 """
 
@@ -44,6 +45,12 @@ class RehearsalTrainer(Trainer):
         super().init_distributed()
         self.is_rank0 = True  # the only process: it logs the steps and writes the run folder, whichever rank it is
         self.run_dir.mkdir(parents=True, exist_ok=True)
+
+    def build_checkpointer(self) -> None:
+        if self.config.checkpoint.resume == "auto":
+            # A rehearsal's checkpoints hold one rank's shards: no run (nor rehearsal) resumes from them.
+            self.config.checkpoint.resume = "never"
+        super().build_checkpointer()
 
     def checkpoint_lone_rank(self) -> tuple[int, int] | None:
         return self.proc.rank, self.proc.world_size
