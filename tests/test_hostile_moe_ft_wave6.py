@@ -137,20 +137,35 @@ def test_a_garbage_lighthouse_variable_is_a_config_error(monkeypatch: pytest.Mon
                      state_dict=dict, load_state_dict=lambda state: None)
 
 
-def test_a_moe_flavor_under_fault_tolerance_balances_its_experts(tmp_path: Path) -> None:
+@pytest.mark.parametrize("mode", ["sync", "diloco"])
+def test_a_moe_flavor_under_fault_tolerance_balances_its_experts(mode: str, tmp_path: Path) -> None:
     """was: the fault-tolerant step skipped the MoE monitor, so debugmoe's routing bias never moved and the
-    load figures were missing. The one multi-process run of this file: 2 local groups, 3 steps, sync and DiLoCo
-    alike go through the same call (this runs the synchronous one)."""
+    load figures were missing; then each group moved its bias from its own tokens only, so the groups' biases
+    (buffers, which neither the gradient average nor DiLoCo's outer step touches) drifted apart. Now the sync
+    step averages the tokens per expert over the groups and DiLoCo averages the biases at each sync: after
+    the last step (a sync step) every group holds the same, moved, biases."""
+    from titan_core.checkpoint.reading import read_checkpoint_tensors
+
     run = tmp_path / "ft"
+    diloco = ("--fault_tolerance.semi_sync=diloco", "--fault_tolerance.sync_steps=3") if mode == "diloco" else ()
     result = run_cli("--spec", "qwen3", "--flavor", "debugmoe", "--qwen3.n_layers=2", "--training.steps=3",
                      "--training.seq_len=32", "--training.local_batch_size=2", "--metrics.log_freq=1",
-                     "--metrics.report=false", "--fault_tolerance.local_replicas=2", f"--job.run_dir={run}", timeout=300)
+                     "--metrics.report=false", "--fault_tolerance.local_replicas=2", "--checkpoint.enable=true",
+                     "--checkpoint.interval=3", *diloco, f"--job.run_dir={run}", timeout=300)
     assert result.code == 0, result.text[-3000:]
+    biases = []
     for group in (0, 1):
         records = [json.loads(line) for line in (run / f"replica_{group}" / "metrics.jsonl").read_text().splitlines()]
         steps = [r for r in records if "loss" in r]
         assert [r["step"] for r in steps] == [1, 2, 3]
         assert all(r["moe_load_imbalance"] >= 1.0 and r["ft_replicas"] == 2 for r in steps), steps
+        [checkpoint] = (run / f"replica_{group}" / "checkpoints").glob("step-*3")
+        tensors = read_checkpoint_tensors(checkpoint)
+        biases.append({k: v for k, v in tensors.items() if k.endswith("expert_bias")})
+    assert sorted(biases[0]) == sorted(biases[1]) and len(biases[0]) == 2  # one per MoE layer
+    for name, bias in biases[0].items():
+        assert bias.abs().max() > 0, name  # the update ran
+        assert torch.equal(bias, biases[1][name]), (name, bias, biases[1][name])
 
 
 # ---- Qwen3-MoE Hugging Face folders --------------------------------------------------------------------

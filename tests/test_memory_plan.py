@@ -130,9 +130,6 @@ def test_rehearsal_trains_one_rank_of_a_64_rank_layout_here(tmp_path) -> None:
     assert "rehearsal: rank 63 of 64 under torch's fake process group" in r.text
     assert "finite checks are off" in r.text
     assert re.search(r"rehearsal done: 2 steps on rank 63 of 64, peak memory [\d.]+ GiB resident", r.text), r.text
-    refused = run_cli("--spec", "llama3", "--nproc-per-node", "4", "--parallelism.pp=2", "--rehearse-rank", "0",
-                      f"--job.run_dir={tmp_path / 'pp'}")
-    assert_user_error(refused, "--rehearse-rank: pipeline layouts are not rehearsed yet")
 
 
 def test_a_moe_layout_with_expert_parallelism_is_planned(cli) -> None:

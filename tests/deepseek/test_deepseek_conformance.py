@@ -4,8 +4,8 @@ routing bias), each exactly as ``titan-plugin check`` runs it.
 
 The kit's training checks (the loss falling over 30 steps, FSDP2, PP 2, EP 2, init across
 layouts, resume) exercise the core's trainer on this model for minutes: they pass
-(``titan-plugin check deepseek_v3 --flavor debugmoe``, TP skipped: no TP plan) and are left to
-that command; this suite trains the spec through tests/deepseek/test_deepseek_ep.py."""
+(``titan-plugin check deepseek_v3 --flavor debugmoe``) and are left to that command; this suite
+trains the spec through tests/deepseek/test_deepseek_ep.py and test_deepseek_tp.py."""
 
 from __future__ import annotations
 

@@ -107,7 +107,7 @@ def test_packed_window_logits_equal_each_document_alone(kernel: str) -> None:
     torch.testing.assert_close(packed[1], unmasked[1], atol=1e-5, rtol=0)
 
 
-@pytest.mark.parametrize("kernel", ["auto", "sdpa"])
+@pytest.mark.parametrize("kernel", ["auto", "fused", "sdpa"])
 def test_masked_training_gradients_agree_across_kernels(kernel: str) -> None:
     """The fused kernel's masked backward against SDPA's (and the fallback's) on every parameter."""
     inputs, labels, _ = _rows()

@@ -29,10 +29,21 @@ the shape check still guards the weights, but optimizer state written under othe
 numerics (or for parameters a converter adds) is not trusted. With
 ``enable = false`` the manager does nothing, neither saving nor loading.
 
-Every collective runs on a dedicated gloo group, so a background save never
-interleaves with the training's collectives and needs no GPU. Failures are agreed
-on by all ranks, so one rank's full disk stops every rank with the same error
-instead of leaving the others waiting in a collective.
+The collectives of a synchronous save (and of resuming) run on the default group,
+between steps, on the training's thread. Only ``async_mode = "async"`` opens a
+dedicated gloo group, so that the background save's collectives never interleave
+with the training's. A gloo group over every rank connects every pair of ranks (more
+than 1024 sockets per rank at 1024+ ranks), which is why it is not opened when the
+default group suffices. Failures are agreed on by all ranks, so one rank's full disk
+stops every rank with the same error instead of leaving the others waiting in a
+collective.
+
+``lone_rank=(R, W)`` (rehearsal: rank R of a W-rank layout trains alone under a
+fake process group) runs every step of a save here without a collective: rank R
+writes its own shards (``__R_0.distcp``), the tensor index of those and the
+identity record, and publishes ``step-N``; the other ranks' files do not exist.
+Its values came through collectives that moved nothing, so the finite check
+before a save is left out.
 """
 
 from __future__ import annotations
@@ -73,8 +84,9 @@ T = TypeVar("T")
 class CheckpointManager:
     """Saves and resumes named ``Stateful`` objects (``stateful.py``) and every rank's RNG streams.
 
-    Construct it on every rank after the optimizer exists (the constructor is a
-    collective when a process group exists). ``states["model"]`` is a ``ModelState``;
+    Construct it on every rank after the optimizer exists (with ``async_mode = "async"``
+    the constructor is a collective when a process group exists). ``lone_rank`` (rank,
+    world size): rehearsal, see the module's docstring. ``states["model"]`` is a ``ModelState``;
     every other state but the model and optimizer is identical on every rank. Without
     ``states["progress"]`` the manager keeps the step and tokens seen itself. ``extra_files``
     (name -> bytes) are written into every checkpoint before it is published and listed in
@@ -98,6 +110,7 @@ class CheckpointManager:
         optimizer: torch.optim.Optimizer | None = None,
         lr_schedulers: Stateful | None = None,
         dataloader: Stateful | None = None,
+        lone_rank: tuple[int, int] | None = None,
     ) -> None:
         if states is None:
             states = _legacy_states(model_parts, optimizer, lr_schedulers, dataloader)
@@ -119,17 +132,23 @@ class CheckpointManager:
         assert isinstance(model, ModelState)  # checked by _checked_states
         self._view = model.view
         self._extra_files = _checked_extra_files(extra_files or {})
-        self._pg: Any = None
-        self._rank, self._world = 0, 1
-        if config.enable and dist.is_available() and dist.is_initialized():
-            self._pg = dist.new_group(backend="gloo")
+        self._pg: Any = None  # the group of the collectives; None: the default group
+        self._shared = False  # whether other processes take part (the collectives run)
+        self._rank, self._world = lone_rank or (0, 1)
+        self._alone = lone_rank is not None
+        if config.enable and not self._alone and dist.is_available() and dist.is_initialized():
+            self._shared = True
+            if config.async_mode == "async":
+                # The background thread's collectives need a group of their own. Not one over a subset:
+                # DCP's plan exchange and the digest gather involve every rank that holds a shard.
+                self._pg = dist.new_group(backend="gloo")
             self._rank, self._world = dist.get_rank(self._pg), dist.get_world_size(self._pg)
         self._pending: Future[None] | None = None
         self._executor: ThreadPoolExecutor | None = None
         self._last_saved_step: int | None = None
         self._resumed_step: int | None = None
         self._published: set[Path] = set()  # this run's own saves: retention may delete these
-        if config.enable and self._rank == 0:
+        if config.enable and self._leads:
             for stale in layout.remove_stale(self.folder):
                 self._log(f"removed the interrupted save {stale}")
 
@@ -149,7 +168,7 @@ class CheckpointManager:
         if decision is None:
             return None
         path, record, weights_only = decision
-        self._agree(integrity.verify_share(path, record.files, rank=self._rank, world=self._world))
+        self._agree(integrity.verify_share(path, record.files, **self._share()))
         index: TensorIndex | None = None
         error: str | None = None
         try:  # parsed only now: every byte of it was verified against the manifest above
@@ -197,10 +216,12 @@ class CheckpointManager:
         tmp = self._agree_on_rank0(lambda: self._make_tmp(step))
         self._last_saved_step = step
         tensors, values, _ = storage.split_values(state)
-        writer = storage.IndexedWriter(tmp, values=self._merged_values(step, tmp, values))
+        writer = storage.IndexedWriter(tmp, values=self._merged_values(step, tmp, values),
+                                       file_rank=self._rank if self._alone else None)
         if self.config.async_mode == "async":
             try:  # staging (the copy to CPU) happens here; the writes in DCP's thread
-                writing = dcp.async_save(tensors, storage_writer=writer, process_group=self._pg)
+                writing = dcp.async_save(tensors, storage_writer=writer, process_group=self._pg,
+                                         no_dist=not self._shared)
             except (Exception, CheckpointException) as exc:
                 self._fail(step, tmp, _describe(exc))
             if self._executor is None:
@@ -234,6 +255,8 @@ class CheckpointManager:
 
     def _require_finite(self, step: int) -> None:
         """Refuse to save a state holding NaN or inf (every rank checks its own shards)."""
+        if self._alone:
+            return  # rehearsal: the values came through collectives that moved nothing
         bad: str | None = None
         with torch.no_grad():
             for name, param in self._view.named_parameters():
@@ -271,14 +294,14 @@ class CheckpointManager:
             else:
                 assert sync is not None
                 tensors, writer = sync
-                dcp.save(tensors, storage_writer=writer, process_group=self._pg)
+                dcp.save(tensors, storage_writer=writer, process_group=self._pg, no_dist=not self._shared)
         except (Exception, CheckpointException) as exc:  # DCP reports every rank's failure to all ranks
             error = _describe(exc)
         if error is not None:
             self._fail(step, tmp, error)
         digests: dict[str, tuple[int, int]] = {}
         try:
-            digests = integrity.digest_share(tmp, rank=self._rank, world=self._world)
+            digests = integrity.digest_share(tmp, **self._share())
         except OSError as exc:
             error = _describe(exc)
         shares = self._gather_or_fail(step, tmp, error, digests)
@@ -300,6 +323,9 @@ class CheckpointManager:
                                           deletable=self._may_delete):
             self._log(f"deleted {old} (keep_latest_k={self.config.keep_latest_k})")
         self._log(f"saved checkpoint {final}")
+        if self._alone:
+            print(f"[checkpoint] rehearsal: {final} holds rank {self._rank}'s shards only "
+                  f"(__{self._rank}_0.distcp); the other {self._world - 1} ranks' files do not exist", flush=True)
 
     def _set_aside_if_foreign(self, final: Path, step: int) -> None:
         """A folder named for this step whose identity record says otherwise (a copy, a forgery: resume
@@ -322,7 +348,7 @@ class CheckpointManager:
         return path in self._published or (self._resumed_step is not None and step <= self._resumed_step)
 
     def _fail(self, step: int, tmp: Path, error: str) -> NoReturn:
-        if self._rank == 0:
+        if self._leads:
             shutil.rmtree(tmp, ignore_errors=True)
         raise CheckpointError(self._failure_text(step, tmp, error))
 
@@ -422,7 +448,7 @@ class CheckpointManager:
         tensors, values, mappings = storage.split_values(state)
         try:
             dcp.load(tensors, storage_reader=storage.IndexedReader(path, index), planner=storage.CheckedLoadPlanner(),
-                     process_group=self._pg)
+                     process_group=self._pg, no_dist=not self._shared)
         except (Exception, CheckpointException) as exc:
             cause = _root_cause(exc)
             if isinstance(cause, CheckpointError):
@@ -471,8 +497,17 @@ class CheckpointManager:
 
     # ---- collectives on the checkpoint group ---------------------------------------
 
+    @property
+    def _leads(self) -> bool:
+        """Whether this process does what rank 0 alone does (a rehearsed rank R is alone: its own rank 0)."""
+        return self._rank == 0 or not self._shared
+
+    def _share(self) -> dict[str, int]:
+        """This rank's share of a checkpoint's files to digest or verify: all of them when it is alone."""
+        return {"rank": self._rank, "world": self._world} if self._shared else {"rank": 0, "world": 1}
+
     def _gather(self, obj: object) -> list[Any]:
-        if self._pg is None:
+        if not self._shared:
             return [obj]
         out: list[Any] = [None] * self._world
         dist.all_gather_object(out, obj, group=self._pg)
@@ -488,14 +523,15 @@ class CheckpointManager:
         """Run ``fn`` on rank 0 only; every rank returns its result or raises its CheckpointError."""
         box: list[Any] = [None]
         failure: Exception | None = None
-        if self._rank == 0:
+        if self._leads:
             try:
                 box[0] = ("ok", fn())
             except Exception as exc:  # broadcast first, or the other ranks would wait forever
                 failure = exc
                 box[0] = ("error", str(exc) if isinstance(exc, CheckpointError) else _describe(exc))
-        if self._pg is not None:
-            dist.broadcast_object_list(box, src=dist.get_global_rank(self._pg, 0), group=self._pg)
+        if self._shared:
+            src = 0 if self._pg is None else dist.get_global_rank(self._pg, 0)
+            dist.broadcast_object_list(box, src=src, group=self._pg)
         kind, value = box[0]
         if failure is not None:
             raise failure

@@ -84,12 +84,16 @@ class IndexedWriter(FileSystemWriter):
     ``values`` (already encoded, merged over ranks) is only used by the coordinator.
     """
 
-    def __init__(self, path: Path, *, values: dict[str, Any]) -> None:
+    def __init__(self, path: Path, *, values: dict[str, Any], file_rank: int | None = None) -> None:
         super().__init__(path, single_file_per_rank=True, sync_files=True, thread_count=1)
         self.values = values
+        self.file_rank = file_rank
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
-        name = f"{plan.storage_data.prefix}0.distcp"
+        # DCP names a rank's file after its place in the plan; a rank saving alone (``file_rank``: rank R of a
+        # rehearsed layout) keeps the name it has in the whole job, ``__R_0.distcp``.
+        prefix = plan.storage_data.prefix if self.file_rank is None else f"__{self.file_rank}_"
+        name = f"{prefix}0.distcp"
         results: list[WriteResult] = []
         with open(Path(self.path) / name, "wb") as stream:
             for item in plan.items:

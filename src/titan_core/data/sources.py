@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -213,6 +212,8 @@ def _quiet_datasets() -> Iterator[Any]:
 def _read_table(path: Path, *, builder: str, text_field: str) -> list[str]:
     kind = "JSON" if builder == "json" else "Parquet"
     # A throwaway cache folder: the rows are copied out, and ~/.cache stays clean.
+    import tempfile  # here, not at the top: only the datasets path needs it, and prepare's start-up counts
+
     with _quiet_datasets() as datasets, tempfile.TemporaryDirectory(prefix="titan-ds-") as cache:
         try:
             table = datasets.load_dataset(builder, data_files=[str(path)], split="train", cache_dir=cache)

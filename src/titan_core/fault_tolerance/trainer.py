@@ -180,14 +180,19 @@ class FaultTolerantTrainer(Trainer):
         self.lr_schedulers.step()
         if sync:
             # The inner optimizer's moments are averaged too (into copies: applied only if the sync commits):
-            # each group's Adam then resumes from the groups' common momentum, not its own noisier one.
+            # each group's Adam then resumes from the groups' common momentum, not its own noisier one. So are
+            # the MoE routing biases, which each group moved from its own tokens since the last sync: they
+            # are buffers, not parameters, so the outer step would leave every group its own.
             inner = [t.clone() for t in inner_state(self.optimizer)] if self.ft.average_inner_state else []
-            self.replica.average([*self.outer.pseudo_gradients(), *inner])
+            biases = [block.router.expert_bias.clone() for block in self.moe.blocks]
+            self.replica.average([*self.outer.pseudo_gradients(), *inner, *biases])
             if self.replica.commit():
                 self.outer.step(self.step + 1)
                 with torch.no_grad():
                     for mine, mean in zip(inner_state(self.optimizer), inner):
                         mine.copy_(mean)
+                    for block, mean in zip(self.moe.blocks, biases):
+                        block.router.expert_bias.copy_(mean)
         return StepResult(group_loss, grad_norm, skipped=False)
 
     def attempt_sync_step(self, batches: Iterator[tuple[torch.Tensor, torch.Tensor]]) -> StepResult | None:
@@ -196,11 +201,15 @@ class FaultTolerantTrainer(Trainer):
         loss = self.step_forward_backward(batches)  # per valid token of this group's share
         grads = [local(p.grad) for part in self.model_parts for p in part.parameters() if p.grad is not None]
         group_loss = torch.tensor([self.global_average_loss(loss)], dtype=torch.float32)
+        # MoE tokens per expert, averaged over the groups with the gradients: every group then moves its
+        # routing biases by the same update, from all groups' tokens, and the groups' weights stay identical.
+        group_counts = self.moe.step_counts()
+        counts = [group_counts.float()] if group_counts is not None else []
         absent = self.absent.get(self.step + 1, set())  # empty but in the test-only rehearsal
         if self.ft.replica_id in absent:
-            for t in [*grads, group_loss]:
+            for t in [*grads, group_loss, *counts]:
                 t.zero_()
-        self.replica.average(grads, absent=len(absent))
+        self.replica.average([*grads, *counts], absent=len(absent))
         grad_norm = clip_grad_norm(self.model_parts, self.config.training.max_norm, pp_group=None)
         self.replica.average([group_loss], absent=len(absent))
         if not self.replica.commit():
@@ -209,10 +218,10 @@ class FaultTolerantTrainer(Trainer):
         if not (math.isfinite(global_loss) and math.isfinite(grad_norm)):
             return self.handle_nonfinite(global_loss, grad_norm)
         self.optimizer.step()
-        # MoE routing-bias update and load figures, as Trainer.train_step does (it was skipped here: the
-        # biases of a MoE flavor never moved under fault tolerance). Each group balances its own routing
-        # from the tokens its ranks routed; the bias travels with the weights to a group that heals.
-        self.moe.after_step()
+        # MoE routing-bias update and load figures, as Trainer.train_step does, from the averaged counts (the
+        # mean over groups: the update depends on load ratios only); the bias travels with the weights to a
+        # group that heals.
+        self.moe.after_step(counts=counts[0] if counts else None)
         self.lr_schedulers.step()
         return StepResult(global_loss, grad_norm, skipped=False)
 

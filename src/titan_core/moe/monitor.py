@@ -84,32 +84,46 @@ class MoEMonitor:
         return total
 
     @torch.no_grad()
-    def after_step(self, *, read: bool = True) -> dict[str, float]:
+    def step_counts(self) -> torch.Tensor | None:
+        """This step's tokens per expert, [blocks, experts], summed over ``group``; None when this rank holds no
+        MoE block. For a caller that combines them further before the bias update (fault tolerance averages
+        them over the replica groups, so that every group moves its routing biases alike) and hands them
+        back to :meth:`after_step` through ``counts``."""
+        self._take_counts()
+        present = [c for c in self._counts if c is not None]
+        if not present:
+            return None
+        stacked = torch.stack([c if c is not None else torch.zeros_like(present[0]) for c in self._counts])
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            dist.all_reduce(stacked, group=self.group)
+        self._counts = [None] * len(self.blocks)
+        return stacked
+
+    @torch.no_grad()
+    def after_step(self, *, read: bool = True, counts: torch.Tensor | None = None) -> dict[str, float]:
         """Global counts -> bias update and the step's figures; resets the step's records.
 
+        ``counts``: what :meth:`step_counts` returned, combined further by the caller (default: taken here).
         Returns the figures read on the host, or, with ``read=False`` (the trainer, every step),
         nothing: they stay on the device until :attr:`metrics` is read."""
         if not self.enabled:
             return {}
-        self._take_counts()
         distributed = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
-        present = [c for c in self._counts if c is not None]
-        device = present[0].device if present else _collective_device(self.stage_group)
+        stacked = counts if counts is not None else self.step_counts()
+        device = stacked.device if stacked is not None else _collective_device(self.stage_group)
         # [sum of the blocks' imbalances, number of blocks], and the worst block's imbalance
         summed = torch.zeros(2, dtype=torch.float64, device=device)
         worst = torch.zeros(1, dtype=torch.float64, device=device)
         aux = torch.zeros(1, device=device)
-        if present:
-            stacked = torch.stack([c if c is not None else torch.zeros_like(present[0]) for c in self._counts])
+        if stacked is not None:
             if self._aux:
                 aux = torch.stack(self._aux).float().mean().reshape(1)
             if distributed:
-                dist.all_reduce(stacked, group=self.group)
                 dist.all_reduce(aux, group=self.group)  # every rank's figure (equal batches: the mean of means)
                 aux /= dist.get_world_size(self.group)
-            for block, counts in zip(self.blocks, stacked):
+            for block, block_counts in zip(self.blocks, stacked):
                 if block.bias_update_rate > 0:
-                    update_expert_bias(block.router.expert_bias, counts, block.bias_update_rate)
+                    update_expert_bias(block.router.expert_bias, block_counts, block.bias_update_rate)
             imbalance = load_imbalances(stacked)
             summed = torch.stack([imbalance.sum(), torch.tensor(float(len(imbalance)), dtype=torch.float64,
                                                                 device=device)])

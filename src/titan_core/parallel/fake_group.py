@@ -4,7 +4,8 @@ The fake backend answers every collective at once without sending anything, so a
 process can build (and even step) the rank a layout of hundreds of ranks would give it:
 meshes, FSDP2 and TP shards, pipeline stages. The values that cross ranks are garbage by
 design; shapes, memory and code paths are the real ones. Used by the dry run's memory plan
-(``train/memory_plan.py``) and by rehearsal mode.
+(``train/memory_plan.py``) and by rehearsal mode; ``pipeline.py`` asks ``is_fake_group`` to give
+its stages their shapes (no neighbour can tell them).
 
 torch keeps the fake backend under ``torch.testing._internal`` (a private module), reached through
 ``runtime/torch_compat.py`` like every private torch name; this is the one file that uses it.

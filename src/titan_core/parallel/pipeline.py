@@ -47,7 +47,10 @@ from torch import nn
 from ..config.parallel_dims import ParallelDims
 from ..config.sections import ParallelismSection, TrainingSection
 from ..errors import ConfigError
+from ..plugin.resolved import resolve_compute_dtype
 from ..plugin.spec_factories import PipeliningFn
+from .fake_group import is_fake_group
+from .fsdp import gather_dtype
 
 # Schedules offered, in the spelling torch's get_schedule_class accepts.
 SINGLE_STAGE_SCHEDULES = ("1F1B", "GPipe")
@@ -204,13 +207,18 @@ def build_stage_module(model: nn.Module, layer_names: list[str], *, is_first: bo
     return part
 
 
-def _stage_class() -> Any:
+def _stage_class(*, alone: bool = False) -> Any:
     """torch's PipelineStage, told to make its metadata forward leave no records.
 
     On the first step torch runs each stage's forward once, with the first micro-batch (or
     empty tensors of its shapes), to learn the shapes it sends: a forward the training step
     does not have. Modules that add something up over forwards (a MoE block's tokens per
     expert) offer ``discard_forward_records()``, called after that forward.
+
+    ``alone`` (rehearsal, under the fake process group: this rank's neighbours do not exist): the
+    stages were given their shapes (:func:`static_stage_args`), and the vote torch's schedule
+    takes first over the pipeline ("does every stage know its shapes?", a tensor sent stage to
+    stage) is answered here: the fake group's receives hold nothing, which would read as a no.
     """
     from torch.distributed.pipelining import PipelineStage
 
@@ -226,7 +234,44 @@ def _stage_class() -> Any:
                     discard()
             return out
 
-    return Stage
+    if not alone or not hasattr(PipelineStage, "_warmup_forward_vote"):
+        return Stage
+
+    class LoneStage(Stage):
+        def _warmup_forward_vote(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+            return torch.ones(1, dtype=torch.int32, device=self.device)  # every stage was given its shapes
+
+        def _warmup_backward_result(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+            return torch.ones(1, dtype=torch.int32, device=self.device)
+
+    return LoneStage
+
+
+def static_stage_args(model: nn.Module, *, is_first: bool, parallel_dims: ParallelDims,
+                      parallelism: ParallelismSection, training: TrainingSection, device: torch.device,
+                      first: Sequence[str] = ("tok_embeddings",)) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Meta tensors of what a stage receives and sends per micro-batch, known before any step: the
+    first stage takes token ids ``[micro-batch, seq_len]``; every stage sends the residual stream,
+    ``[micro-batch, seq_len / tp, dim]`` (tensor parallelism shards it on the sequence: tp_plans.py),
+    in FSDP's gather dtype when the stages are sharded (the embedding's output is), else in the
+    weights' dtype (autocast leaves the residual additions in it). The last stage's output is sent
+    nowhere; it is given the same meta tensor. None when the model's first module is not one
+    ``nn.Embedding`` (the dimension is read from it): torch then learns the shapes at the first step.
+    """
+    embedding = getattr(model, first[0], None) if len(first) == 1 else None
+    if not isinstance(embedding, nn.Embedding):
+        return None
+    n_mb = parallelism.pp_microbatches or parallelism.pp * parallelism.pp_stages_per_rank
+    rows = training.local_batch_size // n_mb
+    seq = training.seq_len // parallel_dims.tp if parallel_dims.tp > 1 else training.seq_len
+    if parallel_dims.fsdp_enabled:
+        dtype = gather_dtype(parallelism, resolve_compute_dtype(training.dtype, device))
+    else:
+        dtype = embedding.weight.dtype
+    # requires_grad: the stream's gradient flows back (torch sizes the gradient buffers from these)
+    hidden = torch.empty(rows, seq, embedding.embedding_dim, dtype=dtype, device="meta", requires_grad=True)
+    tokens = torch.empty(rows, training.seq_len, dtype=torch.long, device="meta")
+    return (tokens if is_first else hidden), hidden
 
 
 def default_pipelining_fn(*, blocks_attr: str = "layers", first: Sequence[str] = ("tok_embeddings",),
@@ -268,6 +313,10 @@ def pipeline_model(
     pp_mesh = mesh["pp"]
     ids = stage_ids_of_rank(pp_mesh.get_local_rank(), pp, per_rank, v_style=name in V_SCHEDULES)
 
+    # Under the fake process group (rehearsal) no stage can learn its neighbour's shapes, so they are
+    # given; on a real run torch learns them from the first micro-batch (exact whatever the spec's stages
+    # return), a pickled handshake between neighbours.
+    alone = is_fake_group()
     parts: list[nn.Module] = []
     stages = []
     for sid in ids:
@@ -275,9 +324,14 @@ def pipeline_model(
                                   blocks_attr=blocks_attr, first=first, last=last)
         part = parallelize(part)
         parts.append(part)
-        # Shapes are inferred from the first microbatch at run time: the parts are
-        # still on the meta device here.
-        stages.append(_stage_class()(part, sid, num_stages, device, group=pp_mesh.get_group()))
+        shapes = static_stage_args(model, is_first=sid == 0, parallel_dims=parallel_dims, parallelism=parallelism,
+                                   training=training, device=device, first=first) if alone else None
+        if alone and shapes is None and device.type != "meta":  # the dry run's plan never runs a step
+            raise ConfigError(f"rehearsing a pipeline needs the stages' shapes before the first step, read from the "
+                              f"model's embedding: {type(model).__name__}.{first[0]} is not one nn.Embedding.")
+        inputs, outputs = shapes if shapes is not None else (None, None)
+        stages.append(_stage_class(alone=alone)(part, sid, num_stages, device, input_args=inputs, output_args=outputs,
+                                                group=pp_mesh.get_group()))
 
     n_microbatches = parallelism.pp_microbatches or num_stages
     schedule_cls = get_schedule_class(name)
@@ -306,5 +360,6 @@ __all__ = [
     "pipeline_model",
     "split_layers",
     "stage_ids_of_rank",
+    "static_stage_args",
     "validate_pipeline",
 ]

@@ -17,11 +17,12 @@ a plain full ``[batch, seq_len, vocab]`` tensor.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from torch import nn
 
+from ..errors import ConfigError
 from ..plugin.protocols import TensorParallelStyles
 
 
@@ -38,6 +39,49 @@ def gather_first_input(styles: TensorParallelStyles, module: nn.Module) -> Any:
 
     rest: tuple[None, ...] = (None,) * (_positional_arity(module) - 1)
     return styles.prepare_module_input(input_layouts=(Shard(1), *rest), desired_input_layouts=(Replicate(), *rest))
+
+
+def gather_first_input_local(module: nn.Module, *, inputs: int | None = None) -> Any:
+    """As :func:`gather_first_input`, but the sub-layer receives a plain local tensor (the whole sequence):
+    for a sub-layer that also runs replicated linears on its input (multi-head latent attention's
+    down-projections), which cannot take a DTensor beside their plain weights. Its column-wise linears
+    accept the local tensor as replicated. torch's own style: a converter's input style casts for
+    consumers that are all its own linears, which such a sub-layer does not have. ``inputs``: how many
+    positional inputs its caller passes, when more than the required ones (torch wants a layout each)."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import PrepareModuleInput
+
+    rest: tuple[None, ...] = (None,) * ((inputs or _positional_arity(module)) - 1)
+    return PrepareModuleInput(input_layouts=(Shard(1), *rest), desired_input_layouts=(Replicate(), *rest),
+                              use_local_output=True)
+
+
+def summed_tail_gradient(channels: int) -> Any:
+    """For a replicated linear whose last ``channels`` output channels are shared by every head (multi-head
+    latent attention's rotary key): in backward, the gradient of those channels is summed over the tp ranks.
+
+    Each rank holds only its own heads, so each computes only its heads' part of that gradient; the other
+    output channels feed column-wise linears, whose own backward already sums theirs. Without the sum the
+    replicated weight, and the hidden state's gradient, would differ between tp ranks."""
+    import torch
+    from torch.distributed.tensor import DTensor, Partial, Replicate
+    from torch.distributed.tensor.parallel import ParallelStyle
+
+    class SummedTailGradient(ParallelStyle):
+        # ``_apply`` is the method torch's ParallelStyle asks a style to define (not a private torch name
+        # reached from outside: parallelize_module calls it).
+        def _apply(self, module: nn.Module, device_mesh: Any) -> nn.Module:
+            def sum_tail_gradient(_module: nn.Module, _inputs: Any, output: torch.Tensor) -> torch.Tensor:
+                head, tail = output.split([output.shape[-1] - channels, channels], dim=-1)
+                # Forward: the same local values. Backward: the local gradient is read as a partial sum,
+                # which returning to the replicated layout all-reduces.
+                shared = DTensor.from_local(tail, device_mesh, [Replicate()], run_check=False)
+                return torch.cat([head, shared.to_local(grad_placements=[Partial()])], dim=-1)
+
+            module.register_forward_hook(sum_tail_gradient)
+            return module
+
+    return SummedTailGradient()
 
 
 def sharded_sublayer_plan(block: nn.Module, name: str, styles: TensorParallelStyles, *,
@@ -112,17 +156,61 @@ def outer_plan(model: nn.Module, *, loss_parallel: bool, embedding: str = "tok_e
     return plan
 
 
+def mlp_plan(block: nn.Module, styles: TensorParallelStyles) -> dict[str, Any]:
+    """The plan of a block's norm and MLP: ``moe`` replicated when the block has one (TP shards the dense
+    parts only; experts split over ``parallelism.ep``), else ``feed_forward`` sharded (``w1``/``w3``
+    column-wise, ``w2`` row-wise)."""
+    plan: dict[str, Any] = {"ffn_norm": sequence_parallel_norm()}
+    if getattr(block, "moe", None) is not None:
+        plan.update(replicated_sublayer_plan("moe"))
+    else:
+        plan.update(sharded_sublayer_plan(block, "feed_forward", styles, colwise=("w1", "w3"), rowwise=("w2",)))
+    return plan
+
+
+def decoder_plan(model: nn.Module, styles: TensorParallelStyles, *, loss_parallel: bool,
+                 block_plan: Callable[[nn.Module, TensorParallelStyles], dict[str, Any]]) -> dict[str, Any]:
+    """The plan of a decoder (or one pipeline stage of it): :func:`outer_plan` and ``block_plan`` of each of
+    its ``layers``, keys relative to ``model``."""
+    plan = outer_plan(model, loss_parallel=loss_parallel)
+    for name, block in model.get_submodule("layers").named_children():
+        plan.update(prefixed(f"layers.{name}", block_plan(block, styles)))
+    return plan
+
+
+def check_decoder_tp(tp: int, *, heads: Sequence[tuple[str, int | None]], vocab_size: int | None, seq_len: int,
+                     dense_intermediate_size: int | None) -> None:
+    """ConfigError naming the first size of a decoder that ``tp`` does not divide: its ``heads`` counts
+    ((what, count) pairs: query heads, key/value heads), the vocabulary (the head and embedding are
+    sharded on it), the sequence (sequence parallelism) and a dense MLP's width (None: no dense layer;
+    MoE blocks are not sharded by TP). A None size is not known yet and not checked."""
+    sizes = [*heads, ("model vocab_size", vocab_size),
+             ("training.seq_len (sequence parallelism shards the sequence)", seq_len),
+             ("the dense MLP's intermediate_size", dense_intermediate_size)]
+    for what, value in sizes:
+        if value is not None and value % tp:
+            raise ConfigError(
+                f"parallelism.tp={tp} does not divide {what}={value}: tensor parallelism splits it evenly "
+                f"over the tp ranks. Choose a tp degree that divides it (or change the model)."
+            )
+
+
 def prefixed(prefix: str, plan: dict[str, Any]) -> dict[str, Any]:
     """``plan`` with every key under ``prefix`` (e.g. a block's plan under ``layers.3``)."""
     return {f"{prefix}.{key}": style for key, style in plan.items()}
 
 
 __all__ = [
+    "check_decoder_tp",
+    "decoder_plan",
     "gather_first_input",
+    "gather_first_input_local",
     "head_sharded_norm",
+    "mlp_plan",
     "outer_plan",
     "prefixed",
     "replicated_sublayer_plan",
     "sequence_parallel_norm",
     "sharded_sublayer_plan",
+    "summed_tail_gradient",
 ]

@@ -6,8 +6,13 @@ fake process group whose collectives move nothing. What crosses ranks is garbage
 losses and gradient norms are not the real run's and the finite checks are off; the figures worth
 reading are the step time and the peak memory, printed at the end.
 
-Not rehearsed yet: pipeline layouts (torch's stages exchange their shapes through collectives at
-the first step) and checkpoint saves (the checkpoint manager opens a world-wide gloo group).
+Pipeline layouts are rehearsed with static stage shapes (parallel/pipeline.py's
+``static_stage_args``: torch's stages would otherwise learn them from their neighbours at the first
+step, through collectives that here return nothing). A checkpoint save writes rank R's own shards,
+with no collective (checkpoint/manager.py's ``lone_rank``): ``step-N`` holds ``__R_0.distcp``, the
+index of its tensors and the identity record; the other ranks' files do not exist, so
+``checkpoint.resume=auto`` never resumes in a rehearsal (it starts fresh). This process is
+the only one, so it prints what rank 0 prints and writes the run folder whatever R is.
 """
 
 from __future__ import annotations
@@ -29,19 +34,26 @@ def check_rehearsable(resolved: ResolvedConfig, *, rank: int) -> None:
     if not 0 <= rank < dims.world_size:
         raise ConfigError(f"--rehearse-rank {rank}: the layout has ranks 0 to {dims.world_size - 1} "
                           f"(--nnodes x --nproc-per-node).")
-    if dims.pp_enabled:
-        raise ConfigError("--rehearse-rank: pipeline layouts are not rehearsed yet (torch's stages exchange their "
-                          "shapes through collectives at the first step); rehearse with parallelism.pp=1, or plan "
-                          "the pipeline layout with --dry-run.")
-    if c.checkpoint.enable:
-        raise ConfigError("--rehearse-rank: checkpoint saves are not rehearsed yet (the checkpoint manager opens a "
-                          "world-wide gloo group); add --checkpoint.enable=false.")
     if c.fault_tolerance.enable or c.fault_tolerance.local_replicas:
         raise ConfigError("--rehearse-rank rehearses one rank of one job: turn fault_tolerance off.")
 
 
 class RehearsalTrainer(Trainer):
-    """The Trainer with the checks that read collective values turned off."""
+    """The Trainer with the checks that read collective values turned off, saving rank R's shards alone."""
+
+    def init_distributed(self) -> None:
+        super().init_distributed()
+        self.is_rank0 = True  # the only process: it logs the steps and writes the run folder, whichever rank it is
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+
+    def build_checkpointer(self) -> None:
+        if self.config.checkpoint.resume == "auto":
+            # A rehearsal's checkpoints hold one rank's shards: no run (nor rehearsal) resumes from them.
+            self.config.checkpoint.resume = "never"
+        super().build_checkpointer()
+
+    def checkpoint_lone_rank(self) -> tuple[int, int] | None:
+        return self.proc.rank, self.proc.world_size
 
     def check_finite(self, loss: torch.Tensor, grad_norm: torch.Tensor) -> StepResult | None:
         return None  # the values that crossed ranks are the fake group's

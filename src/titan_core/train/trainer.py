@@ -403,7 +403,13 @@ class Trainer:
             states[SPIKE_GUARD] = self.spike_guard
         states.update(self.extra_states())
         self.checkpointer = CheckpointManager(config=c.checkpoint, run_dir=self.run_dir, states=states,
-                                              identity=identity, is_rank0=self.is_rank0)
+                                              identity=identity, is_rank0=self.is_rank0,
+                                              lone_rank=self.checkpoint_lone_rank())
+
+    def checkpoint_lone_rank(self) -> tuple[int, int] | None:
+        """(rank, world size) when this process saves alone, as one rank of a layout whose other ranks do not
+        exist (rehearsal); None when every rank of the process group takes part in a save."""
+        return None
 
     def extra_states(self) -> dict[str, Stateful]:
         """Named states a subclass adds to its checkpoints (e.g. DiLoCo's outer optimizer)."""

@@ -1,8 +1,8 @@
 """Layout checks for deepseek_v3 (the spec's validate_fn): what PP needs of the model's shape.
 
 Runs before any process group exists, after the core has checked the degrees against the
-world size. Tensor parallelism is not offered (the spec has no TP plan: the core refuses
-tp > 1 itself); experts split over ranks with ``parallelism.ep``.
+world size. Tensor parallelism splits the attention heads, the dense MLPs, the vocabulary and
+the sequence (tp_plan.py); experts split over ranks with ``parallelism.ep``.
 """
 
 from __future__ import annotations
@@ -17,8 +17,13 @@ def validate_deepseek_v3_layout(
 ) -> None:
     """ConfigError for a layout the model cannot be split into."""
     from titan_core.parallel.pipeline import validate_pipeline
+    from titan_core.parallel.tp_plans import check_decoder_tp
 
-    pp = parallelism.pp
+    tp, pp = parallelism.tp, parallelism.pp
+    if tp > 1:
+        dense = any(not args.is_sparse(i) for i in range(args.n_layers))
+        check_decoder_tp(tp, heads=[("model n_heads", args.n_heads)], vocab_size=args.vocab_size,
+                         seq_len=training.seq_len, dense_intermediate_size=args.intermediate_size if dense else None)
     if pp > 1:
         if args.tie_embeddings:
             raise ConfigError(

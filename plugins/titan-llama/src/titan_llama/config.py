@@ -15,6 +15,7 @@ from titan_core.models.model_parts import DecoderSection
 class LlamaSection(DecoderSection):
     # The shared decoder fields (norm_eps, max_seq_len, rope_theta, n_layers, vocab_size), then its own.
 
-    attention_kernel: Literal["auto", "sdpa"] | None = Field(
-        None, description="auto: the fused CPU attention kernel for float32 CPU runs with 16/32/64-channel heads, "
-        "SDPA elsewhere; sdpa: always torch's scaled_dot_product_attention (default: auto).")
+    attention_kernel: Literal["auto", "fused", "sdpa"] | None = Field(
+        None, description="auto: the fused CPU attention kernel for float32 CPU runs with 16/32/64-channel heads "
+        "where it is the faster (packed documents, or a CPU with AVX-512), SDPA elsewhere; fused: that kernel "
+        "wherever it applies; sdpa: always torch's scaled_dot_product_attention (default: auto).")

@@ -112,6 +112,17 @@ def load_kernel(head_dim: int) -> ctypes.CDLL | None:
     return lib
 
 
+@functools.cache
+def faster_than_aten() -> bool:
+    """Whether this CPU is one where the kernel was measured faster than ATen's flash kernel: with AVX-512,
+    whose 16-lane registers hold a 16-channel head whole (1.4x at 16 channels, even at 32 and 64 on a
+    Sapphire Rapids host). With AVX2 alone the compiler's own vectorisation of it is several times slower
+    than ATen's (0.10-0.17x forward and backward on a Zen 3 host; docs/benchmarks.md), so ``auto`` leaves
+    plain causal attention to SDPA there. Read from the CPU's flags: the same answer on every run."""
+    flags = _cpu_signature().split()
+    return "avx512f" in flags
+
+
 def supports(q: Tensor, k: Tensor, v: Tensor) -> bool:
     """Whether the op takes these inputs: plain float32 CPU tensors of a supported head size."""
     return all(type(t) is torch.Tensor and t.device.type == "cpu" and t.dtype == torch.float32 for t in (q, k, v)) \

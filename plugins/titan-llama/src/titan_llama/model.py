@@ -55,7 +55,7 @@ if TYPE_CHECKING:  # imported where used: flex_attention is not needed to build 
 
     from titan_core.models.kv_cache import KVCache, LayerCache
 
-ATTENTION_KERNELS = ("auto", "sdpa", "flex")
+ATTENTION_KERNELS = ("auto", "fused", "sdpa", "flex")
 
 
 @dataclass(frozen=True)
@@ -85,10 +85,11 @@ class LlamaArgs:
     rope_theta: float = 500000.0
     rope_scaling: RopeScaling | None = None  # None: plain RoPE
     max_seq_len: int = 2048  # length of the rotary table; longer inputs are an error
-    # "auto": the fused CPU kernel where it applies (cpu_attention.supports), else FlexAttention
-    # for packed documents on CUDA, else SDPA; "sdpa": F.scaled_dot_product_attention;
-    # "flex": FlexAttention for packed documents (CUDA; on CPU torch runs it forward-only);
-    # plain causal windows keep the SDPA/fused kernels, as fast there.
+    # "auto": the fused CPU kernel where it applies (cpu_attention.supports) and is the faster (packed
+    # documents, or a CPU with AVX-512: cpu_attention.faster_than_aten), else FlexAttention for packed
+    # documents on CUDA, else SDPA; "fused": the fused CPU kernel wherever it applies;
+    # "sdpa": F.scaled_dot_product_attention; "flex": FlexAttention for packed documents (CUDA; on CPU
+    # torch runs it forward-only); plain causal windows keep the SDPA/fused kernels, as fast there.
     attention_kernel: str = "auto"
     tie_embeddings: bool = False  # True: the output head is the embedding table (one tensor)
 
@@ -225,6 +226,13 @@ class Attention(nn.Module):
         self.wv = nn.Linear(args.dim, args.kv_heads * args.head_dim, bias=False)
         self.wo = nn.Linear(args.n_heads * args.head_dim, args.dim, bias=False)
 
+    def use_fused_kernel(self, starts: torch.Tensor | None) -> bool:
+        """Whether to try the fused CPU kernel: asked for, or ``auto`` where it is the faster. With packed
+        documents it stays: SDPA would need a dense [s, s] mask and a slower kernel that takes one."""
+        if self.kernel == "fused":
+            return True
+        return self.kernel == "auto" and (starts is not None or cpu_attention.faster_than_aten())
+
     def forward(self, x: torch.Tensor, freqs_cis: torch.Tensor, *, starts: torch.Tensor | None = None,
                 block_mask: BlockMask | None = None, cache: LayerCache | None = None) -> torch.Tensor:
         """``starts`` [b, s]: each token's document start (None: one sequence, causal);
@@ -240,7 +248,7 @@ class Attention(nn.Module):
             return self._cached(q, k, v, cache)
         if _logits is not None and _logits.attention_logits_requested():  # asked by the core: nothing otherwise
             _logits.record_attention_logits(self, q, k, q_proj=self.wq, k_proj=self.wk, starts=starts)
-        if block_mask is None and self.kernel == "auto" and cpu_attention.supports(q, k, v):
+        if block_mask is None and self.use_fused_kernel(starts) and cpu_attention.supports(q, k, v):
             # Takes and returns the [b, s, h, d] layout, so no transposes at all.
             out, _ = cpu_attention.causal_attention(q, k, v, starts)
             return self.wo(out.flatten(2))

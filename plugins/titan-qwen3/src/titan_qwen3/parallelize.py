@@ -16,23 +16,13 @@ def validate_qwen3_layout(
 ) -> None:
     """ConfigError for a layout the model cannot be split into."""
     from titan_core.parallel.pipeline import validate_pipeline
+    from titan_core.parallel.tp_plans import check_decoder_tp
 
     tp, pp = parallelism.tp, parallelism.pp
     if tp > 1:
-        checks = [
-            ("model n_heads", args.n_heads),
-            ("model n_kv_heads", args.n_kv_heads),
-            ("model vocab_size", args.vocab_size),
-            ("training.seq_len (sequence parallelism shards the sequence)", training.seq_len),
-        ]
-        if any(not args.is_sparse(i) for i in range(args.n_layers)):  # MoE blocks are not sharded by TP
-            checks.append(("the dense MLP's intermediate_size", args.intermediate_size))
-        for what, value in checks:
-            if value is not None and value % tp:
-                raise ConfigError(
-                    f"parallelism.tp={tp} does not divide {what}={value}: tensor parallelism splits it evenly "
-                    f"over the tp ranks. Choose a tp degree that divides it (or change the model)."
-                )
+        dense = any(not args.is_sparse(i) for i in range(args.n_layers))
+        check_decoder_tp(tp, heads=[("model n_heads", args.n_heads), ("model n_kv_heads", args.n_kv_heads)], vocab_size=args.vocab_size,
+                         seq_len=training.seq_len, dense_intermediate_size=args.intermediate_size if dense else None)
     if pp > 1:
         if args.tie_embeddings:
             raise ConfigError(

@@ -19,10 +19,9 @@ from torch import nn
 
 from titan_core import TensorParallelStyles
 from titan_core.parallel.tp_plans import (
+    decoder_plan,
     head_sharded_norm,
-    outer_plan,
-    prefixed,
-    replicated_sublayer_plan,
+    mlp_plan,
     sequence_parallel_norm,
     sharded_sublayer_plan,
 )
@@ -30,23 +29,15 @@ from titan_core.parallel.tp_plans import (
 
 def block_plan(block: nn.Module, styles: TensorParallelStyles) -> dict[str, Any]:
     """The TP plan of one TransformerBlock (keys relative to the block)."""
-    plan = {
+    return {
         "attention_norm": sequence_parallel_norm(),
         **sharded_sublayer_plan(block, "attention", styles, colwise=("wq", "wk", "wv"), rowwise=("wo",)),
         "attention.q_norm": head_sharded_norm(),
         "attention.k_norm": head_sharded_norm(),
-        "ffn_norm": sequence_parallel_norm(),
+        **mlp_plan(block, styles),
     }
-    if getattr(block, "moe", None) is not None:
-        plan.update(replicated_sublayer_plan("moe"))
-    else:
-        plan.update(sharded_sublayer_plan(block, "feed_forward", styles, colwise=("w1", "w3"), rowwise=("w2",)))
-    return plan
 
 
 def qwen3_tp_plan(model: nn.Module, *, styles: TensorParallelStyles, loss_parallel: bool) -> dict[str, Any]:
     """The TP plan of ``model`` (a whole Transformer or one pipeline stage of it), keys relative to it."""
-    plan = outer_plan(model, loss_parallel=loss_parallel)
-    for name, block in model.get_submodule("layers").named_children():
-        plan.update(prefixed(f"layers.{name}", block_plan(block, styles)))
-    return plan
+    return decoder_plan(model, styles, loss_parallel=loss_parallel, block_plan=block_plan)
