@@ -2,8 +2,8 @@
 
 In process, on the parity tests' tiny model (2 blocks): each logged ``layer/<id>/*`` figure equals a hand
 computation from the weights before and after the step, the gradients before clipping and the blocks'
-outputs (1e-6); a step that does not log installs no hook and measures nothing. Real 2-process FSDP2 and
-TP 2 runs give one process's figures (1e-6). The report draws a heatmap per figure and a mark on the loss curve at
+outputs (1e-6); a step that does not log installs no hook and measures nothing. Real 2-process FSDP2, TP 2
+and PP 2 runs give one process's figures (1e-6). The report draws a heatmap per figure and a mark on the loss curve at
 each spike the guard skipped and each rollback.
 """
 
@@ -126,23 +126,25 @@ def test_off_by_default_nothing_is_recorded(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_fsdp2_x2_and_tp2_give_the_figures_of_one_process(tmp_path: Path) -> None:
+def test_fsdp2_x2_tp2_and_pp2_give_the_figures_of_one_process(tmp_path: Path) -> None:
     common = ("--training.steps=2", "--metrics.log_freq=1", "--metrics.report=false", "--lr_scheduler.warmup_steps=1",
               "--metrics.layer_stats=true")
     full = f"--training.local_batch_size={PARITY_GLOBAL_BATCH}"
-    with ThreadPoolExecutor(max_workers=3) as pool:
+    with ThreadPoolExecutor(max_workers=4) as pool:
         one = pool.submit(titan, tmp_path / "one", *DEBUG_LLAMA_2_LAYERS, *common, full)
         fsdp = pool.submit(titan, tmp_path / "fsdp2", *DEBUG_LLAMA_2_LAYERS, *common,
                            f"--training.local_batch_size={PARITY_GLOBAL_BATCH // 2}", "--parallelism.dp_shard=2",
                            nproc=2)
         tp = pool.submit(torchrun, tmp_path / "tp2", *DEBUG_LLAMA_2_LAYERS, *common, full, "--parallelism.tp=2")
-        runs = {"one": one.result(), "fsdp2": fsdp.result(), "tp2": tp.result()}
+        # a pipeline stage's first step runs one shape-learning forward, which must not count
+        pp = pool.submit(torchrun, tmp_path / "pp2", *DEBUG_LLAMA_2_LAYERS, *common, full, "--parallelism.pp=2")
+        runs = {"one": one.result(), "fsdp2": fsdp.result(), "tp2": tp.result(), "pp2": pp.result()}
     for name, run in runs.items():
         assert run.code == 0, f"{name}: {run.text}"
     reference = records(tmp_path / "one")
     keys = [k for k in reference[0] if k.startswith("layer/")]
     assert len(keys) == 2 * len(STATS) and len(reference) == 2
-    for name in ("fsdp2", "tp2"):
+    for name in ("fsdp2", "tp2", "pp2"):
         got = records(tmp_path / name)
         assert len(got) == 2, name
         for key in keys:

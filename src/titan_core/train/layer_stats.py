@@ -127,6 +127,18 @@ class StepMeasurement:
                         for name, block in stats.blocks.items()]
         self.logits_request = attention_logits()
         self.logits: AttentionLogits | None = self.logits_request.__enter__()
+        # A pipeline stage's first step runs one forward to learn its shapes (parallel/pipeline.py), then calls
+        # discard_forward_records() on its modules: the blocks offer it while measured.
+        self.offered = [block for block in stats.blocks.values() if not hasattr(block, "discard_forward_records")]
+        for block in self.offered:
+            object.__setattr__(block, "discard_forward_records", self.discard_forward_records)  # not a Module attribute
+
+    def discard_forward_records(self) -> None:
+        """Forget the activations and logits recorded so far (a forward that was not the step's)."""
+        self.sums[:, _ACT_SQ] = 0
+        self.sums[:, _ACT_COUNT] = 0
+        if self.logits is not None:
+            self.logits.heads.clear()
 
     def _activation_hook(self, row: int) -> Any:
         def hook(module: nn.Module, args: Any, output: Any) -> None:
@@ -147,6 +159,9 @@ class StepMeasurement:
         for handle in self.handles:
             handle.remove()
         self.handles = []
+        for block in self.offered:
+            delattr(block, "discard_forward_records")
+        self.offered = []
         if self.logits is not None:
             self.logits_request.__exit__(None, None, None)
             for heads in self.logits.heads.values():
