@@ -161,13 +161,15 @@ def test_the_report_draws_a_heatmap_per_figure_and_marks_each_spike_on_the_loss_
         record: dict[str, Any] = {"step": step, "loss": 3.0 - step / 100, "grad_norm": 1.0, "lr": 1e-3}
         for layer in range(3):
             record |= {f"layer/{layer}/{s}": (layer + 1) * step * 1e-3 for s in STATS}
+            record |= {f"qk_clip/{layer}/max_logit_before": 50.0 + layer, f"qk_clip/{layer}/clipped_heads": layer}
         lines.append(record)
     lines.append({"step": 25, "loss": 9.0, "grad_norm": 1.0, "lr": 1e-3, "spike_skipped": 1})
     lines.append({"step": 27, "loss": 9.1, "grad_norm": 1.0, "lr": 1e-3, "spike_skipped": 1, "spike_rollback": 1})
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
     html = write_run_report(tmp_path).html.read_text()
-    maps = re.findall(r'<svg class="heatmap" data-metric="layer/(\w+)".*?</svg>', html)
-    assert sorted(maps) == sorted(STATS)
+    maps = re.findall(r'<svg class="heatmap" data-metric="(layer|qk_clip)/(\w+)".*?</svg>', html)
+    assert sorted(maps) == sorted([("layer", s) for s in STATS] + [("qk_clip", "max_logit_before"),
+                                                                  ("qk_clip", "clipped_heads")])
     grad_map = re.search(r'<svg class="heatmap" data-metric="layer/grad_norm".*?</svg>', html).group(0)
     cells = re.findall(r'<rect class="cell"[^>]*fill="(#[0-9a-f]{6})"><title>layer (\d+), step (\d+): ([^<]+)</title>',
                        grad_map)

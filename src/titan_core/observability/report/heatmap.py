@@ -1,9 +1,10 @@
-"""Layer x step heatmaps of ``metrics.layer_stats`` (``layer/<id>/<figure>`` keys) as inline SVG.
+"""Layer x step heatmaps of ``metrics.layer_stats`` (``layer/<id>/<figure>`` keys) and of ``[stability]
+qk_clip_threshold`` (``qk_clip/<id>/<figure>``) as inline SVG.
 
 One heatmap per run and figure: a row per block (layer 0 at the top), a column per logged step, each
 cell coloured by its value on a log scale when every value is positive (norms span decades), else a
 linear one. Each cell carries a ``<title>`` (layer, step, value) for a hover; a non-finite value is a
-grey cell. The SVG is ``<svg class="heatmap" data-metric="layer/<figure>" data-run=...>``.
+grey cell. The SVG is ``<svg class="heatmap" data-metric="<prefix><figure>" data-run=...>``.
 """
 
 from __future__ import annotations
@@ -14,23 +15,25 @@ from html import escape
 from .runs import RunData
 from .svg import fmt
 
-PREFIX = "layer/"
-# (figure, title) in the order the page shows them.
-FIGURES = [("grad_norm", "gradient norm (before clipping)"), ("update_ratio", "update / parameter norm"),
-           ("param_norm", "parameter norm"), ("act_rms", "activation RMS (block output)"),
-           ("max_attn_logit", "largest attention logit (q.k * scale)")]
+# (key prefix, figure, title) in the order the page shows them.
+FIGURES = [("layer/", "grad_norm", "gradient norm (before clipping)"),
+           ("layer/", "update_ratio", "update / parameter norm"),
+           ("layer/", "param_norm", "parameter norm"), ("layer/", "act_rms", "activation RMS (block output)"),
+           ("layer/", "max_attn_logit", "largest attention logit (q.k * scale)"),
+           ("qk_clip/", "max_logit_before", "QK-clip: largest attention logit before the clip"),
+           ("qk_clip/", "clipped_heads", "QK-clip: heads clipped")]
 # A perceptually ordered ramp (dark blue -> green -> yellow), interpolated between these stops.
 RAMP = [(0x44, 0x01, 0x54), (0x3B, 0x52, 0x8B), (0x21, 0x90, 0x8C), (0x5D, 0xC8, 0x63), (0xFD, 0xE7, 0x25)]
 CELL_W_MAX, CELL_H, LEFT, TOP, PLOT_W = 24.0, 14, 56, 8, 480
 NAN_COLOR = "#bbbbbb"
 
 
-def layer_series(run: RunData, figure: str) -> dict[str, list[tuple[float, float]]]:
-    """Block id -> [(step, value)] of one figure, blocks in their numeric order."""
+def layer_series(run: RunData, prefix: str, figure: str) -> dict[str, list[tuple[float, float]]]:
+    """Block id -> [(step, value)] of one figure (keys ``<prefix><id>/<figure>``), blocks in their numeric order."""
     found = {}
     for key, points in run.series.items():
-        if key.startswith(PREFIX):
-            layer, _, stat = key.removeprefix(PREFIX).rpartition("/")
+        if key.startswith(prefix):
+            layer, _, stat = key.removeprefix(prefix).rpartition("/")
             if layer and stat == figure:
                 found[layer] = points
     order = sorted(found, key=lambda n: (0, int(n), "") if n.isdigit() else (1, 0, n))
@@ -46,9 +49,9 @@ def color(t: float) -> str:
     return f"#{r:02x}{g:02x}{b:02x}"
 
 
-def heatmap(run: RunData, figure: str, title: str) -> str | None:
+def heatmap(run: RunData, prefix: str, figure: str, title: str) -> str | None:
     """The SVG of one run's figure; None when the run recorded none of it."""
-    rows = layer_series(run, figure)
+    rows = layer_series(run, prefix, figure)
     if not rows:
         return None
     steps = sorted({x for points in rows.values() for x, _ in points})
@@ -61,7 +64,7 @@ def heatmap(run: RunData, figure: str, title: str) -> str | None:
     cell_w = min(CELL_W_MAX, PLOT_W / len(steps))
     width = LEFT + cell_w * len(steps) + 8
     height = TOP + CELL_H * len(rows) + 44
-    parts = [f'<svg class="heatmap" data-metric="{PREFIX}{escape(figure)}" data-run="{escape(run.name)}" '
+    parts = [f'<svg class="heatmap" data-metric="{escape(prefix + figure)}" data-run="{escape(run.name)}" '
              f'xmlns="http://www.w3.org/2000/svg" width="{width:.0f}" height="{height}" '
              f'viewBox="0 0 {width:.0f} {height}" role="img" aria-label="{escape(title)} per layer and step">']
     for r, (layer, points) in enumerate(rows.items()):
@@ -92,12 +95,12 @@ def heatmap(run: RunData, figure: str, title: str) -> str | None:
 def heatmaps(runs: list[RunData]) -> str:
     """The page's section of layer heatmaps; empty when no run recorded ``metrics.layer_stats``."""
     figures = []
-    for figure, title in FIGURES:
+    for prefix, figure, title in FIGURES:
         for run in runs:
-            svg = heatmap(run, figure, title)
+            svg = heatmap(run, prefix, figure, title)
             if svg is not None:
                 caption = f"{title}: {run.name}" if len(runs) > 1 else title
                 figures.append(f"<figure><figcaption>{escape(caption)}</figcaption>{svg}</figure>")
     if not figures:
         return ""
-    return f'<h2>Per layer (metrics.layer_stats)</h2><div class="charts">{"".join(figures)}</div>'
+    return f'<h2>Per layer (metrics.layer_stats, QK-clip)</h2><div class="charts">{"".join(figures)}</div>'
