@@ -21,7 +21,6 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Callable, Iterator
-from contextvars import ContextVar
 from dataclasses import dataclass
 
 import torch
@@ -57,7 +56,15 @@ class AttentionLogits:
         self.adjust = adjust
 
 
-_REQUEST: ContextVar[AttentionLogits | None] = ContextVar("titan_core_attention_logits", default=None)
+class _Current:
+    """The request in force, if any. A plain attribute, not a ``ContextVar``: the model's forward asks on
+    every call, and torch.compile traces an attribute read (guarding on its value) but not
+    ``ContextVar.get``, which broke compiled, checkpointed blocks. Forwards run on the training thread."""
+
+    request: AttentionLogits | None = None
+
+
+_CURRENT = _Current()
 
 
 @contextlib.contextmanager
@@ -65,15 +72,15 @@ def attention_logits(adjust: Adjust | None = None) -> Iterator[AttentionLogits]:
     """Within this block, attention that calls :func:`record_attention_logits` records its heads' maxima
     (and, with ``adjust``, scales its queries and keys by the factors ``adjust`` returns)."""
     request = AttentionLogits(adjust)
-    token = _REQUEST.set(request)
+    before, _CURRENT.request = _CURRENT.request, request
     try:
         yield request
     finally:
-        _REQUEST.reset(token)
+        _CURRENT.request = before
 
 
 def attention_logits_requested() -> bool:
-    return _REQUEST.get() is not None
+    return _CURRENT.request is not None
 
 
 @torch.no_grad()
@@ -103,7 +110,7 @@ def record_attention_logits(module: nn.Module, q: torch.Tensor, k: torch.Tensor,
     [b, s, kv_heads, head_dim] after RoPE, and the projections that made them (their output rows are
     head after head); ``scale`` defaults to head_dim^-0.5; ``starts`` [b, s]: each token's document start.
     Outside :func:`attention_logits` it does nothing. Several calls (micro-batches) keep the maximum."""
-    request = _REQUEST.get()
+    request = _CURRENT.request
     if request is None:
         return
     head_dim = q.shape[-1]

@@ -221,6 +221,8 @@ class Attention(nn.Module):
         super().__init__()
         self.head_dim = args.head_dim
         self.kernel = args.attention_kernel
+        # Decided here, not in forward: torch.compile would trace the CPU-flag read instead of taking its value.
+        self.fused_for_causal = self.kernel == "fused" or (self.kernel == "auto" and cpu_attention.faster_than_aten())
         self.wq = nn.Linear(args.dim, args.n_heads * args.head_dim, bias=False)
         self.wk = nn.Linear(args.dim, args.kv_heads * args.head_dim, bias=False)
         self.wv = nn.Linear(args.dim, args.kv_heads * args.head_dim, bias=False)
@@ -229,9 +231,9 @@ class Attention(nn.Module):
     def use_fused_kernel(self, starts: torch.Tensor | None) -> bool:
         """Whether to try the fused CPU kernel: asked for, or ``auto`` where it is the faster. With packed
         documents it stays: SDPA would need a dense [s, s] mask and a slower kernel that takes one."""
-        if self.kernel == "fused":
+        if starts is not None and self.kernel == "auto":
             return True
-        return self.kernel == "auto" and (starts is not None or cpu_attention.faster_than_aten())
+        return self.fused_for_causal
 
     def forward(self, x: torch.Tensor, freqs_cis: torch.Tensor, *, starts: torch.Tensor | None = None,
                 block_mask: BlockMask | None = None, cache: LayerCache | None = None) -> torch.Tensor:
