@@ -1,0 +1,34 @@
+"""Garbage in the settings this wave added ([stability] qk_clip_threshold, metrics.layer_stats,
+llama3.attention_kernel's new value): exit 2, one message naming the key, no traceback, and a run
+folder that already holds a file is left exactly as it was."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from conftest import run_main
+
+CASES = [
+    ("--stability.qk_clip_threshold=-1", "stability.qk_clip_threshold"),
+    ("--stability.qk_clip_threshold=abc", "stability.qk_clip_threshold"),
+    ("--stability.qk_clip_threshold=nan", "stability.qk_clip_threshold = nan"),
+    ("--stability.qk_clip_threshold=inf", "stability.qk_clip_threshold = inf"),
+    ("--metrics.layer_stats=maybe", "metrics.layer_stats"),
+    ("--llama3.attention_kernel=bogus", "llama3.attention_kernel"),
+]
+
+
+@pytest.mark.parametrize(("flag", "named"), CASES, ids=[flag.split("=", 1)[0][2:] + "=" + flag.split("=", 1)[1]
+                                                         for flag, _ in CASES])
+def test_garbage_is_one_message_and_touches_nothing(flag: str, named: str, tmp_path: Path, capsys) -> None:
+    run = tmp_path / "run"
+    run.mkdir()
+    kept = run / "notes.txt"
+    kept.write_text("mine")
+    result = run_main(capsys, "--spec", "llama3", "--training.steps=1", f"--job.run_dir={run}", flag)
+    assert result.code == 2, result.out + result.err
+    assert named in result.err, result.err
+    assert "Traceback" not in result.out + result.err
+    assert sorted(p.name for p in run.iterdir()) == ["notes.txt"] and kept.read_text() == "mine"
