@@ -124,6 +124,11 @@ def test_lm_eval_on_a_local_task_folder_gives_titan_evals_figures(run_dir: Path,
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "hf_cache"))
+    if "datasets" in sys.modules:  # imported by an earlier test of this worker: it read the variables then
+        config = sys.modules["datasets"].config
+        for name, value in (("HF_HUB_OFFLINE", True), ("HF_DATASETS_OFFLINE", True),
+                            ("HF_DATASETS_CACHE", tmp_path / "hf_cache")):
+            monkeypatch.setattr(config, name, value)
 
     class LocalTasksOnly(lm_eval.tasks.TaskManager):  # type: ignore[misc]
         """lm_eval indexes its ~thousands of built-in task files first (seconds); the test needs only its own."""
