@@ -1,7 +1,9 @@
 """Tensor parallelism of the deepseek_v3 spec (tp_plan.py): TP 2 (two processes, the latent attention split
 by heads, the down-projections replicated, MoE blocks replicated) against one process, from Hugging Face
 folders with and without the query bottleneck: the same loss and gradient norm at every step (1e-6
-relative). Without the summed rotary-key gradient the losses part by about 5e-6 relative by step 3."""
+relative). Without the summed rotary-key gradient the losses part by about 5e-6 relative by step 3. The
+folder without the bottleneck also runs expert tensor parallelism (``parallelism.etp=2``: each routed
+expert's hidden width split over the two tp ranks, w2 sharded on its dim 2)."""
 
 from __future__ import annotations
 
@@ -27,9 +29,11 @@ def test_tp2_matches_one_process(shape: str, tmp_path: Path, capsys) -> None:
     source = tiny_hf_deepseek(tmp_path / "hf", vocab=2048, **(FULL if shape == "bottleneck" else PLAIN))
     load = f"--checkpoint.initial_load={source}"
     one = run_main(capsys, *RUN, load, f"--job.run_dir={tmp_path / 'one'}")
-    tp2 = titan(tmp_path / "tp2", *RUN, load, "--parallelism.tp=2", nproc=2)
+    etp = ("--parallelism.etp=2",) if shape == "plain" else ()
+    tp2 = titan(tmp_path / "tp2", *RUN, load, "--parallelism.tp=2", *etp, nproc=2)
     assert one.code == 0 and tp2.code == 0, one.text + tp2.text
     assert "tp:S(0)" in tp2.text and "tp:S(1)" in tp2.text  # the projections really are split
+    assert ("tp:S(2)" in tp2.text) == bool(etp)  # only ETP splits the experts' w2 on its hidden dim
     a, b = _records(tmp_path / "one"), _records(tmp_path / "tp2")
     assert [r["step"] for r in a] == [r["step"] for r in b] == [1, 2, 3, 4]
     for x, y in zip(a, b):

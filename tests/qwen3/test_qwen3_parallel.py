@@ -7,11 +7,12 @@ MoE layer on stage 1 (the load figures then come from the other ranks' stage). E
 processes with EP 2 carved out of dp_shard 2 (2 rows each, the same global batch as one
 process): EP 2 x TP 2 (each tp slice exchanges its tokens within its own EP group, experts
 replicated over tp) and EP 2 x PP 2 (each stage's experts split over its 2 data-parallel ranks;
-stage 0 has none to split); and EP 2 x HSDP (dp_replicate 2 x dp_shard 2, 1 row each). All
+stage 0 has none to split); EP 2 x HSDP (dp_replicate 2 x dp_shard 2, 1 row each); and expert tensor
+parallelism ETP 2 x FSDP2 2 (each expert's hidden width split over tp, 2 rows each). All
 must reproduce the single-process losses (within 1e-6
 relative, the issue's bar for EP), gradient norms (the tolerance of the llama layouts in
-test_distributed_cli.py) and expert-load figures of 4 steps. The EP x TP run saves its last
-step, which one process loads bit for bit.
+test_distributed_cli.py) and expert-load figures of 4 steps. The EP x TP and ETP runs save their
+last step, which one process loads bit for bit.
 """
 
 from __future__ import annotations
@@ -43,7 +44,12 @@ LAYOUTS = {
     # HSDP: experts split over ep within dp_shard, replicated over dp_replicate (1 row each).
     "ep2_hsdp": ("--parallelism.ep=2", "--training.local_batch_size=1", "--parallelism.dp_replicate=2",
                  "--parallelism.dp_shard=2"),
+    "etp2_fsdp2": ("--parallelism.tp=2", "--parallelism.etp=2", "--training.local_batch_size=2",
+                   "--checkpoint.enable=true", f"--checkpoint.interval={STEPS}"),
 }
+# How each saving run's parameters were laid out (its printed layout line).
+SPLIT_EXPERTS = {"ep2_tp2": ("3 x expert_dp_shard:S(1), ep:S(0)", "tp:S(0)"),  # experts over ep, dense over tp
+                 "etp2_fsdp2": ("dp_shard:S(0), tp:S(2)", "dp_shard:S(0), tp:S(1)")}  # w2 / w1, w3 over tp
 EP_LOSS_TOLERANCE = 1e-6
 
 
@@ -83,11 +89,12 @@ def test_tp_refuses_a_degree_that_does_not_divide_the_kv_heads(tmp_path: Path) -
     assert "parallelism.tp=8 does not divide model n_kv_heads=4" in run.text and "Traceback" not in run.text
 
 
-def test_an_ep2_x_tp2_checkpoint_loads_on_one_process_bit_for_bit(runs: dict[str, Run], tmp_path: Path) -> None:
-    run = runs["ep2_tp2"]
-    _records(run, "ep2_tp2")
-    # The experts are split over ep and replicated over tp; the dense parts sharded over tp.
-    assert "3 x expert_dp_shard:S(1), ep:S(0)" in run.text and "tp:S(0)" in run.text, run.text
+@pytest.mark.parametrize("name", list(SPLIT_EXPERTS))
+def test_a_split_expert_checkpoint_loads_on_one_process_bit_for_bit(name: str, runs: dict[str, Run],
+                                                                    tmp_path: Path) -> None:
+    run = runs[name]
+    _records(run, name)
+    assert all(layout in run.text for layout in SPLIT_EXPERTS[name]), run.text
     saved = run.run_dir / "checkpoints" / f"step-{STEPS:06d}"
     loaded = titan(tmp_path / "one", *COMMON, f"--checkpoint.resume={saved}", "--checkpoint.enable=true",
                    "--checkpoint.export_at_end=true")

@@ -1,4 +1,4 @@
-"""The shared pieces of every ``parallelize_fn``: TP from a plan, expert parallelism, activation
+"""The shared pieces of every ``parallelize_fn``: TP from a plan, expert parallelism and expert tensor parallelism, activation
 checkpointing, compile and FSDP2/HSDP, and ``default_parallelize_fn`` that composes them in the
 fixed order TP -> EP -> AC -> compile -> FSDP2. A model plugin supplies its model and a TP plan
 function.
@@ -16,6 +16,7 @@ from .checkpointing import apply_activation_checkpointing, checkpoint_module, re
 from .compile import apply_compile
 from .default import TensorParallelPlanFn, default_parallelize_fn, spec_parallelize_fn
 from .expert_parallel import apply_expert_parallel, check_expert_parallel, check_experts_split, shard_experts
+from .expert_tensor_parallel import apply_expert_tensor_parallel, check_expert_tensor_parallel
 from .fsdp import apply_fsdp, reshard_policy
 from .one_process import parallel_kwargs, parallelize_alone
 from .tensor_parallel import apply_tensor_parallel
@@ -25,9 +26,11 @@ __all__ = [
     "apply_activation_checkpointing",
     "apply_compile",
     "apply_expert_parallel",
+    "apply_expert_tensor_parallel",
     "apply_fsdp",
     "apply_tensor_parallel",
     "check_expert_parallel",
+    "check_expert_tensor_parallel",
     "check_experts_split",
     "checkpoint_module",
     "default_parallelize_fn",

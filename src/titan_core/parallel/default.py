@@ -6,6 +6,7 @@ checkpoints and the per-parameter init seeds do not depend on the layout.
 
 The order is fixed, and each step assumes the previous ones:
   1. TP shards the modules the plan names (parameters become DTensors on ``mesh["tp"]``);
+     ETP (``parallelism.etp``) splits every experts module's hidden width over ``mesh["tp"]``;
      EP (``parallelism.ep``) splits every ``titan_core.moe`` experts module over ``ep`` ranks
      (the ep ranks of one tp slice and one pipeline stage);
   2. activation checkpointing wraps each block's forward;
@@ -34,6 +35,7 @@ from ..plugin.spec_factories import ParallelizeFn, TensorParallelPlanFn
 from .checkpointing import apply_activation_checkpointing
 from .compile import apply_compile
 from .expert_parallel import apply_expert_parallel, experts_modules
+from .expert_tensor_parallel import apply_expert_tensor_parallel
 from .fsdp import apply_fsdp
 from .precision import resolve_compute_dtype
 from .tensor_parallel import apply_tensor_parallel
@@ -93,6 +95,10 @@ def default_parallelize_fn(
             plan = tp_plan_fn(model, styles=tp_styles, loss_parallel=parallelism.loss_parallel)
             assert mesh is not None  # tp > 1: a multi-process run, which has a mesh
             apply_tensor_parallel(model, mesh["tp"], plan)
+        # After the TP plan, which leaves MoE blocks replicated; a stage may hold dense layers only.
+        if parallelism.etp > 1 and (experts_modules(model) or not parallel_dims.pp_enabled):
+            assert mesh is not None  # etp = tp > 1: a multi-process run, which has a mesh
+            apply_expert_tensor_parallel(model, mesh["tp"], what=spec_name)
         expert_mesh = None
         if parallel_dims.ep_enabled:
             assert mesh is not None  # ep > 1: a multi-process run, which has a mesh

@@ -13,17 +13,21 @@ from __future__ import annotations
 from ..boundary.plugin_boundary import converter_calls
 from ..evaluation import load_tasks
 from ..parallel import check_experts_split
+from ..parallel.expert_tensor_parallel import check_etp_fits
 from ..plan.resolve import ResolvedConfig
 from .build import build_converters, build_meta_model
 from .tp_styles import resolve_tp_styles
 
 
 def preflight(resolved: ResolvedConfig) -> None:
-    """Raise the error a worker would raise for the converters, expert parallelism and the eval task files,
+    """Raise the error a worker would raise for the converters, expert (tensor) parallelism and the eval task files,
     before any worker starts."""
     load_tasks(resolved.config.eval.tasks)
     if resolved.dims.ep_enabled:
         check_ep_fits(resolved)
+    if resolved.config.parallelism.etp > 1:
+        check_etp_fits(build_meta_model(resolved).model, resolved.config.parallelism.etp,
+                       what=f"spec {resolved.spec.name}, flavor {resolved.config.model.flavor}")
     if not resolved.converters:
         return
 

@@ -47,7 +47,8 @@ from ..observability.metrics import MetricsLogger, reset_peak_memory
 from ..observability.profiling import StepProfiler
 from ..observability.report import report_at_end
 from ..optim.param_groups import run_layout
-from ..parallel import check_expert_parallel, check_experts_split, distributed
+from ..parallel import check_expert_parallel, check_expert_tensor_parallel, check_experts_split, distributed
+from ..parallel.expert_tensor_parallel import check_etp_fits
 from ..parallel.parameter_layout import describe_parameter_layout
 from ..parallel.precision import autocast_for, resolve_compute_dtype
 from ..plan.resolve import ResolvedConfig
@@ -335,6 +336,8 @@ class Trainer:
         if self.dims.pp_enabled:
             if self.dims.ep_enabled:  # the whole model has experts for EP (a stage may hold dense layers only)
                 check_experts_split(model, self.dims.ep, what=f"spec {self.spec.name}")
+            if p.etp > 1:  # and for ETP
+                check_etp_fits(model, p.etp, what=f"spec {self.spec.name}")
             self.pipeline = self.calls.pipeline(
                 model, parallel_dims=self.dims, mesh=self.mesh, parallelism=self.resolved.plugin_parallelism,
                 training=self.config.training, device=self.device, loss_fn=self.scaled_loss, parallelize=self.parallelize,
@@ -345,6 +348,7 @@ class Trainer:
             self.model_parts = [self.parallelize(model)]
         check_ties(self.model_parts, self.ties, after="parallelize_fn")
         check_expert_parallel(self.model_parts, self.dims, what=f"spec {self.spec.name}")
+        check_expert_tensor_parallel(self.model_parts, self.config.parallelism.etp, what=f"spec {self.spec.name}")
 
         # A no-op for a model without MoE blocks. Loads add up over the data-parallel ranks only:
         # other pipeline ranks hold other layers; tp ranks route the same tokens.
