@@ -13,9 +13,9 @@ from pathlib import Path
 
 from ...console import progress
 from ...runtime.run_files import atomic_write_bytes, atomic_write_text
+from .ft_run import expand_runs
 from .page import render
 from .png import MISSING, loss_png
-from .ft_run import expand_runs
 from .runs import read_run, run_names
 
 REPORT_FILE = "report.html"
