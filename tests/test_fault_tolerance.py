@@ -99,6 +99,11 @@ def test_killed_groups_rejoin_and_lose_nothing_but_their_own_batches(tmp_path: P
     said = [(kind, int(step)) for step, kind in re.findall(r"\[ft\] step (\d+): replica \d (left|rejoined)", out)]
     drawn = [(kind.removeprefix("ft-"), int(step)) for kind, step in re.findall(r'data-kind="(ft-[a-z]+)" data-step="(\d+)"', loss)]
     assert sorted(drawn) == sorted(said) and len(said) == 4, (said, drawn)
+    survivor = {int(r["step"]): r["ft_replicas"] for r in steps_logged(run / "replica_0")}
+    left_at = {e["replica"]: e["step"] for e in events if e["event"] == "left"}
+    for i in (1, 2):  # the left mark is the first step committed without the group, the rejoin mark its first step back
+        assert survivor[left_at[i]] == 2 or left_at[i] == rejoined_at[i], (i, left_at, survivor)
+        assert {int(r["step"]): r["ft_replicas"] for r in steps_logged(run / f"replica_{i}")}[rejoined_at[i]] == 3
     for i in (1, 2):
         assert re.search(rf'<li class="ft-event">replica {i} died \(SIGKILL\) after step {last_before[i]} .*?rejoined at '
                          rf'step {rejoined_at[i]} from replica \d', html), html

@@ -99,6 +99,34 @@ def test_a_death_without_rejoin_a_cut_record_and_moved_aside_steps_are_told_as_t
             "from step 8 (not drawn)") in html
 
 
+def test_a_group_back_before_any_step_without_it_is_told_so(tmp_path: Path) -> None:
+    # The supervisor notes the leave at the rejoin step when the others committed no step without the group.
+    run = tmp_path / "ft"
+    _metrics(run / "replica_0", list(range(1, 11)))
+    _metrics(run / "replica_1", list(range(1, 11)))
+    append_event(run, "start", groups=2, min_replicas=1, max_restarts=3)
+    append_event(run, "died", replica=1, how="SIGKILL", restart=1, max_restarts=3, last_logged_step=6)
+    append_event(run, "left", replica=1, step=7, how="SIGKILL", live=1, groups=2)
+    append_event(run, "rejoined", replica=1, step=7, peer=0, after_s=2.0, live=2, groups=2)
+    assert report_cli.main([str(run)]) == 0
+    html = (run / "report.html").read_text()
+    assert ("replica 1 died (SIGKILL) after step 6 (the last step it logged); restart 1 of 3; no step was trained "
+            "without it; rejoined at step 7 from replica 0, 2.0s after its restart") in html
+    assert "<title>step 7: replica 1 gone (SIGKILL); back before a step was trained without it</title>" in html
+
+
+def test_a_run_folder_whose_groups_logged_nothing_yet_is_one_message(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run = tmp_path / "ft"
+    (run / "replica_0").mkdir(parents=True)
+    (run / "replica_0.pid").write_text("4242\n")
+    append_event(run, "start", groups=1, min_replicas=1, max_restarts=3)
+    assert report_cli.main([str(run)]) == 2
+    err = capsys.readouterr().err
+    assert f"{run} is a fault-tolerance run folder, but none of its replica groups has logged a step yet" in err
+    assert "Traceback" not in err and not (run / "report.html").exists()
+
+
 def test_a_folder_without_the_supervisor_record_says_so(tmp_path: Path) -> None:
     run = ft_folder(tmp_path)
     (run / FT_EVENTS_FILE).unlink()

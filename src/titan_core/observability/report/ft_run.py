@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ...errors import ConfigError
 from ...runtime.ft_events import FT_EVENTS_FILE, read_events
 from .svg import Mark
 
@@ -40,12 +41,15 @@ def group_folders(folder: Path) -> list[Path]:
 
 def ft_run_of(folder: Path) -> FtRun | None:
     """The fault-tolerance run in ``folder``, or None when it is not one (it has no replica_<i> run folders,
-    or it is a run folder itself)."""
+    or it is a run folder itself); ConfigError for one whose groups have logged nothing yet."""
     folder = Path(folder)
     if not folder.is_dir() or (folder / "metrics.jsonl").is_file():
         return None
     groups = group_folders(folder)
     if not groups:
+        if (folder / FT_EVENTS_FILE).is_file():
+            raise ConfigError(f"{folder} is a fault-tolerance run folder, but none of its replica groups has logged a "
+                              "step yet (no replica_<i>/metrics.jsonl); draw it once a step is logged.")
         return None
     events, skipped = read_events(folder)
     return FtRun(folder, groups, events, skipped)
@@ -125,12 +129,13 @@ def failure_line(f: Failure) -> str:
         parts[0] += f" after step {f.last_logged_step} (the last step it logged)"
     if f.restart is not None:
         parts.append(f"restart {f.restart} of {f.max_restarts if f.max_restarts is not None else '?'}")
-    if f.left_step is not None:
+    back_at_once = f.rejoined_step is not None and (f.left_step is None or f.left_step >= f.rejoined_step)
+    if back_at_once:  # the supervisor notes the leave at the rejoin step when no step committed without it
+        parts.append("no step was trained without it")
+    elif f.left_step is not None:
         who = f" by {f.live} of {f.groups} groups" if f.live is not None and f.groups is not None else ""
         until = f"-{f.rejoined_step - 1}" if f.rejoined_step is not None and f.rejoined_step - 1 > f.left_step else ""
         parts.append(f"step {f.left_step}{until} trained without it{who}")
-    elif f.rejoined_step is not None:
-        parts.append("no step was trained without it")
     if f.rejoined_step is not None:
         peer = f" from replica {f.peer}" if f.peer is not None else ""
         after = f", {f.after_s:.1f}s after its restart" if f.after_s is not None else ""
@@ -171,9 +176,11 @@ def ft_marks(events: list[dict[str, Any]], *, prefix: str = "") -> list[Mark]:
     marks = []
     for f in failures(events):
         if f.left_step is not None:
+            back_at_once = f.rejoined_step is not None and f.left_step >= f.rejoined_step
+            training = "back before a step was trained without it" if back_at_once else \
+                f"{f.live} of {f.groups} groups training"
             marks.append(Mark(float(f.left_step), "ft-left",
-                              f"{prefix}step {f.left_step}: replica {f.replica} gone ({f.how}); "
-                              f"{f.live} of {f.groups} groups training"))
+                              f"{prefix}step {f.left_step}: replica {f.replica} gone ({f.how}); {training}"))
         if f.rejoined_step is not None:
             marks.append(Mark(float(f.rejoined_step), "ft-rejoined",
                               f"{prefix}step {f.rejoined_step}: replica {f.replica} rejoined"
