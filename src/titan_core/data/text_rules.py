@@ -54,8 +54,8 @@ def value_text(value: object, *, where: str, row: int, text_field: str, flag: st
 def row_text(record: object, *, where: str, row: int, text_field: str, flag: str = TRAINER_FLAG) -> str | None:
     """The text of one JSON row (an object): see the module's rules."""
     if not isinstance(record, dict):
-        raise ConfigError(f"{where}: row {row} is a JSON {type(record).__name__}, not an object with a "
-                          f'"{text_field}" field.')
+        raise ConfigError(f"{where}: row {row} is {type(record).__name__}, not an object with a "
+                          f'"{text_field}" field; each row is one JSON object, e.g. {{"{text_field}": "..."}}.')
     if text_field not in record:
         raise ConfigError(f'{where}: row {row} has no field "{text_field}" (its fields: {", ".join(record) or "none"}); '
                           f"set {flag} to the field that holds the text, or remove that row (a row with "
