@@ -16,7 +16,8 @@ from ..weights.titan_checkpoint import newest_checkpoint
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["LoadedSource", "add_model_source_arguments", "load_model_source", "resolve_source", "usable_device"]
+__all__ = ["LoadedSource", "add_model_source_arguments", "load_model", "load_model_source", "resolve_source",
+           "usable_device"]
 
 
 def add_model_source_arguments(p: argparse.ArgumentParser) -> None:
@@ -50,14 +51,20 @@ class LoadedSource:
 
 def load_model_source(args: argparse.Namespace, *, prog: str) -> LoadedSource:
     """SOURCE's model on ``--device``, every flag checked before the load."""
-    device = usable_device(args.device)
-    kind, folder = resolve_source(args.source)
-    whole = (load_titan_checkpoint(folder, config=args.config) if kind == "titan"
-             else load_hf_folder(folder, spec_name=args.spec, what=prog))
+    return load_model(args.source, config=args.config, spec=args.spec, device_name=args.device, prog=prog)
+
+
+def load_model(source: Path, *, config: Path | None, spec: str | None, device_name: str, prog: str) -> LoadedSource:
+    """``source`` (a checkpoint, a run folder or a Hugging Face folder) loaded on ``device_name``, the
+    device checked before the load; the same for every tool that reads a model (titan-eval, lm-eval's adapter)."""
+    device = usable_device(device_name)
+    kind, folder = resolve_source(source)
+    whole = (load_titan_checkpoint(folder, config=config) if kind == "titan"
+             else load_hf_folder(folder, spec_name=spec, what=prog))
     try:
         model = whole.model.to(device)
     except Exception as exc:  # noqa: BLE001 (torch's backends fail with AssertionError, RuntimeError, ...)
-        raise ConfigError(f"--device {args.device} cannot be used: {type(exc).__name__}: {exc}.") from None
+        raise ConfigError(f"--device {device_name} cannot be used: {type(exc).__name__}: {exc}.") from None
     return LoadedSource(whole, model, device, kind, folder)
 
 

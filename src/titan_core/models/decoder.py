@@ -43,6 +43,10 @@ class DecoderModel(nn.Module):
     """What titan's decoders (titan-llama, titan-qwen3, titan-deepseek) build and define alike: the base
     class of a model whose ``args`` has ``dim``, ``n_layers``, ``vocab_size`` and ``tie_embeddings``."""
 
+    # init_parameter draws each value by the parameter's name alone (never its shape): the core may fill a
+    # large parameter tile by tile, and a rank then draws only its own shard's tiles (models/init.py).
+    init_is_elementwise = True
+
     # None where the pipeline splitter removed them from a stage.
     tok_embeddings: nn.Embedding | None
     layers: nn.ModuleDict

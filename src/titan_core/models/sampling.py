@@ -8,7 +8,7 @@ whole prefix at every step, which gives the same tokens, only slower.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -48,8 +48,9 @@ def _pick(logits: torch.Tensor, sampling: Sampling, generator: torch.Generator) 
 
 @torch.no_grad()
 def sample(model: nn.Module, prompt: Sequence[int], sampling: Sampling, *, eos_id: int | None = None,
-           use_cache: bool = True) -> list[int]:
-    """The new tokens after ``prompt`` (at most ``max_new_tokens``; stops after ``eos_id``).
+           use_cache: bool = True, stop: Callable[[list[int]], bool] | None = None) -> list[int]:
+    """The new tokens after ``prompt`` (at most ``max_new_tokens``; stops after ``eos_id``, or as soon as
+    ``stop(new tokens so far)`` is true: a stop string reached, say).
 
     The caller keeps ``len(prompt) + max_new_tokens`` within the model's positions.
     """
@@ -68,7 +69,7 @@ def sample(model: nn.Module, prompt: Sequence[int], sampling: Sampling, *, eos_i
             logits = model(ids)
         token = _pick(logits[0, -1], sampling, generator)
         new.append(token)
-        if token == eos_id:
+        if token == eos_id or (stop is not None and stop(new)):
             break
         feed = torch.tensor([[token]], dtype=torch.long, device=device)
         ids = torch.cat([ids, feed], dim=1)

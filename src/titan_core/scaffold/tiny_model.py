@@ -73,6 +73,11 @@ class Block(nn.Module):
 class TinyModel(nn.Module):
     """Token ids [batch, seq] -> logits [batch, seq, vocab]."""
 
+    # init_parameter below draws each value by the parameter's name alone, never by the tensor's shape:
+    # titan-core may then fill a large parameter tile by tile, each rank only its own shard's tiles.
+    # Set it False if your init reads the shape (a fan-in std, an identity matrix).
+    init_is_elementwise = True
+
     def __init__(self, a: TinyArgs) -> None:
         super().__init__()
         if a.vocab_size is None:
