@@ -281,7 +281,7 @@ FAST_MODULES = {
     "test_float8_converter.py", "test_precision_and_mfu.py", "test_readme.py", "test_checkpoint.py",
     "test_moved_modules.py", "test_architecture_doc.py", "test_torch_compat.py", "test_ema_units.py", "test_muon.py",
     "test_eval_tasks.py",
-    "test_stability_units.py", "test_wave8_settings_garbage.py",
+    "test_stability_units.py", "test_wave8_settings_garbage.py", "test_ft_report_units.py", "test_prepare_provenance.py",
 }
 FAST_TESTS = {
     "test_golden_curves.py::test_every_case_has_a_golden_file_with_its_current_arguments",

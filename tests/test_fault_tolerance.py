@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -30,7 +31,9 @@ from ft_helpers import (
 
 pytest.importorskip("torchft")
 
+from titan_core.commands import report as report_cli  # noqa: E402
 from titan_core.config.job import JobConfig  # noqa: E402
+from titan_core.observability.report.svg import COLORS  # noqa: E402
 
 
 def digest(path: Path) -> str:
@@ -79,7 +82,31 @@ def test_killed_groups_rejoin_and_lose_nothing_but_their_own_batches(tmp_path: P
     # peer's step, not at step 1.
     failed = committed_losses(run, 3)
     assert sorted(failed) == list(range(1, 41)) and all(len(v) == 1 for v in failed.values()), failed
-    assert min(r["step"] for r in steps_logged(run / "replica_2")) > 7
+    # A restarted group keeps the records of its earlier life (committed steps nobody trains again) and logs again
+    # from the step it rejoined at: nothing moved aside, no claim that anything was redone.
+    events = [json.loads(line) for line in (run / "ft_events.jsonl").read_text().splitlines()]
+    rejoined_at = {e["replica"]: e["step"] for e in events if e["event"] == "rejoined"}
+    last_before = {e["replica"]: e["last_logged_step"] for e in events if e["event"] == "died"}
+    assert [r["step"] for r in steps_logged(run / "replica_2")] == [
+        *range(1, last_before[2] + 1), *range(rejoined_at[2], 41)]
+    assert not list(run.glob("replica_*/metrics.superseded.jsonl")) and "redoes" not in out
+    # titan-report on the run folder: one report, every group's curve, each left/rejoin mark at the step of the
+    # supervisor's [ft] line, one line per failure.
+    assert report_cli.main([str(run)]) == 0
+    html = (run / "report.html").read_text()
+    loss = re.search(r'<svg class="chart" data-metric="loss".*?</svg>', html, re.S).group(0)  # type: ignore[union-attr]
+    assert {c for c in re.findall(r'<polyline fill="none" stroke="(#[0-9A-F]+)"', loss)} == set(COLORS[:3])
+    said = [(kind, int(step)) for step, kind in re.findall(r"\[ft\] step (\d+): replica \d (left|rejoined)", out)]
+    drawn = [(kind.removeprefix("ft-"), int(step)) for kind, step in re.findall(r'data-kind="(ft-[a-z]+)" data-step="(\d+)"', loss)]
+    assert sorted(drawn) == sorted(said) and len(said) == 4, (said, drawn)
+    survivor = {int(r["step"]): r["ft_replicas"] for r in steps_logged(run / "replica_0")}
+    left_at = {e["replica"]: e["step"] for e in events if e["event"] == "left"}
+    for i in (1, 2):  # the left mark is the first step committed without the group, the rejoin mark its first step back
+        assert survivor[left_at[i]] == 2 or left_at[i] == rejoined_at[i], (i, left_at, survivor)
+        assert {int(r["step"]): r["ft_replicas"] for r in steps_logged(run / f"replica_{i}")}[rejoined_at[i]] == 3
+    for i in (1, 2):
+        assert re.search(rf'<li class="ft-event">replica {i} died \(SIGKILL\) after step {last_before[i]} .*?rejoined at '
+                         rf'step {rejoined_at[i]} from replica \d', html), html
     # The reference: an unfailed run in which the groups sat out the same steps (test-only hook) commits the
     # same losses, bit for bit: fault tolerance lost nothing but the lost groups' batches.
     # Usually the fresh restart of replica 2 takes steps that the survivors commit without it; when a

@@ -113,7 +113,8 @@ CASES = [
     Case("empty data file", ("--data.source={inputs}/empty.txt",), "contains no documents"),
     Case("binary data file", ("--data.source={inputs}/binary.txt",), "binary.txt is not UTF-8 text"),
     Case(".csv data file", ("--data.source={inputs}/table.csv",), 'unsupported extension ".csv"'),
-    Case("jsonl without the text field", ("--data.source={inputs}/other_field.jsonl",), 'other_field.jsonl has no field "text" (its fields: body)'),
+    Case("jsonl without the text field", ("--data.source={inputs}/other_field.jsonl",),
+         'other_field.jsonl line 1: row 0 has no field "text" (its fields: body)'),
     Case("tokenizer in the wrong format", ("--data.tokenizer={inputs}/words.model",), "words.model: line 1 is not '<base64 token> <rank>'"),
     Case("nonexistent tokenizer", ("--data.tokenizer={inputs}/nope.model",), "nope.model does not exist"),
     # ---- checkpoints (a run starts; the resume is refused) -----------------------------------

@@ -33,6 +33,9 @@ def build_parser() -> argparse.ArgumentParser:
     prep.add_argument("--allow-download", action="store_true", help="permit hf: sources to download")
     prep.add_argument("--hf-timeout", type=float, default=60.0, metavar="SECONDS",
                       help="seconds an hf: source may go without delivering a row before prepare stops (default 60)")
+    prep.add_argument("--keep-duplicates", action="store_true",
+                      help="also pack a file that is a link to, or a byte-identical copy of, a file already read "
+                           "(skipped and named by default)")
     prep.add_argument("--quiet", action="store_true", help="no progress line")
     prep.add_argument("--traceback", action="store_true", help="show Python tracebacks for errors")
     return p
@@ -52,7 +55,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         req = PrepareRequest(sources=list(args.sources), tokenizer=args.tokenizer, out=args.out, workers=args.workers,
                              shard_tokens=args.shard_tokens, text_field=args.text_field, hf_split=args.hf_split,
                              allow_download=args.allow_download, progress=not args.quiet,
-                             hf_timeout_s=args.hf_timeout)
+                             hf_timeout_s=args.hf_timeout, keep_duplicates=args.keep_duplicates)
         index = prepare(req, build_tokenizer)
         print(f"{args.out}: {index['num_tokens']:,} tokens, {index['num_documents']:,} documents, "
               f"{len(index['shards'])} shard(s), {index['dtype']}; train with --data.source=tokens:{args.out}")

@@ -2,7 +2,9 @@
 
 One run: ``RUN_DIR/report.html`` by default (the file the run itself writes when it ends).
 Several runs are overlaid on the same charts, with the settings that differ listed; they
-need ``--out``. The PNG (``FILE-loss.png`` beside the page) needs matplotlib (``plot`` extra);
+need ``--out``. A fault-tolerance run folder (``--fault_tolerance.local_replicas``) is one report: its
+replica groups overlaid, its failures and rejoins marked; the supervisor's ``.pid`` and lock files
+that a ``RUN/replica_*`` glob also matches are left out with one line. The PNG (``FILE-loss.png`` beside the page) needs matplotlib (``plot`` extra);
 without it the page is still written, and the message says how to get the PNG.
 """
 
@@ -30,8 +32,26 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+# Files a run folder holds beside its runs (the fault-tolerance supervisor's process ids, the run lock): a shell
+# glob such as RUN/replica_* matches them too; they are left out, not refused.
+NOT_RUNS = (".pid", ".lock")
+
+
+def runs_among(paths: list[Path]) -> list[Path]:
+    """``paths`` without the process-id and lock files (one line names those left out)."""
+    left_out = [p for p in paths if p.is_file() and (p.suffix in NOT_RUNS or p.name in NOT_RUNS)]
+    shown = ", ".join(str(p) for p in left_out[:5]) + (", ..." if len(left_out) > 5 else "")
+    if left_out:
+        print(f"[{PROG}] left out {shown}: process-id or lock files, not run folders", file=sys.stderr, flush=True)
+    kept = [p for p in paths if p not in left_out]
+    if not kept:
+        raise ConfigError(f"no run folder among {shown}; give titan run folders (job.run_dir), e.g. the "
+                          "fault-tolerance run folder itself.")
+    return kept
+
+
 def report(args: argparse.Namespace) -> int:
-    runs: list[Path] = args.run_dirs
+    runs: list[Path] = runs_among(args.run_dirs)
     out: Path | None = args.out
     if out is None:
         if len(runs) > 1:

@@ -2,7 +2,7 @@
 
 Together the pieces yield the same documents, in the same order, as
 :func:`titan_core.data.sources.read_documents` (empty and null rows skipped, a non-text value
-an error naming the row), but a ``.jsonl`` file is read as byte ranges of whole lines, a
+an error naming the row: ``text_rules.py``, the trainer's readers' rules), but a ``.jsonl`` file is read as byte ranges of whole lines, a
 ``.parquet`` file row group by row group, and ``hf:`` datasets are streamed with no size cap.
 A piece is named by where it lies (file, byte range, row group), so a worker process can read
 it itself: the text never passes through the process that hands out the work.
@@ -13,28 +13,12 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 from ..errors import ConfigError
 from .sources import _quiet_datasets
+from .text_rules import decode_utf8, row_text, value_text, without_bom
 
-
-def _text(value: object, *, where: str, row: int, text_field: str) -> str | None:
-    if value is None or value == "":
-        return None
-    if not isinstance(value, str):
-        raise ConfigError(f'{where}: row {row} field "{text_field}" holds {type(value).__name__}, not text; '
-                          "set --text-field to a string field.")
-    return value
-
-
-def _field(record: object, *, where: str, row: int, text_field: str) -> Any:
-    if not isinstance(record, dict):
-        raise ConfigError(f"{where}: row {row} is {type(record).__name__}, not an object with a \"{text_field}\" field.")
-    if text_field not in record:
-        raise ConfigError(f'{where}: row {row} has no field "{text_field}" (its fields: {", ".join(record) or "none"}); '
-                          "set --text-field to the field that holds the text.")
-    return record[text_field]
+FLAG = "--text-field"  # titan-data prepare's name for the text field
 
 
 # ---- .jsonl (and JSON lines in a .json file) ----------------------------------------------------------
@@ -82,19 +66,19 @@ def json_lines(path: Path, start: int, end: int, text_field: str) -> Iterator[st
     with path.open("rb") as f:
         f.seek(start)
         data = f.read(end - start)
-    where = str(path)
     for i, line in enumerate(data.split(b"\n")):
         if not line.strip():
             continue
         try:
-            record = json.loads(line)
-        except (ValueError, RecursionError) as e:  # RecursionError: nested too deep for the parser
-            raise ConfigError(f"data file {path} could not be read as JSON (line {_rows_before(path, start) + i + 1}: "
-                              f"{e}); fix the file or leave it out.") from None
+            record = json.loads(decode_utf8(line, path=path, line=i + 1))  # the line number is corrected below
+        except (ValueError, RecursionError, ConfigError) as e:  # RecursionError: nested too deep for the parser
+            number = _rows_before(path, start) + i + 1  # only now: counting costs a read of the file up to here
+            decode_utf8(line, path=path, line=number)  # invalid UTF-8: refused as the trainer refuses it
+            raise ConfigError(f"data file {path} could not be read as JSON (line {number}: {e}); fix the file or "
+                              "leave it out.") from None
         if not isinstance(record, dict) or text_field not in record or not isinstance(record[text_field], (str, type(None))):
-            row = _rows_before(path, start) + i  # only now: counting costs a read of the file up to here
-            _text(_field(record, where=where, row=row, text_field=text_field), where=where, row=row,
-                  text_field=text_field)
+            number = _rows_before(path, start) + i + 1
+            row_text(record, where=f"data file {path} line {number}", row=number - 1, text_field=text_field, flag=FLAG)
         text = record[text_field]
         if text:
             yield text
@@ -103,17 +87,16 @@ def json_lines(path: Path, start: int, end: int, text_field: str) -> Iterator[st
 def json_is_list(path: Path) -> bool:
     """Whether a ``.json`` file holds one JSON list (else JSON lines, as the datasets json builder reads it)."""
     with path.open("rb") as f:
-        return f.read(1 << 16).lstrip().startswith(b"[")
+        return without_bom(f.read(1 << 16)).lstrip().startswith(b"[")
 
 
 def json_list(path: Path, text_field: str) -> Iterator[str]:
     try:
-        records = json.loads(path.read_bytes())
+        records = json.loads(decode_utf8(path.read_bytes(), path=path))
     except (ValueError, RecursionError) as e:
         raise ConfigError(f"data file {path} could not be read as JSON ({e}); fix the file or leave it out.") from None
     for row, record in enumerate(records):
-        text = _text(_field(record, where=str(path), row=row, text_field=text_field), where=str(path), row=row,
-                     text_field=text_field)
+        text = row_text(record, where=f"data file {path}", row=row, text_field=text_field, flag=FLAG)
         if text is not None:
             yield text
 
@@ -148,7 +131,7 @@ def parquet_group(path: Path, group: int, first_row: int, text_field: str) -> It
         raise ConfigError(f"data file {path} could not be read as Parquet ({type(e).__name__}: {str(e)[:200]}); "
                           "fix the file or leave it out.") from None
     for i, value in enumerate(values):
-        text = _text(value, where=str(path), row=first_row + i, text_field=text_field)
+        text = value_text(value, where=str(path), row=first_row + i, text_field=text_field, flag=FLAG)
         if text is not None:
             yield text
 
@@ -175,8 +158,7 @@ def hub_rows(name: str, *, text_field: str, split: str) -> Iterator[str]:
                 raise ConfigError(f'hub dataset "{name}" (split "{split}") stopped after {row:,} rows: '
                                   f"{type(e).__name__}: {str(e)[:300]}; the finished shards are kept, run the same "
                                   "command again to continue.") from None
-            text = _text(_field(record, where=f"hf:{name}", row=row, text_field=text_field), where=f"hf:{name}",
-                         row=row, text_field=text_field)
+            text = row_text(record, where=f"hf:{name}", row=row, text_field=text_field, flag=FLAG)
             if text is not None:
                 yield text
             row += 1

@@ -30,8 +30,8 @@ from ..errors import ConfigError
 from ..runtime.os_errors import file_kind
 from .corpus import builtin_documents
 from .deadline import stall_deadline
-from .json_lines import read_json_list, read_jsonl
-from .text_files import read_text_as
+from .json_lines import NotJsonLines, read_json_list, read_jsonl
+from .text_rules import decode_utf8
 
 SUPPORTED_SUFFIXES = (".txt", ".jsonl", ".json", ".parquet")
 HF_PREFIX = "hf:"
@@ -158,8 +158,7 @@ def _read_files(files: list[Path], *, text_field: str, source: str) -> list[str]
 
 def _read_file(path: Path, *, text_field: str) -> list[str]:
     if path.suffix.lower() == ".txt":
-        text = read_text_as(path, "utf-8", lambda e: f"data file {path} is not UTF-8 text (undecodable byte at offset "
-                            f"{e.start}); convert it to UTF-8 or remove it from data.source.")
+        text = decode_utf8(path.read_bytes(), path=path)  # text_rules.py: the BOM and UTF-8 rules prepare reads by
         if "\x00" in text:
             raise ConfigError(f"data file {path} looks binary (it contains NUL bytes); give a text file.")
         return [text] if text.strip() else []
@@ -180,10 +179,10 @@ def _read_file(path: Path, *, text_field: str) -> list[str]:
 def _json_lines_or_none(path: Path, *, text_field: str) -> list[str] | None:
     """A ``.json`` file of JSON lines read directly (``datasets`` would import pyarrow and pandas,
     some 130 MiB held for the whole run, to read it); None for anything it cannot read that way
-    (one object over several lines, a damaged row, ...), which ``datasets`` reads or reports as before."""
+    (one object over several lines, a line that is not an object), which ``datasets`` reads or reports as before."""
     try:
         return read_jsonl(path, text_field=text_field)
-    except ConfigError:
+    except NotJsonLines:  # another JSON form; a row breaking text_rules.py's rules is refused here, as prepare does
         return None
 
 

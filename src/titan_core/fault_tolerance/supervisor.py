@@ -25,6 +25,7 @@ from typing import IO
 
 from ..config.job import JobConfig
 from ..errors import GAVE_UP_EXIT, LIGHTHOUSE_LOST_EXIT, ConfigError
+from ..runtime.ft_events import append_event
 from ..runtime.parent_death import ended_with_parent
 from ..runtime.run_lock import acquire_run_lock
 from .replica import RESTARTED_ENV
@@ -61,6 +62,25 @@ def _signal_name(rc: int) -> str:
         except ValueError:
             return f"signal {-rc}"
     return f"exit {rc}"
+
+
+def last_logged_step(run_dir: Path) -> int | None:
+    """The step of the last whole record in a group's ``metrics.jsonl`` (None: none yet, or unreadable)."""
+    try:
+        with (run_dir / "metrics.jsonl").open("rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 65536))
+            tail = f.read().splitlines()
+    except OSError:
+        return None
+    for raw in reversed(tail):
+        try:
+            step = json.loads(raw).get("step")
+        except (ValueError, AttributeError):  # a half-written last line, or not an object
+            continue
+        if isinstance(step, int) and not isinstance(step, bool):
+            return step
+    return None
 
 
 def lighthouse_program() -> str:
@@ -163,6 +183,10 @@ class Supervisor:
             else:
                 print(f"[replica {replica_id}] {line}", end="", flush=True)
 
+    def record(self, event: str, **fields: object) -> None:
+        """The same fact as the [ft] line beside it, for titan-report (ft_events.jsonl)."""
+        append_event(self.run_dir, event, **fields)
+
     def on_status(self, replica_id: int, words: list[str]) -> None:
         with self.lock:
             if words[2] == "participants":  # "step N participants P of K"
@@ -172,11 +196,13 @@ class Supervisor:
                         if g.left is not None:
                             print(f"[ft] step {step}: replica {g.replica_id} left ({g.left}); "
                                   f"{n} of {self.k} replicas training", flush=True)
+                            self.record("left", replica=g.replica_id, step=step, how=g.left, live=n, groups=self.k)
                             g.left = None
                 self.live = n
             elif words[2] == "nothing-to-rejoin":  # "step N nothing-to-rejoin I"
                 print(f"[ft] replica {words[3]} came back after the other groups had finished: nothing to "
                       "rejoin; it stops (its run folder keeps its last state)", flush=True)
+                self.record("nothing_to_rejoin", replica=int(words[3]), step=int(words[1]))
             elif words[2] == "rejoined":  # "step N rejoined I from J"
                 g = self.groups[int(words[3])]
                 if not g.restarts:  # the first step's weight sync, not a rejoin
@@ -186,6 +212,8 @@ class Supervisor:
                     self.live = min(self.live, self.k - 1)
                     print(f"[ft] step {words[1]}: replica {g.replica_id} left ({g.left}); "
                           f"{self.live} of {self.k} replicas training", flush=True)
+                    self.record("left", replica=g.replica_id, step=int(words[1]), how=g.left, live=self.live,
+                                groups=self.k)
                     g.left = None
                 self.live = min(self.k, self.live + 1)
                 if self.spare is None and not self.stop_signal:  # started now, not beside the restarting group
@@ -196,6 +224,8 @@ class Supervisor:
                     self.spare_started.wait(timeout=10)
                 print(f"[ft] step {words[1]}: replica {words[3]} rejoined from replica {words[5]} "
                       f"({after:.1f}s after its restart); {self.live} of {self.k} replicas training", flush=True)
+                self.record("rejoined", replica=int(words[3]), step=int(words[1]), peer=int(words[5]),
+                            after_s=round(after, 1), live=self.live, groups=self.k)
 
     # ---- the loop ---------------------------------------------------------------------------------
     def forward_signal(self, signum: int, _frame: object) -> None:
@@ -210,10 +240,13 @@ class Supervisor:
         old = {s: signal.signal(s, self.forward_signal) for s in (signal.SIGINT, signal.SIGTERM)}
         print(f"[ft] lighthouse on port {self.port} (pid {lighthouse.pid}); {self.k} replica groups, "
               f"min_replicas={self.ft.min_replicas}", flush=True)
+        self.record("start", groups=self.k, min_replicas=self.ft.min_replicas, max_restarts=self.ft.max_restarts)
         try:
             for i in range(self.k):
                 self.groups[i] = Group(i, self.start_group(i))
-            return self.watch(lighthouse)
+            code = self.watch(lighthouse)
+            self.record("end", exit=code)
+            return code
         finally:
             for g in self.groups.values():
                 if g.proc.poll() is None:
@@ -243,12 +276,14 @@ class Supervisor:
             print(f"[ft] the lighthouse (pid {lighthouse.pid}) has been stopped (SIGSTOP?) for more than "
                   f"fault_tolerance.quorum_timeout_s={limit:g}s; killing it.", file=sys.stderr, flush=True)
             lighthouse.kill()
+            self.record("frozen_killed", what="lighthouse")
         for g in self.groups.values():
             if g.done is None and self.frozen_for(g.proc) > limit:
                 print(f"[ft] replica {g.replica_id} (pid {g.proc.pid}) has been stopped (SIGSTOP?) for more than "
                       f"fault_tolerance.quorum_timeout_s={limit:g}s; killing it.", file=sys.stderr, flush=True)
                 self.stopped_since.pop(g.proc.pid, None)
                 g.proc.kill()
+                self.record("frozen_killed", what="replica", replica=g.replica_id)
 
     def end_stragglers(self) -> None:
         """Once the run is stopping, every group has quorum_timeout_s + STOP_GRACE_S to end; then it is killed."""
@@ -280,6 +315,7 @@ class Supervisor:
                 print(f"[ft] the lighthouse died ({_signal_name(lighthouse.returncode)}); every replica group stops "
                       f"within fault_tolerance.quorum_timeout_s={self.ft.quorum_timeout_s:g}s. Run the same command "
                       "again to resume from the groups' checkpoints.", file=sys.stderr, flush=True)
+                self.record("lighthouse_lost", how=_signal_name(lighthouse.returncode))
             for g in self.groups.values():
                 rc = g.proc.poll()
                 if g.done is not None or rc is None:
@@ -292,12 +328,17 @@ class Supervisor:
                 elif g.restarts < self.ft.max_restarts:
                     g.restarts += 1
                     g.left = _signal_name(rc)
+                    self.record("died", replica=g.replica_id, how=g.left, restart=g.restarts,
+                                max_restarts=self.ft.max_restarts,
+                                last_logged_step=last_logged_step(self.run_dir / f"replica_{g.replica_id}"))
                     g.proc, g.started = self.start_group(g.replica_id, restart=True), time.monotonic()
                     print(f"[ft] replica {g.replica_id} died ({g.left}); restart {g.restarts} of "
                           f"{self.ft.max_restarts}", flush=True)
                 else:
                     g.done = rc
                     gave_up = True
+                    self.record("gave_up", replica=g.replica_id, how=_signal_name(rc), restarts=g.restarts,
+                                last_logged_step=last_logged_step(self.run_dir / f"replica_{g.replica_id}"))
                     print(f"[ft] replica {g.replica_id} died ({_signal_name(rc)}) after {g.restarts} restarts "
                           f"(fault_tolerance.max_restarts={self.ft.max_restarts}); stopping the run.",
                           file=sys.stderr, flush=True)

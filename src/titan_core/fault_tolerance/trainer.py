@@ -105,6 +105,12 @@ class FaultTolerantTrainer(Trainer):
         self.step, self.tokens_seen = int(state["step"]), int(state["tokens_seen"])
         self.rejoined_from = int(state["replica_id"])
 
+    def set_aside_later_metrics(self) -> None:
+        # Deferred to join_quorum: only at its first quorum does a group learn the step it trains on from (its
+        # own, or a live peer's when it is behind). A restarted group continues at its peer's step: the records of
+        # its earlier life are committed steps nobody trains again, and they stay in metrics.jsonl.
+        pass
+
     # ---- one step ---------------------------------------------------------------------------------
     def status(self, line: str) -> None:
         if self.is_rank0:  # every rank of a group sees the same membership: one line per group
@@ -132,7 +138,11 @@ class FaultTolerantTrainer(Trainer):
             if os.environ.get(RESTARTED_ENV) and self.rejoined_from is None and self.replica.participants <= 1:
                 self.status(f"step {self.step + 1} nothing-to-rejoin {self.ft.replica_id}")
                 raise NothingToRejoin("no live replica group to rejoin")
+            if self.is_rank0 and not os.environ.get(RESTARTED_ENV):
+                super().set_aside_later_metrics()  # the records past the step this group now trains on from
         if self.rejoined_from is not None:
+            if self.is_rank0:
+                super().set_aside_later_metrics()  # only records past its peer's step (normally none)
             self.status(f"step {self.step + 1} rejoined {self.ft.replica_id} from {self.rejoined_from}")
             self.rejoined_from = None
 

@@ -700,7 +700,7 @@ class Trainer:
             atomic_write_text(self.run_dir / "config.toml", dumps(self.config.model_dump(mode="json")))
             if resumed is None:
                 record_shape_file(self.resolved.weights, self.run_dir)
-            supersede_metrics(self.metrics.path, start_step=self.step)  # one record per step after a resume
+            self.set_aside_later_metrics()
             if self.converters:
                 self.conversion_table.write(self.run_dir / "conversion_table.json")
         t = self.config.training
@@ -769,6 +769,11 @@ class Trainer:
         self.finish()
         history.extend(float(loss) for loss in losses)
         return history.tolist()
+
+    def set_aside_later_metrics(self) -> None:
+        """One record per step after a resume: the records past the starting step are moved aside (this run
+        trains those steps again). Rank 0, once the run folder is accepted."""
+        supersede_metrics(self.metrics.path, start_step=self.step)
 
     def nothing_to_train(self) -> None:
         """A resume whose checkpoint is already at (or past) training.steps: as torchtitan, nothing is trained

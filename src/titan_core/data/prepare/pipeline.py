@@ -42,6 +42,7 @@ from ...errors import ConfigError
 from ..shard_format import FORMAT, INDEX_NAME, VERSION, dtype_for_vocab, file_sha256, tokenizer_fingerprint
 from ..sources import HF_PREFIX, source_files
 from .checks import check_finished_index, check_out_place, check_saved_progress, check_settings
+from .provenance import added_files, check_unchanged, find_duplicates, listed_state
 from .tasks import Task, encode_documents, plan_tasks, task_texts
 from .writer import PROGRESS_NAME, ShardWriter
 
@@ -63,6 +64,7 @@ class PrepareRequest:
     allow_download: bool = False
     progress: bool = True
     hf_timeout_s: float = 60.0  # an hf: source silent this long stops prepare (--hf-timeout)
+    keep_duplicates: bool = False  # pack a link to, or a byte-identical copy of, a file already read (provenance.py)
 
 
 # ---- inputs ----------------------------------------------------------------------------------------
@@ -80,9 +82,20 @@ def _source_files(req: PrepareRequest) -> list[list[Path] | None]:
 
 
 def describe_inputs(req: PrepareRequest, tok: Tokenizer, files: list[list[Path] | None],
-                    stop: Callable[[], bool] | None = None) -> dict[str, Any]:
+                    stop: Callable[[], bool] | None = None, *, hashes: dict[Path, str] | None = None,
+                    duplicates: dict[Path, Path] | None = None) -> dict[str, Any]:
     """Everything the output depends on (checked again on resume): settings, tokenizer, every file's hash
-    (``stop``: asked between blocks of the hashing)."""
+    (``stop``: asked between blocks of the hashing; ``hashes``: those already taken; ``duplicates``: the files
+    skipped as a repeat of another, recorded with ``duplicate_of``)."""
+    known, repeats = hashes or {}, duplicates or {}
+
+    def entry(p: Path) -> dict[str, Any]:
+        record = {"path": str(p.resolve()), "size": p.stat().st_size,
+                  "sha256": known[p] if p in known else file_sha256(p, stop)}
+        if p in repeats:
+            record["duplicate_of"] = str(repeats[p].resolve())
+        return record
+
     sources: list[dict[str, Any]] = []
     for source, paths in zip(req.sources, files):
         if source.startswith(HF_PREFIX):
@@ -91,8 +104,7 @@ def describe_inputs(req: PrepareRequest, tok: Tokenizer, files: list[list[Path] 
             sources.append({"source": "builtin"})
         else:
             sources.append({"source": str(Path(source).expanduser().resolve()),
-                            "files": [{"path": str(p.resolve()), "size": p.stat().st_size, "sha256": file_sha256(p, stop)}
-                                      for p in paths]})
+                            "files": [entry(p) for p in paths]})
     return {
         "format": FORMAT, "version": VERSION, "dtype": dtype_for_vocab(tok.vocab_size),
         "shard_tokens": req.shard_tokens, "text_field": req.text_field,
@@ -170,10 +182,14 @@ def prepare(req: PrepareRequest, load_tokenizer: Callable[[str], Tokenizer]) -> 
     tok = load_tokenizer(req.tokenizer)
     tokenizer_fingerprint(tok)  # a tokenizer without one is refused before anything is read
     files = _source_files(req)
+    listed = listed_state(files)  # before anything reads them: compared once packing is done
+    hashes: dict[Path, str] = {}
+    repeats = [] if req.keep_duplicates else find_duplicates(files, hashes)
     hashing = ThreadPoolExecutor(max_workers=1, thread_name_prefix="titan-source-hash")
     stopping = threading.Event()  # a run that ends early does not wait for the rest of the hashing
     try:
-        described = hashing.submit(describe_inputs, req, tok, files, stopping.is_set)
+        described = hashing.submit(describe_inputs, req, tok, files, stopping.is_set, hashes=hashes,
+                                   duplicates={d.path: d.of for d in repeats})
         saved = _check_out(req, described.result)
         if saved is not None and saved.get("done"):
             index = json.loads((req.out / INDEX_NAME).read_text())
@@ -188,9 +204,12 @@ def prepare(req: PrepareRequest, load_tokenizer: Callable[[str], Tokenizer]) -> 
         writer = ShardWriter(req.out, dtype=dtype_for_vocab(tok.vocab_size), shard_tokens=req.shard_tokens,
                              inputs=described.result, saved=saved)
         progress = Progress(req.progress)
+        for repeat in repeats:
+            print(repeat.line(), file=sys.stderr, flush=True)
         try:
             try:
-                _run(req, writer, progress, tok, load_tokenizer)
+                _run(req, writer, progress, tok, load_tokenizer, files, frozenset(d.path for d in repeats))
+                check_unchanged(listed, req.out)  # before the index: it must describe what was packed
                 index = writer.finish()
             finally:
                 writer.close()
@@ -204,13 +223,16 @@ def prepare(req: PrepareRequest, load_tokenizer: Callable[[str], Tokenizer]) -> 
         stopping.set()
         hashing.shutdown(wait=True)
     progress.show(index["num_documents"], index["num_tokens"], final=True)
+    for path in added_files(req.sources, files):
+        print(f"prepare: {path} appeared after prepare listed its folder; it is not in this shard set (prepare again "
+              "into a new --out to include it)", file=sys.stderr, flush=True)
     return index
 
 
 def _run(req: PrepareRequest, writer: ShardWriter, progress: Progress, tok: Tokenizer,
-         load_tokenizer: Callable[[str], Tokenizer]) -> None:
+         load_tokenizer: Callable[[str], Tokenizer], files: list[list[Path] | None], skip: frozenset[Path]) -> None:
     tasks = itertools.islice(plan_tasks(req.sources, text_field=req.text_field, hf_split=req.hf_split,
-                                            hf_timeout_s=req.hf_timeout_s),
+                                        hf_timeout_s=req.hf_timeout_s, files=files, skip=skip),
                              writer.start_task, None)
     if req.workers == 1:
         _run_here(req, writer, progress, tok, tasks)

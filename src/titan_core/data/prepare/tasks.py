@@ -53,9 +53,12 @@ class Task:
     texts: tuple[str, ...] = ()
 
 
-def plan_tasks(sources: list[str], *, text_field: str, hf_split: str, hf_timeout_s: float = 60.0) -> Iterator[Task]:
-    """Every task of ``sources``, in source order (local sources were checked by the caller)."""
-    for source in sources:
+def plan_tasks(sources: list[str], *, text_field: str, hf_split: str, hf_timeout_s: float = 60.0,
+               files: Sequence[list[Path] | None] | None = None, skip: frozenset[Path] = frozenset()) -> Iterator[Task]:
+    """Every task of ``sources``, in source order (local sources were checked by the caller). ``files``: each
+    source's files as the caller listed (and hashed) them, so what is packed is what is recorded; ``skip``: the
+    duplicates left out (provenance.py)."""
+    for number, source in enumerate(sources):
         if source == "builtin":
             yield from _text_tasks(builtin_documents())
         elif source.startswith(HF_PREFIX):
@@ -63,8 +66,10 @@ def plan_tasks(sources: list[str], *, text_field: str, hf_split: str, hf_timeout
             rows = hub_rows(source[len(HF_PREFIX):], text_field=text_field, split=hf_split)
             yield from _text_tasks(bounded_rows(rows, seconds=hf_timeout_s, source=source, flag="--hf-timeout"))
         else:
-            for path in source_files(source):
-                yield from _file_tasks(path, text_field)
+            listed = files[number] if files is not None else None
+            for path in listed if listed is not None else source_files(source):
+                if path not in skip:
+                    yield from _file_tasks(path, text_field)
 
 
 def _file_tasks(path: Path, text_field: str) -> Iterator[Task]:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from ...console import progress
 from ...runtime.run_files import atomic_write_bytes, atomic_write_text
+from .ft_run import expand_runs
 from .page import render
 from .png import MISSING, loss_png
 from .runs import read_run, run_names
@@ -34,12 +35,16 @@ def png_path_of(html: Path) -> Path:
 def write_report(run_dirs: list[Path], out: Path) -> Written:
     """Read every run, write ``out`` and the loss PNG beside it (atomically); ConfigError for a bad run folder."""
 
-    names = run_names(run_dirs)
-    runs = [read_run(path, name=name) for path, name in zip(run_dirs, names)]
-    png = loss_png(runs)
+    # A fault-tolerance run folder is drawn as its replica groups, with its supervisor's failures marked.
+    expanded = expand_runs(run_dirs, run_names(run_dirs))
+    runs = [read_run(path, name=name) for path, name in zip(expanded.paths, expanded.names)]
+    for run, breaks in zip(runs, expanded.breaks):
+        run.breaks = breaks
+    png = loss_png(runs, marks=expanded.marks)
     png_file = png_path_of(out) if png is not None else None
     generated = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    html = render(runs, png=png, png_name=png_file.name if png_file else None, png_note=MISSING, generated=generated)
+    html = render(runs, png=png, png_name=png_file.name if png_file else None, png_note=MISSING, generated=generated,
+                  loss_marks=expanded.marks, ft_sections=expanded.sections)
     out.parent.mkdir(parents=True, exist_ok=True)
     if png is not None and png_file is not None:
         atomic_write_bytes(png_file, png)

@@ -64,6 +64,8 @@ def _summary(runs: list[RunData]) -> str:
             notes.append(f"{run.skipped_lines} unreadable lines of metrics.jsonl skipped")
         if run.config_note:
             notes.append(f"settings not shown: {run.config_note}")
+        if run.superseded_note:
+            notes.append(run.superseded_note)
         nonfinite = sum(1 for _, y in run.series.get("loss", []) if not math.isfinite(y))
         if nonfinite:
             notes.append(f"{nonfinite} non-finite losses (gaps in the lines)")
@@ -126,7 +128,7 @@ def spike_marks(runs: list[RunData]) -> list[Mark]:
     return marks
 
 
-def _charts(runs: list[RunData]) -> str:
+def _charts(runs: list[RunData], loss_marks: list[Mark]) -> str:
     """The charts with something to draw, then one line per chart without (why it has nothing), not an empty frame."""
     figures, missing = [], []
     for chart_id, title, keys, scale, note in CHARTS + eval_charts(runs) + stability_charts(runs):
@@ -135,14 +137,15 @@ def _charts(runs: list[RunData]) -> str:
             key = next((k for k in keys if run.series.get(k)), None)
             if key is not None:
                 color, dashed = color_of(i)
-                series.append(Series(run.name, [(x, y * scale) for x, y in run.series[key]], color, dashed))
+                series.append(Series(run.name, [(x, y * scale) for x, y in run.series[key]], color, dashed,
+                                     tuple(run.breaks)))
         if not any(math.isfinite(x) and math.isfinite(y) for s in series for x, y in s.points):
             if series:  # recorded, but nothing a chart can draw
                 note = "every recorded value is non-finite or too large to draw"
             missing.append(f'<li class="not-drawn" data-metric="{escape(chart_id)}"><b>{escape(title)}</b>: '
                            f'not drawn, {escape(note)}</li>')
             continue
-        marks = spike_marks(runs) if chart_id == "loss" else []
+        marks = spike_marks(runs) + loss_marks if chart_id == "loss" else []
         figures.append(f'<figure><figcaption>{escape(title)}</figcaption>'
                        f'{line_chart(chart_id, title, series, empty_note=note, marks=marks)}</figure>')
     absent = f'<ul class="note">{"".join(missing)}</ul>' if missing else ""
@@ -157,8 +160,20 @@ def _settings(runs: list[RunData]) -> str:
     return "<h2>Settings</h2>" + "".join(blocks)
 
 
-def render(runs: list[RunData], *, png: bytes | None, png_name: str | None, png_note: str, generated: str) -> str:
-    """The whole page as one string."""
+def _fault_tolerance(sections: list[tuple[str, list[str]]]) -> str:
+    """One list per fault-tolerance run: a line per failure (from its supervisor's ft_events.jsonl)."""
+    blocks = []
+    for folder, lines in sections:
+        items = "".join(f'<li class="ft-event">{escape(line)}</li>' for line in lines)
+        blocks.append(f'<p class="note">{escape(folder)}: each group is one line on the charts; on the loss chart '
+                      f'a red dashed line marks the first step trained without a group, a green dotted one its '
+                      f'rejoin</p><ul class="ft-events">{items}</ul>')
+    return "<h2>Fault tolerance</h2>" + "".join(blocks) if blocks else ""
+
+
+def render(runs: list[RunData], *, png: bytes | None, png_name: str | None, png_note: str, generated: str,
+           loss_marks: list[Mark] | None = None, ft_sections: list[tuple[str, list[str]]] | None = None) -> str:
+    """The whole page as one string (``loss_marks`` and ``ft_sections``: what fault-tolerance runs add)."""
     title = "titan report: " + ", ".join(r.name for r in runs)
     if png is not None:
         picture = (f'<img alt="loss against steps" src="data:image/png;base64,{base64.b64encode(png).decode()}">'
@@ -169,6 +184,7 @@ def render(runs: list[RunData], *, png: bytes | None, png_name: str | None, png_
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
         f"<title>{escape(title)}</title><style>{STYLE}</style></head><body>"
         f"<h1>{escape(title)}</h1><p class=\"note\">written {escape(generated)} by titan-report</p>"
-        f"<h2>Runs</h2>{_summary(runs)}{_differences(runs)}<h2>Against steps</h2>{_charts(runs)}{heatmaps(runs)}"
+        f"<h2>Runs</h2>{_summary(runs)}{_fault_tolerance(ft_sections or [])}{_differences(runs)}"
+        f"<h2>Against steps</h2>{_charts(runs, loss_marks or [])}{heatmaps(runs)}"
         f"<h2>Loss (PNG)</h2>{picture}{_settings(runs)}</body></html>\n"
     )

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import io
+from collections.abc import Sequence
 
 from .runs import RunData
-from .svg import color_of
+from .svg import MARK_COLORS, Mark, color_of
 
 MISSING = "matplotlib is not installed, so no PNG of the loss was drawn; install it with pip install 'titan-core[plot]'"
 
 
-def loss_png(runs: list[RunData]) -> bytes | None:
+def loss_png(runs: list[RunData], *, marks: Sequence[Mark] = ()) -> bytes | None:
     """PNG bytes of training (solid) and validation (dashed) loss against steps; None without matplotlib."""
     try:
         # The object API without pyplot: no backend selection, no window, no global figure state,
@@ -33,6 +34,9 @@ def loss_png(runs: list[RunData]) -> bytes | None:
                 if y:
                     ax.axvline(x, linestyle=style, color="#D55E00" if key == "spike_skipped" else "#000000",
                                linewidth=1)
+    for mark in marks:  # fault tolerance: a group gone (dashed), back (dotted)
+        ax.axvline(mark.step, linestyle="--" if mark.kind == "ft-left" else ":", linewidth=1,
+                   color=MARK_COLORS.get(mark.kind, "#666666"))
     ax.set_xlabel("step")
     ax.set_ylabel("loss")
     ax.grid(alpha=0.3)

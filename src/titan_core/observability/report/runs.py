@@ -16,7 +16,7 @@ from typing import Any
 
 from ...errors import ConfigError
 from ...runtime.os_errors import not_a_folder
-from ...runtime.run_files import read_run_config
+from ...runtime.run_files import SUPERSEDED_FILE, read_run_config
 
 
 @dataclass
@@ -28,6 +28,8 @@ class RunData:
     settings: dict[str, str] = field(default_factory=dict)  # dotted config key -> its TOML-ish value
     skipped_lines: int = 0
     config_note: str = ""  # why the settings are missing, when they are
+    breaks: list[float] = field(default_factory=list)  # steps its lines do not join across (a group away)
+    superseded_note: str = ""  # what metrics.superseded.jsonl holds (records a restart moved aside), if any
 
     def last(self, metric: str) -> float | None:
         points = [v for _, v in self.series.get(metric, []) if math.isfinite(v)]
@@ -80,6 +82,29 @@ def _read_metrics(path: Path) -> tuple[dict[str, dict[float, float]], int]:
     return by_metric, skipped
 
 
+def superseded_note(path: Path) -> str:
+    """What the records moved aside by a restart are, in words (they are not drawn); "" when there are none."""
+    by_start: dict[int, list[float]] = {}
+    try:
+        lines = (path / SUPERSEDED_FILE).read_bytes().splitlines()
+    except OSError:
+        return ""
+    for raw in lines:
+        try:
+            record = json.loads(raw.decode("utf-8"))
+            step, start = _number(record["step"]), record["superseded_by_run_from_step"]
+        except (UnicodeDecodeError, ValueError, KeyError, TypeError, RecursionError):
+            continue
+        if math.isfinite(step) and isinstance(start, int) and not isinstance(start, bool):
+            by_start.setdefault(start, []).append(step)
+    parts = []
+    for start, steps in sorted(by_start.items()):
+        n, low, high = len(steps), min(steps), max(steps)
+        parts.append(f"{n} record{'s' if n != 1 else ''} of steps {low:.0f}-{high:.0f} moved to {SUPERSEDED_FILE} when "
+                     f"the run in this folder started again from step {start} (not drawn)")
+    return "; ".join(parts)
+
+
 def read_run(path: Path, *, name: str | None = None) -> RunData:
     """A run folder's metrics and settings; ConfigError when it is not a run folder."""
 
@@ -93,6 +118,7 @@ def read_run(path: Path, *, name: str | None = None) -> RunData:
     by_metric, skipped = _read_metrics(metrics)
     run = RunData(name=name or path.resolve().name, path=path, skipped_lines=skipped)
     run.series = {key: sorted(points.items()) for key, points in by_metric.items()}
+    run.superseded_note = superseded_note(path)
     config = path / "config.toml"
     if config.is_file():
         try:

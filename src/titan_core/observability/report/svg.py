@@ -20,14 +20,16 @@ COLORS = ["#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#00
 
 @dataclass(frozen=True)
 class Mark:
-    """A vertical line at ``step`` (a loss spike the guard skipped, a rollback): ``kind`` names it."""
+    """A vertical line at ``step`` (a loss spike the guard skipped, a rollback, a fault-tolerance group gone or
+    back): ``kind`` names it."""
 
     step: float
     kind: str
     label: str
 
 
-MARK_COLORS = {"spike-skipped": "#D55E00", "spike-rollback": "#000000"}
+MARK_COLORS = {"spike-skipped": "#D55E00", "spike-rollback": "#000000",
+               "ft-left": "#B00020", "ft-rejoined": "#009E73"}  # fault tolerance: a group gone, a group back
 
 
 @dataclass(frozen=True)
@@ -36,6 +38,7 @@ class Series:
     points: list[tuple[float, float]]
     color: str
     dashed: bool = False
+    breaks: tuple[float, ...] = ()  # steps where the line stops and starts again (a fault-tolerance group away)
 
 
 def color_of(index: int) -> tuple[str, bool]:
@@ -111,7 +114,12 @@ def line_chart(metric: str, title: str, series: list[Series], *, empty_note: str
         dash = ' stroke-dasharray="6 3"' if s.dashed else ""
         piece: list[str] = []
         pieces: list[list[str]] = []
+        previous = -math.inf
         for x, y in _thin(s.points):
+            if piece and any(previous < b <= x for b in s.breaks):
+                pieces.append(piece)
+                piece = []
+            previous = x
             if math.isfinite(x) and math.isfinite(y):
                 piece.append(f"{px(x):.1f},{py(y):.1f}")
             elif piece:
@@ -128,7 +136,7 @@ def line_chart(metric: str, title: str, series: list[Series], *, empty_note: str
                              f'points="{" ".join(p)}"/>')
     for m in marks:
         if x0 <= m.step <= x1:
-            dash = "2 2" if m.kind == "spike-rollback" else "5 3"
+            dash = {"spike-rollback": "2 2", "ft-left": "8 2", "ft-rejoined": "1 3"}.get(m.kind, "5 3")
             parts.append(f'<line class="mark" data-kind="{escape(m.kind)}" data-step="{fmt(m.step)}" '
                          f'x1="{px(m.step):.1f}" x2="{px(m.step):.1f}" y1="{TOP}" y2="{TOP + ph}" '
                          f'stroke="{MARK_COLORS.get(m.kind, "#666666")}" stroke-width="1.5" stroke-dasharray="{dash}">'
