@@ -18,7 +18,9 @@ if [ "$verbose" = 1 ]; then quiet=(); fi
 say() { echo "[setup] $*"; }
 start=$SECONDS
 
+fresh=0
 if [ ! -x .venv/bin/python ]; then
+  fresh=1
   say "creating .venv with $("$PY" --version 2>&1) and upgrading pip in it"
   "$PY" -m venv .venv
   .venv/bin/python -m pip install ${quiet[@]+"${quiet[@]}"} --upgrade pip
@@ -40,9 +42,12 @@ fi
 say "building titan-core and the five plugins as wheels and installing them with the test and lint tools"
 .venv/bin/python -m pip install ${quiet[@]+"${quiet[@]}"} ".[test,lint]" plugins/titan-llama plugins/titan-qwen3 plugins/titan-deepseek plugins/titan-float8 \
   plugins/titan-mx-prototype
-# A re-run on a changed checkout must replace the previously built wheels of the same version.
-say "reinstalling this checkout's six wheels over any earlier build of the same version"
-.venv/bin/python -m pip install ${quiet[@]+"${quiet[@]}"} --force-reinstall --no-deps . plugins/titan-llama \
-  plugins/titan-qwen3 plugins/titan-deepseek plugins/titan-float8 plugins/titan-mx-prototype
+# A re-run on a changed checkout must replace the previously built wheels of the same version (a .venv
+# made just now holds no earlier build: the install above built these sources).
+if [ "$fresh" = 0 ]; then
+  say "reinstalling this checkout's six wheels over any earlier build of the same version"
+  .venv/bin/python -m pip install ${quiet[@]+"${quiet[@]}"} --force-reinstall --no-deps . plugins/titan-llama \
+    plugins/titan-qwen3 plugins/titan-deepseek plugins/titan-float8 plugins/titan-mx-prototype
+fi
 echo "$stamp" > .venv/.titan-installed
 say "done in $((SECONDS - start)) s"

@@ -290,7 +290,7 @@ FAST_TESTS = {
     "test_data_shards.py::test_prepare_runs_without_torch_and_one_or_two_workers_write_the_same_bytes",
     "test_deepseek_tp.py::test_tp_must_divide_the_heads",
     "test_qk_clip.py::test_the_factors_cut_each_head_to_tau_with_grouped_keys",
-    "test_qk_clip.py::test_qk_clip_with_tp_pp_or_fault_tolerance_is_refused_naming_the_keys",
+    "test_qk_clip.py::test_qk_clip_with_pp_or_fault_tolerance_is_refused_naming_the_keys",
     "test_layer_stats.py::test_the_report_draws_a_heatmap_per_figure_and_marks_each_spike_on_the_loss_curve",
 }
 

@@ -116,6 +116,9 @@ SMALLEST = {
                        r"^step-time ratio with / without: [\d.]+ \(target <= 1.03\)$"),
     "memory_breakdown.py": (["--batch", "1", "--seq-len", "64", "--steps", "1"],
                             r"^sum = peak resident memory of the step\s+\d+$"),
+    # One rank of a small layout under the fake process group (the 70B figure takes about a minute).
+    "sharded_init.py": (["--flavor", "debugmodel", "--tp", "2", "--dp-shard", "2", "--rank", "3"],
+                        r"^tiled / whole\s+[\d.]+$"),
     # Without a torchtitan source: titan-core alone, and the script says so.
     "vs_torchtitan.py": (["--tt-src", "", "--steps", "4", "--batch", "1", "--seq-len", "32", "--layouts", "single"],
                          r"^single\s+titan\s+[\d.]+\s+\d+\s+[\d.]+\s+[\d.]+$"),

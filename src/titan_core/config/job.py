@@ -147,10 +147,10 @@ class JobConfig(BaseModel):
             raise ValueError("stability.spike_guard with fault tolerance is not supported yet: the replica groups' step "
                              "does not consult the guard. Set stability.spike_guard=false, or train without "
                              "fault_tolerance")
-        if self.stability.qk_clip_threshold and (p.tp > 1 or p.pp > 1):
-            raise ValueError(f"stability.qk_clip_threshold={self.stability.qk_clip_threshold} works on one process and "
-                             f"under FSDP2 (parallelism.dp_shard/dp_replicate), not yet with parallelism.tp={p.tp} or "
-                             f"parallelism.pp={p.pp}: set them to 1, or leave qk_clip_threshold at 0")
+        if self.stability.qk_clip_threshold and p.pp > 1:
+            raise ValueError(f"stability.qk_clip_threshold={self.stability.qk_clip_threshold} works on one process, "
+                             f"under FSDP2 and under tensor parallelism, not yet with parallelism.pp={p.pp}: set it to "
+                             f"1, or leave qk_clip_threshold at 0")
         if (self.stability.qk_clip_threshold or self.metrics.layer_stats) and (ft.enable or ft.local_replicas):
             key = "stability.qk_clip_threshold" if self.stability.qk_clip_threshold else "metrics.layer_stats"
             raise ValueError(f"{key} with fault tolerance is not supported yet: the replica groups' step does not "

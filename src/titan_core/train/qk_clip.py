@@ -12,8 +12,11 @@ sqrt of its group's smallest factor and each query head the rest. The logit a he
 tau: after the step, the batch's maximum is min(m, tau) per head, which is what is logged.
 
 Under FSDP2 a projection's rows live in shards: each rank scales the rows of its own shard (the
-factors are laid out like the weight, no communication). Tensor and pipeline parallelism are refused
-(config/job.py). The extra forward costs about a third of a step.
+factors are laid out like the weight, no communication). Under tensor parallelism each tp rank measures
+its own heads (the column-wise projections split them, and tp divides the key heads, so a query head's
+key group is on its rank): the factors it applies in the forward are its own, and the factors for the
+weights, like the logged figures, are gathered over tp in head order first. Pipeline parallelism is
+refused (config/job.py). The extra forward costs about a third of a step.
 """
 
 from __future__ import annotations
@@ -69,10 +72,11 @@ class QKClip:
     """Measures after each step and rescales the heads above the threshold; the figures go to logging steps."""
 
     def __init__(self, threshold: float, *, model_parts: list[nn.Module], layer_of: Callable[[nn.Module], str | None],
-                 dp_group: dist.ProcessGroup | None) -> None:
+                 dp_group: dist.ProcessGroup | None, tp_group: dist.ProcessGroup | None = None) -> None:
         self.threshold = threshold
         self.layer_of = layer_of  # the block (its key in model.layers) an attention module belongs to
         self.dp_group = dp_group
+        self.tp_group = tp_group  # each tp rank holds its own heads (None: every head is here)
         # Each projection's weight at rest (under FSDP2: the sharded parameter the optimizer steps; in a
         # forward the module holds the gathered one instead).
         self.resting: dict[int, torch.Tensor] = {}
@@ -105,10 +109,11 @@ class QKClip:
                               "(titan_core.models.attention_logits; titan-llama's does), and this model's forward "
                               "recorded none; set stability.qk_clip_threshold=0")
         figures: dict[str, float] = {}
-        for h in request.heads.values():
-            over = int((h.max > self.threshold).sum())
-            if h.factors is not None:
-                query, key = h.factors
+        for h in request.heads.values():  # every rank's modules in the same order: the gathers pair up
+            maxima, factors = self.whole_heads(h)
+            over = int((maxima > self.threshold).sum())
+            if factors is not None:
+                query, key = factors
                 scale_rows(self.at_rest(h.q_proj), query.repeat_interleave(h.head_dim))
                 scale_rows(self.at_rest(h.k_proj), key.repeat_interleave(h.head_dim))
                 self.clipped_heads += over
@@ -116,8 +121,27 @@ class QKClip:
             if layer is not None:
                 keys = (f"{PREFIX}{layer}/{k}" for k in ("max_logit_before", "max_logit", "clipped_heads"))
                 before_key, after_key, count_key = keys
-                figures[before_key] = max(figures.get(before_key, -math.inf), float(h.max.max()))
+                figures[before_key] = max(figures.get(before_key, -math.inf), float(maxima.max()))
                 figures[after_key] = max(figures.get(after_key, -math.inf),
-                                         float(h.max.clamp(max=self.threshold).max()))
+                                         float(maxima.clamp(max=self.threshold).max()))
                 figures[count_key] = figures.get(count_key, 0) + over
         return figures
+
+    def whole_heads(self, h: HeadLogits) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None]:
+        """(every head's maximum, every head's (query, key) factors or None when no head was cut): this rank's
+        own without tensor parallelism, else gathered over the tp ranks in head order (rank r holds the r-th
+        block of heads of a column-wise projection)."""
+        if self.tp_group is None:
+            return h.max, h.factors
+        query, key = h.factors if h.factors is not None else (torch.ones_like(h.max),
+                                                               torch.ones(h.kv_heads, device=h.max.device))
+        maxima, query, key = (_gathered(t, self.tp_group) for t in (h.max, query, key))
+        cut = bool((query < 1).any() or (key < 1).any())
+        return maxima, ((query, key) if cut else None)
+
+
+def _gathered(local: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
+    """``local`` of every rank of ``group``, concatenated in rank order."""
+    pieces = [torch.empty_like(local) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(pieces, local.contiguous(), group=group)
+    return torch.cat(pieces)

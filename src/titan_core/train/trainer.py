@@ -444,7 +444,8 @@ class Trainer:
             owner = {id(m): name for name, block in blocks_of(self.model_parts).items() for m in block.modules()}
             self.qk_clip = QKClip(self.config.stability.qk_clip_threshold, model_parts=self.model_parts,
                                   layer_of=lambda m: owner.get(id(m)),
-                                  dp_group=self.dp_flat_mesh.get_group() if self.dims.dp > 1 else None)
+                                  dp_group=self.dp_flat_mesh.get_group() if self.dims.dp > 1 else None,
+                                  tp_group=self.mesh["tp"].get_group() if self.dims.tp_enabled else None)
 
     def build_profiler(self) -> None:
         self.profiler = StepProfiler(self.config.profiling, run_dir=self.run_dir, rank=self.proc.rank,
