@@ -1,5 +1,5 @@
 """Garbage in the settings this wave added ([stability] qk_clip_threshold, metrics.layer_stats,
-llama3.attention_kernel's new value): exit 2, one message naming the key, no traceback, and a run
+llama3.attention_kernel's new value, parallelism.etp): exit 2, one message naming the key, no traceback, and a run
 folder that already holds a file is left exactly as it was."""
 
 from __future__ import annotations
@@ -17,6 +17,9 @@ CASES = [
     ("--stability.qk_clip_threshold=inf", "stability.qk_clip_threshold = inf"),
     ("--metrics.layer_stats=maybe", "metrics.layer_stats"),
     ("--llama3.attention_kernel=bogus", "llama3.attention_kernel"),
+    ("--parallelism.etp=abc", "parallelism.etp"),
+    ("--parallelism.etp=0", "parallelism.etp"),
+    ("--parallelism.etp=2", "parallelism.etp=2 with parallelism.tp=1"),
 ]
 
 

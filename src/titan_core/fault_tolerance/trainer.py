@@ -106,10 +106,10 @@ class FaultTolerantTrainer(Trainer):
         self.rejoined_from = int(state["replica_id"])
 
     def set_aside_later_metrics(self) -> None:
-        # Deferred to join_quorum: only at its first quorum does a group learn the step it trains on from (its
-        # own, or a live peer's when it is behind). A restarted group continues at its peer's step: the records of
-        # its earlier life are committed steps nobody trains again, and they stay in metrics.jsonl.
-        pass
+        """Nothing here: deferred to ``join_quorum``. Only at its first quorum does a group learn the step it
+        trains on from (its own, or a live peer's when it is behind). A restarted group continues at its peer's
+        step: the records of its earlier life are committed steps nobody trains again, and they stay in
+        metrics.jsonl."""
 
     # ---- one step ---------------------------------------------------------------------------------
     def status(self, line: str) -> None:
