@@ -129,6 +129,26 @@ def test_masked_gradients_equal_the_sum_over_documents_alone(flavor: str) -> Non
     print(f"{flavor}: largest relative gradient difference (norm) {worst:.2e}")
 
 
+def test_pipeline_stages_take_the_positions_beside_the_hidden_states() -> None:
+    """What pipeline_takes_positions=True promises: two stages cut by the core's splitter, each given the
+    positions (the second with the first's hidden states), give the whole model's masked logits."""
+    from titan_core.parallel.pipeline import build_stage_module
+
+    inputs, labels, _ = _rows()
+    positions, _ = split_documents(inputs, labels, eos_id=EOS, bos_id=BOS)
+    model = _model("moe")
+    first = build_stage_module(model, ["0"], is_first=True, is_last=False)
+    last = build_stage_module(model, ["1"], is_first=False, is_last=True)
+    with torch.no_grad():
+        hidden = first(inputs, positions=positions)
+        assert hidden.shape == (2, 63, MOE.dim)
+        torch.testing.assert_close(last(hidden, positions=positions), model(inputs, positions=positions),
+                                   atol=1e-6, rtol=0)
+        with pytest.raises(ValueError, match=r"positions \(2, 62\) are not \[batch, seq\] = \(2, 63\) of the "
+                                             r"input \(2, 63, 64\)"):
+            last(hidden, positions=positions[:, 1:])
+
+
 def test_positions_of_another_shape_or_type_are_refused_clearly() -> None:
     inputs, labels, _ = _rows()
     model = _model("dense")
