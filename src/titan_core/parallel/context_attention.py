@@ -123,6 +123,17 @@ def _visible_blocks(layout: ContextLayout, starts: torch.Tensor | None,
     return blocks
 
 
+def _pairs(layout: ContextLayout, blocks: list[tuple[int, int, torch.Tensor | None]]) -> float:
+    """Query-key pairs of one sequence and head in ``blocks`` (a diagonal block: its lower triangle)."""
+    n = layout.chunk_len
+    return sum(n * (n + 1) / 2 if layout.local_chunks[i] == k_chunk else n * n for i, k_chunk, _ in blocks)
+
+
+def attention_pairs(layout: ContextLayout, starts: torch.Tensor | None = None) -> float:
+    """The query-key pairs this rank computes per sequence and head: the work the load balance evens out."""
+    return _pairs(layout, _visible_blocks(layout, starts, torch.device("cpu")))
+
+
 def _forward(q: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor], layout: ContextLayout,
              blocks: list[tuple[int, int, torch.Tensor | None]], scale: float) -> tuple[torch.Tensor, torch.Tensor]:
     """(output [b, hkv, g, local, d] float32, log-sum-exp [b, hkv, g, local] float32) over the visible blocks."""
@@ -157,8 +168,7 @@ class _ContextAttention(torch.autograd.Function):
         qg = q.reshape(b, hkv, hq // hkv, local, d)
         blocks = _visible_blocks(layout, starts, q.device)
         if work is not None:
-            n = layout.chunk_len
-            work.pairs.append(sum(n * (n + 1) / 2 if layout.local_chunks[i] == kc else n * n for i, kc, _ in blocks))
+            work.pairs.append(_pairs(layout, blocks))
         out, lse = _forward(qg, _gather(k, layout, group), _gather(v, layout, group), layout, blocks, scale)
         out = out.to(q.dtype)
         ctx.save_for_backward(q, k, v, out, lse)

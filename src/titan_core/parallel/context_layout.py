@@ -72,12 +72,3 @@ class ContextLayout:
         n = self.chunk_len
         return torch.cat([t.narrow(dim, c * n, n) for c in self.local_chunks], dim=dim).contiguous()
 
-
-def causal_work(layout: ContextLayout, rank: int) -> float:
-    """Query-key pairs ``rank`` computes for one causal sequence (a diagonal block counts its lower
-    triangle with the diagonal): the figure the attention-balance benchmark compares over ranks."""
-    n = layout.chunk_len
-    total = 0.0
-    for q_chunk in layout.chunks_of(rank):
-        total += q_chunk * n * n + n * (n + 1) / 2  # every earlier chunk in full, then the diagonal
-    return total

@@ -30,7 +30,7 @@ from ..config.toml_out import dumps
 from ..console import progress, say
 from ..data import build_dataloader, build_mixture_loader
 from ..data.describe import describe_data
-from ..data.documents import split_documents
+from ..data.documents import accepts_positions, split_documents
 from ..data.identity import data_identity
 from ..data.masking_check import check_targets_under_masking
 from ..data.mixture import source_tokens
@@ -230,6 +230,8 @@ class Trainer:
         # The ranks whose tokens differ (data-parallel, with context-parallel folded in): token counts add up over it.
         self.token_mesh = self.dims.token_mesh(self.mesh, self.dp_flat_mesh) if self.dims.distributed else None
         self.context_parallel = None
+        self.passes_positions = accepts_positions(self.spec.model_cls) and (
+            not self.dims.pp_enabled or self.spec.pipeline_takes_positions)
         if self.dims.cp_enabled:
             self.context_parallel = ContextParallel(group=self.mesh["cp"].get_group(), seq_len=t.seq_len,
                                                     load_balance=p.cp_load_balance,
@@ -534,7 +536,12 @@ class Trainer:
         return self.context_parallel.attention(positions)
 
     def model_kwargs(self, positions: torch.Tensor | None) -> dict[str, torch.Tensor]:
-        return {} if positions is None else {"positions": to_device(positions, self.device)}
+        """``positions=`` for a model (or pipeline) that takes them: with document masking (checked up front), and
+        under context parallelism, where they are each token's place in the whole sequence. A model without the
+        parameter runs context-parallel too, when it encodes no positions (as the plugin scaffold's)."""
+        if positions is None or not self.passes_positions:
+            return {}
+        return {"positions": to_device(positions, self.device)}
 
     def forward_backward(self, inputs: torch.Tensor, labels: torch.Tensor,
                          positions: torch.Tensor | None = None) -> torch.Tensor:

@@ -228,6 +228,11 @@ class Transformer(DecoderModel):
 
     # tied_weights, init_parameter (the untied embedding at unit scale), init_weights: DecoderModel's.
 
+    def use_context_parallel_attention(self) -> None:
+        """Declares context-parallelism support (the core's ``parallelism.cp``): every attention here already goes
+        through ``F.scaled_dot_product_attention`` (causal, or with the block-causal mask of ``positions``), which the
+        core then computes across the ranks that hold parts of the sequence. Nothing to change."""
+
     def init_buffers(self) -> None:
         """Recompute the rotary table on its device and start every router unbiased (after ``to_empty``)."""
         self.rope = rope_table(self.args, self.rope.device)
