@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from conftest import Run, run_main, titan, write_uneven_corpus
+from titan_core.parallel import context_attention
 from titan_core.parallel.context_attention import attention_pairs, context_parallel_attention
 from titan_core.parallel.context_layout import ContextLayout
 
@@ -26,7 +27,7 @@ TOLERANCE = 1e-6  # the issue's bound: fp32 losses and gradient norms, relative
 STEPS = 5
 SEQ_LEN = 128  # 4 chunks at cp 2, 8 at cp 4: every chunk crosses document boundaries of the corpus below
 COMMON = ("--training.seq_len=128", f"--training.steps={STEPS}", "--metrics.log_freq=1",
-          "--lr_scheduler.warmup_steps=1", "--training.max_norm=1.0", "--training.seed=0",
+          "--lr_scheduler.warmup_steps=1", "--lr_scheduler.decay_type=constant", "--training.max_norm=1.0", "--training.seed=0",
           "--data.document_masking=true")
 MODELS = {
     "llama3": ("--spec", "llama3", "--flavor", "debugmodel", "--llama3.n_layers=2"),
@@ -43,9 +44,14 @@ def _reference_mask(starts: torch.Tensor) -> torch.Tensor:
     return ((index[None, :] <= index[:, None])[None] & (index[None, None, :] >= starts[:, :, None]))[:, None]
 
 
+@pytest.mark.fast
+@pytest.mark.parametrize("tile_scores", [context_attention.TILE_SCORES, 40], ids=["whole_blocks", "row_tiles"])
 @pytest.mark.parametrize("documents", [False, True], ids=["causal", "documents"])
 @pytest.mark.parametrize("load_balance", [True, False], ids=["balanced", "contiguous"])
-def test_kernel_equals_sdpa_forward_and_backward_in_float64(documents: bool, load_balance: bool) -> None:
+def test_kernel_equals_sdpa_forward_and_backward_in_float64(documents: bool, load_balance: bool, tile_scores: int,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """Row tiles: 40 scores per tile is one query row at a time (the long-sequence path)."""
+    monkeypatch.setattr(context_attention, "TILE_SCORES", tile_scores)
     torch.manual_seed(0)
     b, hq, hkv, s, d = 2, 4, 2, 16, 8
     q, k, v = (torch.randn(b, h, s, d, dtype=torch.float64, requires_grad=True) for h in (hq, hkv, hkv))
@@ -64,6 +70,7 @@ def test_kernel_equals_sdpa_forward_and_backward_in_float64(documents: bool, loa
         assert (a - r).abs().max() < 1e-12, name
 
 
+@pytest.mark.fast
 def test_layout_holds_a_head_and_a_mirrored_tail_chunk_per_rank() -> None:
     layouts = [ContextLayout(4, r, 64) for r in range(4)]
     assert [lay.local_chunks for lay in layouts] == [(0, 7), (1, 6), (2, 5), (3, 4)]
@@ -75,6 +82,7 @@ def test_layout_holds_a_head_and_a_mirrored_tail_chunk_per_rank() -> None:
         ContextLayout(4, 0, 60)
 
 
+@pytest.mark.fast
 def test_attention_work_is_even_over_ranks_only_with_load_balancing() -> None:
     """Max / mean over cp 4 ranks of the query-key pairs each computes (the kernel's own block list)."""
 
@@ -137,7 +145,8 @@ def test_losses_and_gradient_norms_match_one_process(layout: str, references, tm
 
 
 def test_a_cp2_checkpoint_resumes_on_one_process_exactly(references, tmp_path: Path) -> None:
-    """Saved by 2 cp ranks at step 3, resumed by one process: steps 4-5 are the uninterrupted run's."""
+    """Saved by 2 cp ranks at step 3, resumed by one process: steps 4-5 are the uninterrupted run's (a constant
+    learning rate after warmup, so the shorter first run follows the same schedule)."""
     flags = ("--training.local_batch_size=2", "--checkpoint.enable=true", "--checkpoint.interval=3")
     first = _run(tmp_path, "run", "llama3", *flags, "--parallelism.cp=2", nproc=2, steps=3)
     first.step_records("cp2 steps 1-3", 3)
@@ -162,6 +171,7 @@ REFUSALS = [
 ]
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize(("args", "message"), REFUSALS, ids=[m[:30] for _, m in REFUSALS])
 def test_unservable_settings_are_one_message_before_any_worker(args: tuple[str, ...], message: str, tmp_path: Path,
                                                                capsys) -> None:

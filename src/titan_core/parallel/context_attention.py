@@ -134,14 +134,26 @@ def attention_pairs(layout: ContextLayout, starts: torch.Tensor | None = None) -
     return _pairs(layout, _visible_blocks(layout, starts, torch.device("cpu")))
 
 
+#: Scores held at once (per tile of query rows): the block's transients (scores, probabilities, their gradient)
+#: stay a few of these, however long the chunks (a 4096 x 4096 block of 16 heads would be 1 GiB each).
+TILE_SCORES = 2**24
+
+
+def _tiles(blocks: list[tuple[int, int, torch.Tensor | None]], n: int, scores_per_row: int,
+           ) -> list[tuple[slice, int, torch.Tensor | None]]:
+    """Each visible block cut into tiles of query rows: (local rows, key chunk, the tile's mask)."""
+    step = max(1, min(n, TILE_SCORES // max(scores_per_row, 1)))
+    return [(slice(i * n + a, i * n + min(a + step, n)), k_chunk, None if mask is None else mask[..., a:a + step, :])
+            for i, k_chunk, mask in blocks for a in range(0, n, step)]
+
+
 def _forward(q: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor], layout: ContextLayout,
              blocks: list[tuple[int, int, torch.Tensor | None]], scale: float) -> tuple[torch.Tensor, torch.Tensor]:
     """(output [b, hkv, g, local, d] float32, log-sum-exp [b, hkv, g, local] float32) over the visible blocks."""
     n = layout.chunk_len
     out = q.new_zeros(q.shape, dtype=_acc(q))
     lse = q.new_full(q.shape[:-1], float("-inf"), dtype=_acc(q))
-    for i, k_chunk, mask in blocks:
-        rows = slice(i * n, (i + 1) * n)
+    for rows, k_chunk, mask in _tiles(blocks, n, q.shape[0] * q.shape[1] * q.shape[2] * n):
         s = _scores(q[..., rows, :], keys[k_chunk], mask, scale)
         block_lse = torch.logsumexp(s, dim=-1)
         finite = torch.isfinite(block_lse)
@@ -190,8 +202,8 @@ class _ContextAttention(torch.autograd.Function):
         dq = torch.zeros(qg.shape, dtype=acc, device=q.device)
         dk = [torch.zeros(c.shape, dtype=acc, device=q.device) for c in keys]
         dv = [torch.zeros(c.shape, dtype=acc, device=q.device) for c in values]
-        for i, k_chunk, mask in _visible_blocks(layout, ctx.starts, q.device):
-            rows = slice(i * n, (i + 1) * n)
+        blocks = _visible_blocks(layout, ctx.starts, q.device)
+        for rows, k_chunk, mask in _tiles(blocks, n, b * hq * n):
             q_rows, do_rows = qg[..., rows, :], dout[..., rows, :]
             s = _scores(q_rows, keys[k_chunk], mask, ctx.scale)
             p = torch.exp(s - lse[..., rows].unsqueeze(-1))  # masked pairs: exp(-inf) = 0
