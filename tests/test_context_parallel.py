@@ -18,10 +18,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import Run, run_main, titan, write_uneven_corpus
 from titan_core.parallel import context_attention
 from titan_core.parallel.context_attention import attention_pairs, context_parallel_attention
 from titan_core.parallel.context_layout import ContextLayout
+
+from conftest import Run, run_main, titan, write_uneven_corpus
 
 TOLERANCE = 1e-6  # the bound: fp32 losses and gradient norms, relative
 STEPS = 5
