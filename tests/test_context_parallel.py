@@ -3,8 +3,9 @@
 The kernel is checked in one process against ``F.scaled_dot_product_attention`` in float64
 (forward and every gradient, grouped-query heads, packed documents). The runs go through the
 real CLI in real gloo processes: every layout must reproduce the per-step loss and gradient norm
-of one process on the same global batch, with packed short documents (document masking across
-chunk boundaries); a CP 2 checkpoint resumes on one process; bad settings are refused up front.
+of one process on the same global batch of packed short documents, with and without document
+masking (documents then cross chunk boundaries); a CP 2 checkpoint resumes on one process; bad
+settings are refused up front.
 
 Run with ``-s`` to see the measured differences per layout.
 """
@@ -26,10 +27,10 @@ from conftest import Run, run_main, titan, write_uneven_corpus
 
 TOLERANCE = 1e-6  # the issue's bound: fp32 losses and gradient norms, relative
 STEPS = 5
-SEQ_LEN = 128  # 4 chunks at cp 2, 8 at cp 4: every chunk crosses document boundaries of the corpus below
-COMMON = ("--training.seq_len=128", f"--training.steps={STEPS}", "--metrics.log_freq=1",
-          "--lr_scheduler.warmup_steps=1", "--lr_scheduler.decay_type=constant", "--training.max_norm=1.0", "--training.seed=0",
-          "--data.document_masking=true")
+SEQ_LEN = 256  # 4 chunks at cp 2, 8 at cp 4: with masking, chunks cross document boundaries of the corpus below
+COMMON = (f"--training.seq_len={SEQ_LEN}", f"--training.steps={STEPS}", "--metrics.log_freq=1",
+          "--lr_scheduler.warmup_steps=1", "--lr_scheduler.decay_type=constant", "--training.max_norm=1.0",
+          "--training.seed=0")
 MODELS = {
     "llama3": ("--spec", "llama3", "--flavor", "debugmodel", "--llama3.n_layers=2"),
     "qwen3": ("--spec", "qwen3", "--flavor", "debugmodel", "--qwen3.n_layers=2"),
@@ -103,49 +104,66 @@ def _corpus(root: Path) -> Path:
     return write_uneven_corpus(root / "docs.jsonl", seed=0, documents=300, longest=50)
 
 
-def _run(tmp: Path, name: str, model: str, *args: str, nproc: int | None = None, steps: int = STEPS) -> Run:
+def _run(tmp: Path, name: str, model: str, *args: str, masking: bool = True, nproc: int | None = None,
+         steps: int = STEPS) -> Run:
     corpus = _corpus(tmp.parent)
     return titan(tmp / name, *MODELS[model], *COMMON, f"--data.source={corpus}", f"--training.steps={steps}",
-                 *args, nproc=nproc)
+                 f"--data.document_masking={str(masking).lower()}", *args, nproc=nproc)
+
+
+class References:
+    """One process, global batch 2, per (model, document masking): the curves the layouts must reproduce,
+    each run once per module, when first asked for."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.curves: dict[str, list[dict[str, float]]] = {}
+
+    def __call__(self, model: str, masking: bool) -> list[dict[str, float]]:
+        key = f"{model}_{'masked' if masking else 'plain'}"
+        if key not in self.curves:
+            run = _run(self.root, key, model, "--training.local_batch_size=2", masking=masking)
+            self.curves[key] = run.step_records(key, STEPS)
+        return self.curves[key]
 
 
 @pytest.fixture(scope="module")
-def references(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict[str, float]]]:
-    """One process, global batch 2, per model: the curves every layout must reproduce."""
-    root = tmp_path_factory.mktemp("cp_reference")
-    return {model: _run(root, model, model, "--training.local_batch_size=2").step_records(model, STEPS)
-            for model in MODELS}
+def references(tmp_path_factory: pytest.TempPathFactory) -> References:
+    return References(tmp_path_factory.mktemp("cp_reference"))
 
 
 def _max_rel(records: list[dict[str, float]], reference: list[dict[str, float]], key: str) -> float:
     return max(abs(r[key] - ref[key]) / abs(ref[key]) for r, ref in zip(records, reference))
 
 
-LAYOUTS = {  # name: (model, processes, local batch, flags)
-    "llama3_cp2": ("llama3", 2, 2, ("--parallelism.cp=2",)),
-    "llama3_cp4": ("llama3", 4, 2, ("--parallelism.cp=4",)),
-    "llama3_cp4_contiguous": ("llama3", 4, 2, ("--parallelism.cp=4", "--parallelism.cp_load_balance=false")),
-    "llama3_fsdp2_cp2_ac": ("llama3", 4, 1, ("--parallelism.cp=2", "--parallelism.dp_shard=2",
-                                             "--activation_checkpoint.mode=full")),
-    "llama3_tp2_cp2": ("llama3", 4, 2, ("--parallelism.cp=2", "--parallelism.tp=2")),
-    "qwen3_cp2": ("qwen3", 2, 2, ("--parallelism.cp=2",)),
-    "qwen3_moe_cp2": ("qwen3_moe", 2, 2, ("--parallelism.cp=2",)),
+LAYOUTS = {  # name: (model, document masking, processes, local batch, flags)
+    "llama3_cp2_masked": ("llama3", True, 2, 2, ("--parallelism.cp=2",)),
+    "llama3_cp4_masked": ("llama3", True, 4, 2, ("--parallelism.cp=4",)),
+    "llama3_cp4_contiguous": ("llama3", False, 4, 2, ("--parallelism.cp=4", "--parallelism.cp_load_balance=false")),
+    "llama3_fsdp2_cp2_ac_masked": ("llama3", True, 4, 1, ("--parallelism.cp=2", "--parallelism.dp_shard=2",
+                                                          "--activation_checkpoint.mode=full")),
+    "llama3_tp2_cp2": ("llama3", False, 4, 2, ("--parallelism.cp=2", "--parallelism.tp=2")),
+    "qwen3_cp2": ("qwen3", False, 2, 2, ("--parallelism.cp=2",)),
+    "qwen3_cp4_masked": ("qwen3", True, 4, 2, ("--parallelism.cp=4",)),
+    "qwen3_moe_cp2_masked": ("qwen3_moe", True, 2, 2, ("--parallelism.cp=2",)),
+    "qwen3_moe_cp4": ("qwen3_moe", False, 4, 2, ("--parallelism.cp=4",)),
 }
 
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))
-def test_losses_and_gradient_norms_match_one_process(layout: str, references, tmp_path: Path) -> None:
-    model, nproc, local_batch, flags = LAYOUTS[layout]
-    run = _run(tmp_path, layout, model, f"--training.local_batch_size={local_batch}", *flags, nproc=nproc)
-    records = run.step_records(layout, STEPS)
-    loss, norm = _max_rel(records, references[model], "loss"), _max_rel(records, references[model], "grad_norm")
+def test_losses_and_gradient_norms_match_one_process(layout: str, references: References, tmp_path: Path) -> None:
+    model, masking, nproc, local_batch, flags = LAYOUTS[layout]
+    run = _run(tmp_path, layout, model, f"--training.local_batch_size={local_batch}", *flags, masking=masking,
+               nproc=nproc)
+    records, reference = run.step_records(layout, STEPS), references(model, masking)
+    loss, norm = _max_rel(records, reference, "loss"), _max_rel(records, reference, "grad_norm")
     print(f"{layout}: loss rel diff {loss:.2e}, grad_norm rel diff {norm:.2e}")
     assert loss <= TOLERANCE and norm <= TOLERANCE, (layout, loss, norm)
     sharded = "dp_shard_cp:S(0)" in run.text
     assert sharded, "the parameters were not sharded over dp_shard x cp:\n" + run.text
 
 
-def test_a_cp2_checkpoint_resumes_on_one_process_exactly(references, tmp_path: Path) -> None:
+def test_a_cp2_checkpoint_resumes_on_one_process_exactly(references: References, tmp_path: Path) -> None:
     """Saved by 2 cp ranks at step 3, resumed by one process: steps 4-5 are the uninterrupted run's (a constant
     learning rate after warmup, so the shorter first run follows the same schedule)."""
     flags = ("--training.local_batch_size=2", "--checkpoint.enable=true", "--checkpoint.interval=3")
@@ -153,9 +171,9 @@ def test_a_cp2_checkpoint_resumes_on_one_process_exactly(references, tmp_path: P
     first.step_records("cp2 steps 1-3", 3)
     resumed = _run(tmp_path, "run", "llama3", *flags)
     assert "resuming from" in resumed.text and "at step 3" in resumed.text, resumed.text
-    tail = resumed.step_records("resumed on one process", STEPS)[3:]
-    assert _max_rel(tail, references["llama3"][3:], "loss") <= TOLERANCE
-    assert _max_rel(tail, references["llama3"][3:], "grad_norm") <= TOLERANCE
+    tail, reference = resumed.step_records("resumed on one process", STEPS)[3:], references("llama3", True)[3:]
+    assert _max_rel(tail, reference, "loss") <= TOLERANCE
+    assert _max_rel(tail, reference, "grad_norm") <= TOLERANCE
 
 
 # ---- refusals ------------------------------------------------------------------------------------

@@ -35,6 +35,7 @@ import torch
 from torch import nn
 
 from ..config.sections import ActivationCheckpointSection
+from ..parallel.context_parallel import MODEL_HOOK as CONTEXT_PARALLEL_HOOK
 from ..parallel.fake_group import fake_process_group
 from ..parallel.pipeline import MULTI_STAGE_SCHEDULES, canonical_schedule
 from ..parallel.precision import resolve_compute_dtype
@@ -425,6 +426,13 @@ def advice(resolved: ResolvedConfig, plan: MemoryPlan, shapes: list[StageShape],
     states = peak.states
     tips.append(_tip(f"twice the ranks with --parallelism.dp_shard={resolved.dims.dp_shard * 2} (states halve)",
                      peak.total - states // 2, limit))
+    cp = resolved.dims.cp * 2
+    if callable(getattr(resolved.spec.model_cls, CONTEXT_PARALLEL_HOOK, None)) and \
+            resolved.config.training.seq_len % (2 * cp) == 0:
+        # each rank holds half the tokens of every sequence (activations) and FSDP2 shards over cp too (states)
+        sequence_part = peak.activ + peak.pipe + states
+        tips.append(_tip(f"twice the context-parallel ranks, --parallelism.cp={cp} (a rank holds half of every "
+                         f"sequence)", peak.total - sequence_part // 2, limit))
     if resolved.dims.pp < len(probe.blocks):
         stage_part = states + peak.fsdp + peak.activ
         tips.append(_tip(f"twice the pipeline stages, --parallelism.pp={resolved.dims.pp * 2} (a stage holds half "
