@@ -67,10 +67,12 @@ class ParallelDims:
             raise ConfigError(f"parallelism.dp_shard must be -1 or >= 1, got {dp_shard}.")
         product = dp_shard * others
         if product != world_size:
+            degrees = (f"dp_replicate={dp_replicate} x dp_shard={dp_shard}" + (f" x cp={cp}" if cp > 1 else "")
+                       + f" x tp={tp} x pp={pp}")
             raise ConfigError(
-                f"parallelism degrees do not fit the world size: dp_shard={dp_shard} x {named} = {product}, but the "
-                f"world size is {world_size}. Make the product equal the number of processes (dp_shard=-1 takes what "
-                f"the others leave)."
+                f"parallelism degrees do not fit the world size: {degrees} = {product}, but the world size is "
+                f"{world_size}. Make the product equal the number of processes (dp_shard=-1 takes what the others "
+                f"leave)."
             )
         if ep > 1:
             _check_ep(ep, dp_shard=dp_shard)
