@@ -72,6 +72,37 @@ def run_all(commands: list[tuple[str, ...]], *, module: str = "titan_core",
     return out
 
 
+# Runs ``module.main(argv)`` for each argv of a JSON list, in this one process, and prints a JSON list of
+# [exit code, stdout, stderr]: a tool's refusals of its flags cost one interpreter start-up, not one each.
+ONE_PROCESS = """
+import contextlib, importlib, io, json, sys, traceback
+main = importlib.import_module(sys.argv[1]).main
+results = []
+for argv in json.loads(sys.argv[2]):
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main(argv)
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else 1
+        except BaseException:
+            traceback.print_exc()
+            code = 1
+    results.append([code, out.getvalue(), err.getvalue()])
+print(json.dumps(results))
+"""
+
+
+def run_in_one_process(commands: list[tuple[str, ...]], *, module: str,
+                       timeout: float = 300) -> list[subprocess.CompletedProcess[str]]:
+    """Each command's ``module.main(args)``, one after the other in one fresh process; their results in order."""
+    proc = subprocess.run([sys.executable, "-c", ONE_PROCESS, module, json.dumps(commands)], cwd=REPO, env=env(),
+                          capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return [subprocess.CompletedProcess(list(args), code, out, err)
+            for args, (code, out, err) in zip(commands, json.loads(proc.stdout), strict=True)]
+
+
 def snapshot(*folders: Path) -> dict[str, str]:
     return {str(p): hashlib.sha1(p.read_bytes()).hexdigest()
             for folder in folders if folder.exists() for p in sorted(folder.rglob("*")) if p.is_file()}
@@ -326,7 +357,8 @@ def test_titan_convert_flags_and_config_are_checked(done: Path, tmp_path: Path) 
         (("to-hf", str(step), out, "--config", "/dev/zero"), "not a regular file"),
         (("to-hf", str(step), out, "--config", str(nonfinite)), "llama3.rope_theta = nan: config values must be finite"),
     ]
-    for (_, fragment), proc in zip(cases, run_all([args for args, _ in cases], module="titan_core.commands.convert")):
+    results = run_in_one_process([args for args, _ in cases], module="titan_core.commands.convert")
+    for (_, fragment), proc in zip(cases, results, strict=True):
         refused(proc, fragment)
     assert not (tmp_path / "out").exists() and snapshot(done) == before
 
