@@ -33,6 +33,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from one_process import run_in_one_process
 
 from conftest import REPO, stop_process
 
@@ -72,35 +73,8 @@ def run_all(commands: list[tuple[str, ...]], *, module: str = "titan_core",
     return out
 
 
-# Runs ``module.main(argv)`` for each argv of a JSON list, in this one process, and prints a JSON list of
-# [exit code, stdout, stderr]: a tool's refusals of its flags cost one interpreter start-up, not one each.
-ONE_PROCESS = """
-import contextlib, importlib, io, json, sys, traceback
-main = importlib.import_module(sys.argv[1]).main
-results = []
-for argv in json.loads(sys.argv[2]):
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            code = main(argv)
-        except SystemExit as exc:
-            code = exc.code if isinstance(exc.code, int) else 1
-        except BaseException:
-            traceback.print_exc()
-            code = 1
-    results.append([code, out.getvalue(), err.getvalue()])
-print(json.dumps(results))
-"""
-
-
-def run_in_one_process(commands: list[tuple[str, ...]], *, module: str,
-                       timeout: float = 300) -> list[subprocess.CompletedProcess[str]]:
-    """Each command's ``module.main(args)``, one after the other in one fresh process; their results in order."""
-    proc = subprocess.run([sys.executable, "-c", ONE_PROCESS, module, json.dumps(commands)], cwd=REPO, env=env(),
-                          capture_output=True, text=True, timeout=timeout)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return [subprocess.CompletedProcess(list(args), code, out, err)
-            for args, (code, out, err) in zip(commands, json.loads(proc.stdout), strict=True)]
+def one_process(commands: list[tuple[str, ...]], *, module: str) -> list[subprocess.CompletedProcess[str]]:
+    return run_in_one_process(commands, module=module, env=env(), cwd=REPO)
 
 
 def snapshot(*folders: Path) -> dict[str, str]:
@@ -187,7 +161,7 @@ def test_a_second_run_touching_a_live_runs_folders_is_refused(live_run: tuple[su
 def test_a_checkpoint_or_hf_folder_as_the_run_folder_is_refused(done: Path) -> None:
     before = snapshot(done)
     step = done / "checkpoints/step-000002"
-    first, second, third = run_in_one_process([(*TINY, f"--job.run_dir={folder}", "--training.steps=2") for folder in
+    first, second, third = one_process([(*TINY, f"--job.run_dir={folder}", "--training.steps=2") for folder in
                                                (step, done / "checkpoints", done / "export/hf/sub")],
                                               module="titan_core.commands.titan_train")
     refused(first, f"the run folder {step} is a titan checkpoint", f"--checkpoint.initial_load={step}")
@@ -358,7 +332,7 @@ def test_titan_convert_flags_and_config_are_checked(done: Path, tmp_path: Path) 
         (("to-hf", str(step), out, "--config", "/dev/zero"), "not a regular file"),
         (("to-hf", str(step), out, "--config", str(nonfinite)), "llama3.rope_theta = nan: config values must be finite"),
     ]
-    results = run_in_one_process([args for args, _ in cases], module="titan_core.commands.convert")
+    results = one_process([args for args, _ in cases], module="titan_core.commands.convert")
     for (_, fragment), proc in zip(cases, results, strict=True):
         refused(proc, fragment)
     assert not (tmp_path / "out").exists() and snapshot(done) == before
@@ -441,7 +415,7 @@ def test_rope_parameters_and_a_disagreeing_rope_scaling_are_refused(done: Path, 
         shutil.copytree(done / "export/hf", hf)
         (hf / "config.json").write_text(json.dumps({**config, **change}))
         before[name] = snapshot(hf)
-    factor, theta, legacy, ok = run_in_one_process(
+    factor, theta, legacy, ok = one_process(
         [("from-hf", str(tmp_path / name), str(tmp_path / f"out-{name}")) for name in variants],
         module="titan_core.commands.convert")
     refused(factor, "sets both rope_parameters and the legacy rope_scaling, and they disagree on factor")
