@@ -34,9 +34,10 @@ print(json.dumps(results))
 
 
 def run_in_one_process(commands: list[tuple[str, ...]], *, module: str, env: dict[str, str], cwd: Path,
-                       timeout: float = 300) -> list[subprocess.CompletedProcess[str]]:
-    """Each command's ``module.main(args)``, one after the other in one fresh process; their results in order."""
-    proc = subprocess.run([sys.executable, "-c", _DRIVER, module, json.dumps(commands)], cwd=cwd, env=env,
+                       timeout: float = 300, python: str = sys.executable) -> list[subprocess.CompletedProcess[str]]:
+    """Each command's ``module.main(args)``, one after the other in one fresh ``python`` process (this
+    interpreter unless named, e.g. another venv's); their results in order."""
+    proc = subprocess.run([python, "-c", _DRIVER, module, json.dumps(commands)], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return [subprocess.CompletedProcess(list(args), code, out, err)
