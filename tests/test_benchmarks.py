@@ -116,6 +116,8 @@ SMALLEST = {
                        r"^step-time ratio with / without: [\d.]+ \(target <= 1.03\)$"),
     "memory_breakdown.py": (["--batch", "1", "--seq-len", "64", "--steps", "1"],
                             r"^sum = peak resident memory of the step\s+\d+$"),
+    # cp 2 against one process at 256 tokens: half the saved activations, even attention work
+    "context_parallel.py": (["--seq-len", "256", "--cps", "1,2"], r"^2\s+yes\s+[\d.]+\s+0\.5\d*\s+1\.000$"),
     # One rank of a small layout under the fake process group (the 70B figure takes about a minute).
     "sharded_init.py": (["--flavor", "debugmodel", "--tp", "2", "--dp-shard", "2", "--rank", "3"],
                         r"^tiled / whole\s+[\d.]+$"),

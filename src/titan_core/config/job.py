@@ -25,6 +25,7 @@ from pydantic import (
 )
 
 from ..errors import ConfigError
+from .context_parallel_rules import check_context_parallel
 from .fault_tolerance import FaultToleranceSection
 from .parallel_dims import ParallelDims
 from .sections import (
@@ -120,7 +121,16 @@ class JobConfig(BaseModel):
             )
         # The one place the degrees are derived (and checked against the world size).
         dims = ParallelDims.resolve(dp_replicate=p.dp_replicate, dp_shard=p.dp_shard, tp=p.tp, pp=p.pp,
-                                    world_size=world_size, ep=p.ep)
+                                    world_size=world_size, ep=p.ep, cp=p.cp)
+        ft = self.fault_tolerance
+        check_context_parallel(p, seq_len=t.seq_len, features_on={
+            "compile.enable=true": self.compile.enable,
+            f"parallelism.ep={p.ep}": p.ep > 1,
+            "stability.qk_clip_threshold": bool(self.stability.qk_clip_threshold),
+            "eval.tasks": bool(self.eval.tasks),
+            "fault_tolerance": ft.enable or bool(ft.local_replicas),
+            f"parallelism.pp={p.pp} with data.document_masking": p.pp > 1 and self.data.document_masking,
+        })
         self._parallel_dims = dims
         per_step = t.local_batch_size * dims.dp
         if t.global_batch_size is not None and t.global_batch_size % per_step:

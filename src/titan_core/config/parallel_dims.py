@@ -31,11 +31,15 @@ class _AboveOne:
 
 @dataclass(frozen=True)
 class ParallelDims:
-    """dp_replicate x dp_shard x tp x pp = world_size; builds the named device mesh.
+    """dp_replicate x dp_shard x cp x tp x pp = world_size; builds the named device mesh.
 
     Mesh dimension names: ``pp``, ``dp_replicate``, ``dp_shard``, ``tp``, and the
     flattened ``dp`` (all data-parallel ranks). Expert parallelism (``ep``) adds no
     ranks: it splits ``dp_shard`` into ``expert_dp_shard x ep`` (``expert_mesh``).
+    Context parallelism (``cp`` > 1) adds a ``cp`` dimension between ``dp_shard`` and ``tp``:
+    the cp ranks of one data-parallel rank read the same batch and each holds part of every
+    sequence; FSDP2 shards over ``dp_shard x cp`` (flattened ``dp_shard_cp``), and the loss
+    counts tokens over ``dp x cp`` (flattened ``dp_cp``). Without it the mesh stays 4-D, as before.
     """
 
     dp_replicate: int
@@ -44,37 +48,46 @@ class ParallelDims:
     pp: int
     world_size: int
     ep: int = 1
+    cp: int = 1
 
     @staticmethod
-    def resolve(*, dp_replicate: int, dp_shard: int, tp: int, pp: int, world_size: int, ep: int = 1) -> ParallelDims:
+    def resolve(*, dp_replicate: int, dp_shard: int, tp: int, pp: int, world_size: int, ep: int = 1,
+                cp: int = 1) -> ParallelDims:
         """Fill ``dp_shard=-1`` from the world size and check that the degrees multiply to it (and ep divides dp_shard)."""
-        others = dp_replicate * tp * pp
+        others = dp_replicate * cp * tp * pp
+        named = f"dp_replicate={dp_replicate}" + (f" x cp={cp}" if cp > 1 else "") + f" x tp={tp} x pp={pp}"
         if dp_shard == -1:
             if world_size % others:
                 raise ConfigError(
-                    f"parallelism degrees do not fit the world size: dp_replicate={dp_replicate} x tp={tp} x pp={pp} "
+                    f"parallelism degrees do not fit the world size: {named} "
                     f"= {others} does not divide world size {world_size}. Change the degrees or the number of processes."
                 )
             dp_shard = world_size // others
         if dp_shard < 1:
             raise ConfigError(f"parallelism.dp_shard must be -1 or >= 1, got {dp_shard}.")
-        product = dp_replicate * dp_shard * tp * pp
+        product = dp_shard * others
         if product != world_size:
             raise ConfigError(
-                f"parallelism degrees do not fit the world size: dp_replicate={dp_replicate} x dp_shard={dp_shard} "
-                f"x tp={tp} x pp={pp} = {product}, but the world size is {world_size}. Make the product equal the "
-                f"number of processes (dp_shard=-1 takes what the others leave)."
+                f"parallelism degrees do not fit the world size: dp_shard={dp_shard} x {named} = {product}, but the "
+                f"world size is {world_size}. Make the product equal the number of processes (dp_shard=-1 takes what "
+                f"the others leave)."
             )
         if ep > 1:
             _check_ep(ep, dp_shard=dp_shard)
-        return ParallelDims(dp_replicate, dp_shard, tp, pp, world_size, ep)
+        return ParallelDims(dp_replicate, dp_shard, tp, pp, world_size, ep, cp)
 
     @property
     def dp(self) -> int:
         """Number of data-parallel ranks (each reads its own data shard)."""
         return self.dp_replicate * self.dp_shard
 
+    @property
+    def dp_cp(self) -> int:
+        """Ranks whose tokens differ: data-parallel ranks times context-parallel ranks (FSDP2 averages over these)."""
+        return self.dp * self.cp
+
     fsdp_enabled = _AboveOne("dp_shard")
+    cp_enabled = _AboveOne("cp")
     dp_replicate_enabled = _AboveOne("dp_replicate")
     ep_enabled = _AboveOne("ep")
 
@@ -99,12 +112,22 @@ class ParallelDims:
         """
         from torch.distributed.device_mesh import init_device_mesh
 
-        names = ("pp", "dp_replicate", "dp_shard", "tp")
-        shape = (self.pp, self.dp_replicate, self.dp_shard, self.tp)
+        names: tuple[str, ...] = ("pp", "dp_replicate", "dp_shard", "tp")
+        shape: tuple[int, ...] = (self.pp, self.dp_replicate, self.dp_shard, self.tp)
+        if self.cp_enabled:
+            names, shape = (*names[:3], "cp", names[3]), (*shape[:3], self.cp, shape[3])
         mesh = init_device_mesh(device_type, shape, mesh_dim_names=names)
         from ..runtime.torch_compat import flatten_mesh  # start-up: config imports no torch, torch_compat does
 
-        return mesh, flatten_mesh(mesh[("dp_replicate", "dp_shard")], "dp")
+        dp = flatten_mesh(mesh[("dp_replicate", "dp_shard")], "dp")
+        if self.cp_enabled:  # registered on the root, read back by name (dp_mesh, token_mesh)
+            flatten_mesh(mesh[("dp_shard", "cp")], "dp_shard_cp")
+            flatten_mesh(mesh[("dp_replicate", "dp_shard", "cp")], "dp_cp")
+        return mesh, dp
+
+    def token_mesh(self, mesh: DeviceMesh, dp_mesh: DeviceMesh) -> DeviceMesh:
+        """The ranks whose tokens differ (``dp`` with ``cp`` folded in): valid labels and MoE loads add up over it."""
+        return mesh["dp_cp"] if self.cp_enabled else dp_mesh
 
     def expert_meshes(self, mesh: DeviceMesh) -> tuple[DeviceMesh, DeviceMesh]:
         """(the ``ep`` mesh the experts are split over, the mesh FSDP2 shards each rank's experts over).
@@ -125,7 +148,10 @@ class ParallelDims:
         return split["ep"], split["expert_dp_shard"]
 
     def dp_mesh(self, mesh: DeviceMesh) -> DeviceMesh:
-        """The mesh FSDP2 / replication uses: (dp_replicate, dp_shard) for HSDP, else 1-D."""
+        """The mesh FSDP2 / replication uses: (dp_replicate, dp_shard) for HSDP, else 1-D; with cp, dp_shard_cp
+        in place of dp_shard (the cp ranks hold the same weights and see different tokens)."""
+        if self.cp_enabled:
+            return mesh[("dp_replicate", "dp_shard_cp")] if self.dp_replicate_enabled else mesh["dp_shard_cp"]
         if self.dp_replicate_enabled and self.fsdp_enabled:
             return mesh[("dp_replicate", "dp_shard")]
         if self.dp_replicate_enabled:

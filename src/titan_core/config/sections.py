@@ -177,6 +177,8 @@ class ParallelismSection(Section):
     pp: int = Field(1, ge=1, description="Pipeline-parallel degree.")
     ep: int = Field(1, ge=1, description="Expert-parallel degree (MoE specs): the experts of each MoE layer are split over groups of this many data-parallel ranks, carved out of dp_shard (it must divide dp_shard and the number of experts); tokens travel to their experts by all-to-all, and FSDP2 shards each rank's experts over the remaining dp_shard / ep ranks.")
     etp: int = Field(1, ge=1, description="Expert tensor parallelism (MoE specs): 1 = experts replicated over the tp ranks; equal to tp = each expert's hidden width split over them (w1/w3 column-wise, w2 row-wise), 1/tp of the expert memory per rank. Not combined with ep > 1 yet.")
+    cp: int = Field(1, ge=1, description="Context-parallel degree: each sequence is split over this many ranks (long context); attention is computed across them exactly (docs/distributed.md). The spec's model must declare support (use_context_parallel_attention); training.seq_len must divide into 2 x cp equal chunks (cp with load balancing).")
+    cp_load_balance: bool = Field(True, description="Context parallelism: each rank holds an early and a late chunk of every sequence, so causal attention work is equal over the cp ranks; false holds one contiguous chunk per rank (uneven work; for comparison).")
     pp_schedule: str = Field("1F1B", description="Pipeline schedule: 1F1B, GPipe, Interleaved1F1B, ZBVZeroBubble, ...")
     pp_microbatches: int | None = Field(None, gt=0, description="Microbatches per local batch; default = number of stages.")
     pp_stages_per_rank: int = Field(1, ge=1, description="Stages per pipeline rank (2+ for interleaved schedules).")

@@ -23,9 +23,10 @@ Modes (``ActivationCheckpointSection``):
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from collections import defaultdict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -33,6 +34,7 @@ from torch import nn
 
 from ..config.sections import ActivationCheckpointSection
 from ..errors import ConfigError
+from .context_parallel import recompute_redirect
 
 if TYPE_CHECKING:
     from torch.utils.checkpoint import SelectiveCheckpointContext
@@ -121,9 +123,8 @@ def checkpoint_module(module: nn.Module, context_fn: Callable[[], Any] | None = 
     from torch.utils.checkpoint import checkpoint
 
     inner = module.forward
-    kwargs: dict[str, Any] = {"use_reentrant": False, "preserve_rng_state": True}
-    if context_fn is not None:
-        kwargs["context_fn"] = context_fn
+    kwargs: dict[str, Any] = {"use_reentrant": False, "preserve_rng_state": True,
+                              "context_fn": functools.partial(_contexts_with_redirects, context_fn)}
 
     @functools.wraps(inner)
     def forward(*args: Any, **fw_kwargs: Any) -> Any:
@@ -133,6 +134,25 @@ def checkpoint_module(module: nn.Module, context_fn: Callable[[], Any] | None = 
     # hooks FSDP2 adds later) still run around it.
     module.forward = forward
     module._titan_checkpointed = True  # type: ignore[assignment]  # read by layout reports and tests
+
+
+def _contexts_with_redirects(context_fn: Callable[[], Any] | None) -> tuple[Any, Any]:
+    """(forward context, recompute context): ``context_fn``'s, with the recompute also under the attention
+    redirect active at forward time (context parallelism). The recompute runs inside autograd's backward, where
+    torch function modes entered around the forward are not active: without this, a recomputed block would
+    attend within this rank's chunks only."""
+    forward_ctx, recompute_ctx = context_fn() if context_fn is not None else (contextlib.nullcontext(),
+                                                                            contextlib.nullcontext())
+    redirect = recompute_redirect()
+    if redirect is None:
+        return forward_ctx, recompute_ctx
+    return forward_ctx, _both(recompute_ctx, redirect)
+
+
+@contextlib.contextmanager
+def _both(first: contextlib.AbstractContextManager[Any], second: contextlib.AbstractContextManager[Any]) -> Iterator[None]:
+    with first, second:
+        yield
 
 
 def apply_activation_checkpointing(

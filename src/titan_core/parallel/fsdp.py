@@ -57,12 +57,14 @@ def apply_fsdp(
     HSDP, 1-D dp_shard gives FSDP2. Without dp_shard the parameters are replicated
     (FSDP2's ``replicate``: whole parameters everywhere, gradients all-reduced), which
     composes with TP DTensors and pipeline schedules the way ``fully_shard`` does.
-    A no-op when there is only one data-parallel rank. ``compute_dtype`` (the run's
+    With context parallelism the cp ranks join the shard dimension (``dp_shard_cp``): they hold the
+    same weights and their gradients, from different tokens, must add up.
+    A no-op when there is only one data-parallel (and context-parallel) rank. ``compute_dtype`` (the run's
     resolved training.dtype) is what ``parallelism.param_dtype=auto`` gathers in.
     ``expert_mesh`` (with EP): the mesh the EP-split experts modules are sharded over, each
     before its block (``expert_parallel.shard_experts``).
     """
-    if parallel_dims.dp <= 1:
+    if parallel_dims.dp_cp <= 1:
         return
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
@@ -71,7 +73,7 @@ def apply_fsdp(
     mp = MixedPrecisionPolicy(param_dtype=gather_dtype(parallelism, compute_dtype),
                               reduce_dtype=_DTYPES[parallelism.reduce_dtype])
     blocks = list(blocks)
-    if not parallel_dims.fsdp_enabled:
+    if not parallel_dims.fsdp_enabled and not parallel_dims.cp_enabled:
         replicate = replicate_with_fsdp()
         for block in blocks:
             replicate(block, mesh=dp_mesh, mp_policy=mp)

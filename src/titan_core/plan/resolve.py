@@ -17,8 +17,9 @@ from ..config.messages import describe
 from ..config.overrides import overrides_layer, typed_value
 from ..config.parallel_dims import ParallelDims
 from ..config.sections import ParallelismSection
-from ..data.documents import check_document_masking
+from ..data.documents import accepts_positions, check_document_masking
 from ..errors import ConfigError, PluginError, did_you_mean
+from ..parallel.context_parallel import MODEL_HOOK as CONTEXT_PARALLEL_HOOK
 from ..plugin import discovery
 from ..plugin.emulation import new_run_notes
 from ..plugin.protocols import ModelConverter, Tokenizer, TrainSpec
@@ -185,6 +186,20 @@ def resolve_config(
     if config.data.document_masking:
         check_document_masking(spec_name=spec.name, model_cls=spec.model_cls, pp=config.parallelism.pp,
                                pipeline_takes_positions=spec.pipeline_takes_positions)
+    if config.parallelism.cp > 1 and not callable(getattr(spec.model_cls, CONTEXT_PARALLEL_HOOK, None)):
+        raise ConfigError(
+            f"parallelism.cp={config.parallelism.cp}: the model of spec {spec.name} ({spec.model_cls.__name__}) does "
+            f"not declare context-parallelism support (a {CONTEXT_PARALLEL_HOOK}() method that routes its attention "
+            f"through torch.nn.functional.scaled_dot_product_attention). Set parallelism.cp=1, or add the method "
+            f"(docs/plugins.md, \"Context parallelism\")"
+        )
+    if config.parallelism.cp > 1 and config.parallelism.pp > 1 and accepts_positions(spec.model_cls) and \
+            not spec.pipeline_takes_positions:
+        raise ConfigError(
+            f"parallelism.cp={config.parallelism.cp} with parallelism.pp={config.parallelism.pp}: the pipeline "
+            f"stages of spec {spec.name} do not take positions (TrainSpec.pipeline_takes_positions), which context "
+            f"parallelism needs to place each rank's tokens in the sequence. Use parallelism.pp=1 or cp=1"
+        )
     device, backend = run_device_and_backend(config)
     calls = SpecCalls(spec)
     tokenizer = run_tokenizer(calls, config)

@@ -97,6 +97,12 @@ class TinyModel(nn.Module):
         logits: torch.Tensor = self.output(self.norm(h))
         return logits
 
+    def use_context_parallel_attention(self) -> None:
+        """Declares that titan-core may split each sequence over ranks (parallelism.cp): every attention here goes
+        through F.scaled_dot_product_attention (is_causal=True), which titan-core then computes across the ranks.
+        This model encodes no positions; if you add rotary or learned ones, take ``positions=None`` in forward and
+        use them: under cp they are each token's place in the whole sequence, not 0..local length."""
+
     def init_parameter(self, fqn: str, tensor: torch.Tensor, generator: torch.Generator) -> None:
         """Fill the full-shaped plain tensor of parameter ``fqn`` (titan-core seeds ``generator`` per name)."""
         if fqn.endswith("norm.weight"):

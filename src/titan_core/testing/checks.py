@@ -31,6 +31,7 @@ from ..errors import PluginHang, TitanError
 from ..hf.adapter import row_map
 from ..models.init import init_model_weights
 from ..moe import GroupedExperts
+from ..parallel.context_parallel import MODEL_HOOK as CONTEXT_PARALLEL_HOOK
 from ..plan.resolve import resolve_config
 from ..plugin import discovery
 from ..plugin.discovery import CONVERTERS, SPECS, discover, load_converter, load_train_spec
@@ -466,6 +467,14 @@ def _placed_params(output: str, placement: str) -> tuple[str, int]:
     return layout, sum(int(part.split(" x ", 1)[0]) for part in layout.split("; ") if placement in part)
 
 
+def check_cp(t: Target) -> str:
+    """CP 2 matches one process (specs whose model declares ``use_context_parallel_attention``)."""
+    if t.seq_len % 4:
+        raise _Skip(f"seq_len {t.seq_len} does not split into 4 chunks (2 x cp 2)")
+    figure = _matches_reference(t, "cp2", 2, "--parallelism.cp=2", f"--training.local_batch_size={BATCH}")
+    return f"{figure}, each rank holding half of every sequence"
+
+
 def check_pp(t: Target) -> str:
     """PP 2 matches one process (specs with a pipelining_fn)."""
     return _matches_reference(t, "pp2", 2, "--parallelism.pp=2", f"--training.local_batch_size={BATCH}")
@@ -666,6 +675,11 @@ def _no_tp(spec: TrainSpec) -> str | None:
     return None if has else "no TP plan"
 
 
+def _no_cp(spec: TrainSpec) -> str | None:
+    declared = callable(getattr(spec.model_cls, CONTEXT_PARALLEL_HOOK, None))
+    return None if declared else f"the model declares no {CONTEXT_PARALLEL_HOOK}()"
+
+
 def _no_pp(spec: TrainSpec) -> str | None:
     return None if spec.pipelining_fn is not None else "no pipelining_fn"
 
@@ -692,6 +706,7 @@ SPEC_CHECKS = [
     Check("FSDP2 x2 = 1 process", check_fsdp, False),
     Check("TP 2 = 1 process", check_tp, False, _no_tp),
     Check("PP 2 = 1 process", check_pp, False, _no_pp),
+    Check("CP 2 = 1 process", check_cp, False, _no_cp),
     Check("EP 2 = 1 process", check_ep, False),
     Check("init identical across layouts", check_init_layouts, False),
     Check("resume bit-exact", check_resume, False),

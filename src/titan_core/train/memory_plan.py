@@ -9,7 +9,7 @@ real shards. On top of them come, per rank:
   moments per local parameter; with ``[ema]`` one float32 average more, counted in ``optim``);
 * activations of the micro-batches in flight, per the activation-checkpointing mode, measured by
   one forward on meta (``activation_probe.py``) and divided by tp (sequence parallelism splits
-  what tensor parallelism does not); with ``full`` one block's activations live again during its
+  what tensor parallelism does not); with context parallelism the forward is of seq_len / cp tokens; with ``full`` one block's activations live again during its
   recompute; and the gradients of one block's activations while it is back-propagated (as many
   bytes as it saved);
 * the last stage's logits and the loss's float32 copies (vocabulary split over tp); with
@@ -35,6 +35,7 @@ import torch
 from torch import nn
 
 from ..config.sections import ActivationCheckpointSection
+from ..parallel.context_parallel import MODEL_HOOK as CONTEXT_PARALLEL_HOOK
 from ..parallel.fake_group import fake_process_group
 from ..parallel.pipeline import MULTI_STAGE_SCHEDULES, canonical_schedule
 from ..parallel.precision import resolve_compute_dtype
@@ -299,7 +300,7 @@ def plan_stage(resolved: ResolvedConfig, shape: StageShape, probe: ActivationPro
     logits = 0
     if shape.has_last:
         elems = probe.logits_bytes // torch.empty((), dtype=compute_dtype).element_size()
-        tokens = micro_batch_size(resolved) * c.training.seq_len
+        tokens = micro_batch_size(resolved) * local_seq_len(resolved)
         chunked = c.training.chunked_loss and resolved.calls.spec.build_loss_fn is None and not (
             dims.fsdp_enabled and c.parallelism.fsdp_reshard_after_forward == "always")
         if chunked:
@@ -314,7 +315,7 @@ def plan_stage(resolved: ResolvedConfig, shape: StageShape, probe: ActivationPro
         2 if c.parallelism.param_dtype == "bfloat16" else 4)
     reduce_size = 2 if c.parallelism.reduce_dtype == "bfloat16" else 4
     fsdp = 0
-    if dims.dp > 1:
+    if dims.dp_cp > 1:
         blocks = sorted(shape.gather_blocks, reverse=True)
         biggest = sum(blocks[:2])
         policy = c.parallelism.fsdp_reshard_after_forward
@@ -347,8 +348,14 @@ def probe_run(resolved: ResolvedConfig, model: nn.Module, *, device: TargetDevic
               blocks_attr: str = "layers") -> ActivationProbe:
     """The activations of the run's micro-batch, from the meta model before converters swap its modules
     (a converter's modules need not run on meta; their activations are the plain model's here)."""
-    return probe_activations(model, micro_batch=micro_batch_size(resolved), seq_len=resolved.config.training.seq_len,
+    return probe_activations(model, micro_batch=micro_batch_size(resolved), seq_len=local_seq_len(resolved),
                              dtype=compute_dtype_for(resolved, device), blocks_attr=blocks_attr)
+
+
+def local_seq_len(resolved: ResolvedConfig) -> int:
+    """The tokens of each sequence one rank holds: all of them, or 1/cp with context parallelism (whose
+    attention keeps the same per-token tensors as a flash kernel: q, k, v, output and log-sum-exp)."""
+    return resolved.config.training.seq_len // resolved.dims.cp
 
 
 def make_plan(resolved: ResolvedConfig, model: nn.Module, *, device: TargetDevice | None,
@@ -368,7 +375,7 @@ def plan_from(resolved: ResolvedConfig, shapes: list[StageShape], probe: Activat
     dtype = compute_dtype_for(resolved, device)
     stages = [plan_stage(resolved, s, probe, device=device, ac=ac, compute_dtype=dtype) for s in shapes]
     d = resolved.dims
-    layout = f"pp {d.pp} x dp_replicate {d.dp_replicate} x dp_shard {d.dp_shard} x tp {d.tp}"
+    layout = f"pp {d.pp} x dp_replicate {d.dp_replicate} x dp_shard {d.dp_shard}{f' x cp {d.cp}' if d.cp > 1 else ''} x tp {d.tp}"
     if d.ep > 1:
         layout += f" (ep {d.ep})"
     t = resolved.config.training
@@ -419,6 +426,13 @@ def advice(resolved: ResolvedConfig, plan: MemoryPlan, shapes: list[StageShape],
     states = peak.states
     tips.append(_tip(f"twice the ranks with --parallelism.dp_shard={resolved.dims.dp_shard * 2} (states halve)",
                      peak.total - states // 2, limit))
+    cp = resolved.dims.cp * 2
+    if callable(getattr(resolved.spec.model_cls, CONTEXT_PARALLEL_HOOK, None)) and \
+            resolved.config.training.seq_len % (2 * cp) == 0:
+        # each rank holds half the tokens of every sequence (activations) and FSDP2 shards over cp too (states)
+        sequence_part = peak.activ + peak.pipe + states
+        tips.append(_tip(f"twice the context-parallel ranks, --parallelism.cp={cp} (a rank holds half of every "
+                         f"sequence)", peak.total - sequence_part // 2, limit))
     if resolved.dims.pp < len(probe.blocks):
         stage_part = states + peak.fsdp + peak.activ
         tips.append(_tip(f"twice the pipeline stages, --parallelism.pp={resolved.dims.pp * 2} (a stage holds half "

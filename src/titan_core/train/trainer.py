@@ -30,7 +30,7 @@ from ..config.toml_out import dumps
 from ..console import progress, say
 from ..data import build_dataloader, build_mixture_loader
 from ..data.describe import describe_data
-from ..data.documents import split_documents
+from ..data.documents import accepts_positions, split_documents
 from ..data.identity import data_identity
 from ..data.masking_check import check_targets_under_masking
 from ..data.mixture import source_tokens
@@ -48,6 +48,11 @@ from ..observability.profiling import StepProfiler
 from ..observability.report import report_at_end
 from ..optim.param_groups import run_layout
 from ..parallel import check_expert_parallel, check_expert_tensor_parallel, check_experts_split, distributed
+from ..parallel.context_parallel import (
+    ContextParallel,
+    check_sharded_over_cp,
+    prepare_model as prepare_context_parallel_model,
+)
 from ..parallel.expert_tensor_parallel import check_etp_fits
 from ..parallel.parameter_layout import describe_parameter_layout
 from ..parallel.precision import autocast_for, resolve_compute_dtype
@@ -222,6 +227,15 @@ class Trainer:
                               f"{self.proc.world_size}; resolve it with world_size={self.proc.world_size}.")
         self.mesh, self.dp_flat_mesh = self.dims.build_meshes(self.device.type) if self.dims.distributed else (None, None)
         self.dp_rank = self.dp_flat_mesh.get_local_rank() if self.dp_flat_mesh is not None else 0
+        # The ranks whose tokens differ (data-parallel, with context-parallel folded in): token counts add up over it.
+        self.token_mesh = self.dims.token_mesh(self.mesh, self.dp_flat_mesh) if self.dims.distributed else None
+        self.context_parallel = None
+        self.passes_positions = accepts_positions(self.spec.model_cls) and (
+            not self.dims.pp_enabled or self.spec.pipeline_takes_positions)
+        if self.dims.cp_enabled:
+            self.context_parallel = ContextParallel(group=self.mesh["cp"].get_group(), seq_len=t.seq_len,
+                                                    load_balance=p.cp_load_balance,
+                                                    document_masking=self.config.data.document_masking)
         if self.device.type == "cpu" and t.cpu_malloc_tuning:
             keep_freed_memory_in_heap()
         torch.manual_seed(t.seed)
@@ -325,6 +339,8 @@ class Trainer:
     def build_model_parts(self, model: nn.Module) -> None:
         self.loss_fn = self.calls.loss_fn() or cross_entropy_loss
         t, p = self.config.training, self.config.parallelism
+        if self.context_parallel is not None:  # on the meta model, before parallelize_fn and pipelining_fn
+            prepare_context_parallel_model(model, spec_name=self.spec.name, cp=self.dims.cp)
         # The chunked loss stands in for the built-in one only; with FSDP's reshard-always the
         # head's weight is sharded again once the forward returns, so the head stays in the forward.
         self.chunk_loss = (t.chunked_loss and self.loss_fn is cross_entropy_loss
@@ -347,15 +363,22 @@ class Trainer:
         else:
             self.model_parts = [self.parallelize(model)]
         check_ties(self.model_parts, self.ties, after="parallelize_fn")
+        if self.context_parallel is not None:
+            check_sharded_over_cp(self.model_parts, self.context_parallel.group, spec_name=self.spec.name)
         check_expert_parallel(self.model_parts, self.dims, what=f"spec {self.spec.name}")
         check_expert_tensor_parallel(self.model_parts, self.config.parallelism.etp, what=f"spec {self.spec.name}")
 
         # A no-op for a model without MoE blocks. Loads add up over the data-parallel ranks only:
-        # other pipeline ranks hold other layers; tp ranks route the same tokens.
-        self.moe = MoEMonitor(self.model_parts, group=self.dp_flat_mesh.get_group() if self.dims.distributed else None,
+        # other pipeline ranks hold other layers; tp ranks route the same tokens (cp ranks other ones).
+        self.moe = MoEMonitor(self.model_parts, group=self.token_group() if self.dims.distributed else None,
                               stage_group=self.mesh["pp"].get_group() if self.dims.pp_enabled else None)
         if self.dims.distributed:
             self.report_layout()
+
+    def token_group(self) -> Any:
+        """The process group of the ranks whose tokens differ (data-parallel x context-parallel)."""
+        assert self.token_mesh is not None  # asked only of a multi-process run, which has one
+        return self.token_mesh.get_group()
 
     def report_layout(self) -> None:
         """Log where the parameters really ended up (read from the model, not the config)."""
@@ -373,7 +396,7 @@ class Trainer:
         loss = self.micro_batch_loss(logits, labels, self.pipe_head, valid=valid)
         if not torch.is_grad_enabled():
             return token_loss_sum(loss, valid=valid)
-        return token_weighted(loss, valid=valid, global_valid=self.step_valid_tokens, dp=self.dims.dp,
+        return token_weighted(loss, valid=valid, global_valid=self.step_valid_tokens, dp=self.dims.dp_cp,
                               splits=self.pp_batch_rows // labels.shape[0])
 
     def materialize_and_init(self) -> None:
@@ -465,17 +488,21 @@ class Trainer:
 
     def prepare_batch(self, inputs: torch.Tensor, labels: torch.Tensor) -> MicroBatch:
         """With data.document_masking: each token's position in its document, and the labels
-        that cross a document boundary ignored (data/documents.py)."""
-        if not self.config.data.document_masking:
-            return inputs, labels, None
-
-        positions, labels = split_documents(inputs, labels, eos_id=self.tokenizer.eos_id, bos_id=self.tokenizer.bos_id)
+        that cross a document boundary ignored (data/documents.py). With context parallelism: this
+        rank's chunks of the sequences (parallel/context_parallel.py)."""
+        positions = None
+        if self.config.data.document_masking:
+            positions, labels = split_documents(inputs, labels, eos_id=self.tokenizer.eos_id,
+                                                bos_id=self.tokenizer.bos_id)
+        if self.context_parallel is not None:  # this rank's chunks of every sequence, with their positions
+            return self.context_parallel.shard_batch(inputs, labels, positions)
         return inputs, labels, positions
 
     def count_step_tokens(self, micro_batches: list[MicroBatch]) -> int | torch.Tensor:
-        """Valid labels of this step on every data-parallel rank (one all-reduce; TP/PP ranks share data)."""
+        """Valid labels of this step on every data-parallel (and context-parallel) rank (one all-reduce; TP/PP
+        ranks share data)."""
         local = sum(count_valid(labels) for _, labels, _ in micro_batches)
-        group = self.dp_flat_mesh.get_group() if self.dims.dp > 1 else None
+        group = self.token_group() if self.dims.dp_cp > 1 else None
         return global_valid_tokens(local, group=group, device=self.device)
 
     def compute_loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -502,8 +529,19 @@ class Trainer:
         logits = head(output)
         return self.z_loss.fold(self.compute_loss(logits, labels), logits, labels, valid=valid)
 
+    def sequence_attention(self, positions: torch.Tensor | None) -> contextlib.AbstractContextManager[Any]:
+        """Around a forward and its backward: with context parallelism, attention across the cp ranks."""
+        if self.context_parallel is None or positions is None:
+            return contextlib.nullcontext()
+        return self.context_parallel.attention(positions)
+
     def model_kwargs(self, positions: torch.Tensor | None) -> dict[str, torch.Tensor]:
-        return {} if positions is None else {"positions": to_device(positions, self.device)}
+        """``positions=`` for a model (or pipeline) that takes them: with document masking (checked up front), and
+        under context parallelism, where they are each token's place in the whole sequence. A model without the
+        parameter runs context-parallel too, when it encodes no positions (as the plugin scaffold's)."""
+        if positions is None or not self.passes_positions:
+            return {}
+        return {"positions": to_device(positions, self.device)}
 
     def forward_backward(self, inputs: torch.Tensor, labels: torch.Tensor,
                          positions: torch.Tensor | None = None) -> torch.Tensor:
@@ -514,11 +552,13 @@ class Trainer:
         inputs, labels = to_device(inputs, self.device), to_device(labels, self.device)
         if self.pipeline is not None:
             return self.pipeline_forward_backward(inputs, labels, positions)
-        with self.autocast(), self.loss_context():
+        with self.autocast(), self.loss_context(), self.sequence_attention(positions):
             with self.profiler.phase("forward"), self.head_request() as request:
                 output = self.calls.forward(self.model_parts[0], inputs, **self.model_kwargs(positions))
+            if self.context_parallel is not None:
+                self.context_parallel.check_redirected(spec_name=self.spec.name)
             loss = token_weighted(self.micro_batch_loss(output, labels, request, valid=valid), valid=valid,
-                                  global_valid=self.step_valid_tokens, dp=self.dims.dp)
+                                  global_valid=self.step_valid_tokens, dp=self.dims.dp_cp)
             aux = self.moe.after_forward()  # MoE load-balancing loss: trained on, not reported in `loss`
             with self.profiler.phase("backward"):
                 (loss if aux is None else loss + aux / self.accum).backward()
@@ -541,7 +581,8 @@ class Trainer:
         if self.pp_schedule_steps:
             scale_gradients(self.model_parts, pipeline_grad_divisor(pipe.schedule))
         self.pp_schedule_steps += 1
-        with self.autocast(), self.loss_context(), self.head_request() as self.pipe_head:
+        with self.autocast(), self.loss_context(), self.head_request() as self.pipe_head, \
+                self.sequence_attention(positions):
             pipe.schedule.step(*args, target=target, losses=losses, return_outputs=False,
                                **self.model_kwargs(positions))
         self.pipe_head = None
@@ -659,11 +700,12 @@ class Trainer:
         return float(self.global_loss_on_device(loss))
 
     def global_loss_on_device(self, loss: torch.Tensor) -> torch.Tensor:
-        """Mean over data-parallel ranks; non-last pipeline stages contribute zero, TP ranks repeat."""
+        """Mean over data-parallel (and context-parallel) ranks; non-last pipeline stages contribute zero, TP ranks
+        repeat."""
         if not self.dims.distributed:
             return loss
         total = distributed.all_reduce_sum(loss.float())
-        return total.double() / (self.dims.dp * self.dims.tp)  # float64: the figure a host division gave
+        return total.double() / (self.dims.dp_cp * self.dims.tp)  # float64: the figure a host division gave
 
     def handle_nonfinite(self, loss: float, grad_norm: float) -> StepResult:
         if not self.config.training.skip_nonfinite_steps:
@@ -863,7 +905,7 @@ class Trainer:
                         positions: torch.Tensor | None = None) -> torch.Tensor:
         """One held-out batch's summed token losses, float64 (forward only); zero on ranks without the
         last PP stage."""
-        with self.autocast(), self.loss_context():
+        with self.autocast(), self.loss_context(), self.sequence_attention(positions):
             if self.pipeline is None:
                 with self.head_request() as request:
                     output = self.calls.forward(self.model_parts[0], inputs, **self.model_kwargs(positions))

@@ -19,6 +19,7 @@ Features:
     of ``titan_core.KVCache``): new tokens only, positions continuing from the cache;
   * a forward that tolerates the pipeline splitter removing ``tok_embeddings``,
     ``norm``, ``output`` or some ``layers`` (a stage then passes hidden states on);
+  * context parallelism by the core (``use_context_parallel_attention``: attention through SDPA only);
   * buildable on the meta device; weights are filled per parameter name from a seeded
     generator (``init_parameter``), so the same seed gives the same weights on any
     device and under any sharding.
@@ -30,6 +31,7 @@ head count from the weights it is given.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from collections.abc import Callable
@@ -371,6 +373,15 @@ class Transformer(DecoderModel):
         return final_norm_and_head(h, self.norm, self.output)
 
     # tied_weights, init_parameter (the untied embedding at unit scale), init_weights: DecoderModel's.
+
+    def use_context_parallel_attention(self) -> None:
+        """Declares context-parallelism support (the core's ``parallelism.cp``): from now on every attention
+        goes through ``F.scaled_dot_product_attention`` (causal, or with the block-causal mask of
+        ``positions``), which the core then computes across the ranks that hold parts of the sequence."""
+        self.args = dataclasses.replace(self.args, attention_kernel="sdpa")
+        for module in self.modules():
+            if isinstance(module, Attention):
+                module.kernel, module.fused_for_causal = "sdpa", False
 
     def init_buffers(self) -> None:
         """Recompute the rotary table on the buffer's current device (after ``to_empty``)."""

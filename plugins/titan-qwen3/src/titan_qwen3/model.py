@@ -11,6 +11,10 @@ Features:
     stacked weights, with optional shared experts. Which layers are sparse follows Hugging
     Face: layer i is sparse when ``num_experts > 0``, i is not in ``mlp_only_layers`` and
     (i + 1) is a multiple of ``decoder_sparse_step``;
+  * packed windows of several documents (``forward(tokens, positions=...)``, the core's
+    ``data.document_masking``): RoPE at each token's position in its document and
+    block-causal attention (no token sees another document), still through
+    ``F.scaled_dot_product_attention``, then with a boolean mask;
   * an output head of its own or tied to the embedding (``tie_embeddings``);
   * a forward that tolerates the pipeline splitter removing ``tok_embeddings`` (a later
     stage receives hidden states) or ``norm`` and ``output`` (an earlier stage returns them);
@@ -104,14 +108,33 @@ def rope_table(args: Qwen3Args, device: torch.device | None = None) -> torch.Ten
 
 
 def apply_rope(x: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
-    """Rotate ``x`` [b, s, heads, head_dim]: channel i with channel i + head_dim/2."""
-    seqlen = x.shape[1]
-    if seqlen > table.shape[1]:
-        raise ValueError(f"sequence length {seqlen} exceeds the rotary table's max_seq_len {table.shape[1]}")
-    cos, sin = table[0, :seqlen, None, :], table[1, :seqlen, None, :]
+    """Rotate ``x`` [b, s, heads, head_dim]: channel i with channel i + head_dim/2.
+
+    ``table`` is the whole table ([2, max_seq_len, head_dim], row = position 0, 1, ...), or with
+    packed documents each token's own rows already gathered ([2, b, s, head_dim]).
+    """
+    if table.dim() == 4:  # per token, at its position in its document
+        cos, sin = table[0, :, :, None, :], table[1, :, :, None, :]
+    else:
+        seqlen = x.shape[1]
+        if seqlen > table.shape[1]:
+            raise ValueError(f"sequence length {seqlen} exceeds the rotary table's max_seq_len {table.shape[1]}")
+        cos, sin = table[0, :seqlen, None, :], table[1, :seqlen, None, :]
     first, second = x.chunk(2, dim=-1)
     rotated = torch.cat([-second, first], dim=-1)
     return (x.float() * cos + rotated.float() * sin).type_as(x)
+
+
+def document_mask(positions: torch.Tensor) -> torch.Tensor:
+    """The block-causal mask of packed documents, bool [b, 1, s, s], True where a query may see a key.
+
+    ``positions`` [b, s] restart at 0 at each document's first token, so token i's document starts at
+    ``i - positions[i]``; key j is visible to query i when ``start(i) <= j <= i``.
+    """
+    index = torch.arange(positions.shape[1], device=positions.device)
+    starts = index - positions.long()  # [b, s]
+    visible = (index[None, :] <= index[:, None]) & (index[None, None, :] >= starts[:, :, None])
+    return visible[:, None]
 
 
 class Attention(nn.Module):
@@ -127,7 +150,9 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(args.head_dim, args.norm_eps)
         self.k_norm = RMSNorm(args.head_dim, args.norm_eps)
 
-    def forward(self, x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, rope: torch.Tensor, *, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """``mask`` (bool [b, 1, s, s], packed documents): the keys each query may see; None: plain causal.
+        Keyword-only: tensor parallelism gives a layout to each positional input."""
         bs, seqlen, _ = x.shape
         # Head counts come from the weights (a sharded weight holds fewer heads), not from args.
         q = self.q_norm(self.wq(x).view(bs, seqlen, -1, self.head_dim))
@@ -135,7 +160,12 @@ class Attention(nn.Module):
         v = self.wv(x).view(bs, seqlen, -1, self.head_dim)
         q, k = apply_rope(q, rope), apply_rope(k, rope)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=k.shape[1] != q.shape[1])
+        gqa = k.shape[1] != q.shape[1]
+        # Both through SDPA (context parallelism intercepts that call); a mask takes a kernel that reads one.
+        if mask is None:
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+        else:
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
         return self.wo(out.transpose(1, 2).reshape(bs, seqlen, -1))
 
 
@@ -158,8 +188,8 @@ class TransformerBlock(nn.Module):
         else:
             self.feed_forward = FeedForward(args.dim, args.intermediate_size)
 
-    def forward(self, x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
-        h = x + self.attention(self.attention_norm(x), rope)
+    def forward(self, x: torch.Tensor, rope: torch.Tensor, *, mask: torch.Tensor | None = None) -> torch.Tensor:
+        h = x + self.attention(self.attention_norm(x), rope, mask=mask)
         mlp = self.moe if self.moe is not None else self.feed_forward
         assert mlp is not None  # one of the two is built
         return h + mlp(self.ffn_norm(h))
@@ -174,13 +204,34 @@ class Transformer(DecoderModel):
         super().__init__(args, lambda i: TransformerBlock(args, i), RMSNorm(args.dim, args.norm_eps))
         self.register_buffer("rope", rope_table(args), persistent=False)
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+        """``positions`` (int [b, s], optional): each token's position in its document, 0 at every
+        document's first token. Given, a row holds several documents back to back: none attends to
+        another, and RoPE turns by these positions. None: one sequence per row, plain causal.
+        A later pipeline stage receives hidden states [b, s, dim] as ``tokens``, and the same positions."""
+        # Without tok_embeddings this is a later pipeline stage: the input is hidden states.
         h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens
+        rope, mask = self.rope, None
+        if positions is not None:
+            if positions.shape != tokens.shape[:2]:
+                raise ValueError(f"positions {tuple(positions.shape)} are not [batch, seq] = {tuple(tokens.shape[:2])} "
+                                 f"of the input {tuple(tokens.shape)}: pass one position per token (int [b, s], 0 "
+                                 f"at each document's first token)")
+            if positions.is_floating_point() or positions.is_complex() or positions.dtype == torch.bool:
+                raise ValueError(f"positions are {positions.dtype}: they must be integers (each token's index in "
+                                 f"its document)")
+            rope = self.rope[:, positions]  # [2, b, s, head_dim]; an out-of-table position is an IndexError here
+            mask = document_mask(positions)  # built once, for every layer
         for layer in self.layers.values():
-            h = layer(h, self.rope)
+            h = layer(h, rope, mask=mask)
         return final_norm_and_head(h, self.norm, self.output)
 
     # tied_weights, init_parameter (the untied embedding at unit scale), init_weights: DecoderModel's.
+
+    def use_context_parallel_attention(self) -> None:
+        """Declares context-parallelism support (the core's ``parallelism.cp``): every attention here already goes
+        through ``F.scaled_dot_product_attention`` (causal, or with the block-causal mask of ``positions``), which the
+        core then computes across the ranks that hold parts of the sequence. Nothing to change."""
 
     def init_buffers(self) -> None:
         """Recompute the rotary table on its device and start every router unbiased (after ``to_empty``)."""

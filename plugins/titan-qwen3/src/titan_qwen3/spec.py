@@ -31,6 +31,7 @@ qwen3_spec = TrainSpec(
     flavors=qwen3_flavors,
     tp_plan_fn=qwen3_tp_plan,
     pipelining_fn=pipeline_qwen3,
+    pipeline_takes_positions=True,  # every stage is a Transformer: forward(h, positions=...)
     validate_fn=validate_qwen3_layout,
     config_model=Qwen3Section,
     flops_per_token_fn=flops_per_token,
