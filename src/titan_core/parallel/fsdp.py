@@ -85,7 +85,7 @@ def apply_fsdp(
         if expert_mesh is not None:  # nested first: the block's FSDP2 then leaves the experts' weights alone
             for _, experts in experts_modules(block):
                 shard_experts(experts, mesh=expert_mesh, mp_policy=mp, reshard_after_forward=reshard,
-                              dp=parallel_dims.dp)
+                              dp=parallel_dims.dp_cp)
         fully_shard(block, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=reshard)
     # The root holds what no block holds (embeddings, final norm, head): gathered for
     # the whole step unless the policy says always.
