@@ -13,17 +13,21 @@ Run with ``-s`` to see the measured differences per layout.
 
 from __future__ import annotations
 
+import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from one_process import run_in_one_process
 
 from conftest import (
     DEBUG_LLAMA_2_LAYERS,
     PARITY_GLOBAL_BATCH,
     PARITY_SEQ_LEN,
     PARITY_TOLERANCE,
+    REPO,
+    CliResult,
     Run,
     titan as run_titan,
     torchrun as run_torchrun,
@@ -159,7 +163,7 @@ def test_a_worker_error_every_rank_hits_is_printed_once(tmp_path: Path) -> None:
 
 BAD_LAYOUTS = [
     pytest.param(2, ("--parallelism.tp=3",), "tp=3 x pp=1 = 3 does not divide world size 2", id="tp3_on_2"),
-    pytest.param(None, ("--parallelism.dp_shard=2",), "dp_shard=2 x tp=1 x pp=1 = 2, but the world size is 1",
+    pytest.param(None, ("--parallelism.dp_shard=2",), "dp_shard=2 x dp_replicate=1 x tp=1 x pp=1 = 2, but the world size is 1",
                  id="dp_shard2_on_1"),
     pytest.param(3, ("--parallelism.tp=3",), "parallelism.tp=3 does not divide model n_heads=16", id="tp_heads"),
     pytest.param(4, ("--parallelism.pp=4",), "pipeline has more stages than the model has layers: pp=4",
@@ -171,11 +175,27 @@ BAD_LAYOUTS = [
 ]
 
 
+@pytest.fixture(scope="module")
+def bad_layout_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, CliResult]]:
+    """Each bad layout's run folder and titan-train's result, the refusals made one after the other in one process
+    (they come before any launch, so each pays no start-up but the one they share)."""
+    root = tmp_path_factory.mktemp("bad-layouts")
+    folders = {case.id: root / case.id / "run" for case in BAD_LAYOUTS}
+    commands = [(*(("--nproc-per-node", str(nproc)) if nproc else ()), f"--job.run_dir={folders[case.id]}", *COMMON, *args)
+                for case in BAD_LAYOUTS for nproc, args, _ in [case.values]]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    results = run_in_one_process(commands, module="titan_core.commands.titan_train", env=env, cwd=REPO)
+    return {case.id: (folders[case.id], CliResult(proc.returncode, proc.stdout, proc.stderr))
+            for case, proc in zip(BAD_LAYOUTS, results, strict=True)}
+
+
 @pytest.mark.parametrize("nproc, args, message", BAD_LAYOUTS)
-def test_bad_layout_is_refused_before_launch(nproc: int | None, args: tuple[str, ...], message: str, tmp_path: Path) -> None:
-    run = titan(tmp_path / "run", *args, nproc=nproc)
+def test_bad_layout_is_refused_before_launch(nproc: int | None, args: tuple[str, ...], message: str,
+                                             request: pytest.FixtureRequest,
+                                             bad_layout_runs: dict[str, tuple[Path, CliResult]]) -> None:
+    run_dir, run = bad_layout_runs[request.node.callspec.id]
     assert run.code == 2, run.text
     assert message in run.err, run.err
     assert run.err.startswith("titan-train: error: "), run.err  # no rank prefix: no worker was started
     assert "[rank" not in run.text and "Traceback" not in run.text, run.text
-    assert not (tmp_path / "run").exists()  # refused before any set-up, let alone training
+    assert not run_dir.exists()  # refused before any set-up, let alone training

@@ -33,6 +33,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from one_process import run_in_one_process
 
 from conftest import REPO, stop_process
 
@@ -70,6 +71,10 @@ def run_all(commands: list[tuple[str, ...]], *, module: str = "titan_core",
         stdout, stderr = proc.communicate(timeout=timeout)
         out.append(subprocess.CompletedProcess(list(args), proc.returncode, stdout, stderr))
     return out
+
+
+def one_process(commands: list[tuple[str, ...]], *, module: str) -> list[subprocess.CompletedProcess[str]]:
+    return run_in_one_process(commands, module=module, env=env(), cwd=REPO)
 
 
 def snapshot(*folders: Path) -> dict[str, str]:
@@ -156,8 +161,9 @@ def test_a_second_run_touching_a_live_runs_folders_is_refused(live_run: tuple[su
 def test_a_checkpoint_or_hf_folder_as_the_run_folder_is_refused(done: Path) -> None:
     before = snapshot(done)
     step = done / "checkpoints/step-000002"
-    first, second, third = run_all([(*TINY, f"--job.run_dir={folder}", "--training.steps=2") for folder in
-                                    (step, done / "checkpoints", done / "export/hf/sub")])
+    first, second, third = one_process([(*TINY, f"--job.run_dir={folder}", "--training.steps=2") for folder in
+                                               (step, done / "checkpoints", done / "export/hf/sub")],
+                                              module="titan_core.commands.titan_train")
     refused(first, f"the run folder {step} is a titan checkpoint", f"--checkpoint.initial_load={step}")
     refused(second, f"the run folder {done / 'checkpoints'} is a folder of titan checkpoints")
     refused(third, f"lies inside {done / 'export/hf'}, which is a Hugging Face model folder")
@@ -326,7 +332,8 @@ def test_titan_convert_flags_and_config_are_checked(done: Path, tmp_path: Path) 
         (("to-hf", str(step), out, "--config", "/dev/zero"), "not a regular file"),
         (("to-hf", str(step), out, "--config", str(nonfinite)), "llama3.rope_theta = nan: config values must be finite"),
     ]
-    for (_, fragment), proc in zip(cases, run_all([args for args, _ in cases], module="titan_core.commands.convert")):
+    results = one_process([args for args, _ in cases], module="titan_core.commands.convert")
+    for (_, fragment), proc in zip(cases, results, strict=True):
         refused(proc, fragment)
     assert not (tmp_path / "out").exists() and snapshot(done) == before
 
@@ -389,30 +396,34 @@ def test_world_size_without_rank_and_nproc_under_a_launcher_environment_are_refu
 def test_rope_parameters_and_a_disagreeing_rope_scaling_are_refused(done: Path, tmp_path: Path) -> None:
     import shutil
 
-    hf = tmp_path / "hf"
-    shutil.copytree(done / "export/hf", hf)
-    config = json.loads((hf / "config.json").read_text())
+    config = json.loads((done / "export/hf/config.json").read_text())
     assert config["rope_parameters"]["rope_theta"] == config["rope_theta"]  # titan writes both spellings, equal
     scaled = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
               "original_max_position_embeddings": 1024}
-    config.update(rope_parameters={**scaled, "rope_theta": 500000.0}, rope_scaling={**scaled, "factor": 32.0})
-    (hf / "config.json").write_text(json.dumps(config))
-    before = snapshot(hf)
-    refused(convert("from-hf", str(hf), str(tmp_path / "out")),
-            "sets both rope_parameters and the legacy rope_scaling, and they disagree on factor")
-    config.update(rope_scaling=scaled, rope_theta=10000.0)  # equal scaling, but another base frequency
-    (hf / "config.json").write_text(json.dumps(config))
-    refused(convert("from-hf", str(hf), str(tmp_path / "out")), "they disagree on rope_theta")
-    config.update(rope_scaling=None)
-    (hf / "config.json").write_text(json.dumps(config))
-    refused(convert("from-hf", str(hf), str(tmp_path / "out")),
-            "sets rope_theta=10000.0 but rope_parameters.rope_theta=500000.0")
-    assert not (tmp_path / "out").exists()
-    config.update(rope_scaling=scaled, rope_theta=500000.0)  # now they agree: read as every transformers version reads it
-    (hf / "config.json").write_text(json.dumps(config))
-    ok = convert("from-hf", str(hf), str(tmp_path / "out"))
+    # Four copies of the export, each with its own config.json, converted one after the other in one process.
+    variants = {
+        "disagree_factor": dict(rope_parameters={**scaled, "rope_theta": 500000.0}, rope_scaling={**scaled, "factor": 32.0}),
+        # equal scaling, but another base frequency
+        "disagree_theta": dict(rope_parameters={**scaled, "rope_theta": 500000.0}, rope_scaling=scaled, rope_theta=10000.0),
+        "legacy_theta": dict(rope_parameters={**scaled, "rope_theta": 500000.0}, rope_scaling=None, rope_theta=10000.0),
+        # now they agree: read as every transformers version reads it
+        "agree": dict(rope_parameters={**scaled, "rope_theta": 500000.0}, rope_scaling=scaled, rope_theta=500000.0),
+    }
+    before = {}
+    for name, change in variants.items():
+        hf = tmp_path / name
+        shutil.copytree(done / "export/hf", hf)
+        (hf / "config.json").write_text(json.dumps({**config, **change}))
+        before[name] = snapshot(hf)
+    factor, theta, legacy, ok = one_process(
+        [("from-hf", str(tmp_path / name), str(tmp_path / f"out-{name}")) for name in variants],
+        module="titan_core.commands.convert")
+    refused(factor, "sets both rope_parameters and the legacy rope_scaling, and they disagree on factor")
+    refused(theta, "they disagree on rope_theta")
+    refused(legacy, "sets rope_theta=10000.0 but rope_parameters.rope_theta=500000.0")
+    assert not any((tmp_path / f"out-{name}").exists() for name in ("disagree_factor", "disagree_theta", "legacy_theta"))
     assert ok.returncode == 0, ok.stdout + ok.stderr
-    shape = json.loads((tmp_path / "out/step-000000/hf_config.json").read_text())
+    shape = json.loads((tmp_path / "out-agree/step-000000/hf_config.json").read_text())
     assert shape["rope_parameters"]["factor"] == 8.0
-    assert {k: v for k, v in snapshot(hf).items() if not k.endswith("config.json")} == \
-        {k: v for k, v in before.items() if not k.endswith("config.json")}
+    for name in variants:  # every input left as it was
+        assert snapshot(tmp_path / name) == before[name], name

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from one_process import run_in_one_process
 from safetensors.torch import load_file
 
 from titan_core.checkpoint import read_checkpoint_tensors
@@ -223,24 +224,45 @@ def test_keep_latest_k_2_keeps_exactly_two_complete_checkpoints(reference_single
 # ---- refusals -------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("flags", "fragments"), [
-    (("--flavor", "debugmodel_gqa"),
-     ("with flavor 'debugmodel' but this run uses flavor 'debugmodel_gqa'", "--model.flavor=debugmodel")),
-    (("--llama3.n_layers=3",),
-     ("does not fit this model: parameter 'layers.2.", "exists in this model but not in the checkpoint")),
-    (("--converters", "float8"),
-     ("written with converters [] but this run uses ['float8']", "--checkpoint.allow_converter_change=true")),
-    (("--optimizer.param_groups=[{name='emb', patterns=['tok_embeddings.*'], lr_mult=0.5}]",),
-     ("written with other optimizer parameter groups: groups ['default', 'no_decay'] in the checkpoint but "
-      "['default', 'emb', 'no_decay'] now", "--checkpoint.resume=never")),
-    (("--optimizer.weight_decay=0.05",),
-     ("group 'default' has weight_decay=0.1 in the checkpoint but 0.05 now",)),
-], ids=["flavor", "n_layers", "converters", "param_groups", "weight_decay"])
-def test_resume_refuses_a_different_model(reference_single: tuple[Path, CliResult], tmp_path: Path,
-                                          flags: tuple[str, ...], fragments: tuple[str, ...]) -> None:
-    run_dir = copy_run(reference_single[0], tmp_path / "run")
-    before = snapshot(run_dir)
-    result = train(run_dir, SINGLE, *flags)
+DIFFERENT_MODELS = [
+    pytest.param(("--flavor", "debugmodel_gqa"),
+                 ("with flavor 'debugmodel' but this run uses flavor 'debugmodel_gqa'", "--model.flavor=debugmodel"),
+                 id="flavor"),
+    pytest.param(("--llama3.n_layers=3",),
+                 ("does not fit this model: parameter 'layers.2.", "exists in this model but not in the checkpoint"),
+                 id="n_layers"),
+    pytest.param(("--converters", "float8"),
+                 ("written with converters [] but this run uses ['float8']", "--checkpoint.allow_converter_change=true"),
+                 id="converters"),
+    pytest.param(("--optimizer.param_groups=[{name='emb', patterns=['tok_embeddings.*'], lr_mult=0.5}]",),
+                 ("written with other optimizer parameter groups: groups ['default', 'no_decay'] in the checkpoint "
+                  "but ['default', 'emb', 'no_decay'] now", "--checkpoint.resume=never"),
+                 id="param_groups"),
+    pytest.param(("--optimizer.weight_decay=0.05",),
+                 ("group 'default' has weight_decay=0.1 in the checkpoint but 0.05 now",), id="weight_decay"),
+]
+
+
+@pytest.fixture(scope="module")
+def different_model_runs(reference_single: tuple[Path, CliResult], tmp_path_factory: pytest.TempPathFactory,
+                         ) -> dict[str, tuple[Path, dict[str, tuple[int, int, bytes]], CliResult]]:
+    """Each case's copy of the reference run, its files before, and titan-train's result resuming it with the
+    case's flags: the refusals made one after the other in one process (one start-up, not five)."""
+    root = tmp_path_factory.mktemp("different-models")
+    copies = {case.id: copy_run(reference_single[0], root / case.id / "run") for case in DIFFERENT_MODELS}
+    before = {name: snapshot(run_dir) for name, run_dir in copies.items()}
+    commands = [(*COMMON, *SINGLE, f"--job.run_dir={copies[case.id]}", *case.values[0]) for case in DIFFERENT_MODELS]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    results = run_in_one_process(commands, module="titan_core.commands.titan_train", env=env, cwd=REPO)
+    return {case.id: (copies[case.id], before[case.id], CliResult(proc.returncode, proc.stdout, proc.stderr))
+            for case, proc in zip(DIFFERENT_MODELS, results, strict=True)}
+
+
+@pytest.mark.parametrize(("flags", "fragments"), DIFFERENT_MODELS)
+def test_resume_refuses_a_different_model(
+        different_model_runs: dict[str, tuple[Path, dict[str, tuple[int, int, bytes]], CliResult]],
+        request: pytest.FixtureRequest, flags: tuple[str, ...], fragments: tuple[str, ...]) -> None:
+    run_dir, before, result = different_model_runs[request.node.callspec.id]
     assert_user_error(result, f"checkpoint {run_dir}/checkpoints/step-000020", *fragments)
     after = snapshot(run_dir)
     assert {name: after.get(name) for name in before} == before  # no existing file changed, config.toml included

@@ -10,12 +10,15 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+import pytest
 
 from conftest import REPO, child_pids, stop_process
 
@@ -257,12 +260,22 @@ def test_sigint_during_a_checkpoint_save_waits_for_it_to_be_published(tmp_path: 
 # ---- a signal while a resume is loading the checkpoint -------------------------------------------
 
 
-def _resume_paused_in_load(tmp_path: Path) -> tuple[subprocess.Popen[bytes], Path, Path, dict[str, str]]:
-    """A 2-rank run that saved step 2, resumed by a second run whose ranks are both held inside the load."""
-    run_dir, log, paused = tmp_path / "run", tmp_path / "log", tmp_path / "paused"
+@pytest.fixture(scope="module")
+def saved_at_step_2(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A finished 2-rank run folder that saved step 2 (made once; each test resumes its own copy)."""
+    root = tmp_path_factory.mktemp("saved-at-2")
+    run_dir, log = root / "run", root / "log"
     first = start(run_dir, log, *TWO, "--checkpoint.enable=true", "--checkpoint.interval=2", "--training.steps=2")
     code, text, _ = finish(first, log, timeout=120)
     assert code == 0 and checkpoint_steps(run_dir) == ["step-000002"], text
+    return run_dir
+
+
+def _resume_paused_in_load(tmp_path: Path, saved: Path) -> tuple[subprocess.Popen[bytes], Path, Path, dict[str, str]]:
+    """A copy of the 2-rank run that saved step 2, resumed by a second run whose ranks are both held inside the
+    load."""
+    run_dir, log, paused = tmp_path / "run", tmp_path / "log", tmp_path / "paused"
+    shutil.copytree(saved, run_dir)
     before = snapshot(run_dir / "checkpoints")
     proc = start(run_dir, log, *TWO, "--checkpoint.enable=true", "--checkpoint.interval=1000", "--training.steps=400",
                  "--import", "tests.faults.load_pause", TEST_LOAD_PAUSE_FILE=str(paused), TEST_LOAD_PAUSE_SECONDS="4")
@@ -273,8 +286,9 @@ def _resume_paused_in_load(tmp_path: Path) -> tuple[subprocess.Popen[bytes], Pat
     return proc, run_dir, log, before
 
 
-def test_sigint_while_a_resume_loads_exits_130_and_leaves_the_checkpoint_untouched(tmp_path: Path) -> None:
-    proc, run_dir, log, before = _resume_paused_in_load(tmp_path)
+def test_sigint_while_a_resume_loads_exits_130_and_leaves_the_checkpoint_untouched(
+        tmp_path: Path, saved_at_step_2: Path) -> None:
+    proc, run_dir, log, before = _resume_paused_in_load(tmp_path, saved_at_step_2)
     os.kill(proc.pid, signal.SIGINT)
     code, text, seconds = finish(proc, log)
     assert code == 130, text
@@ -284,10 +298,11 @@ def test_sigint_while_a_resume_loads_exits_130_and_leaves_the_checkpoint_untouch
     assert seconds < 10, seconds
 
 
-def test_sigterm_while_a_resume_loads_saves_after_the_first_step_and_exits_143(tmp_path: Path) -> None:
+def test_sigterm_while_a_resume_loads_saves_after_the_first_step_and_exits_143(
+        tmp_path: Path, saved_at_step_2: Path) -> None:
     """SIGTERM is honoured at the next step boundary, as during training: the load finishes, one step runs,
     and that step is saved beside the untouched step-2 checkpoint it resumed from."""
-    proc, run_dir, log, before = _resume_paused_in_load(tmp_path)
+    proc, run_dir, log, before = _resume_paused_in_load(tmp_path, saved_at_step_2)
     os.kill(proc.pid, signal.SIGTERM)
     code, text, seconds = finish(proc, log)
     assert code == 143, text

@@ -73,14 +73,16 @@ def test_titan_data_prepare_from_a_hub_that_never_answers_stops_at_its_deadline(
     ("hang_parallelize", "loss falls over 30 steps", "parallelize_fn"),
 ])
 def test_a_plugin_call_that_never_returns_fails_its_check(name: str, check: str, call: str) -> None:
+    # The deadline is waited out in full once or twice per case: short, yet far above what one legitimate
+    # call of these tiny models takes (a meta convert, one forward, one hook: under a second on a busy machine).
     t0 = time.monotonic()
     proc = subprocess.run([sys.executable, "-m", "titan_core.commands.titan_plugin", "check", name, "--fast",
-                           "--call-timeout", "20", "--import", "_wait_plugins"], cwd=REPO, env=ENV,
+                           "--call-timeout", "6", "--import", "_wait_plugins"], cwd=REPO, env=ENV,
                           capture_output=True, text=True, timeout=400)
     text = proc.stdout + proc.stderr
     assert proc.returncode == 1, text
     row = next(line for line in proc.stdout.splitlines() if line.startswith(check))
     assert "FAIL" in row, row
-    assert f"did not return from {call} within 20 s" in text, text
+    assert f"did not return from {call} within 6 s" in text, text
     assert "Traceback" not in text, text
     assert time.monotonic() - t0 < 300

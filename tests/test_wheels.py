@@ -15,6 +15,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from one_process import run_in_one_process
 
 from conftest import REPO, Wheels, run_ok
 
@@ -90,7 +91,9 @@ def fresh_venv(tmp_path_factory: pytest.TempPathFactory, wheels: Wheels) -> Path
         shutil.copy(wheels.wheel(src), dist)
     venv = root / "venv"
     run_ok([sys.executable, "-m", "venv", str(venv)])
-    pip = [str(venv / "bin/python"), "-m", "pip", "install", "-q"]
+    # --no-compile: pip would byte-compile every module of torch and the wheels' dependencies up front (about
+    # half of the install's time); Python compiles what the tests import on first use instead.
+    pip = [str(venv / "bin/python"), "-m", "pip", "install", "-q", "--no-compile"]
     run_ok(pip + ["torch==2.13.0"], timeout=900)
     run_ok(pip + sorted(str(w) for w in dist.glob("*.whl")), timeout=900)
     return venv
@@ -123,24 +126,30 @@ def test_list_from_installed_wheels(fresh_venv: Path) -> None:
 
 @pytest.mark.slow
 def test_requested_plugins_from_wheels(fresh_venv: Path) -> None:
-    ok = _titan(fresh_venv, "--dry-run", "--converters", "float8,mx")
+    # titan-train's main (the console script's target; test_list_from_installed_wheels runs the script itself)
+    # for each case in turn in one process of the venv's python: one start-up, not five.
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    fine, ok, broken, clash, both = run_in_one_process([
+        # a broken plugin that is not requested never stops a run (first: nothing was loaded before it)
+        ("--print-config", "--converters", "newconv"),
+        ("--dry-run", "--converters", "float8,mx"),
+        ("--print-config", "--converters", "broken"),
+        ("--print-config", "--converters", "twin"),
+        # Two installed converters supplying TP styles: refused by the launcher, before any worker starts.
+        ("--converters", "styled_a,styled_b", "--nproc-per-node", "2", "--parallelism.tp=2", "--training.steps=1",
+         "--job.run_dir=styled-run"),
+    ], module="titan_core.commands.titan_train", env=env, cwd=fresh_venv.parent, timeout=600,
+        python=str(fresh_venv / "bin/python"))
+    assert fine.returncode == 0, fine.stderr
     assert ok.returncode == 0, ok.stderr
     assert "float8" in ok.stdout and "mx" in ok.stdout
-    broken = _titan(fresh_venv, "--print-config", "--converters", "broken")
     assert broken.returncode == 2
     assert "titan-brokenconv 0.0.1" in broken.stderr and "simulated: this plugin needs libfoo" in broken.stderr
     assert "Traceback" not in broken.stderr
-    clash = _titan(fresh_venv, "--print-config", "--converters", "twin")
     assert clash.returncode == 2 and "titan-clash-a" in clash.stderr and "titan-clash-b" in clash.stderr
-    # Two installed converters supplying TP styles: refused by the launcher, before any worker starts.
-    both = _titan(fresh_venv, "--converters", "styled_a,styled_b", "--nproc-per-node", "2", "--parallelism.tp=2",
-                  "--training.steps=1", "--job.run_dir=styled-run")
     assert both.returncode == 2 and "Traceback" not in both.stderr and "[rank" not in both.stderr, both.stderr
     assert "converters styled_a, styled_b each supply their own tensor-parallel styles" in both.stderr
     assert not (fresh_venv.parent / "styled-run").exists()
-    # a broken plugin that is not requested never stops a run
-    fine = _titan(fresh_venv, "--print-config", "--converters", "newconv")
-    assert fine.returncode == 0, fine.stderr
 
 
 @pytest.mark.slow
