@@ -163,7 +163,7 @@ def test_a_worker_error_every_rank_hits_is_printed_once(tmp_path: Path) -> None:
 
 BAD_LAYOUTS = [
     pytest.param(2, ("--parallelism.tp=3",), "tp=3 x pp=1 = 3 does not divide world size 2", id="tp3_on_2"),
-    pytest.param(None, ("--parallelism.dp_shard=2",), "dp_shard=2 x dp_replicate=1 x tp=1 x pp=1 = 2, but the world size is 1",
+    pytest.param(None, ("--parallelism.dp_shard=2",), "dp_shard=2 x tp=1 x pp=1 = 2, but the world size is 1",
                  id="dp_shard2_on_1"),
     pytest.param(3, ("--parallelism.tp=3",), "parallelism.tp=3 does not divide model n_heads=16", id="tp_heads"),
     pytest.param(4, ("--parallelism.pp=4",), "pipeline has more stages than the model has layers: pp=4",

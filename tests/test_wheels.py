@@ -260,5 +260,6 @@ def test_every_command_of_the_plugin_guides_runs_in_a_fresh_venv(fresh_venv: Pat
     assert three.stdout.count("\ncheck ") == 3 and "FAIL" not in three.stdout, three.stdout
     full = _in_venv(fresh_venv, tmp_path, "titan-plugin check mymodel")
     assert full.returncode == 0, full.stdout + full.stderr[-3000:]
-    for check in ("FSDP2 x2 = 1 process", "TP 2 = 1 process", "resume bit-exact", "init identical across layouts"):
+    for check in ("FSDP2 x2 = 1 process", "TP 2 = 1 process", "CP 2 = 1 process", "resume bit-exact",
+                  "init identical across layouts"):
         assert re.search(rf"^{re.escape(check)}\s+pass\s", full.stdout, flags=re.M), full.stdout
