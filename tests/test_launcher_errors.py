@@ -42,23 +42,25 @@ def errors(text: str) -> list[str]:
 
 
 def launch(tmp_path: Path, *args: str) -> tuple[int, str, float]:
+    """The launcher's temporary folders go to ``tmp_path / "tmp"`` (TMPDIR): only this run's land there,
+    whatever the tests running beside it launch."""
     (tmp_path / "rank_configs.py").write_text(CONFIGS)
+    (tmp_path / "tmp").mkdir(exist_ok=True)
     start = time.monotonic()
     result = run_cli("--nproc-per-node", "2", *TINY, f"--job.run_dir={tmp_path / 'run'}", *args,
-                     env={"PYTHONPATH": os.pathsep.join([str(REPO), str(tmp_path)])}, timeout=300)
+                     env={"PYTHONPATH": os.pathsep.join([str(REPO), str(tmp_path)]), "TMPDIR": str(tmp_path / "tmp")},
+                     timeout=300)
     return result.code, result.text, time.monotonic() - start
 
 
 def test_an_error_every_rank_hits_is_printed_once(tmp_path: Path) -> None:
-    code, text, took = launch(tmp_path, f"--data.source={tmp_path}/missing.txt")
+    code, text, _ = launch(tmp_path, f"--data.source={tmp_path}/missing.txt")
     assert code == 2, text
     assert errors(text) == [f'titan-train: error: data.source "{tmp_path}/missing.txt" does not exist; give an '
                             f'existing .txt/.jsonl/.json/.parquet file or folder, "builtin", or "hf:<name>".'], text
     assert text.count("(run with --traceback to see where it happened)") == 1, text
     assert "Traceback" not in text
-    import tempfile
-
-    left = [p for p in Path(tempfile.gettempdir()).glob("titan-errors-*") if p.stat().st_mtime > time.time() - took - 1]
+    left = list((tmp_path / "tmp").glob("titan-errors-*"))
     assert not left, left  # the launcher removed its private inbox
 
 
