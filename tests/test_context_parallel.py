@@ -185,6 +185,8 @@ REFUSALS = [
     (("--spec", "qwen3", "--flavor", "debugmoe", "--parallelism.cp=2", "--parallelism.ep=2", "--parallelism.dp_shard=2"),
      "parallelism.cp=2 with parallelism.ep=2"),
     (("--spec", "deepseek_v3", "--parallelism.cp=2"), "does not declare context-parallelism support"),
+    (("--spec", "llama3", "--parallelism.cp=2", "--metrics.layer_stats=true"),
+     "parallelism.cp=2 with metrics.layer_stats"),
     (("--spec", "llama3", "--parallelism.cp=0"), "parallelism.cp"),
     (("--spec", "llama3", "--parallelism.cp=3"), "does not divide world size 2"),
 ]

@@ -127,6 +127,8 @@ class JobConfig(BaseModel):
             "compile.enable=true": self.compile.enable,
             f"parallelism.ep={p.ep}": p.ep > 1,
             "stability.qk_clip_threshold": bool(self.stability.qk_clip_threshold),
+            # its max_attn_logit would be over this rank's own keys only
+            "metrics.layer_stats": self.metrics.layer_stats,
             "eval.tasks": bool(self.eval.tasks),
             "fault_tolerance": ft.enable or bool(ft.local_replicas),
             f"parallelism.pp={p.pp} with data.document_masking": p.pp > 1 and self.data.document_masking,
