@@ -1,6 +1,6 @@
 """Garbage in the settings this wave added ([stability] qk_clip_threshold, metrics.layer_stats,
-llama3.attention_kernel's new value, parallelism.etp): exit 2, one message naming the key, no traceback, and a run
-folder that already holds a file is left exactly as it was."""
+llama3.attention_kernel's new value, parallelism.etp, parallelism.cp and cp_load_balance): exit 2, one
+message naming the key, no traceback, and a run folder that already holds a file is left exactly as it was."""
 
 from __future__ import annotations
 
@@ -20,6 +20,10 @@ CASES = [
     ("--parallelism.etp=abc", "parallelism.etp"),
     ("--parallelism.etp=0", "parallelism.etp"),
     ("--parallelism.etp=2", "parallelism.etp=2 with parallelism.tp=1"),
+    ("--parallelism.cp=abc", "parallelism.cp"),
+    ("--parallelism.cp=0", "parallelism.cp"),
+    ("--parallelism.cp=2", "cp=2 x tp=1 x pp=1 = 2 does not divide world size 1"),
+    ("--parallelism.cp_load_balance=maybe", "parallelism.cp_load_balance"),
 ]
 
 

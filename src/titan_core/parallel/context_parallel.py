@@ -36,20 +36,25 @@ from .context_layout import ContextLayout
 MODEL_HOOK = "use_context_parallel_attention"
 
 
-def supports_context_parallel(model: nn.Module) -> bool:
-    """Whether the model declares it can run under context parallelism (``docs/plugins.md``)."""
-    return callable(getattr(model, MODEL_HOOK, None))
+def supports_context_parallel(model_cls: type) -> bool:
+    """Whether the model class declares it can run under context parallelism (``docs/plugins.md``)."""
+    return callable(getattr(model_cls, MODEL_HOOK, None))
+
+
+def require_support(model_cls: type, *, spec_name: str, cp: int) -> None:
+    """ConfigError when the model class does not declare context-parallelism support."""
+    if not supports_context_parallel(model_cls):
+        raise ConfigError(
+            f"parallelism.cp={cp}: the model of spec {spec_name} ({model_cls.__name__}) does not declare "
+            f"context-parallelism support (a {MODEL_HOOK}() method that routes its attention through "
+            f"torch.nn.functional.scaled_dot_product_attention). Set parallelism.cp=1, or add the method "
+            f"(docs/plugins.md, \"Context parallelism\")"
+        )
 
 
 def prepare_model(model: nn.Module, *, spec_name: str, cp: int) -> None:
     """Ask the (meta) model to route its attention through SDPA; ConfigError when it cannot."""
-    if not supports_context_parallel(model):
-        raise ConfigError(
-            f"parallelism.cp={cp}: the model of spec {spec_name} ({type(model).__name__}) does not declare context "
-            f"parallelism support (a {MODEL_HOOK}() method that routes its attention through "
-            f"torch.nn.functional.scaled_dot_product_attention). Set parallelism.cp=1, or add the method "
-            f"(docs/plugins.md, \"Context parallelism\")"
-        )
+    require_support(type(model), spec_name=spec_name, cp=cp)
     getattr(model, MODEL_HOOK)()
 
 

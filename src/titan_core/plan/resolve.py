@@ -19,7 +19,7 @@ from ..config.parallel_dims import ParallelDims
 from ..config.sections import ParallelismSection
 from ..data.documents import accepts_positions, check_document_masking
 from ..errors import ConfigError, PluginError, did_you_mean
-from ..parallel.context_parallel import MODEL_HOOK as CONTEXT_PARALLEL_HOOK
+from ..parallel.context_parallel import require_support as require_context_parallel_support
 from ..plugin import discovery
 from ..plugin.emulation import new_run_notes
 from ..plugin.protocols import ModelConverter, Tokenizer, TrainSpec
@@ -186,13 +186,8 @@ def resolve_config(
     if config.data.document_masking:
         check_document_masking(spec_name=spec.name, model_cls=spec.model_cls, pp=config.parallelism.pp,
                                pipeline_takes_positions=spec.pipeline_takes_positions)
-    if config.parallelism.cp > 1 and not callable(getattr(spec.model_cls, CONTEXT_PARALLEL_HOOK, None)):
-        raise ConfigError(
-            f"parallelism.cp={config.parallelism.cp}: the model of spec {spec.name} ({spec.model_cls.__name__}) does "
-            f"not declare context-parallelism support (a {CONTEXT_PARALLEL_HOOK}() method that routes its attention "
-            f"through torch.nn.functional.scaled_dot_product_attention). Set parallelism.cp=1, or add the method "
-            f"(docs/plugins.md, \"Context parallelism\")"
-        )
+    if config.parallelism.cp > 1:
+        require_context_parallel_support(spec.model_cls, spec_name=spec.name, cp=config.parallelism.cp)
     if config.parallelism.cp > 1 and config.parallelism.pp > 1 and accepts_positions(spec.model_cls) and \
             not spec.pipeline_takes_positions:
         raise ConfigError(

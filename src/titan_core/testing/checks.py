@@ -31,7 +31,7 @@ from ..errors import PluginHang, TitanError
 from ..hf.adapter import row_map
 from ..models.init import init_model_weights
 from ..moe import GroupedExperts
-from ..parallel.context_parallel import MODEL_HOOK as CONTEXT_PARALLEL_HOOK
+from ..parallel.context_parallel import MODEL_HOOK as CONTEXT_PARALLEL_HOOK, supports_context_parallel
 from ..plan.resolve import resolve_config
 from ..plugin import discovery
 from ..plugin.discovery import CONVERTERS, SPECS, discover, load_converter, load_train_spec
@@ -676,8 +676,7 @@ def _no_tp(spec: TrainSpec) -> str | None:
 
 
 def _no_cp(spec: TrainSpec) -> str | None:
-    declared = callable(getattr(spec.model_cls, CONTEXT_PARALLEL_HOOK, None))
-    return None if declared else f"the model declares no {CONTEXT_PARALLEL_HOOK}()"
+    return None if supports_context_parallel(spec.model_cls) else f"the model declares no {CONTEXT_PARALLEL_HOOK}()"
 
 
 def _no_pp(spec: TrainSpec) -> str | None:

@@ -35,7 +35,7 @@ import torch
 from torch import nn
 
 from ..config.sections import ActivationCheckpointSection
-from ..parallel.context_parallel import MODEL_HOOK as CONTEXT_PARALLEL_HOOK
+from ..parallel.context_parallel import supports_context_parallel
 from ..parallel.fake_group import fake_process_group
 from ..parallel.pipeline import MULTI_STAGE_SCHEDULES, canonical_schedule
 from ..parallel.precision import resolve_compute_dtype
@@ -427,8 +427,7 @@ def advice(resolved: ResolvedConfig, plan: MemoryPlan, shapes: list[StageShape],
     tips.append(_tip(f"twice the ranks with --parallelism.dp_shard={resolved.dims.dp_shard * 2} (states halve)",
                      peak.total - states // 2, limit))
     cp = resolved.dims.cp * 2
-    if callable(getattr(resolved.spec.model_cls, CONTEXT_PARALLEL_HOOK, None)) and \
-            resolved.config.training.seq_len % (2 * cp) == 0:
+    if supports_context_parallel(resolved.spec.model_cls) and resolved.config.training.seq_len % (2 * cp) == 0:
         # each rank holds half the tokens of every sequence (activations) and FSDP2 shards over cp too (states)
         sequence_part = peak.activ + peak.pipe + states
         tips.append(_tip(f"twice the context-parallel ranks, --parallelism.cp={cp} (a rank holds half of every "
