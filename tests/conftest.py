@@ -20,6 +20,11 @@ REPO = Path(__file__).resolve().parents[1]
 # This checkout installs two specs (llama3, qwen3); commands that name none mean llama3, in this
 # process and in every titan process the tests start (they inherit the environment).
 os.environ.setdefault("TITAN_DEFAULT_SPEC", "llama3")
+# Before anything loads torch (its OpenMP runtime reads this once, when loaded): the suite runs two test
+# files at a time on two cores and most tests start more processes, so the machine is oversubscribed.
+# OpenMP's default lets a waiting thread spin, which then only burns the core another process needs;
+# passive threads sleep. Numbers are unchanged: the same threads do the same work.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
 @dataclass(frozen=True)

@@ -136,18 +136,17 @@ def _max_rel(records: list[dict[str, float]], reference: list[dict[str, float]],
     return max(abs(r[key] - ref[key]) / abs(ref[key]) for r, ref in zip(records, reference))
 
 
+# llama3 CP 2 with masking is the resume test's first run below. qwen3 runs once dense (masked: the boolean
+# mask it builds is replaced) and once MoE (plain: its is_causal call); the attention code is the same in both.
 LAYOUTS = {  # name: (model, document masking, processes, local batch, flags)
-    "llama3_cp2_masked": ("llama3", True, 2, 2, ("--parallelism.cp=2",)),
     "llama3_cp4_masked": ("llama3", True, 4, 2, ("--parallelism.cp=4",)),
     "llama3_cp4_contiguous": ("llama3", False, 4, 2, ("--parallelism.cp=4", "--parallelism.cp_load_balance=false")),
     "llama3_fsdp2_cp2_ac_masked": ("llama3", True, 4, 1, ("--parallelism.cp=2", "--parallelism.dp_shard=2",
                                                           "--activation_checkpoint.mode=full")),
     "llama3_tp2_cp2": ("llama3", False, 4, 2, ("--parallelism.cp=2", "--parallelism.tp=2")),
     "llama3_pp2_cp2": ("llama3", False, 4, 2, ("--parallelism.cp=2", "--parallelism.pp=2")),
-    "qwen3_cp2": ("qwen3", False, 2, 2, ("--parallelism.cp=2",)),
     "qwen3_cp4_masked": ("qwen3", True, 4, 2, ("--parallelism.cp=4",)),
-    "qwen3_moe_cp2_masked": ("qwen3_moe", True, 2, 2, ("--parallelism.cp=2",)),
-    "qwen3_moe_cp4": ("qwen3_moe", False, 4, 2, ("--parallelism.cp=4",)),
+    "qwen3_moe_cp2": ("qwen3_moe", False, 2, 2, ("--parallelism.cp=2",)),
 }
 
 
@@ -164,16 +163,21 @@ def test_losses_and_gradient_norms_match_one_process(layout: str, references: Re
 
 
 def test_a_cp2_checkpoint_resumes_on_one_process_exactly(references: References, tmp_path: Path) -> None:
-    """Saved by 2 cp ranks at step 3, resumed by one process: steps 4-5 are the uninterrupted run's (a constant
-    learning rate after warmup, so the shorter first run follows the same schedule)."""
+    """llama3 CP 2 with document masking: steps 1-3 on 2 cp ranks match one process; saved at step 3 and resumed
+    by one process, steps 4-5 are the uninterrupted run's (a constant learning rate after warmup, so the shorter
+    first run follows the same schedule)."""
     flags = ("--training.local_batch_size=2", "--checkpoint.enable=true", "--checkpoint.interval=3")
+    reference = references("llama3", True)
     first = _run(tmp_path, "run", "llama3", *flags, "--parallelism.cp=2", nproc=2, steps=3)
-    first.step_records("cp2 steps 1-3", 3)
+    head = first.step_records("cp2 steps 1-3", 3)
+    assert "dp_shard_cp:S(0)" in first.text, first.text
+    for key in ("loss", "grad_norm"):
+        assert _max_rel(head, reference[:3], key) <= TOLERANCE, (key, head, reference[:3])
     resumed = _run(tmp_path, "run", "llama3", *flags)
     assert "resuming from" in resumed.text and "at step 3" in resumed.text, resumed.text
-    tail, reference = resumed.step_records("resumed on one process", STEPS)[3:], references("llama3", True)[3:]
-    assert _max_rel(tail, reference, "loss") <= TOLERANCE
-    assert _max_rel(tail, reference, "grad_norm") <= TOLERANCE
+    tail = resumed.step_records("resumed on one process", STEPS)[3:]
+    for key in ("loss", "grad_norm"):
+        assert _max_rel(tail, reference[3:], key) <= TOLERANCE, (key, tail, reference[3:])
 
 
 # ---- refusals ------------------------------------------------------------------------------------

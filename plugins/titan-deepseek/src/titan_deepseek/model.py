@@ -166,6 +166,12 @@ def softmax_scale(args: DeepSeekV3Args) -> float:
 
 def rope_table(args: DeepSeekV3Args, device: torch.device | None = None) -> torch.Tensor:
     """cos and sin of pos * freq (times the attention factor) for every position: [2, max_seq_len, R/2]."""
+    # On meta (how the trainer builds every model) only the shape exists: computing the table there would
+    # run torch's Python reference kernels, whose first use imports torch._dynamo (about 1 s of CPU on every
+    # rank). init_buffers() computes it on the real device.
+    if torch.empty(0, device=device).is_meta:
+        return torch.empty(2, args.max_seq_len, len(range(0, args.qk_rope_head_dim, 2)), dtype=torch.float32,
+                           device=device)
     inv_freq, attention_factor = rope_frequencies(args, device)
     angles = torch.outer(torch.arange(args.max_seq_len, device=device, dtype=torch.float32), inv_freq)
     return torch.stack([angles.cos() * attention_factor, angles.sin() * attention_factor])

@@ -145,6 +145,11 @@ def rope_frequencies(
 
 def rope_table(args: LlamaArgs, device: torch.device | None = None) -> torch.Tensor:
     """``exp(i * pos * freq)`` for every position below ``max_seq_len``: complex64 [max_seq_len, head_dim/2]."""
+    # On meta (how the trainer builds every model) only the shape exists: computing the table there would
+    # run torch's Python reference kernels, whose first use imports torch._dynamo (about 1 s of CPU on every
+    # rank). init_buffers() computes it on the real device.
+    if torch.empty(0, device=device).is_meta:
+        return torch.empty(args.max_seq_len, len(range(0, args.head_dim, 2)), dtype=torch.complex64, device=device)
     freqs = rope_frequencies(args.head_dim, args.rope_theta, args.rope_scaling, device)
     positions = torch.arange(args.max_seq_len, device=device, dtype=torch.float32)
     angles = torch.outer(positions, freqs)

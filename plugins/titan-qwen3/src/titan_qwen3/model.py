@@ -100,6 +100,11 @@ class Qwen3Args:
 
 def rope_table(args: Qwen3Args, device: torch.device | None = None) -> torch.Tensor:
     """cos and sin of pos * freq for every position below ``max_seq_len``: [2, max_seq_len, head_dim]."""
+    # On meta (how the trainer builds every model) only the shape exists: computing the table there would
+    # run torch's Python reference kernels, whose first use imports torch._dynamo (about 1 s of CPU on every
+    # rank). init_buffers() computes it on the real device.
+    if torch.empty(0, device=device).is_meta:
+        return torch.empty(2, args.max_seq_len, 2 * len(range(0, args.head_dim, 2)), dtype=torch.float32, device=device)
     freqs = 1.0 / (args.rope_theta ** (torch.arange(0, args.head_dim, 2, device=device, dtype=torch.float32)
                                        / args.head_dim))
     angles = torch.outer(torch.arange(args.max_seq_len, device=device, dtype=torch.float32), freqs)
