@@ -89,19 +89,24 @@ def test_eval_during_training_titan_eval_and_transformers_agree(tmp_path: Path, 
     assert len(ours) == len(theirs) > 40 * 4 and worst <= 1e-5, worst
 
 
-def test_fsdp2_on_two_processes_scores_as_one_process(tmp_path: Path) -> None:
-    """The same weights (lr 0: the initial ones) scored by one process and by FSDP2 over 2 gloo processes,
-    each rank taking half of the requests: the same figures."""
+def test_fsdp2_and_cp2_on_two_processes_score_as_one_process(tmp_path: Path) -> None:
+    """The same weights (lr 0: the initial ones) scored by one process, by FSDP2 over 2 gloo processes (each rank
+    taking half of the requests) and by context parallelism over 2 (both cp ranks scoring every request on whole
+    sequences, with the weights sharded over them): the same figures."""
     common = ("training.steps=1", "optimizer.lr=0", "eval.tasks=builtin", "eval.limit=12", "eval.batch_size=4")
     trained(tmp_path / "one", *common)
-    two = torchrun(tmp_path / "two", *(f"--{p}" for p in SMALL_RUN), "--training.local_batch_size=2",
-                   "--parallelism.dp_shard=2", *(f"--{p}" for p in common), "--metrics.report=false")
-    assert two.code == 0, two.text
-    (one_record,), (two_record,) = _eval_records(tmp_path / "one"), _eval_records(tmp_path / "two")
-    assert sorted(one_record) == sorted(two_record)
-    print("largest difference:", max(abs(two_record[k] - v) for k, v in one_record.items()))
-    for key, value in one_record.items():
-        assert abs(two_record[key] - value) <= PARITY_TOLERANCE * max(1.0, abs(value)), (key, value, two_record[key])
+    (one_record,) = _eval_records(tmp_path / "one")
+    for layout, flags in (("fsdp2", ("--training.local_batch_size=2", "--parallelism.dp_shard=2")),
+                          ("cp2", ("--parallelism.cp=2",))):
+        two = torchrun(tmp_path / layout, *(f"--{p}" for p in SMALL_RUN), *flags, *(f"--{p}" for p in common),
+                       "--metrics.report=false")
+        assert two.code == 0, two.text
+        (two_record,) = _eval_records(tmp_path / layout)
+        assert sorted(one_record) == sorted(two_record)
+        print(f"{layout}: largest difference", max(abs(two_record[k] - v) for k, v in one_record.items()))
+        for key, value in one_record.items():
+            assert abs(two_record[key] - value) <= PARITY_TOLERANCE * max(1.0, abs(value)), (layout, key, value,
+                                                                                             two_record[key])
 
 
 def test_eval_weights_ema_scores_the_average_that_titan_eval_finds_in_the_ema_export(tmp_path: Path, capsys) -> None:

@@ -76,6 +76,17 @@ def test_ci_fails_on_a_lint_or_type_error_without_running_the_tests(tmp_path: Pa
     assert "ran python" not in result.stdout
 
 
+def test_ci_fails_when_chromium_cannot_be_installed_without_running_the_tests(tmp_path: Path) -> None:
+    """The install runs beside the lint (.ci/run): its failure still stops CI, with its own output shown."""
+    _stand_in_ci(tmp_path)
+    (tmp_path / "scripts/install_chromium.sh").write_text("echo 'E: Unable to locate package chromium' >&2\nexit 100\n")
+    result = subprocess.run(["bash", str(tmp_path / ".ci/run")], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 100, result.stdout + result.stderr
+    assert "ran mypy" in result.stdout and "ran python" not in result.stdout
+    assert "E: Unable to locate package chromium" in result.stdout + result.stderr
+    assert "CI: installing Chromium failed (exit 100)" in result.stderr
+
+
 @pytest.mark.slow
 def test_quickstart_script_trains(tmp_path: Path) -> None:
     """Runs the README's first command (its script), shortened by a later override flag."""
