@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -41,3 +43,106 @@ def run_blocks(pairs: list[tuple[str, str]], folder: Path) -> None:
         for line in copied.splitlines():
             if line.strip() and not re.search(r"\d", line):
                 assert line in output, f"{line!r} not printed by:\n{command}\n{output}"
+
+
+# --- every command of every page, for tests/test_docs_commands.py -------------------------------------------
+
+# The programs whose lines count as documented commands; shell plumbing around them (ls, kill, grep, wait,
+# loops) is not counted.
+PROGRAMS = ("titan-train", "titan-eval", "titan-report", "titan-generate", "titan-data", "titan-convert",
+            "titan-plugin", "titan-lm-eval", "torchrun", "python", "pip", "bash", "srun", "tensorboard",
+            "torchft_lighthouse")
+_ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
+
+
+@dataclass(frozen=True)
+class DocCommand:
+    """One command line of a page: what a reader would type, with what the page says it prints."""
+
+    page: str
+    line: int  # 1-based line of the page where the command starts
+    text: str  # continuation lines joined, comment dropped
+    context: tuple[str, ...]  # the page's shell variable assignments above it (RUN=..., F="...")
+    exit_code: int  # 2 where the page marks it "# exits 2" or shows an "error:" line under it
+    printed: tuple[str, ...]  # the lines a transcript shows under it ("..." ends a shortened line)
+
+    @property
+    def program(self) -> str:
+        words = [w for w in self.text.split() if not _ASSIGNMENT.match(w)]
+        return words[0] if words else ""
+
+
+def _program_of(line: str) -> str:
+    words = [w for w in line.split() if not _ASSIGNMENT.match(w)]
+    return words[0] if words else ""
+
+
+def documented_commands(page: str) -> list[DocCommand]:
+    """Every command of ``docs/<page>``: the lines of its bash/sh/console blocks and the ``$ `` lines (or
+    leading command lines) of its plain blocks, which are transcripts: the lines under a command there are
+    what it printed."""
+    text = (REPO / "docs" / page).read_text()
+    found: list[DocCommand] = []
+    context: list[str] = []
+    for match in re.finditer(r"^([ \t]*)```(\w*)\n(.*?)^[ \t]*```", text, flags=re.S | re.M):
+        indent, lang, body = match.group(1), match.group(2), match.group(3)
+        if lang not in ("bash", "sh", "shell", "console", ""):
+            continue
+        first_line = text.count("\n", 0, match.start(3)) + 1
+        transcript = lang in ("console", "")
+        lines = [line[len(indent):] if line.startswith(indent) else line for line in body.splitlines()]
+        index = 0
+        current: dict[str, object] | None = None
+        while index < len(lines):
+            start = index
+            line = lines[index]
+            while line.endswith("\\") and index + 1 < len(lines):  # a continued command
+                index += 1
+                line = line[:-1].rstrip() + " " + lines[index].strip()
+            index += 1
+            stripped = line.strip()
+            prompted = stripped.startswith("$ ")
+            if prompted:
+                stripped = stripped[2:]
+            command, comment = (re.split(r"(\s+#\s.*)$", stripped, maxsplit=1) + [""])[:2]
+            command = command.strip()
+            program = _program_of(command)
+            is_command = (prompted or not transcript or current is None) and program in PROGRAMS
+            if transcript and not prompted and current is not None and not is_command:
+                if stripped:
+                    current["printed"].append(stripped)  # type: ignore[union-attr]
+                continue
+            if current is not None:
+                found.append(_finished(current))
+                current = None
+            if not command or command.startswith("#"):
+                continue
+            if not transcript and _only_assignments(command):
+                context.append(command)
+                continue
+            if is_command:
+                current = {"page": page, "line": first_line + start, "text": command, "context": tuple(context),
+                           "exits_2": "exits 2" in comment, "printed": []}
+                if not transcript:
+                    found.append(_finished(current))
+                    current = None
+        if current is not None:
+            found.append(_finished(current))
+    return found
+
+
+def _only_assignments(command: str) -> bool:
+    """``RUN=/tmp/x`` or ``F="--spec llama3 ..."``: a line that sets shell variables and runs nothing."""
+    try:
+        words = shlex.split(command)
+    except ValueError:
+        return False
+    return bool(words) and all(_ASSIGNMENT.match(word) for word in words)
+
+
+def _finished(fields: dict[str, object]) -> DocCommand:
+    printed = tuple(fields["printed"])  # type: ignore[arg-type]
+    shows_error = any(re.match(r"^[\w.-]+: error:|^error:", line) for line in printed)
+    return DocCommand(page=str(fields["page"]), line=int(fields["line"]), text=str(fields["text"]),  # type: ignore[call-overload]
+                      context=fields["context"], exit_code=2 if fields["exits_2"] or shows_error else 0,  # type: ignore[arg-type]
+                      printed=printed)

@@ -67,7 +67,9 @@ def as_run(command: str) -> tuple[str, dict[str, str]] | None:
 
 def test_every_documented_command_runs_as_written(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     commands = readme_commands() + help_commands()
-    env = {**{k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_PORT")},
+    # As the reader's shell has it: without the suite's default spec (conftest.py), with every spec installed.
+    suite_only = ("TITAN_DEFAULT_SPEC", "WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_PORT")
+    env = {**{k: v for k, v in os.environ.items() if k not in suite_only},
            "OMP_NUM_THREADS": "1", "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"}
     for name in ("a", "b"):  # what titan-report and titan-generate read
         made = subprocess.run([str(BIN / "titan-train"), *TINY_RUN, f"--job.run_dir=runs/{name}"], cwd=tmp_path,

@@ -139,3 +139,13 @@ def test_a_moe_layout_with_expert_parallelism_is_planned(cli) -> None:
     assert r.code == 0, r.text
     rows = _rows(r.text)
     assert [row[0] for row in rows] == ["0", "1"] and all(float(row[7]) > 0 for row in rows)
+
+
+def test_a_moe_layout_is_planned_in_float32_for_this_cpu(cli) -> None:
+    # Without --target-device the plan is for this machine: float32 experts, whose grouped GEMM torch's
+    # meta kernel refuses (it applies the CUDA kernel's bfloat16 rule); this used to end in a traceback.
+    r = cli("--spec", "qwen3", "--flavor", "debugmoe", "--nproc-per-node", "2", "--parallelism.ep=2", "--dry-run")
+    assert r.code == 0, r.text
+    assert "float32 compute" in r.text and "Traceback" not in r.text
+    rows = _rows(r.text)
+    assert [row[0] for row in rows] == ["0"] and float(rows[0][7]) > 0, r.text

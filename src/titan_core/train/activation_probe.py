@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..runtime.torch_compat import dispatch_mode_class
+from ..runtime.torch_compat import dispatch_mode_class, grouped_mm_op
 
 # Ops whose outputs per-op selective checkpointing keeps besides the matmuls: the attention
 # kernels (by name: SDPA's, flash, and a plugin's own fused one) and the reductions used for amax.
@@ -79,7 +79,10 @@ class _OpOutputs(_DispatchMode):  # type: ignore[misc,valid-type]
             # (the grouped matmuls take the counts as offsets, their shapes do not depend on them).
             minlength = int((kwargs or {}).get("minlength", args[2] if len(args) > 2 else 0))
             return torch.empty((minlength,), dtype=torch.long, device="meta")
-        out = func(*args, **(kwargs or {}))
+        if func is grouped_mm_op_default() and args[0].is_meta and args[0].dtype != torch.bfloat16:
+            out = _grouped_mm_shape(func, args, kwargs or {})
+        else:
+            out = func(*args, **(kwargs or {}))
         block = self.probe.current
         if block is not None:
             name = str(func)
@@ -94,6 +97,23 @@ class _OpOutputs(_DispatchMode):  # type: ignore[misc,valid-type]
                 block.selective_ops += sum(_nbytes(t) for t in leaves
                                            if isinstance(t, torch.Tensor) and not self.probe.is_score_matrix(t))
         return out
+
+
+def grouped_mm_op_default() -> Any:
+    """``aten._grouped_mm.default``, or None on a torch without it."""
+    packet = grouped_mm_op()
+    return None if packet is None else packet.default
+
+
+def _grouped_mm_shape(func: Any, args: Any, kwargs: dict[str, Any]) -> torch.Tensor:
+    """The grouped GEMM's output on meta for float32 operands (a CPU run's experts).
+
+    torch's meta kernel applies the CUDA kernel's dtype rule (bfloat16 only) and refuses float32, while
+    the CPU kernel takes it. The output's shape does not depend on the dtype: ask the kernel in bfloat16,
+    answer in the operands' dtype (the bytes the probe counts)."""
+    as_bf16 = [a.to(torch.bfloat16) if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args]
+    shaped = func(*as_bf16, **kwargs)
+    return torch.empty(shaped.shape, dtype=kwargs.get("out_dtype") or args[0].dtype, device="meta")
 
 
 def _tensors(out: Any) -> list[torch.Tensor]:
