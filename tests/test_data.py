@@ -84,7 +84,7 @@ def test_json_array(tmp_path: Path) -> None:
 
 def test_json_lines_in_a_json_file_are_read_without_datasets(tmp_path: Path) -> None:
     """datasets (pyarrow, pandas) stays out of a run that reads JSON lines named .json: about 130 MiB
-    resident for the whole run. One object over several lines still goes through datasets."""
+    resident for the whole run. A row whose text is a list is refused, naming it."""
     lines = tmp_path / "d.json"
     write_jsonl(lines, [{"text": "one"}, {"text": None}, {"text": "two"}])
     whole = tmp_path / "o.json"

@@ -81,6 +81,36 @@ def test_invalid_utf8_and_a_row_without_the_text_field_are_one_refusal_in_both(
     assert source.read_bytes() == content
 
 
+@pytest.mark.parametrize("content", [
+    b'{\n  "text": "one object over several lines"\n}\n',
+    b'{"text": ["columns", "of lists"]}',
+    b'["a list", "of strings"]',
+])
+def test_a_json_file_in_a_form_prepare_refuses_is_refused_by_the_trainer_too(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], content: bytes) -> None:
+    # A .json file holds a list of objects or one object per line; datasets used to read other forms for
+    # the trainer (a file that could be trained on but not prepared, or read as something else).
+    source = tmp_path / "other.json"
+    source.write_bytes(content)
+    message = trainer_message(source)
+    assert "other.json" in message and "line 1" in message, message
+    result = prepare(capsys, str(source), "--out", str(tmp_path / "out"))
+    assert result.code == 2 and "other.json" in result.err and "Traceback" not in result.err, result.text
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_json_list_over_several_lines_and_json_lines_in_a_json_file_are_read_alike(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    for name, content in (("listed.json", b'[\n  {"text": "a"},\n  {"text": "b"}\n]\n'),
+                          ("lines.json", b'{"text": "a"}\n{"text": "b"}\n')):
+        source = tmp_path / name
+        source.write_bytes(content)
+        assert read_documents(str(source)) == ["a", "b"], name
+        out = tmp_path / f"out-{source.stem}"
+        assert prepare(capsys, str(source), "--out", str(out)).code == 0, name
+        assert packed(out) == pack_documents(["a", "b"], TOK).tokens.tolist(), name
+
+
 def test_a_null_text_is_an_empty_document_skipped_by_both(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     source = tmp_path / "nulls.jsonl"
     source.write_text('{"text": "a"}\n{"text": null}\n{"text": ""}\n{"text": "b"}\n')

@@ -24,6 +24,11 @@ class NotJsonLines(ConfigError):
     """A line that is not a JSON object: the file is not JSON lines (a ``.json`` file may be another JSON form)."""
 
 
+# What a file of each suffix holds (the forms titan-data prepare packs too), keyed by "is it .json".
+_FORMS = {False: "each line of a .jsonl file is one JSON object",
+          True: "a .json file holds one JSON list of objects, or one JSON object per line"}
+
+
 def read_jsonl(path: Path, *, text_field: str) -> list[str]:
     """The texts of a JSON-lines file, in order; ConfigError naming the file and line for anything amiss."""
     try:
@@ -42,14 +47,13 @@ def read_jsonl(path: Path, *, text_field: str) -> list[str]:
         except (ValueError, RecursionError) as e:  # RecursionError: nested too deep for the parser
             raise NotJsonLines(
                 f"data file {path} could not be read as JSON: line {number} is not valid JSON ({str(e)[:120]}); "
-                f"each line of a .jsonl file "
-                f"is one JSON object, e.g. {{\"{text_field}\": \"...\"}}. Fix or remove that line."
+                f"{_FORMS[path.suffix.lower() == '.json']}, e.g. {{\"{text_field}\": \"...\"}}. Fix or remove that line."
             ) from None
         if not isinstance(row, dict):
             raise NotJsonLines(
                 f"data file {path} could not be read as JSON rows: line {number} holds a JSON "
-                f"{type(row).__name__}, not an object; each line of a "
-                f".jsonl file is one JSON object, e.g. {{\"{text_field}\": \"...\"}}."
+                f"{type(row).__name__}, not an object; {_FORMS[path.suffix.lower() == '.json']}, "
+                f"e.g. {{\"{text_field}\": \"...\"}}."
             )
         row_index += 1
         value = row_text(row, where=f"data file {path} line {number}", row=row_index, text_field=text_field)
@@ -60,7 +64,7 @@ def read_jsonl(path: Path, *, text_field: str) -> list[str]:
 
 def read_json_list(path: Path, *, text_field: str) -> list[str] | None:
     """The texts of a ``.json`` file holding a list of objects; None when it holds anything else
-    (JSON lines in a .json file, one object, ...: those go through ``datasets`` as before)."""
+    (JSON lines in a .json file, or a form neither reader takes: the caller reads it as JSON lines)."""
     try:
         raw = path.read_bytes()
     except OSError:

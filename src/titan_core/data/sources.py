@@ -30,13 +30,13 @@ from ..errors import ConfigError
 from ..runtime.os_errors import file_kind
 from .corpus import builtin_documents
 from .deadline import stall_deadline
-from .json_lines import NotJsonLines, read_json_list, read_jsonl
+from .json_lines import read_json_list, read_jsonl
 from .text_rules import decode_utf8
 
 SUPPORTED_SUFFIXES = (".txt", ".jsonl", ".json", ".parquet")
 HF_PREFIX = "hf:"
 HF_MAX_BYTES = 256 * 1024 * 1024
-_BUILDER = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
+_BUILDER = {".jsonl": "json", ".parquet": "parquet"}
 # data.hf_timeout_s, set from the run's config (set_hf_timeout); the default is the field's.
 _HF_TIMEOUT_S = [60.0]
 
@@ -170,20 +170,11 @@ def _read_file(path: Path, *, text_field: str) -> list[str]:
         listed = read_json_list(path, text_field=text_field)
         if listed is not None:
             return listed
-        lines = _json_lines_or_none(path, text_field=text_field)
-        if lines is not None:
-            return lines
-    return _read_table(path, builder=_BUILDER[suffix], text_field=text_field)
-
-
-def _json_lines_or_none(path: Path, *, text_field: str) -> list[str] | None:
-    """A ``.json`` file of JSON lines read directly (``datasets`` would import pyarrow and pandas,
-    some 130 MiB held for the whole run, to read it); None for anything it cannot read that way
-    (one object over several lines, a line that is not an object), which ``datasets`` reads or reports as before."""
-    try:
+        # Anything else is read as JSON lines, and refused naming the line where it is not: the two forms
+        # titan-data prepare packs (doc_stream.py). datasets used to take other forms (one object over
+        # several lines, columns of lists), so a file trained here could not be prepared.
         return read_jsonl(path, text_field=text_field)
-    except NotJsonLines:  # another JSON form; a row breaking text_rules.py's rules is refused here, as prepare does
-        return None
+    return _read_table(path, builder=_BUILDER[suffix], text_field=text_field)
 
 
 @contextlib.contextmanager
