@@ -142,3 +142,24 @@ def test_the_supervisor_reads_a_groups_last_step_past_a_half_written_line(tmp_pa
         f.write('{"step": 4, "lo')
     assert last_logged_step(tmp_path / "g") == 3
     assert last_logged_step(tmp_path / "missing") is None
+
+
+def test_the_png_breaks_a_groups_line_where_it_was_away(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("matplotlib")
+    from matplotlib.axes import Axes
+
+    drawn: dict[str, list[float]] = {}
+    plot = Axes.plot
+
+    def recording(self: Axes, xs: list[float], ys: list[float], *args: object, **kwargs: object) -> object:
+        drawn[str(kwargs["label"])] = list(xs)
+        return plot(self, xs, ys, *args, **kwargs)
+
+    monkeypatch.setattr(Axes, "plot", recording)
+    run = ft_folder(tmp_path)
+    assert report_cli.main([str(run)]) == 0, capsys.readouterr().err
+    assert (run / "report-loss.png").stat().st_size > 1000
+    assert drawn["replica_0"] == [float(s) for s in range(1, 11)]  # never away: one line
+    one = drawn["replica_1"]  # away after step 4, back at 7: a NaN between, which matplotlib does not join across
+    assert one[:4] == [1.0, 2.0, 3.0, 4.0] and one[4] != one[4] and one[5:] == [7.0, 8.0, 9.0, 10.0], one

@@ -3,12 +3,30 @@
 from __future__ import annotations
 
 import io
+import math
 from collections.abc import Sequence
 
 from .runs import RunData
 from .svg import MARK_COLORS, Mark, color_of
 
 MISSING = "matplotlib is not installed, so no PNG of the loss was drawn; install it with pip install 'titan-core[plot]'"
+
+
+def broken_at(points: Sequence[tuple[float, float]], breaks: Sequence[float]) -> tuple[list[float], list[float]]:
+    """The points as x and y lists, with a NaN point wherever a break step falls between two of them
+    (matplotlib does not join a line across NaN): a fault-tolerance group's line stops while it was away,
+    as the SVG's does."""
+    xs: list[float] = []
+    ys: list[float] = []
+    previous = -math.inf
+    for x, y in points:
+        if xs and any(previous < b <= x for b in breaks):
+            xs.append(math.nan)
+            ys.append(math.nan)
+        xs.append(x)
+        ys.append(y)
+        previous = x
+    return xs, ys
 
 
 def loss_png(runs: list[RunData], *, marks: Sequence[Mark] = ()) -> bytes | None:
@@ -26,8 +44,8 @@ def loss_png(runs: list[RunData], *, marks: Sequence[Mark] = ()) -> bytes | None
         for metric, style, label in (("loss", "-", run.name), ("val_loss", "--", f"{run.name} (validation)")):
             points = run.series.get(metric, [])
             if points:
-                ax.plot([x for x, _ in points], [y for _, y in points], style, color=color, label=label,
-                        marker="o" if len(points) == 1 else None)
+                xs, ys = broken_at(points, run.breaks)
+                ax.plot(xs, ys, style, color=color, label=label, marker="o" if len(points) == 1 else None)
     for run in runs:  # [stability]: the steps the spike guard skipped (dashed) and rolled back at (dotted)
         for key, style in (("spike_skipped", "--"), ("spike_rollback", ":")):
             for x, y in run.series.get(key, []):
