@@ -204,6 +204,17 @@ def test_every_command_run_elsewhere_is_run_by_the_test_named() -> None:
 
 
 @pytest.mark.fast
+def test_every_extra_the_docs_and_the_readme_name_is_declared() -> None:
+    """``pip install 'titan-core[EXTRA]'`` anywhere in the README or docs/, prose included, names an extra of
+    pyproject.toml (an undeclared one installs nothing and pip only warns)."""
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    named = {(path.name, extra) for path in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+             for group in re.findall(r"titan-core\[([\w,-]+)\]", path.read_text()) for extra in group.split(",")}
+    assert len(named) >= 6, named
+    assert {(page, extra) for page, extra in named if extra not in extras} == set(), sorted(extras)
+
+
+@pytest.mark.fast
 def test_commands_are_read_from_every_kind_of_block() -> None:
     """Bash lines with continuations and page variables, console prompts, and plain-block transcripts."""
     checkpointing = documented_commands("checkpointing.md")
