@@ -46,11 +46,3 @@ def test_task_names_and_kinds(tmp_path: Path) -> None:
         load_tasks(["builtin", str(BUILTIN_TASKS["python_text"])])
     with pytest.raises(ConfigError, match="does not exist; give a JSONL file"):
         load_tasks([str(tmp_path / "missing.jsonl")])
-
-
-def test_pipeline_parallel_evaluation_is_refused() -> None:
-    from titan_core.config.job import JobConfig
-
-    with pytest.raises(ValueError, match="evaluation under pipeline parallelism is not supported yet"):
-        JobConfig.model_validate({"parallelism": {"pp": 2}, "training": {"local_batch_size": 2},
-                                  "eval": {"tasks": ["builtin"]}}, context={"world_size": 2})

@@ -103,12 +103,6 @@ class JobConfig(BaseModel):
                 f"Interleaved1F1B or InterleavedZeroBubble (also several stages per rank), 1F1B or GPipe, or turn "
                 f"validation off"
             )
-        if p.pp > 1 and self.eval.tasks:
-            raise ValueError(
-                f"eval.tasks with parallelism.pp={p.pp}: evaluation under pipeline parallelism is not supported yet "
-                f"(its scores would need the last stage's per-sequence log-probabilities). Evaluate the checkpoints "
-                f"with titan-eval, or set eval.tasks=[] for this run"
-            )
         if p.etp not in (1, p.tp):
             raise ValueError(
                 f"parallelism.etp={p.etp} with parallelism.tp={p.tp}: expert tensor parallelism splits each expert over "

@@ -6,7 +6,9 @@ turn; each rank runs its share in batches, right-padded (a causal model's earlie
 not see the padding). Every rank then runs the same number of forwards (a rank with fewer
 requests runs a one-token dummy batch), because FSDP2 and expert parallelism gather inside the
 forward. Each score is written into a vector that is zero elsewhere and the vectors are summed
-over the ranks: x + 0 is x, so the gathered scores are each rank's own figures, exactly.
+over the ranks: x + 0 is x, so the gathered scores are each rank's own figures, exactly. Under
+pipeline parallelism every stage runs the same batches and only the last stage's rank holds the
+logits; its scores are summed over the stages the same way.
 """
 
 from __future__ import annotations
@@ -20,8 +22,9 @@ import torch.distributed as dist
 
 from .requests import Request
 
-# The model's forward: input ids [batch, seq] on the device -> logits [batch, seq, vocab] (plain tensor).
-Forward = Callable[[torch.Tensor], torch.Tensor]
+# The model's forward: input ids [batch, seq] on the device -> logits [batch, seq, vocab] (plain tensor), or None
+# on a rank that runs its part of the forward but does not hold the logits (a pipeline stage before the last).
+Forward = Callable[[torch.Tensor], torch.Tensor | None]
 
 
 @dataclass(frozen=True)
@@ -34,6 +37,9 @@ class ScoreLayout:
     # Batches are padded to a multiple of this length: tensor parallelism's sequence-parallel regions split
     # the sequence over the TP ranks, evenly.
     width_multiple: int = 1
+    # Pipeline parallelism: the stages' group; the logits exist on the last stage's rank only, whose scores are
+    # summed over this group (the other stages add zeros). None without pipelining.
+    stage_group: Any = None
 
 
 ONE_PROCESS = ScoreLayout()
@@ -62,6 +68,8 @@ def score_requests(requests: Sequence[Request], forward: Forward, *, window: int
         for j, row in enumerate(rows):
             inputs[j, :len(row)] = torch.tensor(row, dtype=torch.long)
         logits = forward(inputs.to(device))
+        if logits is None:  # an earlier pipeline stage: the last stage's rank scores this batch
+            continue
         for j, i in enumerate(chunk):
             n, targets = len(rows[j]), requests[i].targets
             picked = logits[j, n - len(targets):n].float()
@@ -71,5 +79,7 @@ def score_requests(requests: Sequence[Request], forward: Forward, *, window: int
             out[i, 1] = float(bool((picked.argmax(dim=-1) == wanted).all()))
     if layout.dp > 1:
         dist.all_reduce(out, op=dist.ReduceOp.SUM, group=layout.group)
+    if layout.stage_group is not None:
+        dist.all_reduce(out, op=dist.ReduceOp.SUM, group=layout.stage_group)
     values = out.cpu()
     return Scores(values[:, 0].tolist(), [bool(g) for g in values[:, 1].tolist()])

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
@@ -40,6 +41,8 @@ class Trainer(Protocol):
     device: torch.device
     dp_rank: int
     dp_flat_mesh: Any
+    mesh: Any
+    pipeline: Any  # parallel.pipeline.PipelineResult under pipeline parallelism, else None
     is_rank0: bool
     step: int
 
@@ -87,18 +90,81 @@ def forward_of(trainer: Trainer, part: nn.Module) -> Forward:
     return forward
 
 
+# The dtypes a pipeline stage may hand on, by index (the header of each point-to-point send carries the index).
+_STREAM_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
+_HEADER = 8  # int64 values: ndim, up to 6 sizes, the dtype's index
+
+
+def pipeline_forward_of(trainer: Trainer, parts: list[nn.Module]) -> Forward:
+    """Under pipeline parallelism: the stages in order, each on the rank that holds it, the residual stream
+    handed to the next stage's rank by a point-to-point send over the pp group (a header with its shape and
+    dtype first: an evaluation batch has its own width). The logits exist on the last stage's rank; the
+    others get None and add zeros to the scores (``ScoreLayout.stage_group``).
+
+    Forward only, one batch at a time: the stages take turns rather than overlap, which costs time but
+    needs no schedule (torch's schedules split batches into micro-batches of a fixed count, and their
+    forward-only pass returns losses, not the log-probabilities the tasks score)."""
+    pipe = trainer.pipeline
+    assert pipe is not None
+    group = trainer.mesh["pp"].get_group()
+    me = dist.get_rank(group)
+    held: list[list[int]] = [[] for _ in range(dist.get_world_size(group))]
+    dist.all_gather_object(held, list(pipe.stage_ids), group=group)
+    owner = {stage: rank for rank, stages in enumerate(held) for stage in stages}
+    module = dict(zip(pipe.stage_ids, parts))
+    last = max(owner)
+
+    def send(stream: torch.Tensor, stage: int) -> None:
+        to = dist.get_global_rank(group, owner[stage])
+        header = torch.zeros(_HEADER, dtype=torch.long, device=stream.device)
+        header[0] = stream.dim()
+        header[1:1 + stream.dim()] = torch.tensor(stream.shape, dtype=torch.long)
+        header[-1] = _STREAM_DTYPES.index(stream.dtype)
+        dist.send(header, dst=to, group=group)
+        dist.send(stream.contiguous(), dst=to, group=group)
+
+    def receive(stage: int) -> torch.Tensor:
+        frm = dist.get_global_rank(group, owner[stage])
+        header = torch.zeros(_HEADER, dtype=torch.long, device=trainer.device)
+        dist.recv(header, src=frm, group=group)
+        ndim = int(header[0])
+        stream = torch.empty([int(n) for n in header[1:1 + ndim]], dtype=_STREAM_DTYPES[int(header[-1])],
+                             device=trainer.device)
+        dist.recv(stream, src=frm, group=group)
+        return stream
+
+    def forward(inputs: torch.Tensor) -> torch.Tensor | None:
+        stream: torch.Tensor | None = inputs
+        for stage in range(last + 1):
+            if owner[stage] != me:
+                continue
+            if stage > 0 and owner[stage - 1] != me:
+                stream = receive(stage - 1)
+            with trainer.autocast():
+                stream = module[stage](stream)
+            if stage < last and owner[stage + 1] != me:
+                send(stream.to_local() if isinstance(stream, DTensor) else stream, stage + 1)
+        if owner[last] != me:
+            return None
+        assert stream is not None
+        return stream.full_tensor() if isinstance(stream, DTensor) else stream
+
+    return forward
+
+
 @torch.no_grad()
 def run_training_evaluation(trainer: Trainer, evaluation: TrainingEvaluation) -> dict[str, float]:
     """Score every task on ``trainer.evaluation_weights()``; log the figures on rank 0."""
     dims = trainer.dims
     layout = ScoreLayout(trainer.dp_rank, dims.dp, trainer.dp_flat_mesh.get_group() if dims.dp > 1 else None,
-                         width_multiple=dims.tp)
+                         width_multiple=dims.tp, stage_group=trainer.mesh["pp"].get_group() if dims.pp > 1 else None)
     with trainer.evaluation_weights() as parts:
         modes = [part.training for part in parts]
         for part in parts:
             part.eval()
         try:
-            results = evaluate(evaluation.tasks, forward_of(trainer, parts[0]), window=evaluation.window,
+            forward = pipeline_forward_of(trainer, parts) if dims.pp > 1 else forward_of(trainer, parts[0])
+            results = evaluate(evaluation.tasks, forward, window=evaluation.window,
                                batch_size=evaluation.batch_size, device=trainer.device, layout=layout)
         finally:
             for part, mode in zip(parts, modes):
