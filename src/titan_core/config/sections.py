@@ -60,7 +60,7 @@ class TrainingSection(Section):
     dtype: Literal["auto", "float32", "bfloat16"] = Field("auto", description="Compute dtype: auto = bfloat16 autocast on CUDA, float32 on CPU.")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="Device: auto = CUDA when available.")
     cpu_malloc_tuning: bool = Field(True, description="On CPU with glibc, keep freed memory in the heap instead of re-mapping big buffers every step (faster).")
-    chunked_loss: bool = Field(True, description="Apply the output head and the cross-entropy a chunk of tokens at a time, so the full float32 logits and their gradient are never held at once (models whose forward ends in titan_core's final_norm_and_head, with the built-in loss). false: the full logits.")
+    chunked_loss: bool = Field(True, description="Apply the output head and the cross-entropy a chunk of tokens at a time, so the full float32 logits and their gradient are never held at once (models whose forward ends in titan_core's final_norm_and_head, with the built-in loss; off under the zero-bubble pipeline schedules, whose backward runs in two passes). false: the full logits.")
     loss_chunk_tokens: int = Field(0, ge=0, description="Tokens per chunk of the chunked loss; 0 = as many as fit 64 MiB of float32 logits.")
     skip_nonfinite_steps: bool = Field(False, description="Skip (and count) steps with a non-finite loss or grad norm instead of stopping. This reads every step's loss on the host (a wait for the accelerator); otherwise it is read only on logging, checkpoint and validation steps.")
 

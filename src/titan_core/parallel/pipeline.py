@@ -56,6 +56,10 @@ from .fsdp import gather_dtype
 SINGLE_STAGE_SCHEDULES = ("1F1B", "GPipe")
 MULTI_STAGE_SCHEDULES = ("Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV")
 V_SCHEDULES = ("ZBVZeroBubble", "DualPipeV")
+# Zero-bubble schedules split each backward in two passes (the inputs' gradient first, the weights' later), so
+# autograd reaches the loss twice: the chunked loss, which hands back gradients it computed in the forward
+# once, is off under them.
+SPLIT_BACKWARD_SCHEDULES = ("InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV")
 
 
 @dataclass
@@ -67,6 +71,11 @@ class PipelineResult:
     has_first_stage: bool
     has_last_stage: bool
     stage_ids: list[int]
+
+
+def splits_backward(parallelism: ParallelismSection) -> bool:
+    """Whether this run's pipeline schedule runs each backward in two passes (SPLIT_BACKWARD_SCHEDULES)."""
+    return parallelism.pp > 1 and canonical_schedule(parallelism.pp_schedule) in SPLIT_BACKWARD_SCHEDULES
 
 
 def canonical_schedule(name: str) -> str:
@@ -352,6 +361,7 @@ __all__ = [
     "MULTI_STAGE_SCHEDULES",
     "PipelineResult",
     "SINGLE_STAGE_SCHEDULES",
+    "SPLIT_BACKWARD_SCHEDULES",
     "V_SCHEDULES",
     "build_stage_module",
     "canonical_schedule",
@@ -359,6 +369,7 @@ __all__ = [
     "end_stage_fewer_layers",
     "pipeline_model",
     "split_layers",
+    "splits_backward",
     "stage_ids_of_rank",
     "static_stage_args",
     "validate_pipeline",

@@ -37,7 +37,7 @@ from torch import nn
 from ..config.sections import ActivationCheckpointSection
 from ..parallel.context_parallel import supports_context_parallel
 from ..parallel.fake_group import fake_process_group
-from ..parallel.pipeline import MULTI_STAGE_SCHEDULES, canonical_schedule
+from ..parallel.pipeline import MULTI_STAGE_SCHEDULES, canonical_schedule, splits_backward
 from ..parallel.precision import resolve_compute_dtype
 from .activation_probe import ActivationProbe, probe_activations
 from .build import parallelize_part
@@ -302,7 +302,8 @@ def plan_stage(resolved: ResolvedConfig, shape: StageShape, probe: ActivationPro
         elems = probe.logits_bytes // torch.empty((), dtype=compute_dtype).element_size()
         tokens = micro_batch_size(resolved) * local_seq_len(resolved)
         chunked = c.training.chunked_loss and resolved.calls.spec.build_loss_fn is None and not (
-            dims.fsdp_enabled and c.parallelism.fsdp_reshard_after_forward == "always")
+            dims.fsdp_enabled and c.parallelism.fsdp_reshard_after_forward == "always") and not splits_backward(
+            c.parallelism)
         if chunked:
             # chunked_loss.py: one chunk's float32 logits, log-softmax and gradient at a time
             vocab_local = max(elems // max(tokens, 1) // tp, 1)

@@ -55,6 +55,7 @@ from ..parallel.context_parallel import (
 )
 from ..parallel.expert_tensor_parallel import check_etp_fits
 from ..parallel.parameter_layout import describe_parameter_layout
+from ..parallel.pipeline import splits_backward
 from ..parallel.precision import autocast_for, resolve_compute_dtype
 from ..plan.resolve import ResolvedConfig
 from ..plugin.protocols import ModelConverter, TensorParallelStyles, Tokenizer, TrainSpec
@@ -345,7 +346,12 @@ class Trainer:
         # head's weight is sharded again once the forward returns, so the head stays in the forward.
         self.chunk_loss = (t.chunked_loss and self.loss_fn is cross_entropy_loss
                            and type(self).compute_loss is Trainer.compute_loss
-                           and not (self.dims.fsdp_enabled and p.fsdp_reshard_after_forward == "always"))
+                           and not (self.dims.fsdp_enabled and p.fsdp_reshard_after_forward == "always")
+                           and not splits_backward(p))
+        if t.chunked_loss and splits_backward(p):
+            progress(f"chunked loss off: the {p.pp_schedule} schedule runs each backward in two passes, and the "
+                     f"chunked loss hands its gradients back once; the full logits are held instead",
+                     is_rank0=self.is_rank0)
         self.pipe_head: HeadRequest | None = None  # the request of the pipeline step under way
         self.accum = accumulation_steps(self.config, self.dims.dp)
         self.pipeline = None
