@@ -36,7 +36,7 @@ from .text_rules import decode_utf8
 SUPPORTED_SUFFIXES = (".txt", ".jsonl", ".json", ".parquet")
 HF_PREFIX = "hf:"
 HF_MAX_BYTES = 256 * 1024 * 1024
-_BUILDER = {".jsonl": "json", ".parquet": "parquet"}
+_BUILDER = {".parquet": "parquet"}  # .txt, .jsonl and .json are read directly (_read_file)
 # data.hf_timeout_s, set from the run's config (set_hf_timeout); the default is the field's.
 _HF_TIMEOUT_S = [60.0]
 

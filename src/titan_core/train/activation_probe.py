@@ -72,6 +72,7 @@ class _OpOutputs(_DispatchMode):  # type: ignore[misc,valid-type]
         super().__init__()
         self.probe = probe
         self.mm_count = 0
+        self.grouped_mm = _grouped_mm_op_default()  # looked up once: every op of the probe is compared with it
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         if func is torch.ops.aten.bincount.default and args[0].is_meta:
@@ -79,7 +80,7 @@ class _OpOutputs(_DispatchMode):  # type: ignore[misc,valid-type]
             # (the grouped matmuls take the counts as offsets, their shapes do not depend on them).
             minlength = int((kwargs or {}).get("minlength", args[2] if len(args) > 2 else 0))
             return torch.empty((minlength,), dtype=torch.long, device="meta")
-        if func is grouped_mm_op_default() and args[0].is_meta and args[0].dtype != torch.bfloat16:
+        if func is self.grouped_mm and args[0].is_meta and args[0].dtype != torch.bfloat16:
             out = _grouped_mm_shape(func, args, kwargs or {})
         else:
             out = func(*args, **(kwargs or {}))
@@ -99,7 +100,7 @@ class _OpOutputs(_DispatchMode):  # type: ignore[misc,valid-type]
         return out
 
 
-def grouped_mm_op_default() -> Any:
+def _grouped_mm_op_default() -> Any:
     """``aten._grouped_mm.default``, or None on a torch without it."""
     packet = grouped_mm_op()
     return None if packet is None else packet.default
