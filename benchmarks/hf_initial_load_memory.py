@@ -1,6 +1,6 @@
 """Peak memory of a 2-rank FSDP2 ``--checkpoint.initial_load`` of a ~110M-parameter Hugging Face model.
 
-Saves a random ``LlamaForCausalLM`` (dim 768, 12 layers, 12 heads, 4 kv heads, MLP 2048,
+Saves a random ``LlamaForCausalLM`` (dim 768, 12 layers (``--layers``), 12 heads, 4 kv heads, MLP 2048,
 vocabulary 16384, untied; 110M parameters, 440 MB in fp32) with ``save_pretrained`` in
 ~200 MB shards, then on 2 ranks (gloo, FSDP2 dp_shard=2) builds the real ``Trainer`` up to
 its sharded meta model and measures, per rank, with a thread sampling
@@ -16,7 +16,7 @@ its sharded meta model and measures, per rank, with a thread sampling
 
 Exit status 1 if a rank goes over its budget.
 
-    python benchmarks/hf_initial_load_memory.py [--keep DIR]
+    python benchmarks/hf_initial_load_memory.py [--keep DIR] [--layers N]
 """
 
 from __future__ import annotations
@@ -34,12 +34,12 @@ from pathlib import Path
 HERE = Path(__file__).resolve()
 
 
-def make_model(folder: Path) -> int:
+def make_model(folder: Path, layers: int) -> int:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=16384, hidden_size=768, intermediate_size=2048, num_hidden_layers=12,
+    config = LlamaConfig(vocab_size=16384, hidden_size=768, intermediate_size=2048, num_hidden_layers=layers,
                          num_attention_heads=12, num_key_value_heads=4, max_position_embeddings=2048,
                          tie_word_embeddings=False, rms_norm_eps=1e-5)
     model = LlamaForCausalLM(config).float()
@@ -120,6 +120,7 @@ def main() -> int:
     parser.add_argument("--worker", type=Path, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--run-dir", type=Path, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--keep", type=Path, default=None, help="save the HF folder here (default: a temp folder)")
+    parser.add_argument("--layers", type=int, default=12, help="decoder layers (12: the figure in docs/benchmarks.md)")
     args = parser.parse_args()
     if args.worker is not None:
         worker(args.worker, args.run_dir)
@@ -127,7 +128,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         folder = args.keep or Path(tmp) / "hf"
         if not (folder / "config.json").is_file():
-            n = make_model(folder)
+            n = make_model(folder, args.layers)
             print(f"saved a {n / 1e6:.1f}M-parameter LlamaForCausalLM to {folder} "
                   f"({len(list(folder.glob('*.safetensors')))} safetensors files)", flush=True)
         # A fixed mmap threshold: glibc then maps every buffer of 64 KiB or more on its own and

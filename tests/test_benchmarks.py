@@ -107,7 +107,7 @@ SMALLEST = {
     "ft_overhead.py": (["--steps", "2", "--warmup", "0", "--rounds", "1", "--seq-len", "16", "--batch", "2",
                         "--layers", "1", "--threads", "1"], r"^step-time ratio torchft / ddp: [\d.]+$"),
     "data.py": (["data-ms", "--steps", "2", "--seq-len", "64", "--batch", "2"], r"^\s+[\d.]+\s+[\d.]+\s+[\d.]+%$"),
-    "hf_initial_load_memory.py": ([], r"^\| 1 \| \d+ \| \d+ \| \d+ \| \d+ \| \d+ \| yes \|"),
+    "hf_initial_load_memory.py": (["--layers", "2"], r"^\| 1 \| \d+ \| \d+ \| \d+ \| \d+ \| \d+ \| yes \|"),
     # the planned side of torchtitan's published layouts: dry runs on meta under the fake process group
     "memory_plan.py": (["--only", "published"], r"^\| 70B[^|]*\| 71\.9 \| [\d.]+ \| [\d.]+ \|$"),
     "muon.py": (["--steps", "3", "--lrs", "3e-3", "--val-batches", "1", "--layers", "1", "--seq-len", "16"],

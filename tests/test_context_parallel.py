@@ -140,7 +140,7 @@ def _max_rel(records: list[dict[str, float]], reference: list[dict[str, float]],
 # mask it builds is replaced) and once MoE (plain: its is_causal call); the attention code is the same in both.
 LAYOUTS = {  # name: (model, document masking, processes, local batch, flags)
     "llama3_cp4_masked": ("llama3", True, 4, 2, ("--parallelism.cp=4",)),
-    "llama3_cp4_contiguous": ("llama3", False, 4, 2, ("--parallelism.cp=4", "--parallelism.cp_load_balance=false")),
+    "llama3_cp2_contiguous": ("llama3", False, 2, 2, ("--parallelism.cp=2", "--parallelism.cp_load_balance=false")),
     "llama3_fsdp2_cp2_ac_masked": ("llama3", True, 4, 1, ("--parallelism.cp=2", "--parallelism.dp_shard=2",
                                                           "--activation_checkpoint.mode=full")),
     "llama3_tp2_cp2": ("llama3", False, 4, 2, ("--parallelism.cp=2", "--parallelism.tp=2")),

@@ -3,11 +3,12 @@ environment (every spec of this repository installed, as after scripts/setup.sh)
 
 Kept cheap: a training command runs with ``--dry-run`` added (the config resolves, the model builds on
 meta, the converters convert); ``torchrun --nproc-per-node N -m titan_core ARGS`` runs as the worker
-torchrun would start for rank 0 of N, with ``--dry-run``; ``titan-report`` and ``titan-generate`` read two
-2-step runs made first; ``pip install PATHS`` is checked to name this repository's projects (the install
-itself is what scripts/setup.sh does before every test). The top block (scripts/quickstart.sh and
-scripts/test.sh), like any other ``bash scripts/...`` line (an environment and the whole suite), is run by
-tests/test_readme.py and by CI. The count is printed (pytest -s shows it)
+torchrun would start for rank 0 of N, with ``--dry-run``; both in a fresh fork of one warm interpreter
+(tests/warm_start.py: the imports, most of a dry run's time, are paid once). ``titan-report`` and
+``titan-generate`` read two 2-step runs made first; ``pip install PATHS`` is checked to name this
+repository's projects (the install itself is what scripts/setup.sh does before every test). The top block
+(scripts/quickstart.sh and scripts/test.sh), like any other ``bash scripts/...`` line (an environment and
+the whole suite), is run by tests/test_readme.py and by CI. The count is printed (pytest -s shows it)
 and checked, so a command added to the docs is a command run here.
 """
 
@@ -21,6 +22,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from warm_start import WarmStart
 
 from conftest import REPO
 
@@ -58,7 +60,7 @@ def as_run(command: str) -> tuple[str, dict[str, str]] | None:
     if words[0] == "torchrun":  # rank 0 of the N workers torchrun would start
         n = words[words.index("--nproc-per-node") + 1]
         env = {"WORLD_SIZE": n, "RANK": "0", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": n}
-        command = f"{sys.executable} " + command.split(" -m ", 1)[1].replace("titan_core", "-m titan_core", 1)
+        command = "titan-train " + command.split(" -m titan_core ", 1)[1]  # python -m titan_core is titan-train
         words = ["titan-train"]
     if words[0] == "titan-train" and not {"--dry-run", "--list", "--schema", "--print-config", "--help"} & set(words):
         command = command.replace(" >", " --dry-run >", 1) if ">" in command else f"{command} --dry-run"
@@ -71,6 +73,11 @@ def test_every_documented_command_runs_as_written(tmp_path: Path, capsys: pytest
     suite_only = ("TITAN_DEFAULT_SPEC", "WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_PORT")
     env = {**{k: v for k, v in os.environ.items() if k not in suite_only},
            "OMP_NUM_THREADS": "1", "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"}
+    with WarmStart(tmp_path / "warm") as warm:  # titan-train: a fresh fork of one warm interpreter per command
+        run_commands(commands, tmp_path, {**env, "PATH": f"{warm.bin}{os.pathsep}{env['PATH']}"}, capsys)
+
+
+def run_commands(commands: list[str], tmp_path: Path, env: dict[str, str], capsys: pytest.CaptureFixture[str]) -> None:
     for name in ("a", "b"):  # what titan-report and titan-generate read
         made = subprocess.run([str(BIN / "titan-train"), *TINY_RUN, f"--job.run_dir=runs/{name}"], cwd=tmp_path,
                               env=env, capture_output=True, text=True, timeout=600)
