@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import random
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -15,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import warm_start
+from warm_start import WarmStart
 
 REPO = Path(__file__).resolve().parents[1]
 # This checkout installs two specs (llama3, qwen3); commands that name none mean llama3, in this
@@ -38,14 +42,34 @@ class CliResult:
         return self.out + self.err
 
 
+_WARM: WarmStart | None = None
+
+
+def titan_command(*args: str) -> list[str]:
+    """What to start for ``python -m titan_core ARGS``: a client of this test process's warm interpreter
+    (tests/warm_start.py: the command runs in a fresh fork of an interpreter that has imported torch and the
+    core already), or, with TITAN_TEST_WARM=0, the cold command itself."""
+    global _WARM
+    if not warm_start.enabled():
+        return [sys.executable, "-m", "titan_core", *args]
+    if _WARM is None:
+        _WARM = WarmStart(Path(tempfile.mkdtemp(prefix="titan-warm-"))).start()
+        atexit.register(_WARM.stop)
+    return _WARM.command(list(args))
+
+
 def run_cli(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None, timeout: float = 600) -> CliResult:
-    """``python -m titan_core ARGS`` in a fresh process (what a user's shell runs)."""
+    """``python -m titan_core ARGS`` in a process of its own (what a user's shell runs)."""
     full_env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), **(env or {})}
-    proc = subprocess.run(
-        [sys.executable, "-m", "titan_core", *args], cwd=cwd or REPO, env=full_env,
-        capture_output=True, text=True, timeout=timeout,
-    )
-    return CliResult(proc.returncode, proc.stdout, proc.stderr)
+    proc = subprocess.Popen(titan_command(*args), cwd=cwd or REPO, env=full_env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:  # timed out or interrupted: leave no process behind
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    return CliResult(proc.returncode, out, err)
 
 
 @dataclass(frozen=True)
@@ -102,8 +126,7 @@ def run_command(cmd: list[str], *, run_dir: Path, timeout: float = 300) -> Run:
 def titan(run_dir: Path, *args: str, nproc: int | None = None, timeout: float = 300) -> Run:
     """``python -m titan_core [--nproc-per-node N] --job.run_dir=RUN_DIR ARGS``."""
     launch = ["--nproc-per-node", str(nproc)] if nproc else []
-    cmd = [sys.executable, "-m", "titan_core", *launch, f"--job.run_dir={run_dir}", *args]
-    return run_command(cmd, run_dir=run_dir, timeout=timeout)
+    return run_command(titan_command(*launch, f"--job.run_dir={run_dir}", *args), run_dir=run_dir, timeout=timeout)
 
 
 def torchrun(run_dir: Path, *args: str, nproc: int = 2, timeout: float = 300) -> Run:

@@ -1,35 +1,56 @@
-"""One warm interpreter for many short ``titan-train`` commands run from a shell, each in a process of its own.
+"""``python -m titan_core ARGS`` for the test suite, started from a warm interpreter instead of a cold one.
 
-Most of a dry run's ~3.5 s is importing torch and the core, the same in every command. ``WarmStart`` starts a
-server process that imports them once and then forks itself for each command. The command is still typed in
-the shell as written: ``titan-train`` on PATH is a small client that hands the server its arguments, working
-folder, environment and its own stdin, stdout and stderr (file descriptors passed over a Unix socket); the
-forked child takes all of them, runs what the console script runs (``titan_core.commands.titan_train.main``),
-and its exit code becomes the client's. Each command gets a fresh copy of the server: nothing one command
-changes reaches the next. What the fork cannot give a command: a different interpreter or torch (none of
-these commands asks for one), and environment variables read while the core is imported (the core reads its
-settings when a command runs, and the tests that use this compare every output with the page's).
+Most of a short run's time on these 2 cores is its start-up: importing torch, torch._dynamo (which the first
+optimizer step imports) and the core, about 4 s of CPU, the same in every process. ``WarmStart`` starts a
+server that imports them once and then forks itself for every command it is sent. A command is sent by a small
+client process, which is what the test starts and waits for in place of ``python -m titan_core``: it hands the
+server its arguments, working folder, environment and its own stdin, stdout and stderr (file descriptors passed
+over a Unix socket); the forked child takes all of them, becomes a session leader (as with
+``start_new_session``), runs ``titan_core`` as ``-m`` runs it, and its exit status becomes the client's. A
+client that is killed (a test's timeout) takes the command's whole process group with it.
+
+What a fork gives the command that a fresh process would not, and why it does not matter here:
+- torch and the core already imported: the core reads its settings (environment variables included) when a
+  command runs, not at import; ``OMP_NUM_THREADS``, which OpenMP reads when torch loads, is applied in the
+  child with ``torch.set_num_threads``;
+- one hash seed for all commands (a fresh process draws one): nothing here depends on set order across runs;
+  ``random`` reseeds itself in a forked child.
+Several commands may run at once (each has its own handler process), as they do as separate processes.
+Workers that a command launches (``--nproc-per-node``) are fresh processes, as ever. ``TITAN_TEST_WARM=0``
+starts every command cold.
 
     with WarmStart(folder) as warm:
-        env["PATH"] = f"{warm.bin}:{env['PATH']}"   # a `titan-train` client first on PATH
+        subprocess.run(warm.command(["--spec", "llama3", "--dry-run"]), ...)
+        env["PATH"] = f"{warm.bin}:{env['PATH']}"   # or: a `titan-train` client first on PATH
 """
 
 from __future__ import annotations
 
+import atexit
 import importlib
+import io
 import json
 import os
+import runpy
+import select
+import signal
 import site
 import socket
 import struct
 import subprocess
 import sys
+import time
 import traceback
 from pathlib import Path
 from types import TracebackType
 
 HERE = Path(__file__).resolve()
 HEADER = struct.Struct("!Q")  # the request's length in bytes, sent with the three descriptors
+MODULE = "titan_core"  # what every command runs, as python -m does
+
+
+def enabled() -> bool:
+    return os.environ.get("TITAN_TEST_WARM", "1") != "0"
 
 
 def _recv_exact(conn: socket.socket, size: int) -> bytes:
@@ -53,70 +74,125 @@ def _exit_code(exc: SystemExit) -> int:
     return 1
 
 
-def _run_child(request: dict[str, object], fds: list[int]) -> None:
+def _fresh_streams(env: dict[str, str]) -> None:
+    """stdout and stderr on the client's descriptors, buffered as a new interpreter would buffer them."""
+    unbuffered = bool(env.get("PYTHONUNBUFFERED"))
+    for fd, name in ((1, "stdout"), (2, "stderr")):
+        raw = io.FileIO(fd, "w", closefd=False)
+        binary = raw if unbuffered else io.BufferedWriter(raw)
+        stream = io.TextIOWrapper(binary, encoding="utf-8", errors="backslashreplace" if fd == 2 else "strict",
+                                  line_buffering=fd == 2 and not unbuffered, write_through=unbuffered)
+        setattr(sys, name, stream)
+        setattr(sys, f"__{name}__", stream)
+    sys.stdin = sys.__stdin__ = io.TextIOWrapper(io.BufferedReader(io.FileIO(0, "r", closefd=False)),
+                                                 encoding="utf-8")
+
+
+def _become_command(request: dict[str, object], fds: list[int]) -> None:
     """In the forked child: become the command, run it, exit with its code. Never returns."""
     code = 1
     try:
+        os.setsid()
         for target, fd in enumerate(fds):
             os.dup2(fd, target)
             os.close(fd)
+        env: dict[str, str] = dict(request["env"])  # type: ignore[call-overload]
         os.chdir(str(request["cwd"]))
-        env = dict(request["env"])  # type: ignore[call-overload]
         os.environ.clear()
         os.environ.update(env)
-        # The interpreter puts PYTHONPATH's folders first on sys.path; the server started without the command's.
-        sys.path[:0] = [os.path.abspath(p) for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+        _fresh_streams(env)
+        # sys.path as `python -m` builds it: the working folder, then PYTHONPATH's folders, then the rest.
+        pythonpath = [os.path.abspath(p) for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+        sys.path[:0] = [os.getcwd(), *pythonpath]
         # What pip installed since the server started: .pth files (editable installs) are read at start-up only,
         # and the import system caches folder listings.
         for folder in site.getsitepackages():
             site.addsitedir(folder)
         importlib.invalidate_caches()
-        sys.argv = ["titan-train", *request["argv"]]  # type: ignore[misc]
-        from titan_core.commands.titan_train import main
+        threads = env.get("OMP_NUM_THREADS", "").strip()
+        if threads.isdigit() and int(threads) > 0:
+            import torch
 
-        code = main()
+            torch.set_num_threads(int(threads))
+        sys.argv = ["-m", *request["argv"]]  # type: ignore[misc]  run_module puts the module's path first
+        runpy.run_module(MODULE, run_name="__main__", alter_sys=True)
+        code = 0
     except SystemExit as exc:
         code = _exit_code(exc)
     except BaseException:
         traceback.print_exc()
         code = 1
     finally:
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except Exception:
-                pass
-        os._exit(code if isinstance(code, int) else 1)
+        try:
+            atexit._run_exitfuncs()  # what interpreter shutdown runs; the fork then leaves without the rest of it
+        finally:
+            for stream in (sys.stdout, sys.stderr):
+                try:
+                    stream.flush()
+                except Exception:
+                    pass
+            os._exit(code if isinstance(code, int) else 1)
+
+
+def _handle(conn: socket.socket) -> None:
+    """In a handler process: start the command, and report its exit status, or end it if the client goes."""
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    head, fds, _, _ = socket.recv_fds(conn, HEADER.size, 3)
+    (size,) = HEADER.unpack(head + _recv_exact(conn, HEADER.size - len(head)))
+    request = json.loads(_recv_exact(conn, size))
+    pid = os.fork()
+    if pid == 0:
+        conn.close()
+        _become_command(request, fds)
+    for fd in fds:
+        os.close(fd)
+    done = os.pidfd_open(pid)
+    ready, _, _ = select.select([conn, done], [], [])
+    if done not in ready:  # the client closed its end: it was killed; so is the command, workers and all
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    _, status = os.waitpid(pid, 0)
+    try:
+        conn.sendall(str(os.waitstatus_to_exitcode(status)).encode())
+    except OSError:
+        pass
 
 
 def serve(address: str) -> None:
     if sys.path and Path(sys.path[0]).resolve() == HERE.parent:  # run as a script: not the commands' path
         del sys.path[0]
-    import torch  # noqa: F401  what every command imports first
+    import torch
+    import torch._dynamo  # noqa: F401  imported by the first optimizer step
     import torch.distributed.checkpoint  # noqa: F401
+    import torch.distributed.fsdp  # noqa: F401
     import torch.distributed.tensor  # noqa: F401
 
     import titan_core.commands.titan_train  # noqa: F401
-    import titan_core.plan.resolve  # noqa: F401  the config, the plugin boundary, the trainer's modules
+    import titan_core.plan.resolve  # noqa: F401  the config, the plugin boundary
+    import titan_core.train.trainer  # noqa: F401
 
+    del torch
+    parent = os.getppid()
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # handlers are reaped by the kernel
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     server.bind(address)
-    server.listen()
+    server.listen(64)
+    server.settimeout(1.0)
     print("ready", flush=True)
-    while True:
-        conn, _ = server.accept()
-        with conn:
-            head, fds, _, _ = socket.recv_fds(conn, HEADER.size, 3)
-            (size,) = HEADER.unpack(head + _recv_exact(conn, HEADER.size - len(head)))
-            request = json.loads(_recv_exact(conn, size))
-            pid = os.fork()
-            if pid == 0:
-                server.close()
-                _run_child(request, fds)
-            for fd in fds:
-                os.close(fd)
-            _, status = os.waitpid(pid, 0)
-            conn.sendall(str(os.waitstatus_to_exitcode(status)).encode())
+    while os.getppid() == parent:  # the test process that started this server is gone: so is the server
+        try:
+            conn, _ = server.accept()
+        except TimeoutError:
+            continue
+        if os.fork() == 0:
+            server.close()
+            try:
+                _handle(conn)
+            finally:
+                os._exit(0)
+        conn.close()
 
 
 def client(address: str, argv: list[str]) -> int:
@@ -125,14 +201,21 @@ def client(address: str, argv: list[str]) -> int:
     payload = json.dumps({"argv": argv, "cwd": os.getcwd(), "env": dict(os.environ)}).encode()
     socket.send_fds(conn, [HEADER.pack(len(payload))], [0, 1, 2])
     conn.sendall(payload)
-    conn.shutdown(socket.SHUT_WR)
     reply = b""
     while chunk := conn.recv(64):
         reply += chunk
-    return int(reply) if reply else 1
+    if not reply:
+        print("warm_start: the server ended the command without an exit status", file=sys.stderr)
+        return 1
+    code = int(reply)
+    if code < 0:  # killed by a signal: end the same way, as the command's own process would have
+        signal.signal(-code, signal.SIG_DFL)
+        os.kill(os.getpid(), -code)
+        time.sleep(1)
+    return code
 
 
-# The client as the `titan-train` on PATH: a long interpreter path breaks a #! line, hence bash.
+# The client as a `titan-train` on PATH: a long interpreter path breaks a #! line, hence bash.
 CLIENT = '#!/bin/bash\nexec "{python}" "{here}" client "{address}" "$@"\n'
 
 
@@ -146,23 +229,33 @@ class WarmStart:
         self.address = str(folder / "warm.sock")
         self.server: subprocess.Popen[str] | None = None
 
-    def __enter__(self) -> WarmStart:
+    def command(self, argv: list[str]) -> list[str]:
+        """What to start in place of ``python -m titan_core ARGV``."""
+        return [self.python, str(HERE), "client", self.address, *argv]
+
+    def start(self) -> WarmStart:
         self.bin.mkdir(parents=True)
-        env = {**os.environ, "OMP_NUM_THREADS": "1"}
-        env.pop("PYTHONPATH", None)  # each command brings its own
+        env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "OMP_NUM_THREADS")}
         self.server = subprocess.Popen([self.python, str(HERE), "serve", self.address], stdout=subprocess.PIPE,
-                                       text=True, env=env)
+                                       stdin=subprocess.DEVNULL, text=True, env=env)
         assert self.server.stdout is not None and self.server.stdout.readline() == "ready\n", "warm server failed"
         client_script = self.bin / "titan-train"
         client_script.write_text(CLIENT.format(python=self.python, here=HERE, address=self.address))
         client_script.chmod(0o755)
         return self
 
-    def __exit__(self, kind: type[BaseException] | None, value: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def stop(self) -> None:
         if self.server is not None:
             self.server.kill()
             self.server.wait()
+            self.server = None
+
+    def __enter__(self) -> WarmStart:
+        return self.start()
+
+    def __exit__(self, kind: type[BaseException] | None, value: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.stop()
 
 
 if __name__ == "__main__":
