@@ -26,7 +26,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import REPO, Wheels
+from conftest import REPO, Wheels, titan_command
 
 EXAMPLE = REPO / "examples" / "titan-tinygpt"
 TRAIN_ARGS = (
@@ -51,8 +51,8 @@ def _titan(inst: Installed, *args: str, timeout: float = 300) -> subprocess.Comp
     """``python -m titan_core ARGS`` with only the installed wheel added to the path."""
     env = {**os.environ, "PYTHONPATH": str(inst.site), "OMP_NUM_THREADS": "1"}
     # cwd outside the checkout, so nothing is imported from the example's source tree.
-    return subprocess.run([sys.executable, "-m", "titan_core", *args], cwd=inst.root, env=env,
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(titan_command(*args), cwd=inst.root, env=env, capture_output=True, text=True,
+                          timeout=timeout)
 
 
 def _step_records(run_dir: Path) -> list[dict[str, float]]:

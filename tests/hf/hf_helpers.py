@@ -4,12 +4,11 @@ and titan-train runs in subprocesses whose metrics are read back."""
 from __future__ import annotations
 
 import json
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from conftest import Run as _Run, run_command
+from conftest import Run as _Run, run_command, titan_command
 
 REPO = Path(__file__).resolve().parents[2]
 # Small runs: 32-token sequences, a global batch of 4, logged every step.
@@ -35,8 +34,7 @@ def run_process(cmd: list[str], *, run_dir: Path, timeout: float = 300) -> Run:
 def titan(run_dir: Path, *args: str, nproc: int | None = None) -> Run:
     """``python -m titan_core [--nproc-per-node N] RUN... ARGS`` with its run folder."""
     launch = ["--nproc-per-node", str(nproc)] if nproc else []
-    return run_process([sys.executable, "-m", "titan_core", *launch, *RUN, f"--job.run_dir={run_dir}", *args],
-                       run_dir=run_dir)
+    return run_process(titan_command(*launch, *RUN, f"--job.run_dir={run_dir}", *args), run_dir=run_dir)
 
 
 def tiny_hf_llama(folder: Path, *, tied: bool = False, rope_scaling: bool = True, vocab: int = 2048,
