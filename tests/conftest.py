@@ -49,13 +49,25 @@ def titan_command(*args: str) -> list[str]:
     """What to start for ``python -m titan_core ARGS``: a client of this test process's warm interpreter
     (tests/warm_start.py: the command runs in a fresh fork of an interpreter that has imported torch and the
     core already), or, with TITAN_TEST_WARM=0, the cold command itself."""
+    warm = _warm()
+    return warm.command(list(args)) if warm else [sys.executable, "-m", "titan_core", *args]
+
+
+def warm_path() -> list[str]:
+    """Folders to put first on PATH so that a shell's ``titan-train`` starts warm (none with TITAN_TEST_WARM=0)."""
+    warm = _warm()
+    return [str(warm.bin)] if warm else []
+
+
+def _warm() -> WarmStart | None:
+    """This test process's warm interpreter, started on first use."""
     global _WARM
     if not warm_start.enabled():
-        return [sys.executable, "-m", "titan_core", *args]
+        return None
     if _WARM is None:
         _WARM = WarmStart(Path(tempfile.mkdtemp(prefix="titan-warm-"))).start()
         atexit.register(_WARM.stop)
-    return _WARM.command(list(args))
+    return _WARM
 
 
 def run_cli(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None, timeout: float = 600) -> CliResult:

@@ -32,8 +32,12 @@ def blocks(page: str) -> list[tuple[str, str]]:
 
 
 def run_blocks(pairs: list[tuple[str, str]], folder: Path) -> None:
-    """Run every block in ``folder`` with this interpreter's console scripts first on PATH."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    """Run every block in ``folder`` with this interpreter's console scripts first on PATH (``titan-train`` a
+    client of the suite's warm interpreter: conftest.warm_path)."""
+    from conftest import warm_path
+
+    path = [*warm_path(), str(Path(sys.executable).parent), os.environ["PATH"]]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PATH": os.pathsep.join(path)}
     for command, copied in pairs:
         proc = subprocess.run(["bash", "-c", command], cwd=folder, env=env, capture_output=True, text=True,
                               timeout=600)

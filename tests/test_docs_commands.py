@@ -9,8 +9,8 @@ and the count is printed (pytest -s shows it) and checked, so a command added to
   and none of the test suite's own settings (no default spec). ``titan-train`` runs with ``--dry-run`` added
   (the config and every plugin section validate, the layout is checked, the model builds on meta and the
   converters convert; a memory plan is printed); ``torchrun ... -m titan_core`` runs as the worker torchrun
-  starts for rank 0, also with ``--dry-run``; the other tools run for real. Both go to one warm interpreter
-  (tests/warm_start.py) that forks a fresh process per command: the imports, most of a dry run's time, are
+  starts for rank 0, also with ``--dry-run``; the other tools run for real. Both go to the suite's warm
+  interpreter (tests/warm_start.py), which forks a fresh process per command: the imports, most of a dry run's time, are
   paid once. A command the page shows failing
   (an ``error:`` line under it, or ``# exits 2``) must exit 2 and print that line;
 - **checked**: ``pip install 'titan-core[EXTRA]'`` names an extra that pyproject.toml declares;
@@ -25,14 +25,12 @@ import re
 import shlex
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import tomllib
-from warm_start import WarmStart
 
-from conftest import REPO
+from conftest import REPO, warm_path
 from doc_commands import DocCommand, documented_commands
 
 BIN = Path(sys.executable).parent
@@ -140,20 +138,15 @@ def shown(line: str, output: str) -> bool:
     return all(piece.strip() in output for piece in line.split("...") if piece.strip())
 
 
-@pytest.fixture
-def warm(tmp_path: Path) -> Iterator[WarmStart]:
-    with WarmStart(tmp_path / "warm") as started:
-        yield started
-
-
-def test_every_command_of_every_docs_page_is_run_or_accounted_for(tmp_path: Path, warm: WarmStart,
+def test_every_command_of_every_docs_page_is_run_or_accounted_for(tmp_path: Path,
                                                                   capsys: pytest.CaptureFixture[str]) -> None:
     commands = [command for page in PAGES for command in documented_commands(page)]
     shims = tmp_path / "shims"
     shims.mkdir()
-    (shims / "titan-train").write_text(TITAN_TRAIN_SHIM.format(real=warm.bin / "titan-train"))
+    real = Path((warm_path() or [str(BIN)])[0]) / "titan-train"  # the warm client (conftest.warm_path)
+    (shims / "titan-train").write_text(TITAN_TRAIN_SHIM.format(real=real))
     # a bash launcher: a long interpreter path breaks a #! line
-    (shims / "torchrun.py").write_text(TORCHRUN_SHIM.format(titan_train=str(warm.bin / "titan-train")))
+    (shims / "torchrun.py").write_text(TORCHRUN_SHIM.format(titan_train=str(real)))
     (shims / "torchrun").write_text(f'#!/bin/bash\nexec "{sys.executable}" "{shims / "torchrun.py"}" "$@"\n')
     for shim in shims.iterdir():
         shim.chmod(0o755)

@@ -22,9 +22,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from warm_start import WarmStart
 
-from conftest import REPO
+from conftest import REPO, warm_path
 
 BIN = Path(sys.executable).parent
 TINY_RUN = ("--spec", "llama3", "--flavor", "debugmodel", "--llama3.n_layers=1", "--training.seq_len=32",
@@ -73,8 +72,8 @@ def test_every_documented_command_runs_as_written(tmp_path: Path, capsys: pytest
     suite_only = ("TITAN_DEFAULT_SPEC", "WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_PORT")
     env = {**{k: v for k, v in os.environ.items() if k not in suite_only},
            "OMP_NUM_THREADS": "1", "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"}
-    with WarmStart(tmp_path / "warm") as warm:  # titan-train: a fresh fork of one warm interpreter per command
-        run_commands(commands, tmp_path, {**env, "PATH": f"{warm.bin}{os.pathsep}{env['PATH']}"}, capsys)
+    # titan-train: a fresh fork of the suite's warm interpreter per command (conftest.warm_path)
+    run_commands(commands, tmp_path, {**env, "PATH": os.pathsep.join([*warm_path(), env["PATH"]])}, capsys)
 
 
 def run_commands(commands: list[str], tmp_path: Path, env: dict[str, str], capsys: pytest.CaptureFixture[str]) -> None:

@@ -6,6 +6,7 @@ work from a source checkout.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import os
 import re
@@ -16,6 +17,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+import warm_start
 from one_process import run_in_one_process
 from packaging.requirements import Requirement
 from warm_start import WarmStart
@@ -269,7 +271,9 @@ def test_every_command_of_the_plugin_guides_runs_in_a_fresh_venv(fresh_venv: Pat
     ran = []
     # The guides' titan-train commands (about thirty, most of each one's time importing torch and the core)
     # run in fresh forks of one warm interpreter of the venv; every other command is a process of its own.
-    with WarmStart(tmp_path / "warm", python=str(fresh_venv / "bin/python")) as warm:
+    with contextlib.ExitStack() as stack:
+        warm = stack.enter_context(WarmStart(tmp_path / "warm", python=str(fresh_venv / "bin/python"))) \
+            if warm_start.enabled() else None
         for guide in GUIDES:
             for command in guide_commands(guide):
                 proc = _in_venv(fresh_venv, tmp_path, command, warm)

@@ -7,7 +7,8 @@ client process, which is what the test starts and waits for in place of ``python
 server its arguments, working folder, environment and its own stdin, stdout and stderr (file descriptors passed
 over a Unix socket); the forked child takes all of them, becomes a session leader (as with
 ``start_new_session``), runs ``titan_core`` as ``-m`` runs it, and its exit status becomes the client's. A
-client that is killed (a test's timeout) takes the command's whole process group with it.
+client that is killed (a test's timeout) takes the command's whole process group with it; the signals a process
+is asked to stop with (SIGTERM, SIGINT, SIGHUP, ...) the client passes on to the command.
 
 What a fork gives the command that a fresh process would not, and why it does not matter here:
 - torch and the core already imported: the core reads its settings (environment variables included) when a
@@ -146,6 +147,7 @@ def _handle(conn: socket.socket) -> None:
         _become_command(request, fds)
     for fd in fds:
         os.close(fd)
+    conn.sendall(f"{pid}\n".encode())  # the client forwards its signals there
     done = os.pidfd_open(pid)
     ready, _, _ = select.select([conn, done], [], [])
     if done not in ready:  # the client closed its end: it was killed; so is the command, workers and all
@@ -195,7 +197,13 @@ def serve(address: str) -> None:
         conn.close()
 
 
+# Signals a test (or a page's `kill $!`) sends the command's process: the client passes them on to the command.
+FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
+
+
 def client(address: str, argv: list[str]) -> int:
+    # Held until the command's pid is known, then passed on: none is lost in between.
+    signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED)
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     conn.connect(address)
     payload = json.dumps({"argv": argv, "cwd": os.getcwd(), "env": dict(os.environ)}).encode()
@@ -204,11 +212,22 @@ def client(address: str, argv: list[str]) -> int:
     reply = b""
     while chunk := conn.recv(64):
         reply += chunk
+        if b"\n" in reply:
+            break
+    pid_text, _, reply = reply.partition(b"\n")
+    if pid_text:
+        pid = int(pid_text)
+        for number in FORWARDED:
+            signal.signal(number, lambda received, _frame: os.kill(pid, received))
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, FORWARDED)
+    while chunk := conn.recv(64):
+        reply += chunk
     if not reply:
         print("warm_start: the server ended the command without an exit status", file=sys.stderr)
         return 1
     code = int(reply)
     if code < 0:  # killed by a signal: end the same way, as the command's own process would have
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, [-code])
         signal.signal(-code, signal.SIG_DFL)
         os.kill(os.getpid(), -code)
         time.sleep(1)
