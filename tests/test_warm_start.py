@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import warm_start
 
-from conftest import REPO, alive, titan_command
+from conftest import REPO, alive, titan_command, warm_path
 
 # Imported by the command (--import): prints what the command sees, then the run stops on the unknown spec.
 PROBE = """
@@ -49,6 +49,16 @@ def test_a_warm_command_sees_and_prints_what_a_cold_one_does(tmp_path: Path) -> 
     assert f"cwd {tmp_path}" in warm.stderr and "env seen" in warm.stderr and "threads 1" in warm.stderr
     assert f"path ['{tmp_path}', '{tmp_path / 'probe_site'}', '{REPO}']" in warm.stderr, warm.stderr
     assert "argv0 __main__.py" in warm.stderr and 'unknown spec "nosuchspec"' in warm.stderr
+
+    # A shell's `titan-train` (conftest.warm_path): the console script, its folder first on sys.path, not the
+    # working folder.
+    bin_dir = Path(sys.executable).parent
+    cold, warm = (subprocess.run([str(folder / "titan-train"), "--import", "warm_probe", "--spec", "nosuchspec"],
+                                 cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+                  for folder in (bin_dir, Path(warm_path()[0])))
+    assert cold.returncode == warm.returncode == 2 and warm.stderr == cold.stderr, (cold.stderr, warm.stderr)
+    assert f"path ['{bin_dir}', '{tmp_path / 'probe_site'}', '{REPO}']" in warm.stderr, warm.stderr
+    assert "argv0 titan-train" in warm.stderr, warm.stderr
 
     env["OMP_NUM_THREADS"] = "2"
     cold, warm = _both(["--spec", "llama3", "--training.steps=-3"], cwd=tmp_path, env=env)

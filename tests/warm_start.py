@@ -3,10 +3,12 @@
 Most of a short run's time on these 2 cores is its start-up: importing torch, torch._dynamo (which the first
 optimizer step imports) and the core, about 4 s of CPU, the same in every process. ``WarmStart`` starts a
 server that imports them once and then forks itself for every command it is sent. A command is sent by a small
-client process, which is what the test starts and waits for in place of ``python -m titan_core``: it hands the
+client process, which is what the test starts and waits for in place of ``python -m titan_core`` (or of the
+``titan-train`` console script, for shells: ``WarmStart.bin``): it hands the
 server its arguments, working folder, environment and its own stdin, stdout and stderr (file descriptors passed
 over a Unix socket); the forked child takes all of them, becomes a session leader (as with
-``start_new_session``), runs ``titan_core`` as ``-m`` runs it, and its exit status becomes the client's. A
+``start_new_session``), runs ``titan_core`` as ``-m`` runs it (or the console script, with the script's folder
+first on sys.path, as its own interpreter would have), and its exit status becomes the client's. A
 client that is killed (a test's timeout) takes the command's whole process group with it; the signals a process
 is asked to stop with (SIGTERM, SIGINT, SIGHUP, ...) the client passes on to the command.
 
@@ -103,9 +105,11 @@ def _become_command(request: dict[str, object], fds: list[int]) -> None:
         os.environ.clear()
         os.environ.update(env)
         _fresh_streams(env)
-        # sys.path as `python -m` builds it: the working folder, then PYTHONPATH's folders, then the rest.
+        # sys.path as the interpreter builds it: the working folder for `python -m`, the script's folder for a
+        # console script, then PYTHONPATH's folders, then the rest.
+        script = str(request["script"])
         pythonpath = [os.path.abspath(p) for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
-        sys.path[:0] = [os.getcwd(), *pythonpath]
+        sys.path[:0] = [os.getcwd() if script == "-m" else os.path.dirname(script), *pythonpath]
         # What pip installed since the server started: .pth files (editable installs) are read at start-up only,
         # and the import system caches folder listings.
         for folder in site.getsitepackages():
@@ -116,8 +120,11 @@ def _become_command(request: dict[str, object], fds: list[int]) -> None:
             import torch
 
             torch.set_num_threads(int(threads))
-        sys.argv = ["-m", *request["argv"]]  # type: ignore[misc]  run_module puts the module's path first
-        runpy.run_module(MODULE, run_name="__main__", alter_sys=True)
+        sys.argv = [script, *request["argv"]]  # type: ignore[misc]  run_module puts the module's path first
+        if script == "-m":
+            runpy.run_module(MODULE, run_name="__main__", alter_sys=True)
+        else:
+            runpy.run_path(script, run_name="__main__")
         code = 0
     except SystemExit as exc:
         code = _exit_code(exc)
@@ -202,12 +209,13 @@ def serve(address: str) -> None:
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 
 
-def client(address: str, argv: list[str]) -> int:
+def client(address: str, script: str, argv: list[str]) -> int:
+    """Run ``python -m titan_core ARGV`` (script ``-m``) or the console script at path ``script`` with ARGV."""
     # Held until the command's pid is known, then passed on: none is lost in between.
     signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED)
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     conn.connect(address)
-    payload = json.dumps({"argv": argv, "cwd": os.getcwd(), "env": dict(os.environ)}).encode()
+    payload = json.dumps({"script": script, "argv": argv, "cwd": os.getcwd(), "env": dict(os.environ)}).encode()
     socket.send_fds(conn, [HEADER.pack(len(payload))], [0, 1, 2])
     conn.sendall(payload)
     reply = b""
@@ -238,7 +246,7 @@ def client(address: str, argv: list[str]) -> int:
 
 
 # The client as a `titan-train` on PATH: a long interpreter path breaks a #! line, hence bash.
-CLIENT = '#!/bin/bash\nexec "{python}" "{here}" client "{address}" "$@"\n'
+CLIENT = '#!/bin/bash\nexec "{python}" "{here}" client "{address}" "{script}" "$@"\n'
 
 
 class WarmStart:
@@ -253,7 +261,7 @@ class WarmStart:
 
     def command(self, argv: list[str]) -> list[str]:
         """What to start in place of ``python -m titan_core ARGV``."""
-        return [self.python, str(HERE), "client", self.address, *argv]
+        return [self.python, str(HERE), "client", self.address, "-m", *argv]
 
     def start(self) -> WarmStart:
         self.bin.mkdir(parents=True)
@@ -262,7 +270,9 @@ class WarmStart:
                                        stdin=subprocess.DEVNULL, text=True, env=env)
         assert self.server.stdout is not None and self.server.stdout.readline() == "ready\n", "warm server failed"
         client_script = self.bin / "titan-train"
-        client_script.write_text(CLIENT.format(python=self.python, here=HERE, address=self.address))
+        console_script = Path(self.python).parent / "titan-train"  # what it stands in for, run in the fork
+        client_script.write_text(CLIENT.format(python=self.python, here=HERE, address=self.address,
+                                               script=console_script))
         client_script.chmod(0o755)
         return self
 
@@ -284,4 +294,4 @@ if __name__ == "__main__":
     if sys.argv[1] == "serve":
         serve(sys.argv[2])
     else:
-        sys.exit(client(sys.argv[2], sys.argv[3:]))
+        sys.exit(client(sys.argv[2], sys.argv[3], sys.argv[4:]))
