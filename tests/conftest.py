@@ -59,6 +59,11 @@ def warm_path() -> list[str]:
     return [str(warm.bin)] if warm else []
 
 
+def shell_titan_train() -> Path:
+    """The ``titan-train`` a test's shell should run: the warm client, or this interpreter's console script."""
+    return Path((warm_path() or [str(Path(sys.executable).parent)])[0]) / "titan-train"
+
+
 def _warm() -> WarmStart | None:
     """This test process's warm interpreter, started on first use."""
     global _WARM

@@ -30,7 +30,7 @@ from pathlib import Path
 import pytest
 import tomllib
 
-from conftest import REPO, warm_path
+from conftest import REPO, shell_titan_train
 from doc_commands import DocCommand, documented_commands
 
 BIN = Path(sys.executable).parent
@@ -114,7 +114,7 @@ def accounted(command: DocCommand) -> tuple[str, str]:
 def page_folder(root: Path, page: str) -> Path:
     folder = root / Path(page).stem
     folder.mkdir()
-    for name in ("tests", "examples"):  # pages run from a clone name its test helpers and examples
+    for name in ("README.md", "tests", "examples"):  # pages run from a clone name its files and examples
         (folder / name).symlink_to(REPO / name)
     return folder
 
@@ -143,7 +143,7 @@ def test_every_command_of_every_docs_page_is_run_or_accounted_for(tmp_path: Path
     commands = [command for page in PAGES for command in documented_commands(page)]
     shims = tmp_path / "shims"
     shims.mkdir()
-    real = Path((warm_path() or [str(BIN)])[0]) / "titan-train"  # the warm client (conftest.warm_path)
+    real = shell_titan_train()
     (shims / "titan-train").write_text(TITAN_TRAIN_SHIM.format(real=real))
     # a bash launcher: a long interpreter path breaks a #! line
     (shims / "torchrun.py").write_text(TORCHRUN_SHIM.format(titan_train=str(real)))

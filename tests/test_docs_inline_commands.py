@@ -23,9 +23,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_docs_commands import SUITE_ONLY_ENV, TITAN_TRAIN_SHIM
+from test_docs_commands import SUITE_ONLY_ENV, TITAN_TRAIN_SHIM, page_folder
 
-from conftest import REPO, warm_path
+from conftest import REPO, shell_titan_train, warm_path
 
 PROGRAMS = r"titan-(?:train|plugin|convert|data|eval|report|generate|lm-eval)|torchrun"
 INLINE = re.compile(rf"`((?:[A-Z_]+=\S+ )*(?:{PROGRAMS})\b[^`]*)`")
@@ -92,8 +92,7 @@ def test_every_inline_command_of_every_docs_page_is_run_or_accounted_for(tmp_pat
                                                                          capsys: pytest.CaptureFixture[str]) -> None:
     shims = tmp_path / "shims"
     shims.mkdir()
-    real = Path((warm_path() or [str(Path(sys.executable).parent)])[0]) / "titan-train"
-    (shims / "titan-train").write_text(TITAN_TRAIN_SHIM.format(real=real))
+    (shims / "titan-train").write_text(TITAN_TRAIN_SHIM.format(real=shell_titan_train()))
     (shims / "titan-train").chmod(0o755)
     env = {k: v for k, v in os.environ.items() if k not in SUITE_ONLY_ENV}
     env.update(OMP_NUM_THREADS="1")
@@ -104,10 +103,7 @@ def test_every_inline_command_of_every_docs_page_is_run_or_accounted_for(tmp_pat
     failed: list[str] = []
     listed: set[tuple[str, str]] = set()
     for page in PAGES:
-        folder = tmp_path / Path(page).stem
-        folder.mkdir()
-        for name in ("README.md", "tests", "examples"):  # what a clone holds
-            (folder / name).symlink_to(REPO / name)
+        folder = page_folder(tmp_path, page)
         page_files(page, folder)
         for command in inline_commands(page):
             what = kind(command)

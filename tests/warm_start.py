@@ -30,6 +30,7 @@ starts every command cold.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import importlib
 import io
 import json
@@ -136,11 +137,9 @@ def _become_command(request: dict[str, object], fds: list[int]) -> None:
             atexit._run_exitfuncs()  # what interpreter shutdown runs; the fork then leaves without the rest of it
         finally:
             for stream in (sys.stdout, sys.stderr):
-                try:
+                with contextlib.suppress(Exception):  # a closed pipe: nothing more can be written anyway
                     stream.flush()
-                except Exception:
-                    pass
-            os._exit(code if isinstance(code, int) else 1)
+            os._exit(code)
 
 
 def _handle(conn: socket.socket) -> None:
@@ -159,15 +158,11 @@ def _handle(conn: socket.socket) -> None:
     done = os.pidfd_open(pid)
     ready, _, _ = select.select([conn, done], [], [])
     if done not in ready:  # the client closed its end: it was killed; so is the command, workers and all
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
     _, status = os.waitpid(pid, 0)
-    try:
+    with contextlib.suppress(OSError):  # the client is gone: nobody to tell
         conn.sendall(str(os.waitstatus_to_exitcode(status)).encode())
-    except OSError:
-        pass
 
 
 def serve(address: str) -> None:
