@@ -1,4 +1,4 @@
-"""Everything a titan-core plugin may receive and call: the plugin contract, version 1.1.
+"""Everything a titan-core plugin may receive and call: the plugin contract, version 1.2.
 
 A plugin (a model's ``TrainSpec`` or a ``ModelConverter``, shipped as its own package and found
 through an entry point) may rely on exactly the names in ``__all__`` here, and on what the
@@ -34,7 +34,10 @@ What the core passes (1.0 unless marked):
   ``hf_config(model_args)``, ``from_hf(state_dict, model_args)``, ``to_hf(state_dict, model_args)``.
 - The model: ``model_cls(model_args)`` on the meta device, ``init_parameter(fqn, tensor,
   generator)``, optional ``init_buffers()`` and ``tied_weights()``, ``forward(tokens)`` (and
-  ``positions=`` with document masking) returning ``[batch, seq, vocab]`` logits.
+  ``positions=`` with document masking) returning ``[batch, seq, vocab]`` logits. 1.2 adds
+  ``labels=`` (``[batch, seq]``, or None) to a forward that declares it, in training forwards that hold
+  whole sequences (no pipeline, no context parallelism), and ``LossTerm``: a submodule through which
+  the model adds its own term to the training loss (``titan_core.models.loss_terms``).
 
 Values are resolved before a plugin sees them. The config sections passed hold only the
 values their field documented when that field entered the contract: ``parallelism.param_dtype``
@@ -79,6 +82,7 @@ if TYPE_CHECKING:
         IGNORE_INDEX as IGNORE_INDEX,
         cross_entropy_loss as cross_entropy_loss,
     )
+    from .models.loss_terms import LossTerm as LossTerm
     from .models.ties import (
         check_ties as check_ties,
         declared_ties as declared_ties,
@@ -150,7 +154,7 @@ __all__ = ["PLUGIN_API_VERSION", "ActivationCheckpointSection", "BatchEncoder", 
            "BuildLRSchedulersFn", "BuildLossFn", "BuildMetricsProcessorFn", "BuildOptimizersFn",
            "BuildTokenizerFn", "CompileSection", "ConfigError", "DataLoader", "DataSection", "EmptyConfig",
            "Fingerprinted", "FlopsPerToken", "FlopsPerTokenFn", "GroupedExperts", "IGNORE_INDEX",
-           "LRSchedulerSection", "LRSchedulers", "LRSchedulersContainer", "LossFn", "MetricsLogger",
+           "LRSchedulerSection", "LRSchedulers", "LRSchedulersContainer", "LossFn", "LossTerm", "MetricsLogger",
            "MetricsProcessor", "MetricsSection", "MixedPrecision", "MoE", "ModelConverter", "OptimizerSection",
            "OptimizersContainer", "ParallelDims", "ParallelismSection", "ParallelizeFn", "Pipeline",
            "PipeliningFn", "PluginError", "RunContext", "StateDictAdapter", "TensorParallelPlanFn",

@@ -17,12 +17,11 @@ Pure tensor code on the loader's CPU batches: no sync with an accelerator.
 
 from __future__ import annotations
 
-import inspect
-
 import torch
 
 from ..errors import ConfigError
 from ..models.loss import IGNORE_INDEX
+from ..models.loss_terms import forward_declares
 
 #: the keyword argument of the model's forward that receives the positions
 POSITIONS_KWARG = "positions"
@@ -64,14 +63,7 @@ def split_documents(inputs: torch.Tensor, labels: torch.Tensor, *, eos_id: int,
 
 def accepts_positions(model_cls: type) -> bool:
     """Whether ``model_cls.forward`` declares the ``positions`` keyword (``**kwargs`` is not a declaration)."""
-    forward = getattr(model_cls, "forward", None)
-    if forward is None:
-        return False
-    try:
-        param = inspect.signature(forward).parameters.get(POSITIONS_KWARG)
-    except (TypeError, ValueError):  # a builtin or C forward without a signature
-        return False
-    return param is not None and param.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return forward_declares(model_cls, POSITIONS_KWARG)
 
 
 def check_document_masking(*, spec_name: str, model_cls: type, pp: int, pipeline_takes_positions: bool) -> None:

@@ -187,6 +187,7 @@ class FaultTolerantTrainer(Trainer):
             return self.handle_nonfinite(group_loss, grad_norm)
         self.optimizer.step()
         self.moe.after_step()  # as the plain step does (see attempt_sync_step)
+        self.loss_terms.after_step()  # the model's own loss terms: this group's figures
         self.lr_schedulers.step()
         if sync:
             # The inner optimizer's moments are averaged too (into copies: applied only if the sync commits):
@@ -232,6 +233,7 @@ class FaultTolerantTrainer(Trainer):
         # mean over groups: the update depends on load ratios only); the bias travels with the weights to a
         # group that heals.
         self.moe.after_step(counts=counts[0] if counts else None)
+        self.loss_terms.after_step()  # the model's own loss terms: this group's figures
         self.lr_schedulers.step()
         return StepResult(global_loss, grad_norm, skipped=False)
 

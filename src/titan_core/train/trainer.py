@@ -40,6 +40,7 @@ from ..errors import ConfigError, NonFiniteError
 from ..hf.export import export_hf
 from ..models.attention_logits import Adjust, AttentionLogits, attention_logits
 from ..models.loss import cross_entropy_loss
+from ..models.loss_terms import LABELS_KWARG, forward_declares
 from ..models.model_parts import HeadRequest, hidden_states_for_loss
 from ..models.ties import check_ties, retie_weights
 from ..moe import MoEMonitor
@@ -78,6 +79,7 @@ from .evaluation import TrainingEvaluation, build_training_evaluation, run_train
 from .finite_watch import FiniteWatch
 from .grad_norm import clip_grad_norm_on_device, scale_gradients
 from .layer_stats import LayerStats, StepMeasurement, blocks_of
+from .model_loss_terms import LossTermCollector
 from .qk_clip import QKClip, reshard
 from .spike_guard import SPIKE_GUARD, SpikeGuard
 from .stop_on_signal import stop_after_signal
@@ -168,6 +170,7 @@ class Trainer:
     pipeline: Pipeline | None
     model_parts: list[nn.Module]
     moe: MoEMonitor
+    loss_terms: LossTermCollector
     # build_optimizers, build_checkpointer, build_metrics, build_profiler
     optimizer: torch.optim.Optimizer
     lr_schedulers: LRSchedulers
@@ -233,6 +236,9 @@ class Trainer:
         self.context_parallel = None
         self.passes_positions = accepts_positions(self.spec.model_cls) and (
             not self.dims.pp_enabled or self.spec.pipeline_takes_positions)
+        # Labels reach a model that declares them only where one forward holds whole sequences (loss_terms.py).
+        self.passes_labels = (forward_declares(self.spec.model_cls, LABELS_KWARG) and not self.dims.pp_enabled
+                              and self.config.parallelism.cp == 1)
         if self.dims.cp_enabled:
             self.context_parallel = ContextParallel(group=self.mesh["cp"].get_group(), seq_len=t.seq_len,
                                                     load_balance=p.cp_load_balance,
@@ -378,6 +384,9 @@ class Trainer:
         # other pipeline ranks hold other layers; tp ranks route the same tokens (cp ranks other ones).
         self.moe = MoEMonitor(self.model_parts, group=self.token_group() if self.dims.distributed else None,
                               stage_group=self.mesh["pp"].get_group() if self.dims.pp_enabled else None)
+        # The terms a model adds to its own loss (models/loss_terms.py): none for most models.
+        self.loss_terms = LossTermCollector(self.model_parts, device=self.device,
+                                            group=self.token_group() if self.dims.distributed else None)
         if self.dims.distributed:
             self.report_layout()
 
@@ -560,14 +569,16 @@ class Trainer:
             return self.pipeline_forward_backward(inputs, labels, positions)
         with self.autocast(), self.loss_context(), self.sequence_attention(positions):
             with self.profiler.phase("forward"), self.head_request() as request:
-                output = self.calls.forward(self.model_parts[0], inputs, **self.model_kwargs(positions))
+                labelled = {LABELS_KWARG: labels} if self.passes_labels else {}
+                output = self.calls.forward(self.model_parts[0], inputs, **self.model_kwargs(positions), **labelled)
             if self.context_parallel is not None:
                 self.context_parallel.check_redirected(spec_name=self.spec.name)
             loss = token_weighted(self.micro_batch_loss(output, labels, request, valid=valid), valid=valid,
                                   global_valid=self.step_valid_tokens, dp=self.dims.dp_cp)
-            aux = self.moe.after_forward()  # MoE load-balancing loss: trained on, not reported in `loss`
+            # The MoE load-balancing loss and the model's own terms: trained on, not reported in `loss`.
+            extra = [t for t in (self.moe.after_forward(), self.loss_terms.after_forward()) if t is not None]
             with self.profiler.phase("backward"):
-                (loss if aux is None else loss + aux / self.accum).backward()
+                (loss + sum(extra) / self.accum if extra else loss).backward()
         return _plain(loss)
 
     def pipeline_forward_backward(self, inputs: torch.Tensor, labels: torch.Tensor,
@@ -633,6 +644,7 @@ class Trainer:
             if self.metrics.should_log(self.step + 1, last=self.step + 1 == self.config.training.steps):
                 self.layer_figures = {**self.layer_figures, **clipped}
         self.moe.after_step(read=False)  # MoE bias update; its figures stay on the device until logged
+        self.loss_terms.after_step()
         self.lr_schedulers.step()
         return StepResult(global_loss, grad_norm, skipped=False)
 
@@ -801,7 +813,8 @@ class Trainer:
                     tokens=tokens_per_device, step_time=(time.perf_counter() - window_start) / window_steps,
                     extra={"skipped_steps": self.skipped_steps, "tokens_seen": self.tokens_seen, "data_ms": data_ms,
                            "window_steps": window_steps, **source_tokens(self.dataloader.state_dict(), t.seq_len),
-                           **self.moe.metrics, **self.stability_metrics(result), **self.step_metrics(),
+                           **self.moe.metrics, **self.loss_terms.metrics, **self.stability_metrics(result),
+                           **self.step_metrics(),
                            **self.layer_figures},
                 )
                 self.layer_figures = {}

@@ -25,3 +25,11 @@ class DeepSeekV3Section(DecoderSection):
     moe_bias_update_rate: float | None = Field(
         None, ge=0, description="MoE flavors: rate of the auxiliary-loss-free routing-bias update after each optimizer "
         "step: each expert's score bias moves by rate x log(mean load / its load); 0: off; default: the flavor's.")
+    mtp_layers: int | None = Field(
+        None, ge=0, le=1, description="Multi-token prediction depth: 1 adds DeepSeek-V3's prediction block (layer "
+        "n_layers, as its checkpoints hold it), trained to predict the token after next; 0: off (default: the "
+        "flavor's, or the Hugging Face config's num_nextn_predict_layers). Not with tp, pp or cp > 1.")
+    mtp_loss_weight: float | None = Field(
+        None, ge=0, allow_inf_nan=False, description="Weight of the multi-token-prediction loss added to the training "
+        "loss (DeepSeek-V3's lambda: 0.3 for most of its run, then 0.1; default: the flavor's). The reported loss "
+        "stays the main cross-entropy; mtp_loss is logged beside it.")

@@ -4,8 +4,8 @@
 ``max_seq_len`` sizes the rotary table only; a run overrides it with its own length.
 The published shapes are those of the models' config.json files; tests/deepseek checks
 their parameter counts against the published totals. Neither includes the multi-token
-prediction module (DeepSeek-V3's checkpoint holds it as an extra layer 61; this spec does
-not build it).
+prediction module (DeepSeek-V3's checkpoint holds it as an extra layer 61); a run adds it with
+``--deepseek_v3.mtp_layers=1``.
 """
 
 from __future__ import annotations

@@ -15,8 +15,16 @@ tensor per expert (``mlp.experts.E.gate_proj.weight``), read and written through
 stacking (``hf_stacked_name`` / ``hf_expert_name``, ``titan_core.hf.stacks``).
 
 The routing bias (a persistent buffer) goes both ways: transformers routes with it, and the
-published checkpoints hold a trained one. The multi-token-prediction layer a published
-checkpoint holds after the last layer (``model.layers.61`` in DeepSeek-V3) is not read.
+published checkpoints hold a trained one.
+
+Multi-token prediction: a checkpoint holds its block as one more layer (``model.layers.61`` in
+DeepSeek-V3, ``num_nextn_predict_layers: 1``), which the model builds as ``layers.<n_layers>``: the
+block's names as any layer's, plus ``enorm``, ``hnorm``, ``eh_proj`` and ``shared_head.norm``. That
+layer also holds copies of the embedding and the head (``embed_tokens``, ``shared_head.head``):
+they are not read (the model shares the main ones) and are written from the main ones. A
+checkpoint's prediction layers beyond the model's are not read. A folder's prediction layer is read
+only when the run asks for it (``--deepseek_v3.mtp_layers=1``): ``num_nextn_predict_layers`` in
+config.json cannot tell, since transformers writes 1 there and saves no prediction layer.
 """
 
 from __future__ import annotations
@@ -24,6 +32,8 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from typing import Any
+
+import torch
 
 from titan_core import ConfigError
 from titan_core.models import hf_names
@@ -51,7 +61,14 @@ _LAYER = {
     "moe.experts.w1": "mlp.experts.gate_proj",
     "moe.experts.w3": "mlp.experts.up_proj",
     "moe.experts.w2": "mlp.experts.down_proj",
+    # the multi-token-prediction layer's own modules, named alike on both sides
+    "enorm": "enorm",
+    "hnorm": "hnorm",
+    "eh_proj": "eh_proj",
+    "shared_head.norm": "shared_head.norm",
 }
+# The multi-token-prediction layer's copies of the main embedding and head: its name -> the main one.
+_MTP_COPIES = {"embed_tokens.weight": "model.embed_tokens.weight", "shared_head.head.weight": "lm_head.weight"}
 _BIAS = re.compile(r"^layers\.(\d+)\.moe\.router\.expert_bias$")
 _HF_BIAS = "mlp.gate.e_score_correction_bias"
 _MODEL = "DeepSeek-V3"  # as the KeyError for an unknown name says it
@@ -61,7 +78,10 @@ class DeepSeekV3StateDictAdapter(hf_names.RenamingAdapter):
     """``TrainSpec.state_dict_adapter`` of the deepseek_v3 spec (the protocol in titan_core.hf): the tensor
     loops, row maps and per-expert files are ``RenamingAdapter``'s, the names and config.json DeepSeek-V3's."""
 
-    runtime_fields: tuple[str, ...] = ("max_seq_len", "moe_aux_loss_coeff", "moe_bias_update_rate")
+    # mtp_layers too: config.json's num_nextn_predict_layers cannot say whether the folder holds the prediction
+    # layer (transformers writes 1 and saves none), so the model builds it only when the run asks for it.
+    runtime_fields: tuple[str, ...] = ("max_seq_len", "moe_aux_loss_coeff", "moe_bias_update_rate", "mtp_layers",
+                                       "mtp_loss_weight")
 
     # ---- tensor names ------------------------------------------------------------------------------
     def hf_name(self, key: str, model_args: DeepSeekV3Args) -> str:
@@ -69,13 +89,28 @@ class DeepSeekV3StateDictAdapter(hf_names.RenamingAdapter):
         return f"model.layers.{bias.group(1)}.{_HF_BIAS}" if bias else hf_names.renamed_to_hf(key, _LAYER, model=_MODEL)
 
     def native_name(self, hf_key: str, model_args: DeepSeekV3Args) -> str | None:
-        """None for a tensor that is deliberately not read (the MTP layer, after the model's ``n_layers``)."""
+        """None for a tensor that is deliberately not read: a prediction layer the model does not build, and
+        the prediction layer's copies of the embedding and the head."""
         layer = hf_names.hf_layer(hf_key)
         if layer is not None and layer[0] >= model_args.n_layers:
-            return None
+            if layer[0] >= model_args.n_layers + model_args.mtp_layers or layer[1] in _MTP_COPIES:
+                return None
         if layer is not None and layer[1] == _HF_BIAS:
             return f"layers.{layer[0]}.moe.router.expert_bias"
         return hf_names.renamed_from_hf(hf_key, _LAYER, model=_MODEL)
+
+    def to_hf(self, state_dict: Mapping[str, torch.Tensor], model_args: DeepSeekV3Args) -> dict[str, torch.Tensor]:
+        """The renamed tensors, and with multi-token prediction the prediction layer's copies of the embedding
+        and the head, as DeepSeek-V3's checkpoint holds them (copies: a file may not hold one tensor twice)."""
+        out = super().to_hf(state_dict, model_args)
+        if model_args.mtp_layers:
+            copies = dict(_MTP_COPIES)
+            if model_args.tie_embeddings:  # the head is the embedding table
+                copies["shared_head.head.weight"] = "model.embed_tokens.weight"
+            for rest, main in copies.items():
+                if main in out:
+                    out[f"model.layers.{model_args.n_layers}.{rest}"] = out[main].clone()
+        return out
 
     # ---- config.json -----------------------------------------------------------------------------
     def hf_config(self, model_args: DeepSeekV3Args) -> dict[str, Any]:
@@ -105,7 +140,7 @@ class DeepSeekV3StateDictAdapter(hf_names.RenamingAdapter):
             moe_intermediate_size=a.moe_intermediate_size, n_shared_experts=a.n_shared_experts,
             first_k_dense_replace=a.first_k_dense_replace if experts else a.n_layers, n_group=a.n_group,
             topk_group=a.topk_group, routed_scaling_factor=a.routed_scaling_factor, norm_topk_prob=a.norm_topk_prob,
-            num_nextn_predict_layers=0,
+            num_nextn_predict_layers=a.mtp_layers,
         )
 
     def model_args_from_hf(self, config: Mapping[str, Any]) -> DeepSeekV3Args:

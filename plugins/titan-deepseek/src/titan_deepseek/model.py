@@ -16,6 +16,11 @@ Features:
     ``titan_core.moe.MoE``: sigmoid scores, group-limited top-k (``n_group``, ``topk_group``),
     renormalised weights times ``routed_scaling_factor``, ``n_shared_experts`` shared experts,
     the auxiliary-loss-free routing bias and the optional sequence-wise auxiliary loss;
+  * optional multi-token prediction at depth 1 (``mtp_layers=1``): one more block, stored as layer
+    ``n_layers`` as the published checkpoints store it, reads the last block's hidden state at each
+    position i beside the embedding of token i + 1 and predicts token i + 2 through the shared output
+    head; in training forwards (which pass ``labels``) its cross-entropy, times ``mtp_loss_weight``,
+    joins the training loss (a ``titan_core.LossTerm``); the main logits never depend on it;
   * an optional latent cache for sampling (``forward(tokens, cache=...)``, the contract of
     ``titan_core.KVCache``): each layer caches its key/value latent and its rotary key
     (``kv_lora_rank + qk_rope_head_dim`` numbers per token), and expands them per step;
@@ -41,6 +46,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from titan_core.models.decoder import DecoderModel, RMSNorm, decoder_flops_per_token, decoder_parameter_counts
+from titan_core.models.loss import IGNORE_INDEX
+from titan_core.models.loss_terms import LossTerm
 from titan_core.models.model_parts import FeedForward, final_norm_and_head, trunc_normal_
 from titan_core.moe import MoE, check_routing, is_moe_layer, reset_routers
 
@@ -95,8 +102,17 @@ class DeepSeekV3Args:
     # Load balancing: the sequence-wise auxiliary loss's coefficient, and the routing-bias update rate.
     moe_aux_loss_coeff: float = 0.0
     moe_bias_update_rate: float = 0.0
+    # Multi-token prediction: 0 or 1 extra block (DeepSeek-V3's depth 1) and its loss weight (the paper's
+    # lambda: 0.3 for most of the run, 0.1 at the end).
+    mtp_layers: int = 0
+    mtp_loss_weight: float = 0.3
 
     def __post_init__(self) -> None:
+        if self.mtp_layers not in (0, 1):
+            raise ValueError(f"DeepSeekV3Args: mtp_layers={self.mtp_layers}; multi-token prediction has depth 0 "
+                             f"(off) or 1, as DeepSeek-V3")
+        if not (math.isfinite(self.mtp_loss_weight) and self.mtp_loss_weight >= 0):
+            raise ValueError(f"DeepSeekV3Args: mtp_loss_weight={self.mtp_loss_weight} must be a finite number >= 0")
         if self.qk_rope_head_dim % 2:
             raise ValueError(f"DeepSeekV3Args: qk_rope_head_dim={self.qk_rope_head_dim} must be even for rotary "
                              f"embeddings")
@@ -304,6 +320,48 @@ class TransformerBlock(nn.Module):
         return out
 
 
+class SharedHead(nn.Module):
+    """DeepSeek's ``shared_head``: the prediction block's final norm (its head is the main model's output)."""
+
+    def __init__(self, args: DeepSeekV3Args) -> None:
+        super().__init__()
+        self.norm = RMSNorm(args.dim, args.norm_eps)
+
+
+class MultiTokenPrediction(TransformerBlock, LossTerm):
+    """Multi-token prediction at depth 1: a block whose input at position i joins the main model's last
+    hidden state at i (``hnorm``) with the embedding of token i + 1 (``enorm``) through ``eh_proj``, and
+    whose normed output (``shared_head.norm``) the main output head turns into logits for token i + 2.
+    The block's forward ends at that norm, so activation checkpointing and FSDP2 treat it as any block;
+    ``add_loss`` scores it outside (the head belongs to the main model)."""
+
+    metric = "mtp_loss"
+
+    def __init__(self, args: DeepSeekV3Args, layer_id: int) -> None:
+        super().__init__(args, layer_id)
+        self.enorm = RMSNorm(args.dim, args.norm_eps)
+        self.hnorm = RMSNorm(args.dim, args.norm_eps)
+        self.eh_proj = nn.Linear(2 * args.dim, args.dim, bias=False)
+        self.shared_head = SharedHead(args)
+        self.loss_weight = args.mtp_loss_weight
+
+    def forward(self, h_BSD: torch.Tensor, embedded_BSD: torch.Tensor,  # type: ignore[override]
+                rope: torch.Tensor) -> torch.Tensor:
+        """[B, S - 1, D]: position i from the hidden state of token i and the embedding of token i + 1."""
+        x = self.eh_proj(torch.cat([self.enorm(embedded_BSD[:, 1:]), self.hnorm(h_BSD[:, :-1])], dim=-1))
+        out: torch.Tensor = self.shared_head.norm(super().forward(x, rope))
+        return out
+
+    def add_loss(self, x_BSD: torch.Tensor, labels: torch.Tensor, head: nn.Module) -> None:
+        """Hand the weighted cross-entropy of token i + 2 (``labels[:, i + 1]``) to the trainer."""
+        targets = labels[:, 1:]
+        logits = head(x_BSD).float()
+        summed = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=IGNORE_INDEX,
+                                 reduction="sum")
+        mean = summed / (targets != IGNORE_INDEX).sum().clamp(min=1)  # 0, not NaN, when nothing is valid
+        self.add_to_loss(self.loss_weight * mean, reported=mean)
+
+
 class Transformer(DecoderModel):
     """Token ids [B, S] -> logits [B, S, vocab]."""
 
@@ -311,14 +369,26 @@ class Transformer(DecoderModel):
 
     def __init__(self, args: DeepSeekV3Args) -> None:
         super().__init__(args, lambda i: TransformerBlock(args, i), RMSNorm(args.dim, args.norm_eps))
+        if args.mtp_layers:  # layer n_layers, as DeepSeek-V3's checkpoint holds it (model.layers.61)
+            self.layers[str(args.n_layers)] = MultiTokenPrediction(args, args.n_layers)
         self.register_buffer("rope", rope_table(args), persistent=False)
 
-    def forward(self, tokens: torch.Tensor, *, cache: KVCache | None = None) -> torch.Tensor:
-        """``cache`` (sampling only, ``titan_core.KVCache``): ``tokens`` are the new tokens, at positions
-        from ``cache.offset``; each layer caches its latents, not its keys and values."""
-        h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens
+    def forward(self, tokens: torch.Tensor, *, labels: torch.Tensor | None = None,
+                cache: KVCache | None = None) -> torch.Tensor:
+        """``labels`` (training forwards only): with multi-token prediction, its loss is handed to the trainer.
+        ``cache`` (sampling only, ``titan_core.KVCache``): ``tokens`` are the new tokens, at positions from
+        ``cache.offset``; each layer caches its latents, not its keys and values."""
+        embedded = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens
+        h = embedded
+        mtp = None
         for name, layer in self.layers.items():
+            if int(name) >= self.args.n_layers:  # the prediction block reads the main stack's result
+                mtp = layer
+                continue
             h = layer(h, self.rope) if cache is None else layer(h, self.rope, cache.layer(name), cache.offset)
+        if mtp is not None and labels is not None and self.output is not None and self.tok_embeddings is not None:
+            assert isinstance(mtp, MultiTokenPrediction)
+            mtp.add_loss(mtp(h, embedded, self.rope), labels, self.output)
         return final_norm_and_head(h, self.norm, self.output)
 
     # tied_weights and init_weights: DecoderModel's.
@@ -326,7 +396,7 @@ class Transformer(DecoderModel):
     def init_parameter(self, fqn: str, tensor: torch.Tensor, generator: torch.Generator) -> None:
         """Fill ``tensor`` (full-shaped, plain) with the initial value of parameter ``fqn``."""
         owner = fqn.split(".")[-2] if fqn.count(".") else ""
-        if owner in ("wq_a", "wq_b", "wkv_a", "wkv_b"):  # MLA's input-side projections: as wq/wk/wv
+        if owner in ("wq_a", "wq_b", "wkv_a", "wkv_b", "eh_proj"):  # input-side projections: as wq/wk/wv
             trunc_normal_(tensor, 0.02, generator)
         else:  # the rest as every decoder here (the untied embedding at unit scale)
             super().init_parameter(fqn, tensor, generator)
@@ -358,23 +428,30 @@ def attention_parameters(args: DeepSeekV3Args) -> int:
 
 
 def parameter_counts(args: DeepSeekV3Args) -> tuple[int, int]:
-    """(total, active per token) parameters, embedding and head included (a tied head counted once)."""
+    """(total, active per token) parameters, embedding and head included (a tied head counted once), and the
+    multi-token-prediction block when there is one (its head is the main one)."""
     if args.vocab_size is None:
         raise ValueError("parameter_counts: DeepSeekV3Args.vocab_size is None; fill it first")
-    return decoder_parameter_counts(
+    layers = args.n_layers + args.mtp_layers
+    total, active = decoder_parameter_counts(
         vocab_size=args.vocab_size, dim=args.dim, tie_embeddings=args.tie_embeddings,
         attention=attention_parameters(args) + 2 * args.dim,  # + the block's two norms
-        sparse=[args.is_sparse(i) for i in range(args.n_layers)], dense_hidden=args.intermediate_size,
+        sparse=[args.is_sparse(i) for i in range(layers)], dense_hidden=args.intermediate_size,
         num_experts=args.n_routed_experts, experts_per_token=args.num_experts_per_tok,
         expert_hidden=args.moe_intermediate_size, shared_hidden=args.n_shared_experts * args.moe_intermediate_size)
+    mtp = args.mtp_layers * (2 * args.dim * args.dim + 3 * args.dim)  # eh_proj, enorm, hnorm, shared_head.norm
+    return total + mtp, active + mtp
 
 
 def flops_per_token(args: DeepSeekV3Args, seq_len: int, *, full_attention: bool = False) -> float:
-    """Training FLOPs per token: 6 x active non-embedding parameters (head included) + attention's matmuls."""
+    """Training FLOPs per token: 6 x active non-embedding parameters (head included) + attention's matmuls;
+    with multi-token prediction, its block, its projection and its second pass through the head too."""
     if args.vocab_size is None:
         raise ValueError("flops_per_token: DeepSeekV3Args.vocab_size is None; fill it from the tokenizer first")
     _, active = parameter_counts(args)
     # Per key: q.k over qk_head_dim channels, then the value's v_head_dim; x2 (multiply-add) x3 (fwd + bwd).
-    per_key = 6.0 * args.n_layers * args.n_heads * (args.qk_head_dim + args.v_head_dim)
-    return decoder_flops_per_token(active, vocab_size=args.vocab_size, dim=args.dim, tie_embeddings=args.tie_embeddings,
-                                   seq_len=seq_len, full_attention=full_attention, attention_per_key=per_key)
+    per_key = 6.0 * (args.n_layers + args.mtp_layers) * args.n_heads * (args.qk_head_dim + args.v_head_dim)
+    main = decoder_flops_per_token(active, vocab_size=args.vocab_size, dim=args.dim,
+                                   tie_embeddings=args.tie_embeddings, seq_len=seq_len,
+                                   full_attention=full_attention, attention_per_key=per_key)
+    return main + 6.0 * args.mtp_layers * args.vocab_size * args.dim

@@ -1,4 +1,5 @@
-"""Layout checks for deepseek_v3 (the spec's validate_fn): what PP needs of the model's shape.
+"""Layout checks for deepseek_v3 (the spec's validate_fn): what PP needs of the model's shape, and the
+layouts multi-token prediction does not support yet.
 
 Runs before any process group exists, after the core has checked the degrees against the
 world size. Tensor parallelism splits the attention heads, the dense MLPs, the vocabulary and
@@ -20,6 +21,15 @@ def validate_deepseek_v3_layout(
     from titan_core.parallel.tp_plans import check_decoder_tp
 
     tp, pp = parallelism.tp, parallelism.pp
+    if args.mtp_layers:
+        split = [f"{name}={degree}" for name, degree in (("tp", tp), ("pp", pp), ("cp", parallelism.cp)) if degree > 1]
+        if split:
+            raise ConfigError(
+                f"deepseek_v3.mtp_layers={args.mtp_layers} with parallelism.{', parallelism.'.join(split)}: the "
+                f"multi-token-prediction block reads the whole sequence's last hidden states, the embedding and the "
+                f"output head in one forward, and is not split over tensor, pipeline or context-parallel ranks yet. "
+                f"Train it with FSDP2 / HSDP and expert parallelism, or set --deepseek_v3.mtp_layers=0."
+            )
     if tp > 1:
         dense = any(not args.is_sparse(i) for i in range(args.n_layers))
         check_decoder_tp(tp, heads=[("model n_heads", args.n_heads)], vocab_size=args.vocab_size,

@@ -35,5 +35,5 @@ deepseek_v3_spec = TrainSpec(
     config_model=DeepSeekV3Section,
     flops_per_token_fn=flops_per_token,
     state_dict_adapter=DeepSeekV3StateDictAdapter(),
-    plugin_api_version="1.1",  # the titan-core plugin API this spec was written for (it uses models.decoder, new in 1.1)
+    plugin_api_version="1.2",  # the titan-core plugin API this spec was written for (LossTerm, new in 1.2)
 )
