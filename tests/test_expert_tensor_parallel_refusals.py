@@ -1,7 +1,8 @@
 """parallelism.etp refused with one message naming what is wrong and how to fix it, exit 2, no traceback:
-an etp other than 1 or tp, etp together with ep (not supported yet), and etp on a model without experts
-(caught by the launcher before any worker starts). The layouts themselves are tested against one process
-in tests/qwen3/test_qwen3_parallel.py (ETP 2 x FSDP2 2) and tests/deepseek/test_deepseek_tp.py (TP 2 + ETP 2)."""
+an etp other than 1 or tp, experts a converter rewrote (not supported yet), and etp on a model without
+experts (caught by the launcher before any worker starts). The layouts themselves are tested against one
+process in tests/qwen3/test_qwen3_parallel.py (ETP 2 x FSDP2 2, ETP 2 x EP 2) and
+tests/deepseek/test_deepseek_tp.py (TP 2 + ETP 2)."""
 
 from __future__ import annotations
 
@@ -19,13 +20,13 @@ def test_etp_must_be_one_or_tp(capsys, tmp_path: Path) -> None:
     assert "parallelism.etp=3 with parallelism.tp=1" in text and "etp is 1" in text and "Traceback" not in text
 
 
-def test_etp_with_ep_is_refused_as_not_supported_yet(capsys, tmp_path: Path) -> None:
-    out = run_main(capsys, *MOE, "--parallelism.etp=2", "--parallelism.tp=2", "--parallelism.ep=2",
-                   f"--job.run_dir={tmp_path}")
-    text = out.out + out.err
-    assert out.code == 2, text
-    assert "parallelism.etp=2 with parallelism.ep=2" in text and "not supported yet" in text
-    assert "Traceback" not in text
+def test_etp_of_converted_experts_is_refused(tmp_path: Path) -> None:
+    run = titan(tmp_path, *MOE, "--parallelism.tp=2", "--parallelism.etp=2", "--converters", "mx", "--mx.fqns=[]",
+                "--mx.moe_fqns=[\"experts\"]", nproc=2)
+    assert run.code == 2, run.text
+    assert "parallelism.etp=2: the experts of layers.0.moe.experts were converted" in run.text
+    assert "mx.moe_fqns=[]" in run.text and "Traceback" not in run.text
+    assert not (tmp_path / "metrics.jsonl").exists()
 
 
 def test_etp_on_a_dense_model_is_refused_before_any_worker_starts(tmp_path: Path) -> None:

@@ -7,11 +7,12 @@ MoE layer on stage 1 (the load figures then come from the other ranks' stage). E
 processes with EP 2 carved out of dp_shard 2 (2 rows each, the same global batch as one
 process): EP 2 x TP 2 (each tp slice exchanges its tokens within its own EP group, experts
 replicated over tp) and EP 2 x PP 2 (each stage's experts split over its 2 data-parallel ranks;
-stage 0 has none to split); EP 2 x HSDP (dp_replicate 2 x dp_shard 2, 1 row each); and expert tensor
-parallelism ETP 2 x FSDP2 2 (each expert's hidden width split over tp, 2 rows each). All
+stage 0 has none to split); EP 2 x HSDP (dp_replicate 2 x dp_shard 2, 1 row each); expert tensor
+parallelism ETP 2 x FSDP2 2 (each expert's hidden width split over tp, 2 rows each); and ETP 2 x EP 2
+(each weight on the (ep, tp) mesh). All
 must reproduce the single-process losses (within 1e-6
 relative, the issue's bar for EP), gradient norms (the tolerance of the llama layouts in
-test_distributed_cli.py) and expert-load figures of 4 steps. The EP x TP and ETP runs save their
+test_distributed_cli.py) and expert-load figures of 4 steps. The EP x TP and both ETP runs save their
 last step, which one process loads bit for bit.
 """
 
@@ -46,10 +47,14 @@ LAYOUTS = {
                  "--parallelism.dp_shard=2"),
     "etp2_fsdp2": ("--parallelism.tp=2", "--parallelism.etp=2", "--training.local_batch_size=2",
                    "--checkpoint.enable=true", f"--checkpoint.interval={STEPS}"),
+    # Both at once: each weight on the (ep, tp) mesh, a rank holding hidden/2 of 4 of the 8 experts.
+    "etp2_ep2": (*EP_ROWS, "--parallelism.tp=2", "--parallelism.etp=2", "--checkpoint.enable=true",
+                 f"--checkpoint.interval={STEPS}"),
 }
 # How each saving run's parameters were laid out (its printed layout line).
 SPLIT_EXPERTS = {"ep2_tp2": ("3 x expert_dp_shard:S(1), ep:S(0)", "tp:S(0)"),  # experts over ep, dense over tp
-                 "etp2_fsdp2": ("dp_shard:S(0), tp:S(2)", "dp_shard:S(0), tp:S(1)")}  # w2 / w1, w3 over tp
+                 "etp2_fsdp2": ("dp_shard:S(0), tp:S(2)", "dp_shard:S(0), tp:S(1)"),  # w2 / w1, w3 over tp
+                 "etp2_ep2": ("expert_dp_shard:S(1), ep:S(0), tp:S(2)", "ep:S(0), tp:S(1)")}
 EP_LOSS_TOLERANCE = 1e-6
 
 

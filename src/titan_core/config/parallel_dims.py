@@ -131,8 +131,9 @@ class ParallelDims:
         """The ranks whose tokens differ (``dp`` with ``cp`` folded in): valid labels and MoE loads add up over it."""
         return mesh["dp_cp"] if self.cp_enabled else dp_mesh
 
-    def expert_meshes(self, mesh: DeviceMesh) -> tuple[DeviceMesh, DeviceMesh]:
+    def expert_meshes(self, mesh: DeviceMesh, *, with_tp: bool = False) -> tuple[DeviceMesh, DeviceMesh]:
         """(the ``ep`` mesh the experts are split over, the mesh FSDP2 shards each rank's experts over).
+        ``with_tp`` (expert tensor parallelism as well): the first is the 2-D ``(ep, tp)`` mesh.
 
         ``dp_shard`` unflattened into ``(expert_dp_shard, ep)``, ``ep`` innermost: an EP group
         is ``ep`` consecutive dp_shard ranks (on one machine when it can be), within one tp slice
@@ -145,9 +146,10 @@ class ParallelDims:
         from ..runtime.torch_compat import unflatten_mesh  # start-up: as in build_meshes
 
         split = unflatten_mesh(mesh, "dp_shard", (self.expert_dp_shard, self.ep), ("expert_dp_shard", "ep"))
+        split_over = split[("ep", "tp")] if with_tp else split["ep"]
         if self.dp_replicate_enabled:
-            return split["ep"], split[("dp_replicate", "expert_dp_shard")]
-        return split["ep"], split["expert_dp_shard"]
+            return split_over, split[("dp_replicate", "expert_dp_shard")]
+        return split_over, split["expert_dp_shard"]
 
     def dp_mesh(self, mesh: DeviceMesh) -> DeviceMesh:
         """The mesh FSDP2 / replication uses: (dp_replicate, dp_shard) for HSDP, else 1-D; with cp, dp_shard_cp

@@ -8,7 +8,7 @@ The order is fixed, and each step assumes the previous ones:
   1. TP shards the modules the plan names (parameters become DTensors on ``mesh["tp"]``);
      ETP (``parallelism.etp``) splits every experts module's hidden width over ``mesh["tp"]``;
      EP (``parallelism.ep``) splits every ``titan_core.moe`` experts module over ``ep`` ranks
-     (the ep ranks of one tp slice and one pipeline stage);
+     (the ep ranks of one tp slice and one pipeline stage); both at once split it over (ep, tp);
   2. activation checkpointing wraps each block's forward;
   3. ``torch.compile`` compiles each block, checkpointing included;
   4. FSDP2 shards (or replicates, or HSDP) every block, then the part as a whole.
@@ -35,7 +35,7 @@ from ..plugin.spec_factories import ParallelizeFn, TensorParallelPlanFn
 from .checkpointing import apply_activation_checkpointing
 from .compile import apply_compile
 from .expert_parallel import apply_expert_parallel, experts_modules
-from .expert_tensor_parallel import apply_expert_tensor_parallel
+from .expert_tensor_parallel import apply_expert_and_tensor_parallel, apply_expert_tensor_parallel
 from .fsdp import apply_fsdp
 from .precision import resolve_compute_dtype
 from .tensor_parallel import apply_tensor_parallel
@@ -96,14 +96,18 @@ def default_parallelize_fn(
             assert mesh is not None  # tp > 1: a multi-process run, which has a mesh
             apply_tensor_parallel(model, mesh["tp"], plan)
         # After the TP plan, which leaves MoE blocks replicated; a stage may hold dense layers only.
-        if parallelism.etp > 1 and (experts_modules(model) or not parallel_dims.pp_enabled):
+        has_experts = bool(experts_modules(model)) or not parallel_dims.pp_enabled
+        if parallelism.etp > 1 and not parallel_dims.ep_enabled and has_experts:
             assert mesh is not None  # etp = tp > 1: a multi-process run, which has a mesh
             apply_expert_tensor_parallel(model, mesh["tp"], what=spec_name)
         expert_mesh = None
         if parallel_dims.ep_enabled:
             assert mesh is not None  # ep > 1: a multi-process run, which has a mesh
-            ep_mesh, expert_mesh = parallel_dims.expert_meshes(mesh)  # every part: it creates process groups
-            if experts_modules(model) or not parallel_dims.pp_enabled:  # a stage may hold dense layers only
+            # every part: it creates process groups. With etp too, the experts split over (ep, tp) at once.
+            ep_mesh, expert_mesh = parallel_dims.expert_meshes(mesh, with_tp=parallelism.etp > 1)
+            if has_experts and parallelism.etp > 1:
+                apply_expert_and_tensor_parallel(model, ep_mesh, what=spec_name)
+            elif has_experts:
                 apply_expert_parallel(model, ep_mesh, what=spec_name)
         blocks = _blocks(model, blocks_attr)
         apply_activation_checkpointing(blocks, activation_checkpoint, spec_save_ops=save_ops)

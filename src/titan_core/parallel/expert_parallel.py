@@ -65,11 +65,12 @@ def apply_expert_parallel(model: nn.Module, ep_mesh: Any, *, what: str = "this m
         for pname, param in list(experts.named_parameters(recurse=False)):
             sharded = distribute_tensor(param.data, ep_mesh, [Shard(0)])
             experts.register_parameter(pname, nn.Parameter(sharded, requires_grad=param.requires_grad))
-        _route_through_ranks(experts, group)
+        route_through_ranks(experts, group)
     return [name for name, _ in found]
 
 
-def _route_through_ranks(experts: GroupedExperts, group: Any) -> None:
+def route_through_ranks(experts: GroupedExperts, group: Any) -> None:
+    """Make ``experts``' forward send its tokens to their experts' ranks in ``group`` and back."""
     local = experts.forward  # the module's own computation, on this rank's experts
 
     def forward(x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:

@@ -13,6 +13,12 @@ expert's hidden width instead, as a dense MLP is split (column-wise in, row-wise
 The router and any shared experts stay replicated, so routing (and each rank's tokens) is the
 same on every tp rank, as without ETP. Parameter names do not change; DCP reshards the
 slices between etp degrees like any DTensor. Expert memory per rank: 1/tp of plain TP's.
+
+With expert parallelism too (``ep > 1``), each weight is one DTensor on the 2-D ``(ep, tp)`` mesh,
+``[Shard(0), Shard(hidden)]``: a rank holds ``hidden / tp`` of ``E / ep`` experts. Each tp slice
+exchanges its tokens over its own ep group (tp ranks route the same tokens, so the ranks of one ep
+index receive the same ones), computes its hidden slice of its experts, and adds the slices over tp
+before the tokens go back. FSDP2 shards each weight further over ``expert_dp_shard``.
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ from torch import nn
 
 from ..errors import ConfigError
 from ..moe import GroupedExperts
-from .expert_parallel import experts_modules
+from .expert_parallel import check_experts_split, experts_modules, route_through_ranks
 
 # Which dimension of each stacked weight holds the experts' hidden width.
 _HIDDEN_DIM = {"w1": 1, "w3": 1, "w2": 2}
@@ -37,17 +43,40 @@ def apply_expert_tensor_parallel(model: nn.Module, tp_mesh: Any, *, what: str = 
     found = check_etp_fits(model, tp_mesh.size(), what=what)
     for name, experts in found:
         for pname, dim in _HIDDEN_DIM.items():
-            param = getattr(experts, pname)
-            if type(param.data) is not torch.Tensor:  # a converter's weight subclass (float8, MX)
-                raise ConfigError(
-                    f"parallelism.etp={tp_mesh.size()}: the experts of {name} were converted ({type(param.data).__name__} "
-                    f"weights), and splitting converted experts over tp is not supported yet. Leave the experts out "
-                    f"of the converter (e.g. mx.moe_fqns=[]), or set parallelism.etp=1."
-                )
+            param = _plain_weight(experts, pname, name, etp=tp_mesh.size())
             sharded = distribute_tensor(param.data, tp_mesh, [Shard(dim)])
             experts.register_parameter(pname, nn.Parameter(sharded, requires_grad=param.requires_grad))
         _sum_slices_over(experts, tp_mesh.get_group())
     return [name for name, _ in found]
+
+
+def apply_expert_and_tensor_parallel(model: nn.Module, ep_tp_mesh: Any, *, what: str = "this model") -> list[str]:
+    """EP and ETP at once (module docstring): every experts module split over the 2-D ``(ep, tp)`` mesh, its
+    tokens exchanged over ``ep`` and its hidden slices summed over ``tp``; returns their names."""
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    ep_mesh, tp_mesh = ep_tp_mesh["ep"], ep_tp_mesh["tp"]
+    check_experts_split(model, ep_mesh.size(), what=what)
+    found = check_etp_fits(model, tp_mesh.size(), what=what)
+    for name, experts in found:
+        for pname, dim in _HIDDEN_DIM.items():
+            param = _plain_weight(experts, pname, name, etp=tp_mesh.size())
+            sharded = distribute_tensor(param.data, ep_tp_mesh, [Shard(0), Shard(dim)])
+            experts.register_parameter(pname, nn.Parameter(sharded, requires_grad=param.requires_grad))
+        _sum_slices_over(experts, tp_mesh.get_group())  # inside: on the tokens this rank's experts receive
+        route_through_ranks(experts, ep_mesh.get_group())
+    return [name for name, _ in found]
+
+
+def _plain_weight(experts: GroupedExperts, pname: str, name: str, *, etp: int) -> nn.Parameter:
+    param: nn.Parameter = getattr(experts, pname)
+    if type(param.data) is not torch.Tensor:  # a converter's weight subclass (float8, MX)
+        raise ConfigError(
+            f"parallelism.etp={etp}: the experts of {name} were converted ({type(param.data).__name__} weights), and "
+            f"splitting converted experts over tp is not supported yet. Leave the experts out of the converter "
+            f"(e.g. mx.moe_fqns=[]), or set parallelism.etp=1."
+        )
+    return param
 
 
 def check_etp_fits(model: nn.Module, etp: int, *, what: str) -> list[tuple[str, GroupedExperts]]:
