@@ -9,7 +9,7 @@ process): EP 2 x TP 2 (each tp slice exchanges its tokens within its own EP grou
 replicated over tp) and EP 2 x PP 2 (each stage's experts split over its 2 data-parallel ranks;
 stage 0 has none to split); EP 2 x HSDP (dp_replicate 2 x dp_shard 2, 1 row each); expert tensor
 parallelism ETP 2 x FSDP2 2 (each expert's hidden width split over tp, 2 rows each); and ETP 2 x EP 2
-(each weight on the (ep, tp) mesh). All
+(each weight on the (ep, tp) mesh), ETP 2 x PP 2 and ETP 2 x CP 2. All
 must reproduce the single-process losses (within 1e-6
 relative, the issue's bar for EP), gradient norms (the tolerance of the llama layouts in
 test_distributed_cli.py) and expert-load figures of 4 steps. The EP x TP and both ETP runs save their
@@ -50,6 +50,9 @@ LAYOUTS = {
     # Both at once: each weight on the (ep, tp) mesh, a rank holding hidden/2 of 4 of the 8 experts.
     "etp2_ep2": (*EP_ROWS, "--parallelism.tp=2", "--parallelism.etp=2", "--checkpoint.enable=true",
                  f"--checkpoint.interval={STEPS}"),
+    # ETP with the other splits: pipeline stages (the MoE layer on stage 1), and context parallelism.
+    "etp2_pp2": ("--parallelism.tp=2", "--parallelism.etp=2", "--parallelism.pp=2"),
+    "etp2_cp2": ("--parallelism.tp=2", "--parallelism.etp=2", "--parallelism.cp=2"),
 }
 # How each saving run's parameters were laid out (its printed layout line).
 SPLIT_EXPERTS = {"ep2_tp2": ("3 x expert_dp_shard:S(1), ep:S(0)", "tp:S(0)"),  # experts over ep, dense over tp
