@@ -60,6 +60,7 @@ def test_the_block_predicts_the_token_after_next_and_leaves_the_main_logits_alon
     assert total == sum(p.numel() for p in model.parameters())
 
     inputs, labels = _batch()
+    labels_before = labels.clone()
     labels[0, 7] = IGNORE_INDEX  # position 6's prediction target: left out of the mean
     with torch.no_grad():
         logits = model(inputs, labels=labels)
@@ -73,7 +74,8 @@ def test_the_block_predicts_the_token_after_next_and_leaves_the_main_logits_alon
         h = embedded
         for i in range(ARGS.n_layers):
             h = model.layers[str(i)](h, model.rope)
-        joined = block.eh_proj(torch.cat([block.enorm(embedded[:, 1:]), block.hnorm(h[:, :-1])], dim=-1))
+        next_embedded = model.tok_embeddings(torch.cat([inputs[:, 1:], labels_before[:, -1:]], dim=1))[:, :-1]
+        joined = block.eh_proj(torch.cat([block.enorm(next_embedded), block.hnorm(h[:, :-1])], dim=-1))
         mtp_logits = model.output(block.shared_head.norm(TransformerBlock.forward(block, joined, model.rope)))
         log_probs = F.log_softmax(mtp_logits.double(), dim=-1)
         picked = [-log_probs[b, i, labels[b, i + 1]] for b in range(2) for i in range(19) if labels[b, i + 1] >= 0]
@@ -93,11 +95,11 @@ def test_position_i_sees_tokens_up_to_i_plus_1_only() -> None:
     outputs = []
     with torch.no_grad():
         for tokens in (inputs, changed):
-            embedded = model.tok_embeddings(tokens)
-            h = embedded
+            h = model.tok_embeddings(tokens)
             for i in range(ARGS.n_layers):
                 h = model.layers[str(i)](h, model.rope)
-            outputs.append(block(h, embedded, model.rope))
+            next_tokens = torch.cat([tokens[:, 1:], tokens[:, :1]], dim=1)  # the last one's stand-in: any token
+            outputs.append(block(h, model.tok_embeddings(next_tokens), model.rope))
     differs = (outputs[0] - outputs[1]).abs().amax(dim=(0, 2))
     # positions 0..10 read tokens 0..11 (the experts' grouped matmul, regrouped, may differ in the last bit)
     assert differs[:11].max().item() <= 1e-6

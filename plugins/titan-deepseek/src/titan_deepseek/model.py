@@ -345,16 +345,19 @@ class MultiTokenPrediction(TransformerBlock, LossTerm):
         self.shared_head = SharedHead(args)
         self.loss_weight = args.mtp_loss_weight
 
-    def forward(self, h_BSD: torch.Tensor, embedded_BSD: torch.Tensor,  # type: ignore[override]
+    def forward(self, h_BSD: torch.Tensor, next_embedded_BSD: torch.Tensor,  # type: ignore[override]
                 rope: torch.Tensor) -> torch.Tensor:
-        """[B, S - 1, D]: position i from the hidden state of token i and the embedding of token i + 1."""
-        x = self.eh_proj(torch.cat([self.enorm(embedded_BSD[:, 1:]), self.hnorm(h_BSD[:, :-1])], dim=-1))
+        """[B, S, D]: position i from the hidden state of token i and the embedding of token i + 1. All S
+        positions, the last one's target unknown: the token count stays the window's (MX needs it a
+        multiple of 32), and no position attends to a later one."""
+        x = self.eh_proj(torch.cat([self.enorm(next_embedded_BSD), self.hnorm(h_BSD)], dim=-1))
         out: torch.Tensor = self.shared_head.norm(super().forward(x, rope))
         return out
 
     def add_loss(self, x_BSD: torch.Tensor, labels: torch.Tensor, head: nn.Module) -> None:
-        """Hand the weighted cross-entropy of token i + 2 (``labels[:, i + 1]``) to the trainer."""
-        targets = labels[:, 1:]
+        """Hand the weighted cross-entropy of token i + 2 (``labels[:, i + 1]``; none for the last position)
+        to the trainer."""
+        targets = torch.cat([labels[:, 1:], torch.full_like(labels[:, :1], IGNORE_INDEX)], dim=1)
         logits = head(x_BSD).float()
         summed = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=IGNORE_INDEX,
                                  reduction="sum")
@@ -388,7 +391,10 @@ class Transformer(DecoderModel):
             h = layer(h, self.rope) if cache is None else layer(h, self.rope, cache.layer(name), cache.offset)
         if mtp is not None and labels is not None and self.output is not None and self.tok_embeddings is not None:
             assert isinstance(mtp, MultiTokenPrediction)
-            mtp.add_loss(mtp(h, embedded, self.rope), labels, self.output)
+            # Token i + 1 for every position: the inputs' next, and for the last the first label (an ignored
+            # one stands in as token 0: the last position has no target, and no position attends to it).
+            next_tokens = torch.cat([tokens[:, 1:], labels[:, -1:].clamp(min=0)], dim=1)
+            mtp.add_loss(mtp(h, self.tok_embeddings(next_tokens), self.rope), labels, self.output)
         return final_norm_and_head(h, self.norm, self.output)
 
     # tied_weights and init_weights: DecoderModel's.
