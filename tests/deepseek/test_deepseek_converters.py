@@ -1,7 +1,7 @@
 """float8 and MX on deepseek_v3 (issue point: the converters take the MLA projections and the experts), through
-the CLI in this process, emulated on CPU: every MLA projection of every layer (and the multi-token-prediction
-block's; MX leaves the one whose rows do not divide by its 32-value blocks) and every experts module is converted, as the conversion table records, and 3 steps train to within
-a few percent of the unconverted loss."""
+the CLI in this process, emulated on CPU: every MLA projection of every layer and of the multi-token-prediction
+block (MX leaves the one whose rows do not divide by its 32-value blocks) and every experts module is
+converted, as the conversion table records, and 3 steps train to within a few percent of the unconverted loss."""
 
 from __future__ import annotations
 
