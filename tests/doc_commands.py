@@ -54,7 +54,7 @@ def run_blocks(pairs: list[tuple[str, str]], folder: Path) -> None:
 # The programs whose lines count as documented commands; shell plumbing around them (ls, kill, grep, wait,
 # loops) is not counted.
 PROGRAMS = ("titan-train", "titan-eval", "titan-report", "titan-generate", "titan-data", "titan-convert",
-            "titan-plugin", "titan-lm-eval", "torchrun", "python", "pip", "bash", "srun", "tensorboard",
+            "titan-plugin", "titan-lm-eval", "lm_eval", "torchrun", "python", "pip", "bash", "srun", "tensorboard",
             "torchft_lighthouse")
 _ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
 

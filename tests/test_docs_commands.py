@@ -53,6 +53,7 @@ ELSEWHERE = [
     ("distributed.md", "--rehearse-rank 127", "tests/test_rehearsal.py", '"--rehearse-rank"'),
     ("evaluation.md", "bash scripts/quickstart.sh", "tests/test_readme.py", '"bash", "scripts/quickstart.sh"'),
     ("evaluation.md", "titan-lm-eval --model titan", "tests/test_lm_eval_adapter.py", '"--include_path"'),
+    ("evaluation.md", "lm_eval --model titan", "tests/test_lm_eval_adapter.py", 'parent / "lm_eval"'),
     ("checkpointing.md", "titan_core.checkpoint.legacy", "tests/test_checkpoint.py", "legacy.TRUST_FLAG"),
     ("benchmarks.md", "scripts/gpu/fetch_wheels.sh", "tests/test_gpu_checks_script.py", '"fetch_wheels.sh"'),
 ]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -191,6 +192,32 @@ def test_lm_eval_on_a_local_task_folder_gives_titan_evals_figures(run_dir: Path,
                  str(folder), "--device", "cpu"])
     err = capsys.readouterr().err
     assert code == 2 and f"titan-lm-eval: error: {data} is not a titan checkpoint" in err and "Traceback" not in err
+
+
+def test_plain_lm_eval_finds_the_titan_model(run_dir: Path, tmp_path: Path, capsys) -> None:
+    """``lm_eval --model titan`` itself, in a fresh process: titan-core's .pth hook registers the adapter when lm_eval
+    loads its models (lm_eval reads no entry points). Without the hook lm_eval answers "no model for this name"."""
+    import subprocess
+
+    from titan_core.commands.evaluate import main as eval_main
+
+    mc, _ = load_tasks(["builtin"])
+    data = tmp_path / "mc.jsonl"
+    data.write_text("".join(mc.path.read_text().splitlines(keepends=True)[:LIMIT]))
+    folder = tmp_path / "tasks"
+    folder.mkdir()
+    (folder / "titan_mc.yaml").write_text(MC_YAML.format(data=data))
+    lm_eval_script = Path(sys.executable).parent / "lm_eval"
+    env = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS_CACHE": str(tmp_path / "cache")}
+    out = tmp_path / "out"
+    proc = subprocess.run([str(lm_eval_script), "--model", "titan", "--model_args", f"checkpoint={run_dir},batch_size=4",
+                           "--tasks", "titan_mc", "--include_path", str(folder), "--device", "cpu",
+                           "--output_path", str(out)], capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (results_file,) = out.rglob("results_*.json")
+    acc = json.loads(results_file.read_text())["results"]["titan_mc"]["acc,none"]
+    assert eval_main([str(run_dir), "--tasks", str(data)]) == 0
+    assert acc == json.loads(capsys.readouterr().out)["eval/mc/acc"]
 
 
 def test_a_missing_lm_eval_or_a_bad_checkpoint_is_one_line_and_exit_2(tmp_path: Path, capsys,

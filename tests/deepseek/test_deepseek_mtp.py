@@ -195,3 +195,18 @@ def test_hf_layout_both_ways(tmp_path: Path) -> None:
     with torch.no_grad():  # transformers builds no prediction layer and reads the rest
         ours, hf = model.eval()(tokens), reference(tmp_path / "export")(tokens).logits
     assert (ours - hf).abs().max().item() <= 1e-5
+
+
+def test_the_published_671b_with_its_prediction_layer_builds_on_meta() -> None:
+    from titan_deepseek.flavors import deepseek_v3_flavors
+
+    args = dataclasses.replace(deepseek_v3_flavors["671B"], mtp_layers=1)
+    with torch.device("meta"):
+        model = Transformer(args)
+    total = sum(p.numel() for p in model.parameters())
+    assert total == parameter_counts(args)[0]
+    main = parameter_counts(deepseek_v3_flavors["671B"])[0]
+    assert round(main / 1e9) == 671
+    # DeepSeek's README: "671B of the Main Model weights and 14B of the MTP Module weights"; its checkpoint holds
+    # the layer with its own copies of the embedding and the head (13.46B with them, 11.61B without).
+    assert 13e9 < total - main + 2 * args.vocab_size * args.dim < 14.5e9
