@@ -146,7 +146,10 @@ LAYOUTS = {  # name: (model, document masking, processes, local batch, flags)
     "llama3_tp2_cp2": ("llama3", False, 4, 2, ("--parallelism.cp=2", "--parallelism.tp=2")),
     "llama3_pp2_cp2": ("llama3", False, 4, 2, ("--parallelism.cp=2", "--parallelism.pp=2")),
     "qwen3_cp4_masked": ("qwen3", True, 4, 2, ("--parallelism.cp=4",)),
-    "qwen3_moe_cp2": ("qwen3_moe", False, 2, 2, ("--parallelism.cp=2",)),
+    # MoE with expert parallelism: the cp ranks join the ep group (alone: ep = cp; with FSDP2: ep 4 over 2 x 2).
+    "qwen3_moe_cp2_ep2": ("qwen3_moe", False, 2, 2, ("--parallelism.cp=2", "--parallelism.ep=2")),
+    "qwen3_moe_fsdp2_cp2_ep4_masked": ("qwen3_moe", True, 4, 1, ("--parallelism.cp=2", "--parallelism.dp_shard=2",
+                                                                 "--parallelism.ep=4")),
 }
 
 
@@ -160,6 +163,8 @@ def test_losses_and_gradient_norms_match_one_process(layout: str, references: Re
     print(f"{layout}: loss rel diff {loss:.2e}, grad_norm rel diff {norm:.2e}")
     assert loss <= TOLERANCE and norm <= TOLERANCE, (layout, loss, norm)
     assert "dp_shard_cp:S(0)" in run.text, "the parameters were not sharded over dp_shard x cp:\n" + run.text
+    if any(flag.startswith("--parallelism.ep=") for flag in flags):
+        assert "ep:S(0)" in run.text, "the experts were not split over ep:\n" + run.text
 
 
 def test_a_cp2_checkpoint_resumes_on_one_process_exactly(references: References, tmp_path: Path) -> None:
@@ -186,8 +191,10 @@ REFUSALS = [
     (("--spec", "llama3", "--training.seq_len=66", "--parallelism.cp=2"),
      "training.seq_len=66 must split into 4 equal chunks"),
     (("--spec", "llama3", "--parallelism.cp=2", "--compile.enable=true"), "parallelism.cp=2 with compile.enable=true"),
-    (("--spec", "qwen3", "--flavor", "debugmoe", "--parallelism.cp=2", "--parallelism.ep=2", "--parallelism.dp_shard=2"),
-     "parallelism.cp=2 with parallelism.ep=2"),
+    (("--spec", "qwen3", "--flavor", "debugmoe", "--parallelism.cp=2", "--parallelism.ep=3", "--parallelism.dp_shard=2"),
+     "parallelism.ep=3 with parallelism.cp=2: the cp ranks of a data-parallel rank exchange their tokens"),
+    (("--spec", "qwen3", "--flavor", "debugmoe", "--parallelism.cp=2", "--parallelism.ep=2", "--parallelism.tp=2",
+      "--parallelism.etp=2"), "parallelism.etp=2 with parallelism.ep=2 and parallelism.cp=2"),
     (("--spec", "deepseek_v3", "--parallelism.cp=2"), "does not declare context-parallelism support"),
     (("--spec", "llama3", "--parallelism.cp=2", "--metrics.layer_stats=true"),
      "parallelism.cp=2 with metrics.layer_stats"),
@@ -200,7 +207,8 @@ REFUSALS = [
 @pytest.mark.parametrize(("args", "message"), REFUSALS, ids=[m[:30] for _, m in REFUSALS])
 def test_unservable_settings_are_one_message_before_any_worker(args: tuple[str, ...], message: str, tmp_path: Path,
                                                                capsys) -> None:
-    result = run_main(capsys, "--nproc-per-node", "2" if "--parallelism.ep=2" not in args else "4", *args,
+    wide = any(flag.startswith(("--parallelism.ep=", "--parallelism.etp=")) for flag in args)
+    result = run_main(capsys, "--nproc-per-node", "4" if wide else "2", *args,
                       "--training.steps=1", f"--job.run_dir={tmp_path / 'run'}")
     assert result.code == 2, result.out + result.err
     assert message in result.err, result.err

@@ -35,7 +35,8 @@ class ParallelDims:
 
     Mesh dimension names: ``pp``, ``dp_replicate``, ``dp_shard``, ``tp``, and the
     flattened ``dp`` (all data-parallel ranks). Expert parallelism (``ep``) adds no
-    ranks: it splits ``dp_shard`` into ``expert_dp_shard x ep`` (``expert_mesh``).
+    ranks: it splits ``dp_shard`` into ``expert_dp_shard x ep`` (``expert_mesh``); with context
+    parallelism, ``dp_shard x cp`` into ``expert_dp_shard x ep`` (the cp ranks join the ep group).
     Context parallelism (``cp`` > 1) adds a ``cp`` dimension between ``dp_shard`` and ``tp``:
     the cp ranks of one data-parallel rank read the same batch and each holds part of every
     sequence; FSDP2 shards over ``dp_shard x cp`` (flattened ``dp_shard_cp``), and the loss
@@ -75,7 +76,7 @@ class ParallelDims:
                 f"leave)."
             )
         if ep > 1:
-            _check_ep(ep, dp_shard=dp_shard)
+            _check_ep(ep, dp_shard=dp_shard, cp=cp)
         return ParallelDims(dp_replicate, dp_shard, tp, pp, world_size, ep, cp)
 
     @property
@@ -95,8 +96,9 @@ class ParallelDims:
 
     @property
     def expert_dp_shard(self) -> int:
-        """The dp_shard ranks that hold the same experts under EP (FSDP2 shards those experts over them)."""
-        return self.dp_shard // self.ep
+        """The dp_shard ranks that hold the same experts under EP (FSDP2 shards those experts over them). With
+        cp, the ep group is ``ep / cp`` dp_shard ranks times the cp ranks."""
+        return self.dp_shard * self.cp // self.ep
 
     tp_enabled = _AboveOne("tp")
     pp_enabled = _AboveOne("pp")
@@ -142,11 +144,22 @@ class ParallelDims:
         ``(dp_replicate, expert_dp_shard)`` for HSDP, else ``expert_dp_shard``. Both come from
         the same root mesh as ``dp_mesh``, as FSDP2 requires of a parameter sharded on two meshes.
         Creates process groups: every rank calls it, once per model part.
-        """
-        from ..runtime.torch_compat import unflatten_mesh  # start-up: as in build_meshes
 
-        split = unflatten_mesh(mesh, "dp_shard", (self.expert_dp_shard, self.ep), ("expert_dp_shard", "ep"))
-        split_over = split[("ep", "tp")] if with_tp else split["ep"]
+        With context parallelism the cp ranks of one data-parallel rank hold different tokens of the same
+        sequences, and they join the ep group (as torchtitan does): ``dp_shard`` splits into
+        ``(expert_dp_shard, ep / cp)``, and ``ep`` is ``(ep / cp, cp)`` flattened. The experts' FSDP2 mesh
+        then stays the outer ``expert_dp_shard`` dim, in the mesh's order.
+        """
+        from ..runtime.torch_compat import flatten_mesh, unflatten_mesh  # start-up: as in build_meshes
+
+        if self.cp_enabled:
+            assert not with_tp, "etp with ep and cp is refused by the config (config/job.py)"
+            split = unflatten_mesh(mesh, "dp_shard", (self.expert_dp_shard, self.ep // self.cp),
+                                   ("expert_dp_shard", "ep_shard"))
+            split_over = flatten_mesh(split[("ep_shard", "cp")], "ep")
+        else:
+            split = unflatten_mesh(mesh, "dp_shard", (self.expert_dp_shard, self.ep), ("expert_dp_shard", "ep"))
+            split_over = split[("ep", "tp")] if with_tp else split["ep"]
         if self.dp_replicate_enabled:
             return split_over, split[("dp_replicate", "expert_dp_shard")]
         return split_over, split["expert_dp_shard"]
@@ -163,8 +176,17 @@ class ParallelDims:
         return mesh["dp_shard"]
 
 
-def _check_ep(ep: int, *, dp_shard: int) -> None:
-    """EP groups are carved out of the dp_shard ranks (within one tp slice and one pipeline stage)."""
+def _check_ep(ep: int, *, dp_shard: int, cp: int = 1) -> None:
+    """EP groups are carved out of the dp_shard ranks (within one tp slice and one pipeline stage); with cp,
+    out of the dp_shard x cp ranks, every cp rank of a data-parallel rank in the same group."""
+    if cp > 1:
+        if ep % cp or dp_shard % (ep // cp):
+            raise ConfigError(
+                f"parallelism.ep={ep} with parallelism.cp={cp}: the cp ranks of a data-parallel rank exchange their "
+                f"tokens within one expert-parallel group, so ep is cp times a divisor of dp_shard={dp_shard} "
+                f"(ep = {' or '.join(str(cp * k) for k in range(1, dp_shard + 1) if dp_shard % k == 0)})."
+            )
+        return
     if dp_shard % ep:
         raise ConfigError(
             f"parallelism.ep={ep} does not divide the data-parallel shard degree dp_shard={dp_shard}: the "
