@@ -12,6 +12,12 @@ the keys, which the call applies to ``q`` and ``k`` in place, so the rest of tha
 layers) runs as a model whose projections carry those factors would (QK-clip). The attention must use
 ``q`` and ``k`` as the call left them.
 
+Multi-head latent attention (DeepSeek-V3) passes ``decoupled=DecoupledRope(...)``: each head's channels are
+a position-free part and a rotary part, and the rotary key is one for every head. A head's factor gamma
+then goes as Kimi K2's MuonClip takes it: sqrt(gamma) on the query's and the key's position-free parts,
+gamma on the query's rotary part, the shared rotary key untouched, so every logit of the head is
+multiplied by gamma and no other head's changes.
+
 A plugin that uses it imports it guarded (``try: from titan_core.models.attention_logits import ...``),
 so it still runs on a core without it.
 """
@@ -26,10 +32,32 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-__all__ = ["AttentionLogits", "HeadLogits", "attention_logits", "attention_logits_requested", "record_attention_logits"]
+__all__ = ["AttentionLogits", "DecoupledRope", "HeadLogits", "attention_logits", "attention_logits_requested",
+           "record_attention_logits"]
 
 # Score elements computed at once (queries are taken in chunks): bounds the memory of the measurement.
 CHUNK_ELEMENTS = 1 << 24
+
+
+@dataclass(frozen=True)
+class DecoupledRope:
+    """How an MLA head's rows lie: ``q_proj`` holds per head ``nope`` position-free rows then ``rope`` rotary
+    rows; ``k_proj`` (the key/value up-projection) holds per head ``nope`` key rows then ``value`` value rows;
+    the rotary key comes from elsewhere, shared by every head, and is never scaled."""
+
+    nope: int
+    rope: int
+    value: int
+
+    def query_rows(self, query: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
+        """Row factors of ``q_proj`` for per-head factors ``query`` and ``key`` (the rotary rows carry both)."""
+        return torch.cat([query[:, None].expand(-1, self.nope), (query * key)[:, None].expand(-1, self.rope)],
+                         dim=1).flatten()
+
+    def key_rows(self, key: torch.Tensor) -> torch.Tensor:
+        """Row factors of ``k_proj``: the position-free key rows carry ``key``; the value rows stay."""
+        return torch.cat([key[:, None].expand(-1, self.nope), torch.ones_like(key)[:, None].expand(-1, self.value)],
+                         dim=1).flatten()
 
 
 @dataclass
@@ -43,6 +71,19 @@ class HeadLogits:
     kv_heads: int
     max: torch.Tensor  # float32 [query heads], -inf where a head saw nothing
     factors: tuple[torch.Tensor, torch.Tensor] | None = None  # (query [hq], key [hkv]) an adjust applied
+    decoupled: DecoupledRope | None = None  # an MLA head's layout (None: rows head after head, all scaled)
+
+    def query_rows(self, query: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
+        """The factor of each output row of ``q_proj``, from the per-head factors."""
+        if self.decoupled is not None:
+            return self.decoupled.query_rows(query, key)
+        return query.repeat_interleave(self.head_dim)
+
+    def key_rows(self, key: torch.Tensor) -> torch.Tensor:
+        """The factor of each output row of ``k_proj``, from the per-key-head factors."""
+        if self.decoupled is not None:
+            return self.decoupled.key_rows(key)
+        return key.repeat_interleave(self.head_dim)
 
 
 Adjust = Callable[[HeadLogits], "tuple[torch.Tensor, torch.Tensor] | None"]
@@ -105,11 +146,14 @@ def _head_max(q: torch.Tensor, k: torch.Tensor, scale: float, starts: torch.Tens
 
 
 def record_attention_logits(module: nn.Module, q: torch.Tensor, k: torch.Tensor, *, q_proj: nn.Linear,
-                            k_proj: nn.Linear, scale: float | None = None, starts: torch.Tensor | None = None) -> None:
+                            k_proj: nn.Linear, scale: float | None = None, starts: torch.Tensor | None = None,
+                            decoupled: DecoupledRope | None = None) -> None:
     """Called by a model's attention with its queries ``q`` [b, s, heads, head_dim] and keys ``k``
     [b, s, kv_heads, head_dim] after RoPE, and the projections that made them (their output rows are
-    head after head); ``scale`` defaults to head_dim^-0.5; ``starts`` [b, s]: each token's document start.
-    Outside :func:`attention_logits` it does nothing. Several calls (micro-batches) keep the maximum."""
+    head after head); ``scale`` defaults to head_dim^-0.5; ``starts`` [b, s]: each token's document start;
+    ``decoupled``: an MLA layout (``k`` then holds each head's position-free key and the shared rotary key,
+    ``nope + rope`` channels, as ``q`` does). Outside :func:`attention_logits` it does nothing. Several calls
+    (micro-batches) keep the maximum."""
     request = _CURRENT.request
     if request is None:
         return
@@ -117,13 +161,19 @@ def record_attention_logits(module: nn.Module, q: torch.Tensor, k: torch.Tensor,
     found = _head_max(q.detach(), k.detach(), head_dim**-0.5 if scale is None else scale, starts)
     seen = request.heads.get(id(module))
     if seen is None:
-        seen = request.heads[id(module)] = HeadLogits(module, q_proj, k_proj, head_dim, k.shape[2], found)
+        seen = request.heads[id(module)] = HeadLogits(module, q_proj, k_proj, head_dim, k.shape[2], found,
+                                                      decoupled=decoupled)
     else:
         seen.max = torch.maximum(seen.max, found)
     if request.adjust is not None:
         seen.factors = request.adjust(seen)
         if seen.factors is not None:
-            query, key = seen.factors
+            query, key = (f.to(q.dtype)[:, None] for f in seen.factors)
             with torch.no_grad():
-                q.mul_(query.to(q.dtype)[:, None])
-                k.mul_(key.to(k.dtype)[:, None])
+                if decoupled is None:
+                    q.mul_(query)
+                    k.mul_(key)
+                else:  # position-free parts by their own factors, the query's rotary part by both
+                    q[..., :decoupled.nope].mul_(query)
+                    q[..., decoupled.nope:].mul_(query * key)
+                    k[..., :decoupled.nope].mul_(key)

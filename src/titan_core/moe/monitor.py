@@ -71,6 +71,13 @@ class MoEMonitor:
                 self._counts[i] = counts if before is None else before + counts
                 block.tokens_per_expert = None
 
+    def drop_forward(self) -> None:
+        """Forget what the last forward left in the blocks (its loads and auxiliary loss): a forward that trains
+        nothing, such as QK-clip's measuring forward, must not count in the step's loads or the next loss."""
+        for block in self.blocks:
+            block.tokens_per_expert = None
+            block.aux_loss = None
+
     def after_forward(self) -> torch.Tensor | None:
         """The micro-batch's summed auxiliary loss (None without one); records the load."""
         total: torch.Tensor | None = None

@@ -44,6 +44,11 @@ class LossTermCollector:
             self._counts[term.metric] = self._counts.get(term.metric, 0) + 1
         return total
 
+    def drop_pending(self) -> None:
+        """Forget the terms of a forward that trains nothing (QK-clip's measuring forward)."""
+        for term in self.terms:
+            term.take()
+
     @torch.no_grad()
     def after_step(self) -> None:
         """Average this step's figures over its micro-batches and the token ranks; reset for the next step.

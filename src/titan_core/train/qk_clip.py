@@ -114,8 +114,8 @@ class QKClip:
             over = int((maxima > self.threshold).sum())
             if factors is not None:
                 query, key = factors
-                scale_rows(self.at_rest(h.q_proj), query.repeat_interleave(h.head_dim))
-                scale_rows(self.at_rest(h.k_proj), key.repeat_interleave(h.head_dim))
+                scale_rows(self.at_rest(h.q_proj), h.query_rows(query, key))
+                scale_rows(self.at_rest(h.k_proj), h.key_rows(key))
                 self.clipped_heads += over
             layer = self.layer_of(h.module)
             if layer is not None:

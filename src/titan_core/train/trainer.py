@@ -693,9 +693,15 @@ class Trainer:
     def measure_attention_logits(self, adjust: Adjust) -> AttentionLogits:
         """[stability] qk_clip_threshold: a forward of the step's last micro-batch with the updated weights,
         each attention head's largest logit recorded and ``adjust`` applied (models/attention_logits.py)."""
-        inputs, _, positions = self.last_micro_batch
+        inputs, labels, positions = self.last_micro_batch
+        # Labels too, as the training forward had them: a model's parts that run only with them (deepseek_v3's
+        # multi-token prediction block) are measured and clipped as well; the terms they hand over are dropped.
+        labelled = {LABELS_KWARG: to_device(labels, self.device)} if self.passes_labels else {}
         with attention_logits(adjust) as request, self.autocast(), self.head_request():
-            self.calls.forward(self.model_parts[0], to_device(inputs, self.device), **self.model_kwargs(positions))
+            self.calls.forward(self.model_parts[0], to_device(inputs, self.device), **self.model_kwargs(positions),
+                               **labelled)
+        self.loss_terms.drop_pending()
+        self.moe.drop_forward()
         reshard(self.model_parts)  # FSDP2 keeps some blocks gathered after a forward: the clip changes the shards
         return request
 

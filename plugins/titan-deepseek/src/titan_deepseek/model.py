@@ -45,6 +45,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from titan_core.models.attention_logits import DecoupledRope, record_attention_logits
 from titan_core.models.decoder import DecoderModel, RMSNorm, decoder_flops_per_token, decoder_parameter_counts
 from titan_core.models.loss import IGNORE_INDEX
 from titan_core.models.loss_terms import LossTerm
@@ -261,10 +262,14 @@ class MultiHeadLatentAttention(nn.Module):
         kv_BLHX = self.wkv_b(kv_BLC).view(batch, length, -1, self.nope_dim + self.v_dim)
         k_nope_BLHN, v_BLHV = kv_BLHX.split([self.nope_dim, self.v_dim], dim=-1)
         k_BLHK = torch.cat([k_nope_BLHN, k_rope_BL1R.expand(-1, -1, k_nope_BLHN.shape[2], -1)], dim=-1)
-        q, k, v = (t.transpose(1, 2) for t in (q_BSHK, k_BLHK, v_BLHV))
         # SDPA's is_causal aligns the mask to the top left: right without a past; with one, one new
         # query sees every key, and several need the mask shifted by the past.
         past = length - seqlen
+        if not past:  # each head's largest logit, when the core asks (QK-clip, per-layer figures); else nothing
+            record_attention_logits(self, q_BSHK, k_BLHK, q_proj=self.wq if self.wq is not None else self.wq_b,
+                                    k_proj=self.wkv_b, scale=self.scale,
+                                    decoupled=DecoupledRope(self.nope_dim, self.rope_dim, self.v_dim))
+        q, k, v = (t.transpose(1, 2) for t in (q_BSHK, k_BLHK, v_BLHV))
         mask = None
         if past and seqlen > 1:
             mask = torch.ones(seqlen, length, dtype=torch.bool, device=q.device).tril(diagonal=past)
