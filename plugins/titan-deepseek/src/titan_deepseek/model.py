@@ -266,8 +266,9 @@ class MultiHeadLatentAttention(nn.Module):
         # query sees every key, and several need the mask shifted by the past.
         past = length - seqlen
         if not past:  # each head's largest logit, when the core asks (QK-clip, per-layer figures); else nothing
-            record_attention_logits(self, q_BSHK, k_BLHK, q_proj=self.wq if self.wq is not None else self.wq_b,
-                                    k_proj=self.wkv_b, scale=self.scale,
+            q_proj = self.wq if self.wq is not None else self.wq_b
+            assert q_proj is not None  # one of the two is built
+            record_attention_logits(self, q_BSHK, k_BLHK, q_proj=q_proj, k_proj=self.wkv_b, scale=self.scale,
                                     decoupled=DecoupledRope(self.nope_dim, self.rope_dim, self.v_dim))
         q, k, v = (t.transpose(1, 2) for t in (q_BSHK, k_BLHK, v_BLHV))
         mask = None
