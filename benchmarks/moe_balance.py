@@ -1,4 +1,4 @@
-"""Expert load balance of qwen3 ``debugmoe`` trained on the built-in corpus.
+"""Expert load balance of a ``debugmoe`` (qwen3's, or ``--spec deepseek_v3``'s) trained on the built-in corpus.
 
 Trains ``--steps`` steps with ``titan-train`` (one process, the flavor's balancing settings
 unless overridden with extra ``--section.key=value`` arguments) and reads ``metrics.jsonl``:
@@ -9,7 +9,7 @@ the default batch of 8 x 256 tokens). ``--threads`` caps the run's compute threa
 machine, 1 keeps it from slowing everyone else; another count sums in another order, so the
 figures can differ a little).
 
-    python benchmarks/moe_balance.py [--steps 200] [--threads 1] [-- --qwen3.moe_bias_update_rate=0.1]
+    python benchmarks/moe_balance.py [--spec deepseek_v3] [--steps 200] [--threads 1] [-- --qwen3.moe_bias_update_rate=0.1]
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ LAST = 20
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--spec", default="qwen3", help="the spec whose debugmoe flavor trains (default: qwen3)")
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=None, help="compute threads of the run (default: torch's)")
@@ -36,7 +37,7 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = Path(tmp) / "run"
-        cmd = [sys.executable, "-m", "titan_core", "--spec", "qwen3", "--flavor", "debugmoe",
+        cmd = [sys.executable, "-m", "titan_core", "--spec", args.spec, "--flavor", "debugmoe",
                f"--training.steps={args.steps}", f"--training.seed={args.seed}", "--metrics.log_freq=1",
                "--checkpoint.enable=false", f"--job.run_dir={run_dir}", *args.extra]
         env = dict(os.environ)
@@ -51,7 +52,7 @@ def main() -> None:
     worst = [r["moe_load_imbalance_max"] for r in records]
     peak = max(range(len(mean)), key=mean.__getitem__)
     last = statistics.mean(mean[-LAST:])
-    print(f"qwen3 debugmoe, {len(records)} steps, built-in corpus; extra arguments: {' '.join(args.extra) or 'none'}")
+    print(f"{args.spec} debugmoe, {len(records)} steps, built-in corpus; extra arguments: {' '.join(args.extra) or 'none'}")
     print("load imbalance (max/mean tokens per expert, mean over layers; worst layer in brackets)")
     print(f"  step 1:        {mean[0]:.2f} [{worst[0]:.2f}]")
     print(f"  peak:          {mean[peak]:.2f} [{worst[peak]:.2f}] at step {int(records[peak]['step'])}")

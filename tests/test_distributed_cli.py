@@ -96,8 +96,11 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, float]
 
 @pytest.fixture(scope="module")
 def layout_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Run]:
+    # Made here, not in the threads: two first calls of mktemp at once race to create pytest's base folder.
+    folders = {layout.name: tmp_path_factory.mktemp(layout.name) for layout in LAYOUTS}
+
     def launch(layout: Layout) -> Run:
-        run_dir = tmp_path_factory.mktemp(layout.name)
+        run_dir = folders[layout.name]
         args = (f"--training.local_batch_size={layout.local_batch}", *layout.args)
         return titan(run_dir, *args, nproc=2) if layout.launcher == "relaunch" else torchrun(run_dir, *args)
 

@@ -89,16 +89,18 @@ def test_eval_during_training_titan_eval_and_transformers_agree(tmp_path: Path, 
     assert len(ours) == len(theirs) > 40 * 4 and worst <= 1e-5, worst
 
 
-def test_fsdp2_cp2_and_pp2_on_two_processes_score_as_one_process(tmp_path: Path) -> None:
+def test_fsdp2_cp2_pp2_and_tp2_on_two_processes_score_as_one_process(tmp_path: Path) -> None:
     """The same weights (lr 0: the initial ones) scored by one process, by FSDP2 over 2 gloo processes (each rank
     taking half of the requests), by context parallelism over 2 (both cp ranks scoring every request on whole
-    sequences, with the weights sharded over them) and by pipeline parallelism over 2 (the stream handed from
-    stage to stage, the last stage's rank scoring): the same figures."""
+    sequences, with the weights sharded over them), by pipeline parallelism over 2 (the stream handed from
+    stage to stage, the last stage's rank scoring) and by tensor parallelism over 2 (heads and vocabulary
+    split, both ranks scoring every request): the same figures."""
     common = ("training.steps=1", "optimizer.lr=0", "eval.tasks=builtin", "eval.limit=12", "eval.batch_size=4")
     trained(tmp_path / "one", *common)
     (one_record,) = _eval_records(tmp_path / "one")
     for layout, flags in (("fsdp2", ("--training.local_batch_size=2", "--parallelism.dp_shard=2")),
-                          ("cp2", ("--parallelism.cp=2",)), ("pp2", ("--parallelism.pp=2",))):
+                          ("cp2", ("--parallelism.cp=2",)), ("pp2", ("--parallelism.pp=2",)),
+                          ("tp2", ("--parallelism.tp=2",))):
         two = torchrun(tmp_path / layout, *(f"--{p}" for p in SMALL_RUN), *flags, *(f"--{p}" for p in common),
                        "--metrics.report=false")
         assert two.code == 0, two.text

@@ -1,7 +1,7 @@
 """parallelism.etp refused with one message naming what is wrong and how to fix it, exit 2, no traceback:
 an etp other than 1 or tp, experts a converter rewrote (not supported yet), and etp on a model without
 experts (caught by the launcher before any worker starts). The layouts themselves are tested against one
-process in tests/qwen3/test_qwen3_parallel.py (ETP 2 x FSDP2 2, ETP 2 x EP 2) and
+process in tests/qwen3/test_qwen3_parallel.py (ETP 2 x EP 2, x PP 2, x CP 2) and
 tests/deepseek/test_deepseek_tp.py (TP 2 + ETP 2)."""
 
 from __future__ import annotations

@@ -120,13 +120,13 @@ def test_killed_groups_rejoin_and_lose_nothing_but_their_own_batches(tmp_path: P
     assert committed_losses(tmp_path / "ref", 3) == failed
 
 
-@pytest.mark.parametrize("inside", [(), ("--parallelism.cp=2",)], ids=["fsdp2", "cp2"])
-def test_two_groups_of_two_fsdp2_ranks_killed_one_after_the_other(tmp_path: Path, inside: tuple[str, ...]) -> None:
-    # Each group is `--nproc-per-node 2` with FSDP2 inside (sharded over dp_shard, or over the 2 context-parallel
-    # ranks that split every sequence): a rejoining group's ranks receive their peer ranks' shards. Replica 1 is
-    # lost (launcher and workers, as a lost node), rejoins, then replica 0 is lost.
+def test_two_groups_of_two_fsdp2_ranks_killed_one_after_the_other(tmp_path: Path) -> None:
+    # Each group is `--nproc-per-node 2` with context parallelism inside: the 2 ranks split every sequence, and
+    # FSDP2 shards the weights over them (dp_shard_cp), so a rejoining group's ranks receive their peer ranks'
+    # shards. Replica 1 is lost (launcher and workers, as a lost node), rejoins, then replica 0 is lost.
     run, log = tmp_path / "run", tmp_path / "sup.log"
-    sup = start(run, "--fault_tolerance.local_replicas=2", "--nproc-per-node", "2", "--llama3.n_layers=2", *inside,
+    sup = start(run, "--fault_tolerance.local_replicas=2", "--nproc-per-node", "2", "--llama3.n_layers=2",
+                "--parallelism.cp=2",
                 "--training.seq_len=32", "--training.steps=40", "--checkpoint.export_at_end=true", log=log,
                 env_extra=hold(3))  # a restart here is 3 processes importing torch: ~30 s on a loaded machine
     kill_at(sup, run, 1, 4)

@@ -51,8 +51,11 @@ def curves(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
     selected = [name for name in SCRIPT.CASES
                 if any(item.name == f"test_loss_curve_matches_golden[{name}]" for item in request.session.items)]
 
+    # Made here, not in the threads: two first calls of mktemp at once race to create pytest's base folder.
+    folders = {name: tmp_path_factory.mktemp(name) for name in selected}
+
     def run(name: str) -> list[float]:
-        return SCRIPT.run_case(name, tmp_path_factory.mktemp(name) / "run")
+        return SCRIPT.run_case(name, folders[name] / "run")
 
     # Two runs at a time: much of each is process start-up, and 2-process runs share 2 cores anyway.
     with ThreadPoolExecutor(max_workers=2) as pool:
