@@ -30,12 +30,31 @@ CASES = [
 @pytest.mark.parametrize(("flag", "named"), CASES, ids=[flag.split("=", 1)[0][2:] + "=" + flag.split("=", 1)[1]
                                                          for flag, _ in CASES])
 def test_garbage_is_one_message_and_touches_nothing(flag: str, named: str, tmp_path: Path, capsys) -> None:
+    _refused_and_untouched("llama3", flag, named, tmp_path, capsys)
+
+
+def _refused_and_untouched(spec: str, flag: str, named: str, tmp_path: Path, capsys) -> None:
     run = tmp_path / "run"
     run.mkdir()
     kept = run / "notes.txt"
     kept.write_text("mine")
-    result = run_main(capsys, "--spec", "llama3", "--training.steps=1", f"--job.run_dir={run}", flag)
+    result = run_main(capsys, "--spec", spec, "--training.steps=1", f"--job.run_dir={run}", flag)
     assert result.code == 2, result.out + result.err
     assert named in result.err, result.err
     assert "Traceback" not in result.out + result.err
     assert sorted(p.name for p in run.iterdir()) == ["notes.txt"] and kept.read_text() == "mine"
+
+
+DEEPSEEK_CASES = [
+    ("--deepseek_v3.mtp_layers=2", "deepseek_v3.mtp_layers"),
+    ("--deepseek_v3.mtp_layers=-1", "deepseek_v3.mtp_layers"),
+    ("--deepseek_v3.mtp_layers=yes", "deepseek_v3.mtp_layers"),
+    ("--deepseek_v3.mtp_loss_weight=nan", "deepseek_v3.mtp_loss_weight = nan"),
+    ("--deepseek_v3.mtp_loss_weight=-0.5", "deepseek_v3.mtp_loss_weight"),
+]
+
+
+@pytest.mark.parametrize(("flag", "named"), DEEPSEEK_CASES, ids=[flag[2:] for flag, _ in DEEPSEEK_CASES])
+def test_multi_token_prediction_garbage_is_one_message_and_touches_nothing(flag: str, named: str, tmp_path: Path,
+                                                                           capsys) -> None:
+    _refused_and_untouched("deepseek_v3", flag, named, tmp_path, capsys)
