@@ -238,7 +238,7 @@ class Trainer:
             not self.dims.pp_enabled or self.spec.pipeline_takes_positions)
         # Labels reach a model that declares them only where one forward holds whole sequences (loss_terms.py).
         self.passes_labels = (forward_declares(self.spec.model_cls, LABELS_KWARG) and not self.dims.pp_enabled
-                              and self.config.parallelism.cp == 1)
+                              and not self.dims.cp_enabled)
         if self.dims.cp_enabled:
             self.context_parallel = ContextParallel(group=self.mesh["cp"].get_group(), seq_len=t.seq_len,
                                                     load_balance=p.cp_load_balance,
