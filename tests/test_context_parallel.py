@@ -34,7 +34,8 @@ COMMON = (f"--training.seq_len={SEQ_LEN}", f"--training.steps={STEPS}", "--metri
 MODELS = {
     "llama3": ("--spec", "llama3", "--flavor", "debugmodel", "--llama3.n_layers=2"),
     "qwen3": ("--spec", "qwen3", "--flavor", "debugmodel", "--qwen3.n_layers=2"),
-    "qwen3_moe": ("--spec", "qwen3", "--flavor", "debugmoe", "--qwen3.n_layers=2"),
+    # With the sequence-wise auxiliary loss: the cp ranks sum each sequence's counts (moe/balance.py).
+    "qwen3_moe": ("--spec", "qwen3", "--flavor", "debugmoe", "--qwen3.n_layers=2", "--qwen3.moe_aux_loss_coeff=0.1"),
 }
 
 
@@ -165,6 +166,10 @@ def test_losses_and_gradient_norms_match_one_process(layout: str, references: Re
     assert "dp_shard_cp:S(0)" in run.text, "the parameters were not sharded over dp_shard x cp:\n" + run.text
     if any(flag.startswith("--parallelism.ep=") for flag in flags):
         assert "ep:S(0)" in run.text, "the experts were not split over ep:\n" + run.text
+    if model == "qwen3_moe":
+        aux = _max_rel(records, reference, "moe_aux_loss")
+        print(f"{layout}: moe_aux_loss rel diff {aux:.2e}")
+        assert aux <= TOLERANCE, (layout, aux)
 
 
 def test_a_cp2_checkpoint_resumes_on_one_process_exactly(references: References, tmp_path: Path) -> None:

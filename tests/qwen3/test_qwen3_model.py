@@ -135,6 +135,37 @@ def test_aux_loss_is_one_when_even_and_reaches_the_router() -> None:
     assert figures["moe_aux_loss"] == pytest.approx(aux.item()) and figures["moe_load_imbalance"] >= 1.0
 
 
+
+def test_aux_loss_joined_through_the_output_trains_as_if_added_to_the_loss() -> None:
+    """A pipeline stage's path (aux_loss_in_backward): two micro-batches whose backward starts at the output
+    give the gradients of output loss + weight x aux loss, and the figure is the mean over the micro-batches."""
+    def fresh() -> tuple[MoE, list[torch.Tensor]]:
+        torch.manual_seed(0)
+        moe = MoE(16, 8, num_experts=4, top_k=2, norm_topk_prob=True, aux_loss_coeff=0.5)
+        with torch.no_grad():
+            for param in moe.parameters():  # (the experts' weights are left uninitialised by the block)
+                param.normal_(0, 0.3)
+        return moe, [torch.randn(3, 5, 16) for _ in range(2)]
+    added, inputs = fresh()
+    added_monitor = MoEMonitor([added])
+    auxes = []
+    for x in inputs:
+        out = added(x)
+        aux = added_monitor.after_forward()
+        assert aux is not None
+        auxes.append(aux.item())
+        (out.square().mean() + 0.25 * aux).backward()
+    joined, inputs = fresh()
+    joined_monitor = MoEMonitor([joined], aux_loss_in_backward=0.25)
+    for x in inputs:
+        joined(x).square().mean().backward()
+    assert joined.aux_loss is None and joined_monitor.after_forward() is None  # nothing left for the trainer
+    for a, b in zip(added.parameters(), joined.parameters()):
+        assert a.grad is not None and b.grad is not None and torch.allclose(a.grad, b.grad, rtol=1e-6, atol=1e-8)
+    assert joined.router.gate.weight.grad.abs().sum() > 0
+    assert joined_monitor.after_step()["moe_aux_loss"] == pytest.approx(sum(auxes) / 2, rel=1e-6)
+
+
 def _balance_run(spread: float, rate: float, steps: int = 60) -> list[float]:
     """A router that sends most tokens to expert 0; the load imbalance of each step under the bias update.
 

@@ -12,7 +12,9 @@ parallelism (each expert's hidden width split over tp): ETP 2 x EP 2 (each weigh
 ETP 2 x PP 2, and ETP 2 x CP 2, whose FSDP2 shards every weight over the 2 cp ranks. All
 must reproduce the single-process losses (within 1e-6
 relative, the issue's bar for EP), gradient norms (the tolerance of the llama layouts in
-test_distributed_cli.py) and expert-load figures of 4 steps. The EP x TP, ETP x EP and ETP x CP runs save
+test_distributed_cli.py) and expert-load figures of 4 steps. The sequence-wise auxiliary loss is on (its figure must match too: pipeline stages
+join it to backward through their outputs, and cp ranks share each sequence's counts).
+The EP x TP, ETP x EP and ETP x CP runs save
 their last step, which one process loads bit for bit.
 """
 
@@ -35,6 +37,8 @@ COMMON = (
     "--spec", "qwen3", "--flavor", "debugmoe", "--qwen3.n_layers=2", "--qwen3.mlp_only_layers=[0]",
     "--training.seq_len=32", "--training.local_batch_size=4", f"--training.steps={STEPS}", "--metrics.log_freq=1",
     "--lr_scheduler.warmup_steps=1", "--training.max_norm=1.0", "--training.seed=0",
+    # The sequence-wise auxiliary loss too: pipeline stages join it through their outputs, cp ranks sum its counts.
+    "--qwen3.moe_aux_loss_coeff=0.1",
 )
 EP_ROWS = ("--parallelism.ep=2", "--training.local_batch_size=2")
 # TP and PP each run with EP (4 processes): the same TP plan and pipeline split as without EP,
@@ -83,7 +87,7 @@ def _records(run: Run, name: str) -> list[dict[str, float]]:
 def test_layout_matches_single_process(name: str, runs: dict[str, Run]) -> None:
     reference, records = _records(runs["single"], "single"), _records(runs[name], name)
     assert reference[-1]["loss"] < reference[0]["loss"] - 0.1  # it learns
-    for key in ("loss", "grad_norm"):
+    for key in ("loss", "grad_norm", "moe_aux_loss"):
         diff = max(abs(r[key] - ref[key]) / abs(ref[key]) for r, ref in zip(records, reference))
         print(f"\n{name}: max relative {key} difference {diff:.3e}")
         limit = EP_LOSS_TOLERANCE if key == "loss" else TOLERANCE

@@ -15,6 +15,12 @@ pipeline schedule runs several micro-batches' forwards before anyone can look). 
 that runs inside backward is activation checkpointing's recompute of one already counted:
 it records nothing.
 
+Under pipeline parallelism the schedule runs forward and backward itself and only the last stage
+sees a loss, so the auxiliary loss cannot be added to it. There the trainer sets
+``aux_loss_in_backward`` (the factor the loss is weighted by): the block's output then carries the
+auxiliary loss's gradient into backward (:class:`_AuxLossGradient`), and only its detached value is
+left, summed over the micro-batches in ``aux_loss_sum`` for the figures.
+
 Shapes (STYLE.md entry 14): ``B`` sequences, ``S`` tokens per sequence, ``T`` tokens (B x S),
 ``D`` model dim, ``E`` routed experts, ``K`` experts per token, ``N`` routed (token, choice)
 pairs (T x K).
@@ -22,7 +28,10 @@ pairs (T x K).
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from ..runtime.torch_compat import current_graph_task_id
@@ -51,6 +60,9 @@ class MoE(nn.Module):
 
     aux_loss: torch.Tensor | None
     tokens_per_expert: torch.Tensor | None
+    aux_loss_in_backward: float | None  # pipeline stages: the weight of the loss joined through the output
+    aux_loss_sum: tuple[torch.Tensor, int] | None  # with aux_loss_in_backward: detached sum, micro-batches
+    sequence_group: dist.ProcessGroup | None  # context parallelism: the ranks holding the rest of each sequence
 
     def __init__(self, dim: int, hidden_dim: int, num_experts: int, top_k: int, *, norm_topk_prob: bool,
                  aux_loss_coeff: float = 0.0, bias_update_rate: float = 0.0,
@@ -66,11 +78,15 @@ class MoE(nn.Module):
         self.bias_update_rate = bias_update_rate
         self.aux_loss = None
         self.tokens_per_expert = None
+        self.aux_loss_in_backward = None
+        self.aux_loss_sum = None
+        self.sequence_group = None
 
     def discard_forward_records(self) -> None:
         """Forget what forwards recorded (pipelining calls this after its shape-finding forward)."""
         self.aux_loss = None
         self.tokens_per_expert = None
+        self.aux_loss_sum = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
@@ -89,24 +105,49 @@ class MoE(nn.Module):
         if self.shared_experts is not None:
             out_TD = out_TD + self.shared_experts(x_TD)
         if self.training:
-            self._record(shape, probs_TE, expert_ids_TK, num_tokens_per_expert_E)
+            aux_loss = self._record(shape, probs_TE, expert_ids_TK, num_tokens_per_expert_E)
+            if aux_loss is not None and self.aux_loss_in_backward is not None:
+                out_TD = _AuxLossGradient.apply(out_TD, aux_loss, self.aux_loss_in_backward)  # type: ignore[no-untyped-call]
         return out_TD.reshape(shape)
 
     def _record(self, shape: torch.Size, probs_TE: torch.Tensor, expert_ids_TK: torch.Tensor,
-                num_tokens_per_expert_E: torch.Tensor) -> None:
-        """Leave the step's auxiliary loss and load for the trainer (see the module's docstring)."""
+                num_tokens_per_expert_E: torch.Tensor) -> torch.Tensor | None:
+        """Leave the step's auxiliary loss and load for the trainer (see the module's docstring); returns the
+        auxiliary loss."""
         top_k = expert_ids_TK.shape[-1]
         per_sequence = (-1, shape[-2]) if len(shape) == 3 else (1, -1)  # [B, S, D], or one sequence
         # Computed in an activation-checkpointing recompute too: the recompute must save the same
         # tensors for backward as the forward did, or torch refuses it.
         aux_loss = (self.aux_loss_coeff * load_balancing_loss(probs_TE.reshape(*per_sequence, probs_TE.shape[-1]),
-                                                              expert_ids_TK.reshape(*per_sequence, top_k))
+                                                              expert_ids_TK.reshape(*per_sequence, top_k),
+                                                              sequence_group=self.sequence_group)
                     if self.aux_loss_coeff > 0 else None)
         if current_graph_task_id() == -1:  # not a recompute in backward: count the tokens once
             before = self.tokens_per_expert
             counts_E = num_tokens_per_expert_E.detach()
             self.tokens_per_expert = counts_E if before is None else before + counts_E
-            self.aux_loss = aux_loss
+            if self.aux_loss_in_backward is None:
+                self.aux_loss = aux_loss
+            elif aux_loss is not None:
+                total, count = self.aux_loss_sum or (torch.zeros_like(aux_loss), 0)
+                self.aux_loss_sum = (total + aux_loss.detach(), count + 1)
+        return aux_loss
+
+
+class _AuxLossGradient(torch.autograd.Function):
+    """The identity on a block's output whose backward also gives ``aux_loss`` the gradient ``weight``:
+    the auxiliary loss trained on as if added to the loss (times ``weight``), where no one can add it."""
+
+    @staticmethod
+    def forward(ctx: Any, out: torch.Tensor, aux_loss: torch.Tensor, weight: float) -> torch.Tensor:
+        ctx.weight = weight
+        ctx.aux_shape, ctx.aux_dtype = aux_loss.shape, aux_loss.dtype
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, None]:
+        aux_grad = torch.full(ctx.aux_shape, ctx.weight, dtype=ctx.aux_dtype, device=grad_out.device)
+        return grad_out, aux_grad, None
 
 
 def reset_routers(model: nn.Module) -> None:

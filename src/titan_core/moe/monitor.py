@@ -15,7 +15,9 @@ The trainer builds one :class:`MoEMonitor` over its model parts (it finds every
   micro-batches and ranks of the summed auxiliary losses), ``moe_load_imbalance`` (max/mean tokens per
   expert, averaged over the blocks) and ``moe_load_imbalance_max`` (the worst block). With
   pipeline stages (``stage_group``) each rank holds some of the blocks: the figures are
-  combined over the stages, so every rank reports all blocks.
+  combined over the stages, so every rank reports all blocks. There the schedule runs backward
+  itself, and the blocks join their auxiliary losses to it through their outputs
+  (``aux_loss_in_backward``, see :mod:`titan_core.moe.layer`): ``after_forward`` is not called.
 
 Nothing here reads a device value on the host except :attr:`MoEMonitor.metrics`, which the
 trainer reads on logging steps only: the auxiliary losses, the load counts, the bias update
@@ -38,20 +40,28 @@ from .layer import MoE
 class MoEMonitor:
     """``group``: the ranks whose tokens the counts add up over (None: every rank; ranks that
     hold other pipeline stages must be left out: their blocks are other layers).
-    ``stage_group``: the pipeline ranks the figures are combined over (None: no pipeline)."""
+    ``stage_group``: the pipeline ranks the figures are combined over (None: no pipeline).
+    ``aux_loss_in_backward``: pipeline stages, the weight of the auxiliary losses joined to backward.
+    ``sequence_group``: context parallelism, the ranks holding the rest of each sequence."""
 
     def __init__(self, model_parts: list[nn.Module], *, group: dist.ProcessGroup | None = None,
-                 stage_group: dist.ProcessGroup | None = None) -> None:
+                 stage_group: dist.ProcessGroup | None = None, aux_loss_in_backward: float | None = None,
+                 sequence_group: dist.ProcessGroup | None = None) -> None:
         self.blocks = [m for part in model_parts for m in part.modules() if isinstance(m, MoE)]
+        for block in self.blocks:  # pipeline stages: the weight of each block's auxiliary loss in backward
+            block.aux_loss_in_backward = aux_loss_in_backward
+            block.sequence_group = sequence_group  # context parallelism (balance.load_balancing_loss)
         self.group = group
         self.stage_group = stage_group
         self._any_blocks = bool(self.blocks)
+        joining = aux_loss_in_backward is not None and any(block.aux_loss_coeff > 0 for block in self.blocks)
         if stage_group is not None and dist.is_available() and dist.is_initialized():
-            # Pipeline ranks hold different blocks: the model has MoE blocks if any stage does
-            # (asked once, so a dense model's steps cost no collective).
-            found = torch.tensor([len(self.blocks)], dtype=torch.float64, device=_collective_device(stage_group))
+            # Pipeline ranks hold different blocks: the model has MoE blocks (with an auxiliary loss) if any
+            # stage does (asked once, so a dense model's steps cost no collective).
+            found = torch.tensor([len(self.blocks), joining], dtype=torch.float64, device=_collective_device(stage_group))
             dist.all_reduce(found, group=stage_group)
-            self._any_blocks = bool(found.item())
+            self._any_blocks, joining = bool(found[0].item()), bool(found[1].item())
+        self._joins_aux = joining  # every rank alike: whether the stages' figures include an auxiliary loss
         self._counts: list[torch.Tensor | None] = [None] * len(self.blocks)
         self._aux: list[torch.Tensor] = []
         self._figures: dict[str, torch.Tensor] = {}  # the last step's figures, on the device
@@ -77,6 +87,7 @@ class MoEMonitor:
         for block in self.blocks:
             block.tokens_per_expert = None
             block.aux_loss = None
+            block.aux_loss_sum = None
 
     def after_forward(self) -> torch.Tensor | None:
         """The micro-batch's summed auxiliary loss (None without one); records the load."""
@@ -122,9 +133,16 @@ class MoEMonitor:
         summed = torch.zeros(2, dtype=torch.float64, device=device)
         worst = torch.zeros(1, dtype=torch.float64, device=device)
         aux = torch.zeros(1, device=device)
+        # Auxiliary losses joined through the blocks' outputs (pipeline stages): each block's mean over the
+        # micro-batches, summed over this stage's blocks here and over the stages below.
+        joined = [block.aux_loss_sum for block in self.blocks if block.aux_loss_sum is not None]
+        for block in self.blocks:
+            block.aux_loss_sum = None
         if stacked is not None:
             if self._aux:
                 aux = torch.stack(self._aux).float().mean().reshape(1)
+            elif joined:
+                aux = sum((total.float() / count for total, count in joined), torch.zeros((), device=device)).reshape(1)
             if distributed:
                 dist.all_reduce(aux, group=self.group)  # every rank's figure (equal batches: the mean of means)
                 aux /= dist.get_world_size(self.group)
@@ -137,12 +155,15 @@ class MoEMonitor:
             worst = imbalance.max().reshape(1)
         if distributed and self.stage_group is not None:
             # Every pipeline rank joins, also one whose stages hold no MoE block.
-            summed, worst = summed.to(_collective_device(self.stage_group)), worst.to(_collective_device(self.stage_group))
+            on = _collective_device(self.stage_group)
+            summed, worst, aux = summed.to(on), worst.to(on), aux.to(on)
             dist.all_reduce(summed, group=self.stage_group)
             dist.all_reduce(worst, op=dist.ReduceOp.MAX, group=self.stage_group)
+            if self._joins_aux:
+                dist.all_reduce(aux, group=self.stage_group)
         self._figures = {"moe_load_imbalance": summed[0] / summed[1].clamp(min=1), "moe_load_imbalance_max": worst[0],
                          "blocks": summed[1]}
-        if self._aux:
+        if self._aux or self._joins_aux:
             self._figures["moe_aux_loss"] = aux[0]
         self._read = {}
         self._counts = [None] * len(self.blocks)

@@ -382,8 +382,12 @@ class Trainer:
 
         # A no-op for a model without MoE blocks. Loads add up over the data-parallel ranks only:
         # other pipeline ranks hold other layers; tp ranks route the same tokens (cp ranks other ones).
+        # Pipeline stages join their auxiliary losses to backward through their outputs, weighted as
+        # forward_backward weights them (the schedule then divides by its micro-batch count, as the loss).
         self.moe = MoEMonitor(self.model_parts, group=self.token_group() if self.dims.distributed else None,
-                              stage_group=self.mesh["pp"].get_group() if self.dims.pp_enabled else None)
+                              stage_group=self.mesh["pp"].get_group() if self.dims.pp_enabled else None,
+                              aux_loss_in_backward=1.0 / self.accum if self.pipeline is not None else None,
+                              sequence_group=self.context_parallel.group if self.context_parallel else None)
         # The terms a model adds to its own loss (models/loss_terms.py): none for most models.
         self.loss_terms = LossTermCollector(self.model_parts, device=self.device,
                                             group=self.token_group() if self.dims.distributed else None)
@@ -578,7 +582,9 @@ class Trainer:
             # The MoE load-balancing loss and the model's own terms: trained on, not reported in `loss`.
             extra = [t for t in (self.moe.after_forward(), self.loss_terms.after_forward()) if t is not None]
             with self.profiler.phase("backward"):
-                (loss + sum(extra) / self.accum if extra else loss).backward()
+                # One backward from both roots: under TP's loss parallelism the loss is a DTensor and the extra
+                # terms plain tensors, and a sum of the two would hand the plain branch a DTensor gradient.
+                torch.autograd.backward([loss, *(term / self.accum for term in extra)])
         return _plain(loss)
 
     def pipeline_forward_backward(self, inputs: torch.Tensor, labels: torch.Tensor,

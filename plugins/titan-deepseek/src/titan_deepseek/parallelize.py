@@ -40,11 +40,4 @@ def validate_deepseek_v3_layout(
                 f"parallelism.pp={pp}: this model ties its output head to its embedding (tie_embeddings), and "
                 f"pipeline stages cannot share one tensor. Use FSDP2 for it, or an untied flavor."
             )
-        if args.n_routed_experts and args.moe_aux_loss_coeff > 0:
-            raise ConfigError(
-                f"parallelism.pp={pp} with deepseek_v3.moe_aux_loss_coeff={args.moe_aux_loss_coeff}: the pipeline "
-                f"schedule runs forward and backward itself, so the auxiliary load-balancing loss cannot be added to "
-                f"the loss it differentiates. Set --deepseek_v3.moe_aux_loss_coeff=0 and balance with the "
-                f"routing-bias update (--deepseek_v3.moe_bias_update_rate), or drop pipeline parallelism."
-            )
         validate_pipeline(parallelism, training, n_layers=args.n_layers)

@@ -30,11 +30,4 @@ def validate_qwen3_layout(
                 f"pipeline stages cannot share one tensor (the embedding is in the first stage, the head in the "
                 f"last). Use FSDP2/TP for this flavor, or an untied one."
             )
-        if args.num_experts and args.moe_aux_loss_coeff > 0:
-            raise ConfigError(
-                f"parallelism.pp={pp} with qwen3.moe_aux_loss_coeff={args.moe_aux_loss_coeff}: the pipeline "
-                f"schedule runs forward and backward itself, so the auxiliary load-balancing loss cannot be "
-                f"added to the loss it differentiates. Set --qwen3.moe_aux_loss_coeff=0 and balance with the "
-                f"routing-bias update (--qwen3.moe_bias_update_rate), or drop pipeline parallelism."
-            )
         validate_pipeline(parallelism, training, n_layers=args.n_layers)
