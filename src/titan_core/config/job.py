@@ -118,11 +118,13 @@ class JobConfig(BaseModel):
                                     world_size=world_size, ep=p.ep, cp=p.cp)
         ft = self.fault_tolerance
         check_context_parallel(p, seq_len=t.seq_len, features_on={
-            "compile.enable=true": self.compile.enable,
             "stability.qk_clip_threshold": bool(self.stability.qk_clip_threshold),
             # its max_attn_logit would be over this rank's own keys only
             "metrics.layer_stats": self.metrics.layer_stats,
             f"parallelism.pp={p.pp} with data.document_masking": p.pp > 1 and self.data.document_masking,
+            # a checkpointed block recomputes under the attention redirect, which compiled checkpointing refuses
+            f"compile.enable=true with activation_checkpoint.mode={self.activation_checkpoint.mode}":
+                self.compile.enable and self.activation_checkpoint.mode != "none",
         })
         self._parallel_dims = dims
         per_step = t.local_batch_size * dims.dp

@@ -19,6 +19,7 @@ by the one the core computes from the global layout, which knows where each chun
 from __future__ import annotations
 
 import contextlib
+import sys
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -85,6 +86,8 @@ class ContextParallel:
         self.document_masking = document_masking
         self.work: AttentionWork | None = None  # set by the balance benchmark to count attention pairs
         self.redirected = 0  # SDPA calls redirected so far (a model that made none is refused)
+        # The cross-rank attention as the redirect calls it (made by the first attention(), see there).
+        self.eager_sdpa: Any = None
 
     def shard_batch(self, inputs: torch.Tensor, labels: torch.Tensor,
                     positions: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -104,6 +107,12 @@ class ContextParallel:
     def attention(self, positions: torch.Tensor) -> Iterator[None]:
         """Around a forward (and a backward that may recompute it): SDPA computed across the cp ranks."""
         starts = self.query_starts(positions)
+        if self.eager_sdpa is None:
+            # With compiled blocks, left out of their graphs (its exchanges between ranks run eagerly: the graph
+            # breaks there). Made here, outside any compiled code (built inside, it would cost a recompile), and
+            # only when something was compiled (torch.compile imported the compiler): importing it takes a second.
+            compiling = "torch._dynamo" in sys.modules
+            self.eager_sdpa = torch.compiler.disable(_sdpa_across_ranks) if compiling else _sdpa_across_ranks
         active = _active_redirects()
         active.append((self, starts))
         try:
@@ -170,5 +179,15 @@ class _RedirectAttention(TorchFunctionMode):
                            kwargs: dict[str, Any] | None = None) -> Any:
         kwargs = kwargs or {}
         if func is F.scaled_dot_product_attention:
-            return self.cp.sdpa(*args, **kwargs, starts=self.starts)
+            return self.cp.eager_sdpa(self.cp, self.starts, *args, **kwargs)
+        name = getattr(func, "__name__", "")
+        if args and isinstance(args[0], torch.Tensor) and getattr(torch.Tensor, name, None) is func:
+            # A tensor method called as one: torch.compile traces ``x.unflatten(...)`` as the tensor op, while
+            # ``Tensor.unflatten(x, ...)`` would make it inline the Python method, whose ``super()`` it cannot.
+            return getattr(args[0], name)(*args[1:], **kwargs)
         return func(*args, **kwargs)
+
+
+def _sdpa_across_ranks(cp: ContextParallel, starts: torch.Tensor | None, *args: Any, **kwargs: Any) -> torch.Tensor:
+    return cp.sdpa(*args, **kwargs, starts=starts)
+
