@@ -13,6 +13,7 @@ Run with ``-s`` to see the measured differences per layout.
 from __future__ import annotations
 
 import functools
+import re
 from pathlib import Path
 
 import pytest
@@ -144,8 +145,10 @@ LAYOUTS = {  # name: (model, document masking, processes, local batch, flags)
     # compiled blocks (the cross-rank attention breaks each block's graph and runs eagerly)
     "llama3_cp2_contiguous_compiled": ("llama3", False, 2, 2, ("--parallelism.cp=2", "--parallelism.cp_load_balance=false",
                                                                "--compile.enable=true")),
-    "llama3_fsdp2_cp2_ac_masked": ("llama3", True, 4, 1, ("--parallelism.cp=2", "--parallelism.dp_shard=2",
-                                                          "--activation_checkpoint.mode=full")),
+    # compiled too: the checkpoint stays eager (it recomputes under the redirect) around compiled sub-modules
+    "llama3_fsdp2_cp2_ac_compiled_masked": ("llama3", True, 4, 1, ("--parallelism.cp=2", "--parallelism.dp_shard=2",
+                                                                   "--activation_checkpoint.mode=full",
+                                                                   "--compile.enable=true")),
     "llama3_tp2_cp2": ("llama3", False, 4, 2, ("--parallelism.cp=2", "--parallelism.tp=2")),
     "llama3_pp2_cp2": ("llama3", False, 4, 2, ("--parallelism.cp=2", "--parallelism.pp=2")),
     "qwen3_cp4_masked": ("qwen3", True, 4, 2, ("--parallelism.cp=4",)),
@@ -168,6 +171,10 @@ def test_losses_and_gradient_norms_match_one_process(layout: str, references: Re
     assert "dp_shard_cp:S(0)" in run.text, "the parameters were not sharded over dp_shard x cp:\n" + run.text
     if any(flag.startswith("--parallelism.ep=") for flag in flags):
         assert "ep:S(0)" in run.text, "the experts were not split over ep:\n" + run.text
+    if "--compile.enable=true" in flags:  # whole blocks, or a checkpointed block's parts around its eager checkpoint
+        compiled = re.search(r"compiled: (\d+) modules \((.*)\)", run.text)
+        assert compiled is not None and int(compiled[1]) > 0, run.text
+        assert ("Attention" in compiled[2]) == ("--activation_checkpoint.mode=full" in flags), compiled[0]
     if model == "qwen3_moe":
         aux = _max_rel(records, reference, "moe_aux_loss")
         print(f"{layout}: moe_aux_loss rel diff {aux:.2e}")
@@ -209,8 +216,6 @@ def test_float8_under_cp2_stays_within_float8_s_own_noise_of_one_process(tmp_pat
 REFUSALS = [
     (("--spec", "llama3", "--training.seq_len=66", "--parallelism.cp=2"),
      "training.seq_len=66 must split into 4 equal chunks"),
-    (("--spec", "llama3", "--parallelism.cp=2", "--compile.enable=true", "--activation_checkpoint.mode=full"),
-     "parallelism.cp=2 with compile.enable=true with activation_checkpoint.mode=full: not supported yet"),
     (("--spec", "qwen3", "--flavor", "debugmoe", "--parallelism.cp=2", "--parallelism.ep=3", "--parallelism.dp_shard=2"),
      "parallelism.ep=3 with parallelism.cp=2: the cp ranks of a data-parallel rank exchange their tokens"),
     (("--spec", "qwen3", "--flavor", "debugmoe", "--parallelism.cp=2", "--parallelism.ep=2", "--parallelism.tp=2",

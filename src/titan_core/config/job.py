@@ -122,9 +122,6 @@ class JobConfig(BaseModel):
             # its max_attn_logit would be over this rank's own keys only
             "metrics.layer_stats": self.metrics.layer_stats,
             f"parallelism.pp={p.pp} with data.document_masking": p.pp > 1 and self.data.document_masking,
-            # a checkpointed block recomputes under the attention redirect, which compiled checkpointing refuses
-            f"compile.enable=true with activation_checkpoint.mode={self.activation_checkpoint.mode}":
-                self.compile.enable and self.activation_checkpoint.mode != "none",
         })
         self._parallel_dims = dims
         per_step = t.local_batch_size * dims.dp

@@ -9,7 +9,7 @@ from torch import nn
 from ..moe import GroupedExperts
 
 
-def apply_compile(blocks: Iterable[nn.Module], *, fullgraph: bool = True) -> None:
+def apply_compile(blocks: Iterable[nn.Module], *, fullgraph: bool = True, eager_checkpoints: bool = False) -> None:
     """Compile each block in place.
 
     ``nn.Module.compile`` keeps the module (no ``_orig_mod`` wrapper), so parameter
@@ -17,10 +17,12 @@ def apply_compile(blocks: Iterable[nn.Module], *, fullgraph: bool = True) -> Non
     small and lets identical blocks reuse one compilation.
 
     A block holding ``titan_core.moe`` experts is compiled around them
-    (:func:`compile_around_experts`).
+    (:func:`compile_around_experts`). With ``eager_checkpoints``, a checkpointed block keeps its
+    checkpoint eager and its sub-modules are compiled instead: context parallelism recomputes a
+    block under its attention redirect (a torch function mode), which compiled checkpointing refuses.
     """
     for block in blocks:
-        if _holds_experts(block):
+        if _holds_experts(block) or (eager_checkpoints and getattr(block, "_titan_checkpointed", False)):
             compile_around_experts(block, fullgraph=fullgraph)
         else:
             block.compile(fullgraph=fullgraph)

@@ -113,7 +113,8 @@ def default_parallelize_fn(
         apply_activation_checkpointing(blocks, activation_checkpoint, spec_save_ops=save_ops)
         if compile.enable:
             # Context parallelism's attention exchanges chunks between ranks eagerly: each block's graph breaks there.
-            apply_compile(blocks.values(), fullgraph=fullgraph and not parallel_dims.cp_enabled)
+            apply_compile(blocks.values(), fullgraph=fullgraph and not parallel_dims.cp_enabled,
+                          eager_checkpoints=parallel_dims.cp_enabled)
         apply_fsdp(model, blocks.values(), parallel_dims=parallel_dims, mesh=mesh, parallelism=parallelism,
                    compute_dtype=_compute_dtype(training, mesh), expert_mesh=expert_mesh)
         return model

@@ -406,6 +406,11 @@ class Trainer:
             styles = self.tp_styles()
             tp = f"; tensor-parallel styles {styles.colwise.__name__} / {styles.rowwise.__name__}"
         progress(f"parameters: {describe_parameter_layout(self.model_parts)}{tp}", is_rank0=self.is_rank0)
+        if self.config.compile.enable:  # what the parallelize_fn compiled (whole blocks, or parts of them)
+            compiled = [m for part in self.model_parts for m in part.modules()
+                        if getattr(m, "_compiled_call_impl", None) is not None]
+            names = sorted({type(m).__name__ for m in compiled})
+            progress(f"compiled: {len(compiled)} modules ({', '.join(names)})", is_rank0=self.is_rank0)
 
     def scaled_loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """The pipeline's per-microbatch loss, weighted by its share of the step's valid tokens;
