@@ -150,7 +150,9 @@ LAYOUTS = {  # name: (model, document masking, processes, local batch, flags)
                                                                    "--activation_checkpoint.mode=full",
                                                                    "--compile.enable=true")),
     "llama3_tp2_cp2": ("llama3", False, 4, 2, ("--parallelism.cp=2", "--parallelism.tp=2")),
-    "llama3_pp2_cp2": ("llama3", False, 4, 2, ("--parallelism.cp=2", "--parallelism.pp=2")),
+    # 2 micro-batches of 1 row, each with its own documents (checkpointed: the recompute takes its forward's)
+    "llama3_pp2_cp2_ac_masked": ("llama3", True, 4, 2, ("--parallelism.cp=2", "--parallelism.pp=2",
+                                                        "--activation_checkpoint.mode=full")),
     "qwen3_cp4_masked": ("qwen3", True, 4, 2, ("--parallelism.cp=4",)),
     # MoE with expert parallelism: the cp ranks join the ep group (alone: ep = cp; with FSDP2: ep 4 over 2 x 2).
     "qwen3_moe_cp2_ep2": ("qwen3_moe", False, 2, 2, ("--parallelism.cp=2", "--parallelism.ep=2")),

@@ -121,7 +121,6 @@ class JobConfig(BaseModel):
             "stability.qk_clip_threshold": bool(self.stability.qk_clip_threshold),
             # its max_attn_logit would be over this rank's own keys only
             "metrics.layer_stats": self.metrics.layer_stats,
-            f"parallelism.pp={p.pp} with data.document_masking": p.pp > 1 and self.data.document_masking,
         })
         self._parallel_dims = dims
         per_step = t.local_batch_size * dims.dp

@@ -114,12 +114,28 @@ class ContextParallel:
             compiling = "torch._dynamo" in sys.modules
             self.eager_sdpa = torch.compiler.disable(_sdpa_across_ranks) if compiling else _sdpa_across_ranks
         active = _active_redirects()
-        active.append((self, starts))
+        redirect = _RedirectAttention(self, starts)
+        active.append(redirect)
         try:
-            with _RedirectAttention(self, starts):
+            with redirect:
                 yield
         finally:
             active.pop()
+
+    def follow_micro_batches(self, stages: list[nn.Module]) -> None:
+        """Pipeline stages: the schedule runs the step's micro-batches one at a time, each with its own rows'
+        ``positions`` keyword; each stage's forward points the active redirect at those rows' documents
+        (document masking; a recompute takes the ones of its own forward)."""
+        if not self.document_masking:
+            return
+
+        def to_this_micro_batch(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+            active, positions = _active_redirects(), kwargs.get("positions")
+            if active and positions is not None:
+                active[-1].starts = self.query_starts(positions)
+
+        for stage in stages:
+            stage.register_forward_pre_hook(to_this_micro_batch, with_kwargs=True)
 
     def check_redirected(self, *, spec_name: str) -> None:
         """After the first forward: a model whose attention never reached SDPA attended within its chunks only."""
@@ -151,10 +167,10 @@ class ContextParallel:
 _THREAD = threading.local()
 
 
-def _active_redirects() -> list[tuple[ContextParallel, torch.Tensor | None]]:
+def _active_redirects() -> list[_RedirectAttention]:
     if not hasattr(_THREAD, "redirects"):
         _THREAD.redirects = []
-    redirects: list[tuple[ContextParallel, torch.Tensor | None]] = _THREAD.redirects
+    redirects: list[_RedirectAttention] = _THREAD.redirects
     return redirects
 
 
@@ -164,8 +180,7 @@ def recompute_redirect() -> contextlib.AbstractContextManager[Any] | None:
     active = _active_redirects()
     if not active:
         return None
-    cp, starts = active[-1]
-    return _RedirectAttention(cp, starts)
+    return _RedirectAttention(active[-1].cp, active[-1].starts)  # the rows of the forward being checkpointed
 
 
 class _RedirectAttention(TorchFunctionMode):

@@ -372,6 +372,8 @@ class Trainer:
                 added={"precision": self.resolved.precision},  # plugin API 1.1, to functions naming it
             )
             self.model_parts = self.pipeline.model_parts
+            if self.context_parallel is not None:
+                self.context_parallel.follow_micro_batches(self.model_parts)
         else:
             self.model_parts = [self.parallelize(model)]
         check_ties(self.model_parts, self.ties, after="parallelize_fn")
