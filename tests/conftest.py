@@ -123,8 +123,10 @@ def write_uneven_corpus(path: Path, *, seed: int, documents: int, longest: int) 
 
 
 def run_command(cmd: list[str], *, run_dir: Path, timeout: float = 300) -> Run:
-    """Run ``cmd`` in its own process group, killing the whole group (workers too) on timeout."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    """Run ``cmd`` in its own process group, killing the whole group (workers too) on timeout. Started warm,
+    its launcher's workers start warm too (tests/warm_start.py; they are then not its children)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO),
+           warm_start.WORKERS_ENV: os.environ.get(warm_start.WORKERS_ENV, "1")}  # "0": cold workers
     proc = subprocess.Popen(
         cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
     )

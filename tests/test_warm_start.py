@@ -8,6 +8,7 @@ command behind.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -18,7 +19,8 @@ from pathlib import Path
 import pytest
 import warm_start
 
-from conftest import REPO, alive, titan_command, warm_path
+import conftest
+from conftest import REPO, alive, descendants, titan_command, warm_path
 
 # Imported by the command (--import): prints what the command sees, then the run stops on the unknown spec.
 PROBE = """
@@ -99,3 +101,48 @@ def test_a_signal_reaches_the_command_and_a_killed_client_takes_the_command_with
     while alive(command) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not alive(command), f"the command {command} outlived its killed client"
+
+
+def test_warm_workers_train_as_cold_ones_and_end_with_their_launcher(tmp_path: Path) -> None:
+    """TITAN_TEST_WARM_WORKERS=1 (what conftest.run_command sets): the launcher's workers are forks of the server.
+    The same figures as cold workers, bit for bit; a worker error is still handed to the launcher (printed once);
+    a launcher killed outright takes its workers with it."""
+    args = ["--nproc-per-node", "2", "--spec", "llama3", "--llama3.n_layers=2", "--training.seq_len=64",
+            "--training.steps=3", "--metrics.log_freq=1", "--parallelism.dp_shard=2"]
+    lines = {}
+    for workers in ("0", "1"):
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), warm_start.WORKERS_ENV: workers}
+        run_dir = tmp_path / f"run{workers}"
+        done = subprocess.run(titan_command(*args, f"--job.run_dir={run_dir}"), env=env, capture_output=True,
+                              text=True, timeout=300)
+        assert done.returncode == 0, done.stderr
+        lines[workers] = [line for line in (run_dir / "metrics.jsonl").read_text().splitlines() if '"loss"' in line]
+        failed = subprocess.run(titan_command(*args, f"--job.run_dir={tmp_path / 'bad'}", "--data.source=/nope.txt"),
+                                env=env, capture_output=True, text=True, timeout=300)
+        assert failed.returncode == 2 and failed.stderr.count('data.source "/nope.txt" does not exist') == 1, \
+            failed.stderr
+    strip = [[{k: v for k, v in json.loads(line).items() if k in ("step", "loss", "grad_norm")} for line in lines[w]]
+             for w in ("0", "1")]
+    assert len(strip[0]) == 3 and strip[0] == strip[1]
+
+    # Killed outright (SIGKILL to the process a test started): no worker outlives it.
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), warm_start.WORKERS_ENV: "1"}
+    long_run = [*args[:-3], "--training.steps=100000", f"--job.run_dir={tmp_path / 'long'}"]
+    proc = subprocess.Popen(titan_command(*long_run), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if line.startswith("step"):
+            break
+    # Every command the server forked runs in a session of its own: the launcher and its two workers.
+    server = conftest._warm()
+    assert server is not None and server.server is not None
+    workers = [p for p in descendants(server.server.pid) if os.getsid(p) == p]
+    assert len(workers) == 3, workers
+    proc.kill()
+    proc.wait()
+    deadline = time.monotonic() + 30
+    while any(alive(p) for p in workers) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not any(alive(p) for p in workers)
+

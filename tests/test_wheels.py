@@ -248,6 +248,8 @@ def _in_venv(venv: Path, cwd: Path, command: str, warm: WarmStart | None = None)
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     path = os.pathsep.join([*([str(warm.bin)] if warm else []), str(venv / "bin"), env["PATH"]])
     env.update(PATH=path, VIRTUAL_ENV=str(venv), OMP_NUM_THREADS="1")
+    if warm:  # a guide's `titan-train --nproc-per-node 2`: its workers start warm too
+        env[warm_start.WORKERS_ENV] = "1"
     return subprocess.run(["bash", "-c", command], capture_output=True, text=True, env=env, cwd=cwd, timeout=900)
 
 

@@ -19,8 +19,16 @@ What a fork gives the command that a fresh process would not, and why it does no
 - one hash seed for all commands (a fresh process draws one): nothing here depends on set order across runs;
   ``random`` reseeds itself in a forked child.
 Several commands may run at once (each has its own handler process), as they do as separate processes.
-Workers that a command launches (``--nproc-per-node``) are fresh processes, as ever. ``TITAN_TEST_WARM=0``
-starts every command cold.
+``TITAN_TEST_WARM=0`` starts every command cold.
+
+The workers a command launches (``--nproc-per-node``: the local launcher's ``python -m titan_core`` per rank)
+start warm too when the command's environment sets ``TITAN_TEST_WARM_WORKERS=1`` (``conftest.run_command``
+does): each is one more fork of the server, which the launcher holds as a :class:`WarmWorker` in place of a
+``subprocess.Popen``. It has the worker's real pid (signals and ``/proc`` reach the worker itself), polls and
+waits on the exit status the server reports, and, as the launcher's own workers do (``ended_with_parent``), the
+worker dies when the launcher does (the server kills it when the launcher's end of the connection closes).
+What it does not give: the workers are not the launcher's children in the process tree; tests that look for
+them there start their commands without the variable.
 
     with WarmStart(folder) as warm:
         subprocess.run(warm.command(["--spec", "llama3", "--dry-run"]), ...)
@@ -52,6 +60,8 @@ HERE = Path(__file__).resolve()
 HEADER = struct.Struct("!Q")  # the request's length in bytes, sent with the three descriptors
 MODULE = "titan_core"  # what every command runs, as python -m does
 PID_FILE_ENV = "WARM_START_PID_FILE"  # the client writes the command's pid there (tests/test_warm_start.py)
+WORKERS_ENV = "TITAN_TEST_WARM_WORKERS"  # "1": a command's launched workers are forks of the server too
+_ADDRESS: list[str] = []  # the server's address, in its forks
 
 
 def enabled() -> bool:
@@ -121,6 +131,15 @@ def _become_command(request: dict[str, object], fds: list[int]) -> None:
             import torch
 
             torch.set_num_threads(int(threads))
+        if request.get("worker"):
+            # The launcher's own worker checks that its parent is the launcher before handing it its error
+            # message (runtime/worker_errors.py); here the handler between them stands in for that parent.
+            from titan_core.runtime.launch_env import LAUNCHER_ENV
+
+            if LAUNCHER_ENV in env:
+                os.environ[LAUNCHER_ENV] = str(os.getppid())
+        elif env.get(WORKERS_ENV) == "1" and _ADDRESS:
+            _launch_workers_warm(_ADDRESS[0])
         sys.argv = [script, *request["argv"]]  # type: ignore[misc]  run_module puts the module's path first
         if script == "-m":
             runpy.run_module(MODULE, run_name="__main__", alter_sys=True)
@@ -140,6 +159,87 @@ def _become_command(request: dict[str, object], fds: list[int]) -> None:
                 with contextlib.suppress(Exception):  # a closed pipe: nothing more can be written anyway
                     stream.flush()
             os._exit(code)
+
+
+def _send_request(conn: socket.socket, request: dict[str, object]) -> None:
+    """A command for the server: its request, with this process's stdin, stdout and stderr."""
+    payload = json.dumps(request).encode()
+    socket.send_fds(conn, [HEADER.pack(len(payload))], [0, 1, 2])
+    conn.sendall(payload)
+
+
+class WarmWorker:
+    """What the local launcher holds for a worker forked from the server: ``subprocess.Popen``'s ``pid``,
+    ``returncode``, ``poll``, ``wait``, ``send_signal``, ``terminate`` and ``kill``."""
+
+    def __init__(self, address: str, argv: list[str], *, env: dict[str, str] | None, cwd: str | None) -> None:
+        self.conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.conn.connect(address)
+        _send_request(self.conn, {"script": "-m", "argv": argv, "cwd": cwd or os.getcwd(), "worker": True,
+                                  "env": dict(os.environ if env is None else env)})
+        reply = b""
+        while b"\n" not in reply:
+            chunk = self.conn.recv(64)
+            if not chunk:
+                raise OSError("warm_start: the server did not start the worker")
+            reply += chunk
+        pid_text, _, self._status = reply.partition(b"\n")
+        self.pid = int(pid_text)
+        self.returncode: int | None = None
+        self.args = [sys.executable, "-m", MODULE, *argv]
+
+    def _finish(self) -> None:
+        """Read the exit status to the end of the connection (the server closes it once sent)."""
+        while chunk := self.conn.recv(64):
+            self._status += chunk
+        self.conn.close()
+        self.returncode = int(self._status) if self._status else -signal.SIGKILL
+
+    def poll(self) -> int | None:
+        if self.returncode is None and select.select([self.conn], [], [], 0)[0]:
+            self._finish()
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self.returncode is None:
+            if not select.select([self.conn], [], [], timeout)[0]:
+                raise subprocess.TimeoutExpired(self.args, timeout or 0)
+            self._finish()
+        assert self.returncode is not None
+        return self.returncode
+
+    def send_signal(self, number: int) -> None:
+        if self.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, number)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+def _launch_workers_warm(address: str) -> None:
+    """In a command's fork: its local launcher starts each worker as a fork of the server (``WarmWorker``)."""
+    import types
+
+    from titan_core.runtime import local_launcher
+
+    real = subprocess.Popen
+
+    def popen(args: list[str], **kwargs: object) -> object:
+        kwargs.pop("preexec_fn", None)  # ended_with_parent: the server ends the worker with the launcher instead
+        kwargs.pop("start_new_session", None)  # every fork is a session leader
+        if list(args[:3]) == [sys.executable, "-m", MODULE] and set(kwargs) <= {"env", "cwd"}:
+            return WarmWorker(address, list(args[3:]), env=kwargs.get("env"),  # type: ignore[arg-type]
+                              cwd=kwargs.get("cwd"))  # type: ignore[arg-type]
+        return real(args, **kwargs)  # type: ignore[call-overload]
+
+    shim = types.ModuleType("subprocess")
+    shim.__dict__.update(subprocess.__dict__)
+    shim.Popen = popen  # type: ignore[attr-defined]
+    local_launcher.subprocess = shim  # type: ignore[attr-defined]
 
 
 def _handle(conn: socket.socket) -> None:
@@ -179,6 +279,7 @@ def serve(address: str) -> None:
     import titan_core.train.trainer  # noqa: F401
 
     del torch
+    _ADDRESS.append(address)
     parent = os.getppid()
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # handlers are reaped by the kernel
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -210,9 +311,7 @@ def client(address: str, script: str, argv: list[str]) -> int:
     signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED)
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     conn.connect(address)
-    payload = json.dumps({"script": script, "argv": argv, "cwd": os.getcwd(), "env": dict(os.environ)}).encode()
-    socket.send_fds(conn, [HEADER.pack(len(payload))], [0, 1, 2])
-    conn.sendall(payload)
+    _send_request(conn, {"script": script, "argv": argv, "cwd": os.getcwd(), "env": dict(os.environ)})
     reply = b""
     while chunk := conn.recv(64):
         reply += chunk
