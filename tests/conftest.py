@@ -75,6 +75,17 @@ def _warm() -> WarmStart | None:
     return _WARM
 
 
+@pytest.fixture(scope="session", autouse=True)
+def warm_kit_runs() -> Iterator[None]:
+    """The conformance kit's training runs, when a test runs the kit in its own process, start warm too, workers
+    included (tests/warm_start.py). Their output, exit code and timeout behave as the cold processes'."""
+    warm = _warm()
+    undo = warm_start.route_kit_runs(warm.command) if warm is not None else None
+    yield
+    if undo is not None:
+        undo()
+
+
 def run_cli(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None, timeout: float = 600) -> CliResult:
     """``python -m titan_core ARGS`` in a process of its own (what a user's shell runs)."""
     full_env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), **(env or {})}

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import importlib
 import io
 import json
@@ -53,8 +54,10 @@ import subprocess
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 HERE = Path(__file__).resolve()
 HEADER = struct.Struct("!Q")  # the request's length in bytes, sent with the three descriptors
@@ -140,6 +143,7 @@ def _become_command(request: dict[str, object], fds: list[int]) -> None:
                 os.environ[LAUNCHER_ENV] = str(os.getppid())
         elif env.get(WORKERS_ENV) == "1" and _ADDRESS:
             _launch_workers_warm(_ADDRESS[0])
+            route_kit_runs(functools.partial(_client_command, _ADDRESS[0]))  # `titan-plugin check`'s runs
         sys.argv = [script, *request["argv"]]  # type: ignore[misc]  run_module puts the module's path first
         if script == "-m":
             runpy.run_module(MODULE, run_name="__main__", alter_sys=True)
@@ -218,6 +222,33 @@ class WarmWorker:
 
     def kill(self) -> None:
         self.send_signal(signal.SIGKILL)
+
+
+def route_kit_runs(command: Callable[[list[str]], list[str]]) -> Callable[[], None]:
+    """The conformance kit's training runs (``titan_core.testing.runs``: ``python -m titan_core ARGV`` through
+    ``subprocess.run``) start as ``command(ARGV)`` (a warm client) instead, with their workers warm too; returns
+    what undoes it."""
+    import types
+
+    from titan_core.testing import runs
+
+    real = subprocess.run
+
+    def run(cmd: Any, *args: Any, **kwargs: Any) -> Any:
+        if isinstance(cmd, list) and cmd[:3] == [sys.executable, "-m", MODULE]:
+            cmd = command(cmd[3:])
+            kwargs["env"] = {**(kwargs.get("env") or os.environ), WORKERS_ENV: "1"}
+        return real(cmd, *args, **kwargs)
+
+    shim = types.ModuleType("subprocess")
+    shim.__dict__.update(subprocess.__dict__)
+    shim.run = run  # type: ignore[attr-defined]
+    runs.subprocess = shim  # type: ignore[attr-defined]
+
+    def undo() -> None:
+        runs.subprocess = subprocess  # type: ignore[attr-defined]
+
+    return undo
 
 
 def _launch_workers_warm(address: str) -> None:
@@ -339,6 +370,10 @@ def client(address: str, script: str, argv: list[str]) -> int:
     return code
 
 
+def _client_command(address: str, argv: list[str], *, python: str = sys.executable) -> list[str]:
+    return [python, str(HERE), "client", address, "-m", *argv]
+
+
 # The client as a `titan-train` on PATH: a long interpreter path breaks a #! line, hence bash.
 CLIENT = '#!/bin/bash\nexec "{python}" "{here}" client "{address}" "{script}" "$@"\n'
 
@@ -355,7 +390,7 @@ class WarmStart:
 
     def command(self, argv: list[str]) -> list[str]:
         """What to start in place of ``python -m titan_core ARGV``."""
-        return [self.python, str(HERE), "client", self.address, "-m", *argv]
+        return _client_command(self.address, argv, python=self.python)
 
     def start(self) -> WarmStart:
         self.bin.mkdir(parents=True)
@@ -363,11 +398,13 @@ class WarmStart:
         self.server = subprocess.Popen([self.python, str(HERE), "serve", self.address], stdout=subprocess.PIPE,
                                        stdin=subprocess.DEVNULL, text=True, env=env)
         assert self.server.stdout is not None and self.server.stdout.readline() == "ready\n", "warm server failed"
-        client_script = self.bin / "titan-train"
-        console_script = Path(self.python).parent / "titan-train"  # what it stands in for, run in the fork
-        client_script.write_text(CLIENT.format(python=self.python, here=HERE, address=self.address,
-                                               script=console_script))
-        client_script.chmod(0o755)
+        for name in ("titan-train", "titan-plugin"):
+            console_script = Path(self.python).parent / name  # what it stands in for, run in the fork
+            if console_script.exists():
+                client_script = self.bin / name
+                client_script.write_text(CLIENT.format(python=self.python, here=HERE, address=self.address,
+                                                       script=console_script))
+                client_script.chmod(0o755)
         return self
 
     def stop(self) -> None:
