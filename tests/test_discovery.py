@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import re
 import sys
 import types
 from dataclasses import dataclass
 
 import pytest
 
-from titan_core import ModelConverter, PluginError
+from titan_core import PLUGIN_API_VERSION, ModelConverter, PluginError
 from titan_core.plugin import discovery
 
 from conftest import assert_user_error
@@ -92,7 +93,7 @@ def test_import_failure_names_entry_point_distribution_and_cause(fake_metadata) 
 def test_incompatible_api_major(fake_metadata, monkeypatch: pytest.MonkeyPatch) -> None:
     _module(monkeypatch, "old_pkg", OldConverter=OldConverter)
     fake_metadata[discovery.CONVERTERS].append(("old", "old_pkg:OldConverter", "old-dist", "0.3.0"))
-    with pytest.raises(PluginError, match=r"plugin API 0\.3, but this titan-core serves plugin API 1\.2"):
+    with pytest.raises(PluginError, match=rf"plugin API 0\.3, but this titan-core serves plugin API {re.escape(PLUGIN_API_VERSION)}"):
         discovery.load_converter("old")
 
 
@@ -108,7 +109,7 @@ def test_broken_unrequested_plugin_does_not_matter(fake_metadata, monkeypatch: p
     assert discovery.load_converter("good") is GoodConverter
     health = {i.name: discovery.health(claims[0]) for i, claims in
               ((c[0], c) for c in discovery.discover(discovery.CONVERTERS).values())}
-    assert health["good"].error is None and health["good"].api_version == "1.2"
+    assert health["good"].error is None and health["good"].api_version == PLUGIN_API_VERSION
     assert health["bad"].error is not None and "nope_mod" in health["bad"].error
 
 

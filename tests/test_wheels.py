@@ -144,7 +144,7 @@ def test_list_from_installed_wheels(fresh_venv: Path) -> None:
     assert result.returncode == 0, result.stderr
     lines = {line.split()[0]: line for line in result.stdout.splitlines() if line.startswith("  ")}
     assert "titan-llama 0.1.0" in lines["llama3"] and "plugin API 1.1" in lines["llama3"]
-    assert "titan-qwen3 0.1.0" in lines["qwen3"] and "plugin API 1.1" in lines["qwen3"]
+    assert "titan-qwen3 0.1.0" in lines["qwen3"] and "plugin API 1.3" in lines["qwen3"]
     assert "titan-deepseek 0.1.0" in lines["deepseek_v3"] and "plugin API 1.2" in lines["deepseek_v3"]
     assert "titan-float8 0.1.0" in lines["float8"] and "[prototype]" not in lines["float8"]
     assert "titan-mx-prototype 0.1.0" in lines["mx"] and lines["mx"].rstrip().endswith("[prototype]")

@@ -1,4 +1,4 @@
-"""Everything a titan-core plugin may receive and call: the plugin contract, version 1.2.
+"""Everything a titan-core plugin may receive and call: the plugin contract, version 1.3.
 
 A plugin (a model's ``TrainSpec`` or a ``ModelConverter``, shipped as its own package and found
 through an entry point) may rely on exactly the names in ``__all__`` here, and on what the
@@ -37,7 +37,9 @@ What the core passes (1.0 unless marked):
   ``positions=`` with document masking) returning ``[batch, seq, vocab]`` logits. 1.2 adds
   ``labels=`` (``[batch, seq]``, or None) to a forward that declares it, in training forwards that hold
   whole sequences (no pipeline, no context parallelism), and ``LossTerm``: a submodule through which
-  the model adds its own term to the training loss (``titan_core.models.loss_terms``).
+  the model adds its own term to the training loss (``titan_core.models.loss_terms``). 1.3 adds
+  ``norms=(q_norm, k_norm)`` to ``titan_core.models.attention_logits.record_attention_logits`` for
+  attention with QK-norm (QK-clip then scales the norm weights).
 
 Values are resolved before a plugin sees them. The config sections passed hold only the
 values their field documented when that field entered the contract: ``parallelism.param_dtype``

@@ -88,8 +88,8 @@ def test_an_api_the_core_cannot_serve_is_refused_with_one_message_naming_both(
 
 
 def test_the_refusal_rule() -> None:
-    served = ["1.0", "1.1", "1.2", "1", "1.0.7", " 1.2 "]
-    refused = ["1.3", "1.10", "2.0", "0.9", "", "1.x", "v1.0", "1.0.0.0", "١.٠"]
+    served = ["1.0", "1.1", "1.2", "1.3", "1", "1.0.7", " 1.2 "]
+    refused = ["1.4", "1.10", "2.0", "0.9", "", "1.x", "v1.0", "1.0.0.0", "١.٠"]
     assert [discovery.api_refusal(v) for v in served] == [None] * len(served)
     assert all(discovery.api_refusal(v) for v in refused)
 
@@ -181,7 +181,7 @@ def test_a_run_context_built_as_the_1_0_docs_show_holds_documented_values() -> N
 
 
 def test_plugin_api_serves_every_name_it_lists_and_titan_core_the_same_objects() -> None:
-    assert plugin_api.PLUGIN_API_VERSION == PLUGIN_API_VERSION == "1.2"
+    assert plugin_api.PLUGIN_API_VERSION == PLUGIN_API_VERSION == "1.3"
     assert set(plugin_api.__all__) == {"PLUGIN_API_VERSION", *plugin_api._WHERE}  # written out = the import block
     assert set(plugin_api.__all__) <= set(titan_core.__all__)
     for name in plugin_api.__all__:

@@ -18,6 +18,11 @@ then goes as Kimi K2's MuonClip takes it: sqrt(gamma) on the query's and the key
 gamma on the query's rotary part, the shared rotary key untouched, so every logit of the head is
 multiplied by gamma and no other head's changes.
 
+Attention with QK-norm (Qwen3) passes ``norms=(q_norm, k_norm)``: the norms undo any scaling of the
+projections, and their weights are one per channel, shared by every head, so no head can be scaled alone.
+QK-clip then scales both norm weights by sqrt of the worst head's factor (every head of the layer by it,
+which keeps each under the threshold), and its ``adjust`` returns that factor for every head.
+
 A plugin that uses it imports it guarded (``try: from titan_core.models.attention_logits import ...``),
 so it still runs on a core without it.
 """
@@ -72,6 +77,7 @@ class HeadLogits:
     max: torch.Tensor  # float32 [query heads], -inf where a head saw nothing
     factors: tuple[torch.Tensor, torch.Tensor] | None = None  # (query [hq], key [hkv]) an adjust applied
     decoupled: DecoupledRope | None = None  # an MLA head's layout (None: rows head after head, all scaled)
+    norms: tuple[nn.Module, nn.Module] | None = None  # QK-norm shared by every head: (q_norm, k_norm)
 
     def query_rows(self, query: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
         """The factor of each output row of ``q_proj``, from the per-head factors."""
@@ -147,13 +153,14 @@ def _head_max(q: torch.Tensor, k: torch.Tensor, scale: float, starts: torch.Tens
 
 def record_attention_logits(module: nn.Module, q: torch.Tensor, k: torch.Tensor, *, q_proj: nn.Linear,
                             k_proj: nn.Linear, scale: float | None = None, starts: torch.Tensor | None = None,
-                            decoupled: DecoupledRope | None = None) -> None:
+                            decoupled: DecoupledRope | None = None,
+                            norms: tuple[nn.Module, nn.Module] | None = None) -> None:
     """Called by a model's attention with its queries ``q`` [b, s, heads, head_dim] and keys ``k``
     [b, s, kv_heads, head_dim] after RoPE, and the projections that made them (their output rows are
     head after head); ``scale`` defaults to head_dim^-0.5; ``starts`` [b, s]: each token's document start;
     ``decoupled``: an MLA layout (``k`` then holds each head's position-free key and the shared rotary key,
-    ``nope + rope`` channels, as ``q`` does). Outside :func:`attention_logits` it does nothing. Several calls
-    (micro-batches) keep the maximum."""
+    ``nope + rope`` channels, as ``q`` does); ``norms``: the QK-norms (q_norm, k_norm) whose weights every head
+    shares. Outside :func:`attention_logits` it does nothing. Several calls (micro-batches) keep the maximum."""
     request = _CURRENT.request
     if request is None:
         return
@@ -162,7 +169,7 @@ def record_attention_logits(module: nn.Module, q: torch.Tensor, k: torch.Tensor,
     seen = request.heads.get(id(module))
     if seen is None:
         seen = request.heads[id(module)] = HeadLogits(module, q_proj, k_proj, head_dim, k.shape[2], found,
-                                                      decoupled=decoupled)
+                                                      decoupled=decoupled, norms=norms)
     else:
         seen.max = torch.maximum(seen.max, found)
     if request.adjust is not None:

@@ -9,7 +9,9 @@ and that forward goes on with the layer's queries and keys scaled alike, so each
 on what the clipped earlier layers give (a layer's clip changes the next layer's input). The factors:
 sqrt(tau / m) each when every query head has its own key head; with grouped keys the key head takes
 sqrt of its group's smallest factor and each query head the rest. The logit a head had at m is then
-tau: after the step, the batch's maximum is min(m, tau) per head, which is what is logged.
+tau: after the step, the batch's maximum is min(m, tau) per head, which is what is logged. With QK-norm
+(weights shared by every head, models/attention_logits.py) the layer's worst factor applies to all its heads,
+sqrt of it on each norm weight: the worst head ends at tau, the others below min(m, tau).
 
 Under FSDP2 a projection's rows live in shards: each rank scales the rows of its own shard (the
 factors are laid out like the weight, no communication). Under tensor parallelism each tp rank measures
@@ -58,6 +60,13 @@ def scale_rows(weight: torch.Tensor, row_factor: torch.Tensor) -> None:
         weight.mul_(factor.to(weight.device))
 
 
+@torch.no_grad()
+def scale_all(weight: torch.Tensor, factor: torch.Tensor) -> None:
+    """Multiply every element of ``weight`` by ``factor`` in place (a DTensor's own shard or replica)."""
+    local = weight.to_local() if isinstance(weight, DTensor) else weight
+    local.mul_(factor.to(device=local.device, dtype=local.dtype))
+
+
 def reshard(model_parts: list[nn.Module]) -> None:
     """Free every FSDP2 module's gathered parameters (a no-op without FSDP2)."""
     from torch.distributed.fsdp import FSDPModule
@@ -87,8 +96,10 @@ class QKClip:
                     self.resting[id(m)] = weight
         self.clipped_heads = 0  # over the run (tests)
 
-    def at_rest(self, projection: nn.Linear) -> torch.Tensor:
-        weight: torch.Tensor = self.resting.get(id(projection), projection.weight)
+    def at_rest(self, module: nn.Module) -> torch.Tensor:
+        """The weight a projection or norm keeps between steps."""
+        weight = self.resting.get(id(module), module.weight)
+        assert isinstance(weight, torch.Tensor)
         return weight
 
     def adjust(self, heads: HeadLogits) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -96,9 +107,23 @@ class QKClip:
         the factors for its heads above the threshold (the forward goes on as the clipped model)."""
         if self.dp_group is not None:
             dist.all_reduce(heads.max, op=dist.ReduceOp.MAX, group=self.dp_group)
+        if heads.norms is not None:
+            return self.shared_factors(heads)
         if not bool((heads.max > self.threshold).any()):
             return None
         return head_factors(heads.max, heads.kv_heads, self.threshold)
+
+    def shared_factors(self, heads: HeadLogits) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """QK-norm: sqrt of the layer's worst factor for every query and key head, the worst over every tp rank's
+        heads (each rank holds some, and the norm weights are one for all); None when no head is over."""
+        worst = torch.where(heads.max > self.threshold, self.threshold / heads.max,
+                            torch.ones_like(heads.max)).min().reshape(1)
+        if self.tp_group is not None:
+            dist.all_reduce(worst, op=dist.ReduceOp.MIN, group=self.tp_group)
+        if not bool(worst < 1):
+            return None
+        root = worst.sqrt()
+        return root.expand(heads.max.numel()).clone(), root.expand(heads.kv_heads).clone()
 
     def after_step(self, measure: Callable[[Adjust], AttentionLogits]) -> dict[str, float]:
         """Run ``measure`` (the forward, with :meth:`adjust`), rescale the weights at rest; the per-layer
@@ -114,8 +139,12 @@ class QKClip:
             over = int((maxima > self.threshold).sum())
             if factors is not None:
                 query, key = factors
-                scale_rows(self.at_rest(h.q_proj), h.query_rows(query, key))
-                scale_rows(self.at_rest(h.k_proj), h.key_rows(key))
+                if h.norms is not None:  # one factor for every head (shared_factors), on each norm's weight
+                    for norm, factor in zip(h.norms, (query, key)):
+                        scale_all(self.at_rest(norm), factor[0])
+                else:
+                    scale_rows(self.at_rest(h.q_proj), h.query_rows(query, key))
+                    scale_rows(self.at_rest(h.k_proj), h.key_rows(key))
                 self.clipped_heads += over
             layer = self.layer_of(h.module)
             if layer is not None:

@@ -36,6 +36,11 @@ from titan_core.models.decoder import DecoderModel, RMSNorm, decoder_flops_per_t
 from titan_core.models.model_parts import FeedForward, final_norm_and_head
 from titan_core.moe import MoE, is_moe_layer, reset_routers
 
+try:  # an optional capability of the core (QK-clip, layer statistics): a core without it gets no logits
+    from titan_core.models import attention_logits as _logits
+except ImportError:  # pragma: no cover - an older titan-core
+    _logits = None  # type: ignore[assignment]
+
 
 @dataclass(frozen=True)
 class Qwen3Args:
@@ -164,6 +169,11 @@ class Attention(nn.Module):
         k = self.k_norm(self.wk(x).view(bs, seqlen, -1, self.head_dim))
         v = self.wv(x).view(bs, seqlen, -1, self.head_dim)
         q, k = apply_rope(q, rope), apply_rope(k, rope)
+        if _logits is not None and _logits.attention_logits_requested():  # asked by the core: nothing otherwise
+            # A block-causal mask's first visible key of each query is its document's start.
+            starts = None if mask is None else mask[:, 0].int().argmax(dim=-1)
+            _logits.record_attention_logits(self, q, k, q_proj=self.wq, k_proj=self.wk, starts=starts,
+                                            norms=(self.q_norm, self.k_norm))
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))
         gqa = k.shape[1] != q.shape[1]
         # Both through SDPA (context parallelism intercepts that call); a mask takes a kernel that reads one.

@@ -36,5 +36,5 @@ qwen3_spec = TrainSpec(
     config_model=Qwen3Section,
     flops_per_token_fn=flops_per_token,
     state_dict_adapter=Qwen3StateDictAdapter(),
-    plugin_api_version="1.1",  # the titan-core plugin API this spec was written for (it uses models.decoder, new in 1.1)
+    plugin_api_version="1.3",  # the titan-core plugin API this spec was written for (QK-clip through its QK-norms, new in 1.3)
 )
