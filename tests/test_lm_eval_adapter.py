@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -112,6 +113,40 @@ def test_the_adapter_scores_each_request_as_titan_eval_does(run_dir: Path) -> No
             assert abs(value - expected) <= 1e-6, (doc.line, value, expected)
     assert lm.loglikelihood(_instances(("a", ""))) == [(0.0, True)]  # nothing to predict
 
+
+
+def test_generate_until_samples_when_the_task_asks_with_titans_seeded_sampler(run_dir: Path) -> None:
+    from titan_core.commands.lm_eval_model import TitanLM
+    from titan_core.errors import ConfigError
+    from titan_core.models.sampling import Sampling, sample, takes_cache
+
+    lm = TitanLM.create_from_arg_string(f"checkpoint={run_dir},seed=3", {"device": "cpu"})
+    context = "The cat sat"
+
+    def titan(sampling: Sampling) -> str:
+        new = sample(lm.loaded.model, lm.tokenizer.encode(context, bos=True), sampling, eos_id=lm.tokenizer.eos_id,
+                     use_cache=takes_cache(lm.loaded.model))
+        return lm.tokenizer.decode(new[:-1] if new and new[-1] == lm.tokenizer.eos_id else new)
+
+    def ours(**kwargs: object) -> str:
+        return lm.generate_until(_instances((context, {"max_gen_toks": 12, "until": [], **kwargs})))[0]
+
+    sampled = ours(do_sample=True, temperature=0.9, top_k=20)
+    assert sampled == titan(Sampling(max_new_tokens=12, temperature=0.9, top_k=20, seed=3))
+    assert ours(do_sample=True, temperature=0.9, top_k=20) == sampled  # seeded: a rerun gives the same text
+    assert ours(temperature=0.9, top_k=20) == sampled  # a temperature with do_sample unset samples (lm_eval's HF rule)
+    greedy = titan(Sampling(max_new_tokens=12))
+    assert ours() == ours(do_sample=False, temperature=0.9) == greedy
+    seeds = {ours(do_sample=True, seed=seed) for seed in range(4)}  # temperature 1.0 among every token
+    assert seeds == {titan(Sampling(max_new_tokens=12, temperature=1.0, seed=seed)) for seed in range(4)}
+    assert len(seeds | {greedy}) > 1  # it really samples
+    for kwargs, says in (({"do_sample": True, "top_p": 0.9}, "top_p=0.9 (nucleus sampling) is not supported"),
+                         ({"do_sample": True, "temperature": -1}, "temperature=-1 must be a number of at least 0"),
+                         ({"do_sample": True, "top_k": "many"}, "top_k='many' must be a whole number"),
+                         ({"do_sample": "yes"}, "do_sample='yes' must be true or false"),
+                         ({"do_sample": True, "seed": -2}, "seed=-2 must be a whole number")):
+        with pytest.raises(ConfigError, match=re.escape(says)):
+            ours(**kwargs)
 
 def test_lm_eval_on_a_local_task_folder_gives_titan_evals_figures(run_dir: Path, tmp_path: Path, capsys,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:

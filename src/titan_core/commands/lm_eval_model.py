@@ -11,8 +11,13 @@ or a Hugging Face folder, in float32) and scored with titan-eval's own code:
 - ``loglikelihood_rolling``: the document encoded with BOS, cut by lm_eval's rolling windows of
   the model's positions (every token predicted once, the last window given a full context), each
   window scored as a request; the document's figure is their sum.
-- ``generate_until``: a greedy continuation from titan's sampler (a KV cache when the model takes
-  one), stopped at the first ``until`` string, the end-of-document token or ``max_gen_toks``.
+- ``generate_until``: a continuation from titan's sampler (a KV cache when the model takes one),
+  stopped at the first ``until`` string, the end-of-document token or ``max_gen_toks``. Greedy unless
+  the task's ``generation_kwargs`` ask for sampling (``do_sample: true``, or a ``temperature`` above 0
+  with ``do_sample`` unset, as lm_eval's Hugging Face model reads them): then at ``temperature``
+  (default 1.0) among the ``top_k`` most likely tokens (default all), each request from the generator
+  seeded with ``seed`` (the task's, else the model argument's, default 0), so a rerun gives the same
+  text. Nucleus sampling (``top_p`` below 1) is refused: titan's sampler has none.
 
 One process: lm_eval's data-parallel launch (accelerate) is not supported.
 """
@@ -42,7 +47,7 @@ NAME = "titan"
 WHAT = "lm_eval --model titan"
 DEFAULT_WINDOW = 2048  # titan-eval's, for a model that names no max_seq_len
 LM_EVAL_DEFAULT_DEVICE = "cuda:0"  # what lm_eval's CLI passes when --device is left out
-MODEL_ARGS = ("checkpoint", "config", "spec", "device", "batch_size", "max_gen_toks")
+MODEL_ARGS = ("checkpoint", "config", "spec", "device", "batch_size", "max_gen_toks", "seed")
 
 
 def _positive(value: object, name: str) -> int:
@@ -57,12 +62,31 @@ def _positive(value: object, name: str) -> int:
     return number
 
 
+def _number(value: object, name: str, *, minimum: float) -> float:
+    try:
+        number = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        number = float("nan")
+    if not number >= minimum or number == float("inf") or isinstance(value, bool):
+        raise ConfigError(f"{WHAT}: {name}={value!r} must be a number of at least {minimum:g}.")
+    return number
+
+
+def _seed(value: object) -> int:
+    if isinstance(value, bool) or not (isinstance(value, int) or (isinstance(value, str) and value.isdigit())):
+        raise ConfigError(f"{WHAT}: seed={value!r} must be a whole number of at least 0.")
+    seed = int(value)
+    if not 0 <= seed < 2**63:
+        raise ConfigError(f"{WHAT}: seed={value!r} must be a whole number of at least 0, below 2**63.")
+    return seed
+
+
 @register_model(NAME)
 class TitanLM(LM):  # type: ignore[misc]  # lm_eval ships no type information: LM is Any to mypy
     """``--model_args checkpoint=PATH[,device=cpu,batch_size=8,max_gen_toks=256,config=TOML,spec=NAME]``."""
 
     def __init__(self, checkpoint: object = None, config: object = None, spec: object = None,
-                 device: object = None, batch_size: object = 8, max_gen_toks: object = 256,
+                 device: object = None, batch_size: object = 8, max_gen_toks: object = 256, seed: object = 0,
                  max_batch_size: object = None, **unknown: object) -> None:
         super().__init__()
         del max_batch_size  # lm_eval passes it for batch_size=auto, which titan does not do
@@ -74,6 +98,7 @@ class TitanLM(LM):  # type: ignore[misc]  # lm_eval ships no type information: L
                               f"(runs/x/checkpoints/step-N), a run folder or a Hugging Face folder.")
         self.batch_size: int = _positive(batch_size, "batch_size")
         self.max_gen_toks: int = _positive(max_gen_toks, "max_gen_toks")
+        self.seed: int = _seed(seed)
         self.loaded: LoadedSource = load_model(Path(str(checkpoint)), config=Path(str(config)) if config else None,
                                  spec=str(spec) if spec else None, device_name=str(device or "cpu"), prog=WHAT)
         self.tokenizer: Tokenizer = self.loaded.whole.tokenizer
@@ -152,10 +177,29 @@ class TitanLM(LM):  # type: ignore[misc]  # lm_eval ships no type information: L
             out.append(self._continue(context, dict(gen_kwargs or {})))
         return out
 
+    def sampling(self, gen_kwargs: dict[str, Any], new_tokens: int) -> Sampling:
+        """How to pick each token, from a task's ``generation_kwargs`` (see the module's docstring)."""
+        temperature = _number(gen_kwargs.get("temperature", 0.0), "temperature", minimum=0.0)
+        do_sample = gen_kwargs.get("do_sample")
+        if do_sample is None:
+            do_sample = temperature > 0.0
+        elif not isinstance(do_sample, bool):
+            raise ConfigError(f"{WHAT}: do_sample={do_sample!r} must be true or false.")
+        if not do_sample:
+            return Sampling(max_new_tokens=new_tokens)
+        top_p = _number(gen_kwargs.get("top_p", 1.0), "top_p", minimum=0.0)
+        if top_p < 1.0:
+            raise ConfigError(f"{WHAT}: top_p={top_p} (nucleus sampling) is not supported: titan's sampler takes "
+                              f"temperature and top_k. Drop top_p from the task's generation_kwargs "
+                              f"(--gen_kwargs top_p=1.0).")
+        top_k = gen_kwargs.get("top_k")
+        if top_k is not None and (isinstance(top_k, bool) or not str(top_k).isdigit()):
+            raise ConfigError(f"{WHAT}: top_k={top_k!r} must be a whole number (0: every token).")
+        return Sampling(max_new_tokens=new_tokens, temperature=temperature or 1.0,
+                        top_k=int(str(top_k)) or None if top_k is not None else None,
+                        seed=_seed(gen_kwargs.get("seed", self.seed)))
+
     def _continue(self, context: str, gen_kwargs: dict[str, Any]) -> str:
-        if gen_kwargs.get("do_sample") or float(gen_kwargs.get("temperature") or 0.0) > 0.0:
-            raise ConfigError(f"{WHAT} generates greedily only; the task asks for sampling ({gen_kwargs}); set "
-                              f"do_sample=false and temperature=0 (--gen_kwargs do_sample=false,temperature=0).")
         until = gen_kwargs.get("until") or []
         stops = [until] if isinstance(until, str) else [str(s) for s in until]
         new_tokens = min(_positive(gen_kwargs.get("max_gen_toks", self.max_gen_toks), "max_gen_toks"),
@@ -166,7 +210,7 @@ class TitanLM(LM):  # type: ignore[misc]  # lm_eval ships no type information: L
             text = self.tokenizer.decode(new)
             return any(s in text for s in stops)
 
-        new = sample(self.loaded.model, prompt, Sampling(max_new_tokens=new_tokens), eos_id=self.tokenizer.eos_id,
+        new = sample(self.loaded.model, prompt, self.sampling(gen_kwargs, new_tokens), eos_id=self.tokenizer.eos_id,
                      use_cache=takes_cache(self.loaded.model), stop=reached_stop if stops else None)
         if new and new[-1] == self.tokenizer.eos_id:
             new = new[:-1]  # the end-of-document token is not text
