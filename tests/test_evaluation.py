@@ -1,6 +1,7 @@
 """[eval] and titan-eval (docs/evaluation.md): a bad task file stops a run and titan-eval, the figures logged during
 training and drawn by titan-report, titan-eval on a checkpoint and on the exported Hugging Face folder,
-the log-likelihoods against transformers' LlamaForCausalLM, and FSDP2 x 2 against one process."""
+the log-likelihoods against transformers' LlamaForCausalLM, and FSDP2, CP, PP, TP and EP (a MoE model) against
+one process."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import torch
 
 from titan_core.evaluation import load_tasks
 
-from conftest import PARITY_TOLERANCE, SMALL_RUN, assert_user_error, torchrun, trained
+from conftest import PARITY_TOLERANCE, SMALL_RUN, assert_user_error, titan, torchrun, trained
 
 
 def test_bad_task_file_stops_titan_train_and_titan_eval_before_training(tmp_path: Path, cli, capsys) -> None:
@@ -111,6 +112,23 @@ def test_fsdp2_cp2_pp2_and_tp2_on_two_processes_score_as_one_process(tmp_path: P
             assert abs(two_record[key] - value) <= PARITY_TOLERANCE * max(1.0, abs(value)), (layout, key, value,
                                                                                              two_record[key])
 
+
+
+def test_moe_under_expert_parallelism_scores_as_one_process_with_an_uneven_split(tmp_path: Path) -> None:
+    """qwen3 debugmoe, EP 2 (each rank holds half the experts and every forward exchanges tokens over both):
+    13 requests split 7 / 6 over the two ranks still score as one process, without either rank waiting for
+    ever on an exchange the other never joins."""
+    common = ("--spec", "qwen3", "--flavor", "debugmoe", "--qwen3.n_layers=2", "--training.seq_len=64",
+              "--training.steps=1", "--optimizer.lr=0", "--eval.tasks=builtin", "--eval.limit=13",
+              "--eval.batch_size=4", "--metrics.report=false", "--training.seed=0")
+    one = titan(tmp_path / "one", *common, "--training.local_batch_size=2")
+    ep = titan(tmp_path / "ep", *common, "--training.local_batch_size=1", "--parallelism.ep=2", nproc=2, timeout=240)
+    assert one.code == 0 and ep.code == 0, one.text + ep.text
+    assert "ep:S(0)" in ep.text, ep.text
+    (one_record,), (ep_record,) = _eval_records(tmp_path / "one"), _eval_records(tmp_path / "ep")
+    assert sorted(one_record) == sorted(ep_record) and one_record["eval/python_syntax/examples"] == 13
+    for key, value in one_record.items():
+        assert abs(ep_record[key] - value) <= PARITY_TOLERANCE * max(1.0, abs(value)), (key, value, ep_record[key])
 
 def test_eval_weights_ema_scores_the_average_that_titan_eval_finds_in_the_ema_export(tmp_path: Path, capsys) -> None:
     """With eval.weights=ema the run scores its EMA (swapped in for the evaluation): titan-eval on the EMA
