@@ -54,6 +54,7 @@ import subprocess
 import sys
 import time
 import traceback
+import types
 from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
@@ -224,26 +225,37 @@ class WarmWorker:
         self.send_signal(signal.SIGKILL)
 
 
+def _titan_core_argv(cmd: object) -> list[str] | None:
+    """ARGV when ``cmd`` is ``[python, "-m", "titan_core", *ARGV]`` with this interpreter, else None."""
+    if isinstance(cmd, list) and cmd[:3] == [sys.executable, "-m", MODULE]:
+        return [str(arg) for arg in cmd[3:]]
+    return None
+
+
+def _subprocess_with(**replaced: object) -> types.ModuleType:
+    """A stand-in for the ``subprocess`` module of one caller: the real one with ``replaced`` names swapped."""
+    shim = types.ModuleType("subprocess")
+    shim.__dict__.update(subprocess.__dict__)
+    shim.__dict__.update(replaced)
+    return shim
+
+
 def route_kit_runs(command: Callable[[list[str]], list[str]]) -> Callable[[], None]:
     """The conformance kit's training runs (``titan_core.testing.runs``: ``python -m titan_core ARGV`` through
     ``subprocess.run``) start as ``command(ARGV)`` (a warm client) instead, with their workers warm too; returns
     what undoes it."""
-    import types
-
     from titan_core.testing import runs
 
     real = subprocess.run
 
     def run(cmd: Any, *args: Any, **kwargs: Any) -> Any:
-        if isinstance(cmd, list) and cmd[:3] == [sys.executable, "-m", MODULE]:
-            cmd = command(cmd[3:])
+        argv = _titan_core_argv(cmd)
+        if argv is not None:
+            cmd = command(argv)
             kwargs["env"] = {**(kwargs.get("env") or os.environ), WORKERS_ENV: "1"}
         return real(cmd, *args, **kwargs)
 
-    shim = types.ModuleType("subprocess")
-    shim.__dict__.update(subprocess.__dict__)
-    shim.run = run  # type: ignore[attr-defined]
-    runs.subprocess = shim  # type: ignore[attr-defined]
+    runs.subprocess = _subprocess_with(run=run)  # type: ignore[attr-defined]
 
     def undo() -> None:
         runs.subprocess = subprocess  # type: ignore[attr-defined]
@@ -253,8 +265,6 @@ def route_kit_runs(command: Callable[[list[str]], list[str]]) -> Callable[[], No
 
 def _launch_workers_warm(address: str) -> None:
     """In a command's fork: its local launcher starts each worker as a fork of the server (``WarmWorker``)."""
-    import types
-
     from titan_core.runtime import local_launcher
 
     real = subprocess.Popen
@@ -262,15 +272,12 @@ def _launch_workers_warm(address: str) -> None:
     def popen(args: list[str], **kwargs: object) -> object:
         kwargs.pop("preexec_fn", None)  # ended_with_parent: the server ends the worker with the launcher instead
         kwargs.pop("start_new_session", None)  # every fork is a session leader
-        if list(args[:3]) == [sys.executable, "-m", MODULE] and set(kwargs) <= {"env", "cwd"}:
-            return WarmWorker(address, list(args[3:]), env=kwargs.get("env"),  # type: ignore[arg-type]
-                              cwd=kwargs.get("cwd"))  # type: ignore[arg-type]
+        argv = _titan_core_argv(args)
+        if argv is not None and set(kwargs) <= {"env", "cwd"}:
+            return WarmWorker(address, argv, env=kwargs.get("env"), cwd=kwargs.get("cwd"))  # type: ignore[arg-type]
         return real(args, **kwargs)  # type: ignore[call-overload]
 
-    shim = types.ModuleType("subprocess")
-    shim.__dict__.update(subprocess.__dict__)
-    shim.Popen = popen  # type: ignore[attr-defined]
-    local_launcher.subprocess = shim  # type: ignore[attr-defined]
+    local_launcher.subprocess = _subprocess_with(Popen=popen)  # type: ignore[attr-defined]
 
 
 def _handle(conn: socket.socket) -> None:
