@@ -147,6 +147,9 @@ def test_generate_until_samples_when_the_task_asks_with_titans_seeded_sampler(ru
                          ({"do_sample": True, "seed": -2}, "seed=-2 must be a whole number")):
         with pytest.raises(ConfigError, match=re.escape(says)):
             ours(**kwargs)
+    for seed in ("x", "-1", "1.5"):  # the model argument, as lm_eval hands it over (text, or a number it parsed)
+        with pytest.raises(ConfigError, match=rf"seed='?{re.escape(seed)}'? must be a whole number of at least 0"):
+            TitanLM.create_from_arg_string(f"checkpoint={run_dir},seed={seed}", {"device": "cpu"})
 
 def test_lm_eval_on_a_local_task_folder_gives_titan_evals_figures(run_dir: Path, tmp_path: Path, capsys,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
