@@ -10,7 +10,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from . import _moved
-from ._version import PLUGIN_API_VERSION, __version__
+from ._version import PLUGIN_API_VERSION as PLUGIN_API_VERSION, __version__ as __version__
 from .runtime.torch_floor import require_torch_floor
 
 # A torch older than the floor ends the process here (one message, exit 2), not in a traceback later.
@@ -51,17 +51,27 @@ def _load_lazily(name: str, table: dict[str, str], namespace: dict[str, Any]) ->
     return value
 
 
-_LAZY = _lazy_table()
+# Filled on first use, not at import: parsing this file (and importing plugin_api for its names) costs about
+# 2 ms that commands which never touch a public name (``titan-data prepare``, ``--help``) need not pay.
+_LAZY: dict[str, str] = {}
 
-__all__ = ["PLUGIN_API_VERSION", "__version__", *_LAZY]
+
+def _lazy() -> dict[str, str]:
+    if not _LAZY:
+        _LAZY.update(_lazy_table())
+    return _LAZY
 
 
 def __getattr__(name: str) -> Any:
-    return _load_lazily(name, _LAZY, globals())
+    if name == "__all__":  # asked for by ``from titan_core import *``, ``dir()`` and tools: built once, then kept
+        names = ["PLUGIN_API_VERSION", "__version__", *_lazy()]
+        globals()["__all__"] = names
+        return names
+    return _load_lazily(name, _lazy(), globals())
 
 
 def __dir__() -> list[str]:
-    return sorted(__all__)
+    return sorted(globals().get("__all__") or __getattr__("__all__"))
 
 
 if TYPE_CHECKING:

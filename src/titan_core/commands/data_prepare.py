@@ -15,13 +15,16 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ..runtime.path_settings import remember_tool_paths
+from .help_format import HelpFormatter
 from .tool_main import run_tool
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="titan-data", description="Prepare corpora for titan-train.")
+    p = argparse.ArgumentParser(prog="titan-data", description="Prepare corpora for titan-train.",
+                                formatter_class=HelpFormatter)
     sub = p.add_subparsers(dest="command", required=True)
-    prep = sub.add_parser("prepare", help="tokenize sources into token shards + index.json (for tokens:DIR)")
+    prep = sub.add_parser("prepare", help="tokenize sources into token shards + index.json (for tokens:DIR)",
+                          formatter_class=HelpFormatter)
     prep.add_argument("sources", nargs="+", metavar="SOURCE",
                       help="a .txt/.jsonl/.json/.parquet file or folder, builtin, or hf:<name> (as data.source)")
     prep.add_argument("--tokenizer", required=True, help="as data.tokenizer: builtin or a tokenizer.model path")

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import functools
 import json
-import lzma
 from pathlib import Path
 
 SNAPSHOT_PATH = Path(__file__).resolve().parents[1] / "assets" / "builtin_corpus.json.xz"
@@ -22,6 +21,8 @@ MAX_BYTES = 4 * 1024 * 1024
 @functools.lru_cache(maxsize=1)
 def builtin_documents() -> tuple[str, ...]:
     """The built-in corpus as a tuple of documents (cached per process)."""
+    import lzma  # start-up: only the built-in corpus is xz; ``titan-data prepare FILE`` never reads it
+
     try:
         data = json.loads(lzma.decompress(SNAPSHOT_PATH.read_bytes()).decode("utf-8"))
         docs = data["documents"]

@@ -32,9 +32,8 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
@@ -52,8 +51,8 @@ if TYPE_CHECKING:  # its module imports torch; prepare never needs it at run tim
 WINDOW_PER_WORKER = 4  # tasks handed out ahead of the shards, per worker (each waits as a piece file at most)
 
 
-@dataclass(frozen=True)
-class PrepareRequest:
+# A NamedTuple, not a dataclass: defined in ~0.15 ms at import against ~1 ms, and prepare's start-up counts.
+class PrepareRequest(NamedTuple):
     sources: list[str]
     tokenizer: str
     out: Path

@@ -14,16 +14,16 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from ...errors import ConfigError
 from ..shard_format import file_sha256
 from ..sources import source_files
 
 
-@dataclass(frozen=True)
-class Duplicate:
+# A NamedTuple, not a dataclass: defined in ~0.15 ms at import against ~1 ms, and prepare's start-up counts.
+class Duplicate(NamedTuple):
     path: Path
     of: Path
     how: str  # "a link to", "the file linked to by", "the same file as", "a hard link of", "byte-identical to"

@@ -16,9 +16,8 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
@@ -42,8 +41,8 @@ if TYPE_CHECKING:  # its module imports torch; prepare never needs it at run tim
 TASK_BYTES = 1 << 18  # about this much text per task: small enough that N workers end together
 
 
-@dataclass(frozen=True)
-class Task:
+# A NamedTuple, not a dataclass: defined in ~0.15 ms at import against ~1 ms, and prepare's start-up counts.
+class Task(NamedTuple):
     """One piece of the sources (``kind``: lines, parquet, txt or texts; texts-file on its way to a worker)."""
 
     kind: str
