@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import shutil
 import signal
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -45,6 +46,15 @@ def snapshot(folder: Path) -> Snapshot:
             stat = path.stat()
             out[name] = (stat.st_size, stat.st_mtime_ns, hashlib.sha1(path.read_bytes()).hexdigest())
     return out
+
+
+def damaged_copy(good_run: Path, tmp_path: Path, damage: Callable[[Path], None] | None) -> Path:
+    """A copy of the good run folder for one case (``tmp_path``/run), with the case's damage done to it."""
+    run = tmp_path / "run"
+    shutil.copytree(good_run, run)
+    if damage is not None:
+        damage(run)
+    return run
 
 
 def error_lines(result: CliResult) -> list[str]:

@@ -20,7 +20,6 @@ tests/test_signals_and_hangs.py.
 from __future__ import annotations
 
 import os
-import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +29,7 @@ from hostile_harness import (
     LAST,
     assert_one_clean_error,
     assert_unchanged,
+    damaged_copy,
     first_error_line,
     isolate,
     run_in_process,
@@ -165,15 +165,6 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 table = table_printer(TABLE, "input")
-
-
-def damaged_copy(good_run: Path, tmp_path: Path, damage: Callable[[Path], None] | None) -> Path:
-    """A copy of the good run folder for one case, with the case's damage done to it."""
-    run = tmp_path / "run"
-    shutil.copytree(good_run, run)
-    if damage is not None:
-        damage(run)
-    return run
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])

@@ -26,6 +26,7 @@ from hostile_harness import (
     LAST,
     assert_one_clean_error,
     assert_unchanged,
+    damaged_copy,
     error_lines,
     isolate,
     run_in_process,
@@ -314,10 +315,7 @@ table = table_printer(TABLE, "input")
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 def test_hostile_input_is_one_clean_error(case: Case, good_run: Path, inputs: Path, tmp_path: Path,
                                           monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    run = tmp_path / "run"
-    shutil.copytree(good_run, run)
-    if case.damage is not None:
-        case.damage(run)
+    run = damaged_copy(good_run, tmp_path, case.damage)
     isolate(monkeypatch, case.env)
     before = snapshot(run)
     args = [a.format(run=run, inputs=inputs, fresh=tmp_path / "fresh") for a in case.args]
