@@ -14,6 +14,7 @@ import os
 import shutil
 import signal
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -46,6 +47,20 @@ def snapshot(folder: Path) -> Snapshot:
             stat = path.stat()
             out[name] = (stat.st_size, stat.st_mtime_ns, hashlib.sha1(path.read_bytes()).hexdigest())
     return out
+
+
+@dataclass(frozen=True)
+class HostileCase:
+    """One hostile input run through the CLI's ``main`` in this process (the survey's cases, and the
+    hostile-input suite's second survey, which adds its own fields)."""
+
+    id: str
+    args: tuple[str, ...]  # "{run}", "{inputs}", "{fresh}" are filled in
+    fragment: str
+    code: int = 2
+    env: tuple[tuple[str, str], ...] = ()
+    damage: Callable[[Path], None] | None = None
+    small: bool = True
 
 
 def damaged_copy(good_run: Path, tmp_path: Path, damage: Callable[[Path], None] | None) -> Path:

@@ -27,6 +27,7 @@ from pathlib import Path
 import pytest
 from hostile_harness import (
     LAST,
+    HostileCase,
     assert_one_clean_error,
     assert_unchanged,
     damaged_copy,
@@ -194,15 +195,10 @@ TINY_SPEC = ("--training.seq_len=32", "--training.local_batch_size=2", "--traini
 
 
 @dataclass(frozen=True)
-class InProcess:
-    id: str
-    args: tuple[str, ...]  # "{run}", "{inputs}", "{fresh}" are filled in
-    fragment: str
-    code: int = 2
-    env: tuple[tuple[str, str], ...] = ()
-    damage: Callable[[Path], None] | None = None
+class InProcess(HostileCase):
+    """The survey's case (hostile_harness.HostileCase) with a set-up step and a run allowed to have begun."""
+
     prepare: Callable[[pytest.MonkeyPatch, Path], None] | None = None  # (monkeypatch, run folder)
-    small: bool = True
     # The run was accepted and began (it resumed and wrote its own config.toml) before the failure.
     started: bool = False
 

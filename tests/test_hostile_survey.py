@@ -18,12 +18,12 @@ import json
 import shutil
 import zlib
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 from hostile_harness import (
     LAST,
+    HostileCase as Case,
     assert_one_clean_error,
     assert_unchanged,
     damaged_copy,
@@ -42,17 +42,6 @@ SMALL = small(n_layers=1, batch=2, warmup=1)
 PLUGINS = ("--import", "_survey_plugins")
 FRESH = "--job.run_dir={fresh}"
 TABLE: list[tuple[str, int, str]] = []
-
-
-@dataclass(frozen=True)
-class Case:
-    id: str
-    args: tuple[str, ...]  # "{run}", "{inputs}", "{fresh}" are filled in
-    fragment: str
-    code: int = 2
-    env: tuple[tuple[str, str], ...] = ()
-    damage: Callable[[Path], None] | None = None
-    small: bool = True
 
 
 # ---- inputs written once --------------------------------------------------------------------------
