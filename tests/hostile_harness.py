@@ -11,8 +11,10 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import shutil
 import signal
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -45,6 +47,29 @@ def snapshot(folder: Path) -> Snapshot:
             stat = path.stat()
             out[name] = (stat.st_size, stat.st_mtime_ns, hashlib.sha1(path.read_bytes()).hexdigest())
     return out
+
+
+@dataclass(frozen=True)
+class HostileCase:
+    """One hostile input run through the CLI's ``main`` in this process (the survey's cases, and the
+    hostile-input suite's second survey, which adds its own fields)."""
+
+    id: str
+    args: tuple[str, ...]  # "{run}", "{inputs}", "{fresh}" are filled in
+    fragment: str
+    code: int = 2
+    env: tuple[tuple[str, str], ...] = ()
+    damage: Callable[[Path], None] | None = None
+    small: bool = True
+
+
+def damaged_copy(good_run: Path, tmp_path: Path, damage: Callable[[Path], None] | None) -> Path:
+    """A copy of the good run folder for one case (``tmp_path``/run), with the case's damage done to it."""
+    run = tmp_path / "run"
+    shutil.copytree(good_run, run)
+    if damage is not None:
+        damage(run)
+    return run
 
 
 def error_lines(result: CliResult) -> list[str]:

@@ -20,7 +20,6 @@ tests/test_signals_and_hangs.py.
 from __future__ import annotations
 
 import os
-import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,8 +27,10 @@ from pathlib import Path
 import pytest
 from hostile_harness import (
     LAST,
+    HostileCase,
     assert_one_clean_error,
     assert_unchanged,
+    damaged_copy,
     first_error_line,
     isolate,
     run_in_process,
@@ -167,15 +168,6 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> Path:
 table = table_printer(TABLE, "input")
 
 
-def damaged_copy(good_run: Path, tmp_path: Path, damage: Callable[[Path], None] | None) -> Path:
-    """A copy of the good run folder for one case, with the case's damage done to it."""
-    run = tmp_path / "run"
-    shutil.copytree(good_run, run)
-    if damage is not None:
-        damage(run)
-    return run
-
-
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 def test_hostile_input_is_one_clear_error_and_changes_nothing(
         case: Case, good_run: Path, inputs: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
@@ -203,15 +195,10 @@ TINY_SPEC = ("--training.seq_len=32", "--training.local_batch_size=2", "--traini
 
 
 @dataclass(frozen=True)
-class InProcess:
-    id: str
-    args: tuple[str, ...]  # "{run}", "{inputs}", "{fresh}" are filled in
-    fragment: str
-    code: int = 2
-    env: tuple[tuple[str, str], ...] = ()
-    damage: Callable[[Path], None] | None = None
+class InProcess(HostileCase):
+    """The survey's case (hostile_harness.HostileCase) with a set-up step and a run allowed to have begun."""
+
     prepare: Callable[[pytest.MonkeyPatch, Path], None] | None = None  # (monkeypatch, run folder)
-    small: bool = True
     # The run was accepted and began (it resumed and wrote its own config.toml) before the failure.
     started: bool = False
 

@@ -18,14 +18,15 @@ import json
 import shutil
 import zlib
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 from hostile_harness import (
     LAST,
+    HostileCase as Case,
     assert_one_clean_error,
     assert_unchanged,
+    damaged_copy,
     error_lines,
     isolate,
     run_in_process,
@@ -41,17 +42,6 @@ SMALL = small(n_layers=1, batch=2, warmup=1)
 PLUGINS = ("--import", "_survey_plugins")
 FRESH = "--job.run_dir={fresh}"
 TABLE: list[tuple[str, int, str]] = []
-
-
-@dataclass(frozen=True)
-class Case:
-    id: str
-    args: tuple[str, ...]  # "{run}", "{inputs}", "{fresh}" are filled in
-    fragment: str
-    code: int = 2
-    env: tuple[tuple[str, str], ...] = ()
-    damage: Callable[[Path], None] | None = None
-    small: bool = True
 
 
 # ---- inputs written once --------------------------------------------------------------------------
@@ -314,10 +304,7 @@ table = table_printer(TABLE, "input")
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 def test_hostile_input_is_one_clean_error(case: Case, good_run: Path, inputs: Path, tmp_path: Path,
                                           monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    run = tmp_path / "run"
-    shutil.copytree(good_run, run)
-    if case.damage is not None:
-        case.damage(run)
+    run = damaged_copy(good_run, tmp_path, case.damage)
     isolate(monkeypatch, case.env)
     before = snapshot(run)
     args = [a.format(run=run, inputs=inputs, fresh=tmp_path / "fresh") for a in case.args]

@@ -76,11 +76,9 @@ class MoE(nn.Module):
         self.shared_experts = shared_experts
         self.aux_loss_coeff = aux_loss_coeff
         self.bias_update_rate = bias_update_rate
-        self.aux_loss = None
-        self.tokens_per_expert = None
         self.aux_loss_in_backward = None
-        self.aux_loss_sum = None
         self.sequence_group = None
+        self.discard_forward_records()  # no forward has run yet: aux_loss, tokens_per_expert, aux_loss_sum unset
 
     def discard_forward_records(self) -> None:
         """Forget what forwards recorded (pipelining calls this after its shape-finding forward)."""

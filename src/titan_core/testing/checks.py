@@ -451,20 +451,23 @@ def check_tp(t: Target) -> str:
     figure = _matches_reference(t, "tp2", 2, *flags)
     # Matching numbers alone do not show TP ran: a parallelize_fn that ignores parallelism.tp trains a whole
     # copy on each rank, with the same numbers. The run's layout line says what was really sharded.
-    layout, sharded = _placed_params(run.output, "tp:S")
-    if not sharded:
-        raise Failed(f"the TP 2 run trained, but no parameter is sharded over the tp mesh (layout: "
-                     f"{layout or 'not reported'}): the parallelize_fn ignored parallelism.tp. Apply the TP plan "
-                     f"there, or refuse tp > 1 in the spec's validate_fn", "nothing sharded")
+    sharded = _require_placed(run.output, "tp:S", run_name="TP 2", placed="sharded", mesh="tp",
+                              advice="the parallelize_fn ignored parallelism.tp. Apply the TP plan there, or "
+                              "refuse tp > 1 in the spec's validate_fn")
     return f"{figure}, {sharded} params sharded"
 
 
-def _placed_params(output: str, placement: str) -> tuple[str, int]:
-    """The run's ``[titan] parameters:`` layout line ("" when absent) and how many parameters it
-    lists with ``placement`` (e.g. ``tp:S`` sharded over tp)."""
+def _require_placed(output: str, placement: str, *, run_name: str, placed: str, mesh: str, advice: str) -> int:
+    """How many parameters the run's ``[titan] parameters:`` layout line lists with ``placement``
+    (e.g. ``tp:S`` sharded over tp); none is a failure: a run that trains with the same numbers
+    may still have ignored the mesh (TP and EP both check this, with one message)."""
     layout = next((line.split("parameters:", 1)[1].strip() for line in output.splitlines()
                    if "[titan] parameters:" in line), "")
-    return layout, sum(int(part.split(" x ", 1)[0]) for part in layout.split("; ") if placement in part)
+    count = sum(int(part.split(" x ", 1)[0]) for part in layout.split("; ") if placement in part)
+    if not count:
+        raise Failed(f"the {run_name} run trained, but no parameter is {placed} over the {mesh} mesh (layout: "
+                     f"{layout or 'not reported'}): {advice}", f"nothing {placed}")
+    return count
 
 
 def check_cp(t: Target) -> str:
@@ -494,11 +497,8 @@ def check_ep(t: Target) -> str:
     _require_run(ref, "the one-process reference (2 micro-batches)")
     run = t.run("ep2", 5, "--parallelism.ep=2", half, nproc=2)
     _require_run(run, "the EP 2 run")
-    layout, split = _placed_params(run.output, "ep:S(0)")
-    if not split:
-        raise Failed(f"the EP 2 run trained, but no parameter is split over the ep mesh (layout: "
-                     f"{layout or 'not reported'}): the spec's parallelize_fn must apply "
-                     f"titan_core.parallel.apply_expert_parallel", "nothing split")
+    split = _require_placed(run.output, "ep:S(0)", run_name="EP 2", placed="split", mesh="ep",
+                            advice="the spec's parallelize_fn must apply titan_core.parallel.apply_expert_parallel")
     return f"{_compare(run, ref, 'ep2', t)}, {split} params split"
 
 
@@ -683,7 +683,10 @@ def _no_pp(spec: TrainSpec) -> str | None:
     return None if spec.pipelining_fn is not None else "no pipelining_fn"
 
 
+# The checks both kits run, the same in each.
 IMPORT_CHECK = Check("import", check_import, True)
+FSDP_CHECK = Check("FSDP2 x2 = 1 process", check_fsdp, False)
+RESUME_CHECK = Check("resume bit-exact", check_resume, False)
 
 CONVERTER_CHECKS = [
     IMPORT_CHECK,
@@ -691,9 +694,9 @@ CONVERTER_CHECKS = [
     Check("select/convert on meta", check_select_convert, True),
     Check("5 steps, gap to baseline", check_train, True),
     Check("hooks once per step", check_hooks, True),
-    Check("FSDP2 x2 = 1 process", check_fsdp, False),
+    FSDP_CHECK,
     Check("TP 2 works or refuses", check_tp, False),
-    Check("resume bit-exact", check_resume, False),
+    RESUME_CHECK,
 ]
 
 SPEC_CHECKS = [
@@ -702,13 +705,13 @@ SPEC_CHECKS = [
     Check("FLOPs/token vs matmuls", check_flops, True),
     Check("HF round trip", check_hf_roundtrip, True),
     Check("loss falls over 30 steps", check_loss_falls, True),
-    Check("FSDP2 x2 = 1 process", check_fsdp, False),
+    FSDP_CHECK,
     Check("TP 2 = 1 process", check_tp, False, _no_tp),
     Check("PP 2 = 1 process", check_pp, False, _no_pp),
     Check("CP 2 = 1 process", check_cp, False, _no_cp),
     Check("EP 2 = 1 process", check_ep, False),
     Check("init identical across layouts", check_init_layouts, False),
-    Check("resume bit-exact", check_resume, False),
+    RESUME_CHECK,
 ]
 
 COMPILE_CHECK = Check("--compile", check_compile, False)
