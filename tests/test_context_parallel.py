@@ -223,8 +223,6 @@ REFUSALS = [
      "training.seq_len=66 must split into 4 equal chunks"),
     (("--spec", "qwen3", "--flavor", "debugmoe", "--parallelism.cp=2", "--parallelism.ep=3", "--parallelism.dp_shard=2"),
      "parallelism.ep=3 with parallelism.cp=2: the cp ranks of a data-parallel rank exchange their tokens"),
-    (("--spec", "qwen3", "--flavor", "debugmoe", "--parallelism.cp=2", "--parallelism.ep=2", "--parallelism.tp=2",
-      "--parallelism.etp=2"), "parallelism.etp=2 with parallelism.ep=2 and parallelism.cp=2"),
     (("--spec", "deepseek_v3", "--parallelism.cp=2"), "does not declare context-parallelism support"),
     (("--spec", "llama3", "--parallelism.cp=2", "--metrics.layer_stats=true"),
      "parallelism.cp=2 with metrics.layer_stats"),

@@ -9,7 +9,8 @@ process): EP 2 x TP 2 (each tp slice exchanges its tokens within its own EP grou
 replicated over tp) and EP 2 x PP 2 (each stage's experts split over its 2 data-parallel ranks;
 stage 0 has none to split); EP 2 x HSDP (dp_replicate 2 x dp_shard 2, 1 row each); and expert tensor
 parallelism (each expert's hidden width split over tp): ETP 2 x EP 2 (each weight on the (ep, tp) mesh),
-ETP 2 x PP 2, and ETP 2 x CP 2, whose FSDP2 shards every weight over the 2 cp ranks. All
+ETP 2 x PP 2, ETP 2 x CP 2, whose FSDP2 shards every weight over the 2 cp ranks, and ETP 2 x EP 2 x CP 2
+(the experts split over the cp ranks as the ep group and over tp). All
 must reproduce the single-process losses (within 1e-6
 relative, the issue's bar for EP), gradient norms (the tolerance of the llama layouts in
 test_distributed_cli.py) and expert-load figures of 4 steps. The sequence-wise auxiliary loss is on (its figure must match too: pipeline stages
@@ -57,6 +58,8 @@ LAYOUTS = {
     # (CP's FSDP2 shards over the cp ranks: this is also ETP with FSDP2.)
     "etp2_cp2": ("--parallelism.tp=2", "--parallelism.etp=2", "--parallelism.cp=2", "--checkpoint.enable=true",
                  f"--checkpoint.interval={STEPS}"),
+    # All three: the experts split over ep = the 2 cp ranks and over tp (each weight on the (ep, tp) mesh).
+    "etp2_ep2_cp2": ("--parallelism.tp=2", "--parallelism.etp=2", "--parallelism.cp=2", "--parallelism.ep=2"),
 }
 # How each saving run's parameters were laid out (its printed layout line).
 SPLIT_EXPERTS = {"ep2_tp2": ("3 x expert_dp_shard:S(1), ep:S(0)", "tp:S(0)"),  # experts over ep, dense over tp

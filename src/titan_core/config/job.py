@@ -108,11 +108,6 @@ class JobConfig(BaseModel):
                 f"parallelism.etp={p.etp} with parallelism.tp={p.tp}: expert tensor parallelism splits each expert over "
                 f"the tp ranks, so etp is 1 (experts replicated over tp) or equal to tp ({p.tp})"
             )
-        if p.etp > 1 and p.ep > 1 and p.cp > 1:
-            raise ValueError(
-                f"parallelism.etp={p.etp} with parallelism.ep={p.ep} and parallelism.cp={p.cp}: experts split over tp, "
-                f"ep and cp ranks at once are not supported yet. Drop one of them (etp=1, ep=1 or cp=1)"
-            )
         # The one place the degrees are derived (and checked against the world size).
         dims = ParallelDims.resolve(dp_replicate=p.dp_replicate, dp_shard=p.dp_shard, tp=p.tp, pp=p.pp,
                                     world_size=world_size, ep=p.ep, cp=p.cp)

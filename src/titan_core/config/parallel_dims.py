@@ -153,10 +153,13 @@ class ParallelDims:
         from ..runtime.torch_compat import flatten_mesh, unflatten_mesh  # start-up: as in build_meshes
 
         if self.cp_enabled:
-            assert not with_tp, "etp with ep and cp is refused by the config (config/job.py)"
             split = unflatten_mesh(mesh, "dp_shard", (self.expert_dp_shard, self.ep // self.cp),
                                    ("expert_dp_shard", "ep_shard"))
-            split_over = flatten_mesh(split[("ep_shard", "cp")], "ep")
+            if with_tp:  # (ep, tp): (ep_shard, cp, tp) flattened, then split again into (ep, tp), on the same root
+                ep_tp = flatten_mesh(split[("ep_shard", "cp", "tp")], "ep_tp")
+                split_over = unflatten_mesh(ep_tp, "ep_tp", (self.ep, self.tp), ("ep", "tp"))
+            else:
+                split_over = flatten_mesh(split[("ep_shard", "cp")], "ep")
         else:
             split = unflatten_mesh(mesh, "dp_shard", (self.expert_dp_shard, self.ep), ("expert_dp_shard", "ep"))
             split_over = split[("ep", "tp")] if with_tp else split["ep"]
