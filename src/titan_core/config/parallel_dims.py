@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, overload
 
@@ -121,17 +122,22 @@ class ParallelDims:
         if self.cp_enabled:
             names, shape = (*names[:3], "cp", names[3]), (*shape[:3], self.cp, shape[3])
         mesh = init_device_mesh(device_type, shape, mesh_dim_names=names)
-        from ..runtime.torch_compat import flatten_mesh  # start-up: config imports no torch, torch_compat does
+        from ..runtime.torch_compat import flatten_mesh, unflatten_mesh  # start-up: config imports no torch
 
         dp = flatten_mesh(mesh[("dp_replicate", "dp_shard")], "dp")
-        if self.cp_enabled:  # registered on the root, read back by name (dp_mesh, token_mesh)
-            flatten_mesh(mesh[("dp_shard", "cp")], "dp_shard_cp")
-            flatten_mesh(mesh[("dp_replicate", "dp_shard", "cp")], "dp_cp")
+        if self.cp_enabled:
+            # Kept here, for dp_mesh and token_mesh: torch deprecates slicing a flattened dim from the root.
+            dp_cp = flatten_mesh(mesh[("dp_replicate", "dp_shard", "cp")], "dp_cp")
+            kept = {"dp_cp": dp_cp, "dp_shard_cp": flatten_mesh(mesh[("dp_shard", "cp")], "dp_shard_cp")}
+            if self.dp_replicate_enabled:  # HSDP's 2-D mesh: dp_cp split again, on the same root
+                kept["dp_replicate, dp_shard_cp"] = unflatten_mesh(
+                    dp_cp, "dp_cp", (self.dp_replicate, self.dp_shard * self.cp), ("dp_replicate", "dp_shard_cp"))
+            _FLATTENED[mesh] = kept
         return mesh, dp
 
     def token_mesh(self, mesh: DeviceMesh, dp_mesh: DeviceMesh) -> DeviceMesh:
         """The ranks whose tokens differ (``dp`` with ``cp`` folded in): valid labels and MoE loads add up over it."""
-        return mesh["dp_cp"] if self.cp_enabled else dp_mesh
+        return _flattened(mesh, "dp_cp") if self.cp_enabled else dp_mesh
 
     def expert_meshes(self, mesh: DeviceMesh, *, with_tp: bool = False) -> tuple[DeviceMesh, DeviceMesh]:
         """(the ``ep`` mesh the experts are split over, the mesh FSDP2 shards each rank's experts over).
@@ -171,12 +177,25 @@ class ParallelDims:
         """The mesh FSDP2 / replication uses: (dp_replicate, dp_shard) for HSDP, else 1-D; with cp, dp_shard_cp
         in place of dp_shard (the cp ranks hold the same weights and see different tokens)."""
         if self.cp_enabled:
-            return mesh[("dp_replicate", "dp_shard_cp")] if self.dp_replicate_enabled else mesh["dp_shard_cp"]
+            return _flattened(mesh, "dp_replicate, dp_shard_cp" if self.dp_replicate_enabled else "dp_shard_cp")
         if self.dp_replicate_enabled and self.fsdp_enabled:
             return mesh[("dp_replicate", "dp_shard")]
         if self.dp_replicate_enabled:
             return mesh["dp_replicate"]
         return mesh["dp_shard"]
+
+
+# The flattened meshes build_meshes made, by root mesh (weakly: a mesh dropped takes its entry with it).
+_FLATTENED: weakref.WeakKeyDictionary[DeviceMesh, dict[str, DeviceMesh]] = weakref.WeakKeyDictionary()
+
+
+def _flattened(mesh: DeviceMesh, name: str) -> DeviceMesh:
+    """The mesh ``name`` that build_meshes kept for the root ``mesh``; for a root built elsewhere (a spec's own
+    mesh), sliced from it by name, as torch still allows (with its deprecation warning)."""
+    kept = _FLATTENED.get(mesh)
+    if kept is not None:
+        return kept[name]
+    return mesh[tuple(name.split(", "))] if ", " in name else mesh[name]
 
 
 def _check_ep(ep: int, *, dp_shard: int, cp: int = 1) -> None:
