@@ -121,6 +121,8 @@ SMALLEST = {
     # One rank of a small layout under the fake process group (the 70B figure takes about a minute).
     "sharded_init.py": (["--flavor", "debugmodel", "--tp", "2", "--dp-shard", "2", "--rank", "3"],
                         r"^tiled / whole\s+[\d.]+$"),
+    "end_of_run_memory.py": (["--rounds", "1", "--steps", "1", "--batch", "1", "--seq-len", "64"],
+                             r"^report on: peak \d+ MB above the last step's RSS \(median\); report off: \d+ MB$"),
     # Without a torchtitan source: titan-core alone, and the script says so.
     "vs_torchtitan.py": (["--tt-src", "", "--steps", "4", "--batch", "1", "--seq-len", "32", "--layouts", "single"],
                          r"^single\s+titan\s+[\d.]+\s+\d+\s+[\d.]+\s+[\d.]+$"),

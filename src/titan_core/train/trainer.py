@@ -61,7 +61,7 @@ from ..parallel.precision import autocast_for, resolve_compute_dtype
 from ..plan.resolve import ResolvedConfig
 from ..plugin.protocols import ModelConverter, TensorParallelStyles, Tokenizer, TrainSpec
 from ..plugin.spec_factories import LossFn, LRSchedulers, MetricsProcessor, Pipeline
-from ..runtime.cpu_allocator import keep_freed_memory_in_heap
+from ..runtime.cpu_allocator import keep_freed_memory_in_heap, release_freed_memory
 from ..runtime.cpu_threads import choose_cpu_threads
 from ..runtime.determinism import enable_deterministic
 from ..runtime.launch_env import rank_env
@@ -964,6 +964,9 @@ class Trainer:
     def finish(self) -> None:
         self.dataloader.close()
         self.checkpointer.wait()
+        # The steps' freed activations stay in the heap (keep_freed_memory_in_heap); handed back now, the
+        # export and the report (matplotlib: 23-26 MB above the peak, docs/benchmarks.md) reuse those pages.
+        release_freed_memory()
         weights = self.config.checkpoint.export_weights
         with self.ema.swapped_in() if weights == "ema" and self.ema is not None else contextlib.nullcontext():
             if self.config.checkpoint.export_at_end and self.config.checkpoint.export_format == "hf":
