@@ -185,7 +185,9 @@ class ParallelDims:
         return mesh["dp_shard"]
 
 
-# The flattened meshes build_meshes made, by root mesh (weakly: a mesh dropped takes its entry with it).
+# The flattened meshes build_meshes made, by root mesh. DeviceMesh compares by layout and names, so a root
+# built again with the same layout replaces the entry; the kept meshes refer to their root, so an entry lives
+# as long as the process's process groups do.
 _FLATTENED: weakref.WeakKeyDictionary[DeviceMesh, dict[str, DeviceMesh]] = weakref.WeakKeyDictionary()
 
 
