@@ -173,17 +173,6 @@ def test_only_rank0_reports(name: str, layout_runs: dict[str, Run]) -> None:
         assert r["tokens_per_s_total"] * r["step_time_s"] == pytest.approx(GLOBAL_BATCH * SEQ_LEN, rel=1e-9)
 
 
-def test_a_worker_error_every_rank_hits_is_printed_once(tmp_path: Path) -> None:
-    # A mistake only the workers can see (the data folder is opened after the launch): both ranks hit it,
-    # the launcher prints it once (tests/test_launcher_errors.py has the other cases).
-    run = titan(tmp_path / "run", "--data.source=/nonexistent/corpus.txt", nproc=2)
-    assert run.code == 2, run.text
-    errors = [line for line in run.err.splitlines() if "error:" in line]
-    assert errors == [line for line in errors if line.startswith(
-        'titan-train: error: data.source "/nonexistent/corpus.txt" does not exist')] and len(errors) == 1, run.err
-    assert "Traceback" not in run.text, run.text
-
-
 BAD_LAYOUTS = [
     pytest.param(2, ("--parallelism.tp=3",), "tp=3 x pp=1 = 3 does not divide world size 2", id="tp3_on_2"),
     pytest.param(None, ("--parallelism.dp_shard=2",), "dp_shard=2 x tp=1 x pp=1 = 2, but the world size is 1",
