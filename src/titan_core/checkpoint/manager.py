@@ -32,9 +32,8 @@ numerics (or for parameters a converter adds) is not trusted. With
 The collectives of a synchronous save (and of resuming) run on the default group,
 between steps, on the training's thread. Only ``async_mode = "async"`` opens a
 dedicated gloo group, so that the background save's collectives never interleave
-with the training's. A gloo group over every rank connects every pair of ranks (more
-than 1024 sockets per rank at 1024+ ranks), which is why it is not opened when the
-default group suffices. Failures are agreed on by all ranks, so one rank's full disk
+with the training's; its connections open on demand (``background_group.py``), so
+it never builds a full socket mesh over 1024+ ranks. Failures are agreed on by all ranks, so one rank's full disk
 stops every rank with the same error instead of leaving the others waiting in a
 collective.
 
@@ -66,6 +65,7 @@ from torch.distributed.tensor import DTensor
 from ..config.sections import CheckpointSection
 from ..errors import CheckpointError, NonFiniteError, TitanError
 from . import integrity, layout, states as st, storage
+from .background_group import open_background_group
 from .identity import (
     CheckpointRecord,
     ResumeInfo,
@@ -141,7 +141,7 @@ class CheckpointManager:
             if config.async_mode == "async":
                 # The background thread's collectives need a group of their own. Not one over a subset:
                 # DCP's plan exchange and the digest gather involve every rank that holds a shard.
-                self._pg = dist.new_group(backend="gloo")
+                self._pg = open_background_group()
             self._rank, self._world = dist.get_rank(self._pg), dist.get_world_size(self._pg)
         self._pending: Future[None] | None = None
         self._executor: ThreadPoolExecutor | None = None
