@@ -184,6 +184,7 @@ class ParallelismSection(Section):
     pp_stages_per_rank: int = Field(1, ge=1, description="Stages per pipeline rank (2+ for interleaved schedules).")
     pp_split_points: list[str] = Field(default_factory=list, description="Layer names that start a new stage; empty = balanced automatic split.")
     pp_end_stage_fewer_layers: int = Field(-1, ge=-1, description="Automatic split: layers the first and the last stage each hold fewer than the others, for the embedding and the head; -1 = 1 when every stage would hold at least 4 layers, else 0.")
+    pp_static_shapes: bool = Field(True, description="Give each pipeline stage the shapes and dtype it receives and sends before the first step (the residual stream [micro-batch, seq_len / cp / tp, dim]), so that neighbours need no shape handshake; each sent output is checked against them. false = torch learns them from the first micro-batch (a spec whose stages send something else).")
     loss_parallel: bool = Field(True, description="With tp > 1: compute the loss on vocab-sharded logits.")
     fsdp_reshard_after_forward: Literal["default", "always", "never"] = Field("default", description="FSDP2 reshard policy; default = always, except never for the last block.")
     param_dtype: Literal["auto", "float32", "bfloat16"] = Field("auto", description="FSDP2 parameter dtype during compute (what is all-gathered); auto = the compute dtype (bfloat16 when training.dtype resolves to bfloat16). Master weights stay float32.")

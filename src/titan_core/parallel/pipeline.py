@@ -46,7 +46,7 @@ from torch import nn
 
 from ..config.parallel_dims import ParallelDims
 from ..config.sections import ParallelismSection, TrainingSection
-from ..errors import ConfigError
+from ..errors import ConfigError, TitanError
 from ..plugin.resolved import resolve_compute_dtype
 from ..plugin.spec_factories import PipeliningFn
 from .fake_group import is_fake_group
@@ -260,9 +260,11 @@ def static_stage_args(model: nn.Module, *, is_first: bool, parallel_dims: Parall
                       parallelism: ParallelismSection, training: TrainingSection, device: torch.device,
                       first: Sequence[str] = ("tok_embeddings",)) -> tuple[torch.Tensor, torch.Tensor] | None:
     """Meta tensors of what a stage receives and sends per micro-batch, known before any step: the
-    first stage takes token ids ``[micro-batch, seq_len]``; every stage sends the residual stream,
-    ``[micro-batch, seq_len / tp, dim]`` (tensor parallelism shards it on the sequence: tp_plans.py),
-    in FSDP's gather dtype when the stages are sharded (the embedding's output is), else in the
+    first stage takes token ids ``[micro-batch, seq_len / cp]``; every stage sends the residual stream,
+    ``[micro-batch, seq_len / cp / tp, dim]`` (context parallelism gives each rank its chunks of the
+    sequence; tensor parallelism shards the stream on the sequence: tp_plans.py),
+    in FSDP's gather dtype when the stages are sharded or replicated over data- or context-parallel
+    ranks (the embedding's output is), else in the
     weights' dtype (autocast leaves the residual additions in it). The last stage's output is sent
     nowhere; it is given the same meta tensor. None when the model's first module is not one
     ``nn.Embedding`` (the dimension is read from it): torch then learns the shapes at the first step.
@@ -272,15 +274,60 @@ def static_stage_args(model: nn.Module, *, is_first: bool, parallel_dims: Parall
         return None
     n_mb = parallelism.pp_microbatches or parallelism.pp * parallelism.pp_stages_per_rank
     rows = training.local_batch_size // n_mb
-    seq = training.seq_len // parallel_dims.tp if parallel_dims.tp > 1 else training.seq_len
-    if parallel_dims.fsdp_enabled:
+    local_seq = training.seq_len // parallel_dims.cp
+    seq = local_seq // parallel_dims.tp
+    if parallel_dims.dp_cp > 1:  # FSDP2 (or replicate) over dp and cp ranks casts what it gathers (fsdp.py)
         dtype = gather_dtype(parallelism, resolve_compute_dtype(training.dtype, device))
     else:
         dtype = embedding.weight.dtype
     # requires_grad: the stream's gradient flows back (torch sizes the gradient buffers from these)
     hidden = torch.empty(rows, seq, embedding.embedding_dim, dtype=dtype, device="meta", requires_grad=True)
-    tokens = torch.empty(rows, training.seq_len, dtype=torch.long, device="meta")
+    tokens = torch.empty(rows, local_seq, dtype=torch.long, device="meta")
     return (tokens if is_first else hidden), hidden
+
+
+def _check_what_is_sent(stage: Any, stage_id: int, expected: torch.Tensor) -> None:
+    """Check each micro-batch's output of the schedule's forward before it is sent (not a module hook: the
+    evaluation runs the stage modules on batches of its own shape, outside the schedule)."""
+    forward_one_chunk = stage.forward_one_chunk
+    check = _sends_as_declared(stage_id, expected)
+
+    def checked(*args: Any, **kwargs: Any) -> Any:
+        output = forward_one_chunk(*args, **kwargs)
+        check(stage.submod, args, output)
+        return output
+
+    stage.forward_one_chunk = checked
+
+
+def _sends_as_declared(stage: int, expected: torch.Tensor) -> Callable[..., None]:
+    """Whether the stage's output is what its neighbour's receive buffer was built for (ConfigError if not)."""
+
+    def check(module: nn.Module, args: Any, output: Any) -> None:
+        sent = output[0] if isinstance(output, tuple) and len(output) == 1 else output
+        if isinstance(sent, torch.Tensor) and sent.shape == expected.shape and sent.dtype == expected.dtype:
+            return
+        what = (f"{tuple(sent.shape)} {str(sent.dtype).removeprefix('torch.')}" if isinstance(sent, torch.Tensor)
+                else type(output).__name__)
+        raise ConfigError(
+            f"pipeline stage {stage} sends {what}, but the next stage was built to receive "
+            f"{tuple(expected.shape)} {str(expected.dtype).removeprefix('torch.')} (the residual stream "
+            f"[micro-batch, seq_len / cp / tp, dim], parallelism.pp_static_shapes=true). If this spec's stages "
+            f"send something else, set --parallelism.pp_static_shapes=false: torch then learns the shapes from "
+            f"the first micro-batch.")
+
+    return check
+
+
+def step_schedule(schedule: Any, *args: Any, **kwargs: Any) -> None:
+    """One step of a pipeline schedule; an error of ours raised in a stage comes out as itself (torch wraps
+    whatever a stage raises in a RuntimeError, which would print a traceback instead of its message)."""
+    try:
+        schedule.step(*args, return_outputs=False, **kwargs)
+    except RuntimeError as exc:
+        if isinstance(exc.__cause__, TitanError):
+            raise exc.__cause__ from None
+        raise
 
 
 def default_pipelining_fn(*, blocks_attr: str = "layers", first: Sequence[str] = ("tok_embeddings",),
@@ -323,9 +370,11 @@ def pipeline_model(
     ids = stage_ids_of_rank(pp_mesh.get_local_rank(), pp, per_rank, v_style=name in V_SCHEDULES)
 
     # Under the fake process group (rehearsal) no stage can learn its neighbour's shapes, so they are
-    # given; on a real run torch learns them from the first micro-batch (exact whatever the spec's stages
-    # return), a pickled handshake between neighbours.
+    # given. On a real run too by default (parallelism.pp_static_shapes): torch would otherwise learn them
+    # from the first micro-batch, a pickled handshake between neighbours, and each sent output is checked
+    # against them, so a spec whose stages send something else stops with a message, not garbage.
     alone = is_fake_group()
+    static = alone or parallelism.pp_static_shapes
     parts: list[nn.Module] = []
     stages = []
     for sid in ids:
@@ -334,13 +383,16 @@ def pipeline_model(
         part = parallelize(part)
         parts.append(part)
         shapes = static_stage_args(model, is_first=sid == 0, parallel_dims=parallel_dims, parallelism=parallelism,
-                                   training=training, device=device, first=first) if alone else None
+                                   training=training, device=device, first=first) if static else None
         if alone and shapes is None and device.type != "meta":  # the dry run's plan never runs a step
             raise ConfigError(f"rehearsing a pipeline needs the stages' shapes before the first step, read from the "
                               f"model's embedding: {type(model).__name__}.{first[0]} is not one nn.Embedding.")
         inputs, outputs = shapes if shapes is not None else (None, None)
-        stages.append(_stage_class(alone=alone)(part, sid, num_stages, device, input_args=inputs, output_args=outputs,
-                                                group=pp_mesh.get_group()))
+        stage = _stage_class(alone=alone)(part, sid, num_stages, device, input_args=inputs, output_args=outputs,
+                                          group=pp_mesh.get_group())
+        if outputs is not None and sid != num_stages - 1:  # rehearsal too: its stages compute real shapes
+            _check_what_is_sent(stage, sid, outputs)
+        stages.append(stage)
 
     n_microbatches = parallelism.pp_microbatches or num_stages
     schedule_cls = get_schedule_class(name)
@@ -370,6 +422,7 @@ __all__ = [
     "pipeline_model",
     "split_layers",
     "splits_backward",
+    "step_schedule",
     "stage_ids_of_rank",
     "static_stage_args",
     "validate_pipeline",

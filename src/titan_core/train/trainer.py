@@ -56,7 +56,7 @@ from ..parallel.context_parallel import (
 )
 from ..parallel.expert_tensor_parallel import check_etp_fits
 from ..parallel.parameter_layout import describe_parameter_layout
-from ..parallel.pipeline import splits_backward
+from ..parallel.pipeline import splits_backward, step_schedule
 from ..parallel.precision import autocast_for, resolve_compute_dtype
 from ..plan.resolve import ResolvedConfig
 from ..plugin.protocols import ModelConverter, TensorParallelStyles, Tokenizer, TrainSpec
@@ -613,8 +613,7 @@ class Trainer:
         self.pp_schedule_steps += 1
         with self.autocast(), self.loss_context(), self.head_request() as self.pipe_head, \
                 self.sequence_attention(positions):
-            pipe.schedule.step(*args, target=target, losses=losses, return_outputs=False,
-                               **self.model_kwargs(positions))
+            step_schedule(pipe.schedule, *args, target=target, losses=losses, **self.model_kwargs(positions))
         self.pipe_head = None
         self.z_loss.keep_last_since(z_mark, len(losses or ()))  # the schedule's losses only (z_loss.py)
         if losses:
