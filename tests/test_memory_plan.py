@@ -90,6 +90,44 @@ def test_activations_per_mode_from_one_meta_forward() -> None:
     assert re.fullmatch(r"\d+", str(probe.outside))
 
 
+def test_tensor_parallelism_keeps_the_gathered_inputs_of_column_wise_linears_whole() -> None:
+    """Under TP a block's activations split over the tp ranks, except the inputs its column-wise linears
+    saved after gathering them from the sequence shards (and, with per-op selective AC, the row-wise ones'
+    partial-sum outputs): the plan counts those once per rank, whole."""
+    from titan_core.config.sections import ActivationCheckpointSection
+    from titan_core.plan.resolve import resolve_config
+    from titan_core.train.activation_probe import probe_activations
+    from titan_core.train.build import build_meta_model
+    from titan_core.train.memory_plan import layer_activations
+
+    resolved = resolve_config(config_source=None, override_pairs=[("model.spec", "llama3")])
+    model = build_meta_model(resolved).model
+    probe = probe_activations(model, micro_batch=2, seq_len=64, dtype=torch.float32)
+    block = probe.blocks["0"]
+    inputs = block.matmul_inputs
+    assert sorted(inputs) == sorted(f"attention.{w}.weight" for w in ("wq", "wk", "wv", "wo")) + sorted(
+        f"feed_forward.{w}.weight" for w in ("w1", "w2", "w3"))
+    # q, k and v multiply one normed input; w1 and w3 another; each is a [2, 64, 256] float32 tensor
+    assert inputs["attention.wq.weight"] == inputs["attention.wk.weight"] == inputs["attention.wv.weight"]
+    assert inputs["feed_forward.w1.weight"] == inputs["feed_forward.w3.weight"] != inputs["attention.wq.weight"]
+    columnwise = frozenset(n for n in inputs if n.split(".")[-2] in ("wq", "wk", "wv", "w1", "w3"))
+    rowwise = frozenset(inputs) - columnwise
+    whole = block.saved_inputs_of(set(columnwise))
+    assert whole == 2 * (2 * 64 * 256 * 4)
+    names = ("0",)
+    none = ActivationCheckpointSection(mode="none")
+    kept, _, working = layer_activations(probe, names, none, tp=2, columnwise=columnwise, rowwise=rowwise)
+    assert kept == working == whole + (block.saved - whole) // 2
+    assert layer_activations(probe, names, none) == (block.saved, 0, block.saved)  # no TP: all of it
+    full = ActivationCheckpointSection(mode="full")
+    assert layer_activations(probe, names, full, tp=2, columnwise=columnwise, rowwise=rowwise) == (
+        block.input_bytes // 2, kept, kept)  # the input is a sequence shard; the recompute is as above
+    op = ActivationCheckpointSection(mode="selective")
+    kept_op, _, _ = layer_activations(probe, names, op, tp=2, columnwise=columnwise, rowwise=rowwise)
+    rowwise_out = block.kept_outputs_of(set(rowwise))
+    assert 0 < rowwise_out and kept_op == rowwise_out + (block.input_bytes + block.selective_ops - rowwise_out) // 2
+
+
 def test_the_plan_section_of_the_distributed_page_runs_as_written(tmp_path) -> None:
     from doc_commands import blocks, run_blocks
 

@@ -12,6 +12,11 @@ activation-checkpointing mode's figure comes from the same pass:
   live again during its recompute, counted by the plan as the recompute peak);
 * ``selective`` per-op: the block's input plus the saved ops' outputs (every other matmul).
 
+Each matmul's saved input and kept output are also noted by the weight it multiplies (its name in
+the block), so the plan can tell what tensor parallelism keeps whole: the inputs of column-parallel
+linears (gathered from the sequence shards for the matmul and saved so) and the outputs of
+row-wise ones (full partial sums before their reduce-scatter).
+
 Attention is counted as a fused kernel runs it (flash on CUDA, the fused kernels on CPU): on meta
 torch takes SDPA's reference path, which keeps the ``[.., seq, seq]`` score matrices; no fused
 kernel stores them, so tensors whose last two sizes are both the sequence length are left out.
@@ -42,7 +47,20 @@ class BlockActivations:
     saved: int = 0  # everything (AC none)
     input_bytes: int = 0  # the block's input (AC full keeps only this)
     selective_ops: int = 0  # outputs of the ops per-op selective AC keeps
-    _storages: set[int] = field(default_factory=set, repr=False)
+    # by the weight's name in the block: the storage of the matmul's input, and the bytes of its output
+    # when per-op selective AC keeps it
+    matmul_inputs: dict[str, int] = field(default_factory=dict, repr=False)
+    kept_matmul_outputs: dict[str, int] = field(default_factory=dict, repr=False)
+    _storages: dict[int, int] = field(default_factory=dict, repr=False)  # saved storage -> bytes
+
+    def saved_inputs_of(self, weights: set[str]) -> int:
+        """Bytes of the saved matmul inputs of ``weights`` (names in the block), each storage once."""
+        keys = {key for name, key in self.matmul_inputs.items() if name in weights}
+        return sum(self._storages.get(key, 0) for key in keys)
+
+    def kept_outputs_of(self, weights: set[str]) -> int:
+        """Bytes of the outputs of ``weights``' matmuls that per-op selective AC keeps."""
+        return sum(n for name, n in self.kept_matmul_outputs.items() if name in weights)
 
 
 @dataclass(frozen=True)
@@ -93,10 +111,16 @@ class _OpOutputs(_DispatchMode):  # type: ignore[misc,valid-type]
                 keep = self.mm_count % 2 == 1  # every other matmul is recomputed
             elif any(part in name for part in _SAVED_NAME_PARTS) and "backward" not in name:
                 keep = True
+            weight = self.probe.weight_of(func, args)
+            if weight is not None:
+                block.matmul_inputs[weight] = _storage_key(args[-2])
             if keep:
                 leaves = _tensors(out)
-                block.selective_ops += sum(_nbytes(t) for t in leaves
-                                           if isinstance(t, torch.Tensor) and not self.probe.is_score_matrix(t))
+                kept = sum(_nbytes(t) for t in leaves
+                           if isinstance(t, torch.Tensor) and not self.probe.is_score_matrix(t))
+                block.selective_ops += kept
+                if weight is not None:
+                    block.kept_matmul_outputs[weight] = kept
         return out
 
 
@@ -134,6 +158,18 @@ class _Recorder:
         self.outside_storages: set[int] = set()
         self.current: BlockActivations | None = None
         self.blocks_attr = blocks_attr
+        self.weight_names: dict[int, str] = {}  # a block weight's storage -> its name in the block
+
+    def name_weights(self, blocks: nn.Module) -> None:
+        self.weight_names = {_storage_key(p): name for _, block in blocks.named_children()
+                             for name, p in block.named_parameters()}
+
+    def weight_of(self, func: Any, args: Any) -> str | None:
+        """The block weight a 2-D matmul (``mm(x, w.t())``, ``addmm(b, x, w.t())``) multiplies, if any."""
+        if str(func) not in ("aten.mm.default", "aten.addmm.default") or len(args) < 2:
+            return None
+        weight = args[-1]
+        return self.weight_names.get(_storage_key(weight)) if isinstance(weight, torch.Tensor) else None
 
     def pack(self, t: torch.Tensor) -> torch.Tensor:
         key = _storage_key(t)
@@ -145,8 +181,8 @@ class _Recorder:
                 self.outside_storages.add(key)
                 self.outside += _nbytes(t)
         elif key not in target._storages:
-            target._storages.add(key)
-            target.saved += _nbytes(t)
+            target._storages[key] = _nbytes(t)
+            target.saved += target._storages[key]
         return t
 
     def is_score_matrix(self, t: torch.Tensor) -> bool:
@@ -195,6 +231,7 @@ def probe_activations(model: nn.Module, *, micro_batch: int, seq_len: int, dtype
     tokens = torch.zeros((micro_batch, seq_len), dtype=torch.long, device="meta")
     with _weights_in(model, dtype), _only_blocks(blocks, leaders), recorder.hooks(model):
         recorder.param_storages = {_storage_key(p) for p in model.parameters()}
+        recorder.name_weights(blocks)
         with torch.autograd.graph.saved_tensors_hooks(recorder.pack, lambda t: t), _OpOutputs(recorder):
             logits = model(tokens)
     per_block = {name: recorder.blocks[names[0]] for names in kinds.values() for name in names}

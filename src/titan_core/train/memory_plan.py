@@ -9,7 +9,9 @@ real shards. On top of them come, per rank:
   moments per local parameter; with ``[ema]`` one float32 average more, counted in ``optim``);
 * activations of the micro-batches in flight, per the activation-checkpointing mode, measured by
   one forward on meta (``activation_probe.py``) and divided by tp (sequence parallelism splits
-  what tensor parallelism does not); with context parallelism the forward is of seq_len / cp tokens; with ``full`` one block's activations live again during its
+  what tensor parallelism does not), except what tensor parallelism keeps whole: the gathered inputs
+  of the column-wise linears and, under per-op selective AC, the row-wise linears' partial-sum
+  outputs (``layer_activations``); with context parallelism the forward is of seq_len / cp tokens; with ``full`` one block's activations live again during its
   recompute; and the gradients of one block's activations while it is back-propagated (as many
   bytes as it saved);
 * the last stage's logits and the loss's float32 copies (vocabulary split over tp); with
@@ -94,6 +96,10 @@ class StageShape:
     param_bytes: int
     gather_root: int  # bytes of the root's (non-block) parameters once gathered, in float32
     gather_blocks: tuple[int, ...]  # each block's gathered bytes, in float32
+    # Under tensor parallelism, the block weights (names in the block) split by output (column-wise: their
+    # inputs are gathered whole) and by input (row-wise: their outputs are whole partial sums)
+    tp_columnwise: frozenset[str] = frozenset()
+    tp_rowwise: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -149,8 +155,25 @@ def _blocks_of(part: nn.Module, blocks_attr: str) -> nn.Module | None:
         return None
 
 
+def _tp_split(block: nn.Module) -> tuple[set[str], set[str]]:
+    """The names of the block's 2-D weights split over the tp mesh dimension by output (dim 0) and by input."""
+    columnwise: set[str] = set()
+    rowwise: set[str] = set()
+    for name, p in block.named_parameters():
+        mesh, placements = getattr(p, "device_mesh", None), getattr(p, "placements", None)
+        if mesh is None or placements is None or p.dim() != 2 or "tp" not in (mesh.mesh_dim_names or ()):
+            continue
+        placement = placements[list(mesh.mesh_dim_names).index("tp")]
+        dim = getattr(placement, "dim", None)
+        if placement.is_shard() and dim is not None:
+            (columnwise if dim == 0 else rowwise).add(name)
+    return columnwise, rowwise
+
+
 def _stage_shape(part_list: list[nn.Module], *, pp_rank: int, rank: int, stage_ids: tuple[int, ...], has_last: bool,
                  blocks_attr: str) -> StageShape:
+    columnwise: set[str] = set()
+    rowwise: set[str] = set()
     names: list[str] = []
     blocks_bytes: list[int] = []
     root = 0
@@ -163,13 +186,17 @@ def _stage_shape(part_list: list[nn.Module], *, pp_rank: int, rank: int, stage_i
             for name, block in blocks.named_children():
                 names.append(name)
                 blocks_bytes.append(_gathered_bytes(block, recurse=True, skip=set()))
+                col, row = _tp_split(block)
+                columnwise |= col
+                rowwise |= row
                 block_params |= {id(p) for p in block.parameters()}
         root += sum(_gathered_numel(p) * 4 for p in part.parameters() if id(p) not in block_params)
         for p in part.parameters():
             n = _local_numel(p)
             local += n
             param_bytes += n * p.element_size()
-    return StageShape(pp_rank, rank, stage_ids, tuple(names), has_last, local, param_bytes, root, tuple(blocks_bytes))
+    return StageShape(pp_rank, rank, stage_ids, tuple(names), has_last, local, param_bytes, root, tuple(blocks_bytes),
+                      frozenset(columnwise), frozenset(rowwise))
 
 
 def build_stage_shapes(resolved: ResolvedConfig, model: nn.Module, *, blocks_attr: str = "layers") -> list[StageShape]:
@@ -262,25 +289,47 @@ def in_flight(resolved: ResolvedConfig, pp_rank: int) -> int:
     return min(pp - pp_rank, n_mb)  # 1F1B: the first stage holds pp micro-batches, the last one
 
 
-def layer_activations(probe: ActivationProbe, names: tuple[str, ...], ac: ActivationCheckpointSection) -> tuple[int, int]:
-    """(bytes kept per micro-batch by these blocks, bytes of the largest block's recompute) for the AC mode."""
+def layer_activations(probe: ActivationProbe, names: tuple[str, ...], ac: ActivationCheckpointSection, *,
+                      tp: int = 1, columnwise: frozenset[str] = frozenset(),
+                      rowwise: frozenset[str] = frozenset()) -> tuple[int, int, int]:
+    """Per rank: (bytes kept per micro-batch by these blocks, bytes of the largest block's recompute, bytes of
+    the largest block's activation gradients while it is back-propagated) for the AC mode.
+
+    Tensor parallelism (sequence-parallel between blocks) splits a block's activations over its tp ranks,
+    except what it keeps whole: the inputs of the column-wise linears (gathered from the sequence shards
+    for the matmul and saved so) and the outputs of the row-wise ones (full partial sums before their
+    reduce-scatter, kept by per-op selective AC)."""
     kept = 0
     recompute = 0
+    working = 0
     for name in names:
         block = probe.blocks.get(name)
         if block is None:
             continue
+        whole_inputs = block.saved_inputs_of(set(columnwise)) if tp > 1 else 0
+        saved = _per_rank(block.saved, whole_inputs, tp)
+        # The block being back-propagated makes the gradients of its activations: about as many bytes as
+        # it saved (measured on CPU runs, benchmarks/memory_plan.py).
+        working = max(working, saved)
         if ac.mode == "none":
-            kept += block.saved
+            kept += saved
         elif ac.mode == "full" or (ac.mode == "selective" and ac.selective_every and _nth(name, ac.selective_every)):
-            kept += block.input_bytes
-            recompute = max(recompute, block.saved)
+            kept += block.input_bytes // tp
+            recompute = max(recompute, saved)
         elif ac.mode == "selective" and ac.selective_every:
-            kept += block.saved
+            kept += saved
         else:  # per-op selective: the input, the saved ops' outputs; the rest is recomputed
-            kept += min(block.input_bytes + block.selective_ops, block.saved)
-            recompute = max(recompute, block.saved - block.selective_ops)
-    return kept, recompute
+            whole_outputs = block.kept_outputs_of(set(rowwise)) if tp > 1 else 0
+            kept += _per_rank(min(block.input_bytes + block.selective_ops, block.saved), whole_outputs, tp)
+            rest = max(block.saved - block.selective_ops, 0)
+            recompute = max(recompute, _per_rank(rest, min(whole_inputs, rest), tp))
+    return kept, recompute, working
+
+
+def _per_rank(total: int, whole: int, tp: int) -> int:
+    """One tp rank's bytes of ``total``, of which ``whole`` are not split."""
+    whole = min(whole, total)
+    return whole + (total - whole) // tp
 
 
 def _nth(name: str, every: int) -> bool:
@@ -292,11 +341,9 @@ def plan_stage(resolved: ResolvedConfig, shape: StageShape, probe: ActivationPro
     c, dims = resolved.config, resolved.dims
     tp = dims.tp
     flight = in_flight(resolved, shape.pp_rank)
-    kept, recompute = layer_activations(probe, shape.layer_names, ac)
-    # The block being back-propagated makes the gradients of its activations: about as many bytes as
-    # it saved (measured on CPU runs, benchmarks/memory_plan.py).
-    working = max((probe.blocks[n].saved for n in shape.layer_names if n in probe.blocks), default=0)
-    activ = (kept * flight + recompute + working + (probe.outside if shape.has_last else 0)) // tp
+    kept, recompute, working = layer_activations(probe, shape.layer_names, ac, tp=tp,
+                                                 columnwise=shape.tp_columnwise, rowwise=shape.tp_rowwise)
+    activ = kept * flight + recompute + working + (probe.outside if shape.has_last else 0) // tp
     logits = 0
     if shape.has_last:
         elems = probe.logits_bytes // torch.empty((), dtype=compute_dtype).element_size()
