@@ -26,13 +26,14 @@
 from __future__ import annotations
 
 import os
+import queue
+import threading
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import NamedTuple
 
 from ...errors import ConfigError
-from ..shard_format import file_sha256
+from ..shard_format import HashStopped, file_sha256
 from ..sources import source_files
 
 
@@ -113,57 +114,91 @@ def _changed(path: Path, what: str, out: Path) -> ConfigError:
         "the inputs stop changing (a copy of them, or a new --out).")
 
 
-def _settled(value: str) -> Future[str]:
-    done: Future[str] = Future()
-    done.set_result(value)
-    return done
-
-
 class SourceHashes:
-    """Every listed file's SHA-256, taken in a thread before anything reads the file (``sha256`` waits for
-    it), and again once nothing will (``hash_again``); ``check`` compares them. ``known``: hashes already taken
-    before packing (``find_duplicates``); ``stop``: asked between blocks, so an early end does not wait."""
+    """Every listed file's SHA-256, taken by a thread in listed order (the order the planner reads them in)
+    before anything reads the file (``sha256`` waits for it), and again by a second thread once nothing will
+    (``hash_again``); ``check`` says whether any differ. ``known``: hashes already taken before packing
+    (``find_duplicates``); ``stop``: asked between blocks, so an early end does not wait. Two threads and a dict,
+    not a future per file: a future costs about 2 KB while it waits, 2 GB for a million files."""
 
     def __init__(self, files: list[list[Path] | None], known: dict[Path, str], stop: Callable[[], bool]) -> None:
         self.stop = stop
-        self.first_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="titan-source-hash")
-        self.again_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="titan-source-rehash")
-        self.first: dict[Path, Future[str]] = {}
-        for path in _flat(files):  # in listed order: the order the planner reads them in
-            if path not in self.first:
-                self.first[path] = (_settled(known[path]) if path in known
-                                    else self.first_pool.submit(file_sha256, path, stop))
-        self.again: list[tuple[Path, Future[str]]] = []  # a file read twice (--keep-duplicates) is hashed twice
+        self.first: dict[Path, str | OSError] = dict(known)
+        self.first_ended = False  # the first hashing finished or stopped: nothing more will come
+        self.ready = threading.Condition()
+        self.queued: set[Path] = set()  # hashed again (or about to be)
+        self.again: queue.SimpleQueue[Path | None] = queue.SimpleQueue()
+        self.changed: list[tuple[Path, str]] = []  # files whose second hash differs (or failed), as found
+        paths = [p for p in dict.fromkeys(_flat(files)) if p not in known]
+        self.threads = [threading.Thread(target=self._hash_first, args=(paths,), name="titan-source-hash", daemon=True),
+                        threading.Thread(target=self._hash_again, name="titan-source-rehash", daemon=True)]
+        for thread in self.threads:
+            thread.start()
+
+    def _hash_first(self, paths: list[Path]) -> None:
+        try:
+            for path in paths:
+                try:
+                    value: str | OSError = file_sha256(path, self.stop)
+                except OSError as e:  # raised where the hash is asked for (the planner, the index's description)
+                    value = e
+                with self.ready:
+                    self.first[path] = value
+                    self.ready.notify_all()
+                if self.stop():
+                    break
+        except HashStopped:
+            pass
+        finally:
+            with self.ready:
+                self.first_ended = True
+                self.ready.notify_all()
 
     def sha256(self, path: Path) -> str:
         """The file's hash taken before anything read it (waits for it)."""
-        return self.first[path].result()
+        with self.ready:
+            self.ready.wait_for(lambda: path in self.first or self.first_ended)
+            value = self.first.get(path)
+        if value is None:
+            raise HashStopped(path)
+        if isinstance(value, OSError):
+            raise value
+        return value
 
     def hash_again(self, path: Path) -> None:
         """Nothing reads ``path`` any more: its hash again, in the background."""
-        self.again.append((path, self.again_pool.submit(file_sha256, path, self.stop)))
+        self.queued.add(path)
+        self.again.put(path)
+
+    def _hash_again(self) -> None:
+        while (path := self.again.get()) is not None:
+            try:
+                if file_sha256(path, self.stop) != self.sha256(path):
+                    self.changed.append((path, "changed (its bytes differ from those hashed before it was read, though "
+                                               "its size and modification time are as they were)"))
+            except HashStopped:
+                return
+            except OSError:
+                self.changed.append((path, "was removed or became unreadable"))
 
     def check(self, listed: dict[Path, tuple[int, int]], out: Path) -> None:
         """ConfigError naming the first file that changed since it was listed (size or modification time), then
         the first whose bytes differ from those hashed before it was read. Once packing is done."""
         check_unchanged(listed, out)
-        again = {path for path, _ in self.again}
-        for path in self.first:
-            if path not in again:  # not read by this run (a duplicate skipped): compared all the same
+        for path in listed:
+            if path not in self.queued:  # not read by this run (a duplicate skipped): compared all the same
                 self.hash_again(path)
-        for path, hashed in self.again:
-            try:
-                same = hashed.result() == self.sha256(path)
-            except OSError:
-                raise _changed(path, "was removed or became unreadable", out) from None
-            if not same:
-                raise _changed(path, "changed (its bytes differ from those hashed before it was read, though its size "
-                               "and modification time are as they were)", out)
+        self.again.put(None)
+        self.threads[1].join()
+        if self.changed:
+            path, what = self.changed[0]
+            raise _changed(path, what, out)
 
     def close(self) -> None:
-        """Stop hashing (the caller's ``stop`` is set): the hashes not started are dropped."""
-        for pool in (self.first_pool, self.again_pool):
-            pool.shutdown(wait=True, cancel_futures=True)
+        """End both threads (the caller's ``stop`` is set, so neither finishes the file it is hashing)."""
+        self.again.put(None)
+        for thread in self.threads:
+            thread.join()
 
 
 class ReadOrder:
