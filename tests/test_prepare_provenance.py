@@ -1,12 +1,16 @@
 """titan-data prepare tells the truth about what it packed, and reads files by the trainer's own rules
 (data/text_rules.py, data/prepare/provenance.py): a byte-order mark, invalid UTF-8 and a row without the text
 field mean the same to both; a link or a byte-identical copy of a file already read is skipped and named; an input
-edited while prepare runs is refused with no index written; a file added meanwhile is not packed and is named.
+edited while prepare runs is refused with no index written (also an edit that keeps its size and restores its
+mtime: each file is hashed before it is read and again after); a file added meanwhile is not packed and is named;
+documents that repeat an earlier one are counted and named (data/prepare/repeats.py), and packed all the same.
 In process, tiny inputs, the builtin tokenizer."""
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -194,3 +198,181 @@ def test_a_file_added_to_a_source_folder_meanwhile_is_not_packed_and_is_named(
     index = json.loads((tmp_path / "out" / "index.json").read_text())
     assert index["num_documents"] == 1
     assert [Path(f["path"]).name for f in index["inputs"]["sources"][0]["files"]] == ["a.txt"]
+
+
+def test_an_edit_that_keeps_the_size_and_restores_the_mtime_is_refused_and_no_index_is_written(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """As ``cp -p``, ``rsync -t`` or ``touch -r`` leave a file: other bytes, the same size and modification time.
+    Its first task is read before the edit, its last one after: the hash taken before the reads is not that of
+    the text packed, and only hashing it again shows it (the size and mtime check passed this)."""
+    src = tmp_path / "src"
+    src.mkdir()
+    path = src / "a.jsonl"
+    path.write_text("".join(json.dumps({"text": f"row {i:04d} " + "word " * 50}) + "\n" for i in range(1200)))
+    assert path.stat().st_size > 1 << 18  # two tasks at least (tasks.TASK_BYTES)
+    listed = path.stat()
+
+    def edit() -> None:
+        data = path.read_bytes()
+        at = data.rindex(b"row 1199")
+        path.write_bytes(data[:at] + b"ROW 1199" + data[at + 8:])
+        os.utime(path, ns=(listed.st_atime_ns, listed.st_mtime_ns))
+        assert (path.stat().st_size, path.stat().st_mtime_ns) == (listed.st_size, listed.st_mtime_ns)
+
+    _edit_during_packing(monkeypatch, edit)
+    out = tmp_path / "out"
+    result = prepare(capsys, str(src), "--out", str(out), "--shard-tokens", str(1 << 14))
+    assert_user_error(result, f"{path} changed (its bytes differ from those hashed before it was read, though its "
+                      "size and modification time are as they were) while prepare read it",
+                      f"no index.json was written in {out}")
+    assert not (out / "index.json").exists()
+    saved = json.loads((out / "prepare.json").read_text())  # the full shards written are kept
+    assert saved["shards"] and all((out / s["file"]).stat().st_size == (1 << 14) * 2 for s in saved["shards"])
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_each_file_is_hashed_before_its_first_read_and_again_after_its_last_and_the_index_has_its_sha256(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, workers: str) -> None:
+    """Every read of a file lies between its two hashes: the planner's (it finds the tasks' byte ranges), and
+    with one worker the tokenizing's too (forked workers' reads are not seen from here)."""
+    from titan_core.data.prepare import provenance, tasks
+
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a.jsonl").write_text("".join(json.dumps({"text": f"line {i} " + "word " * 30}) + "\n" for i in range(2000)))
+    (src / "b.txt").write_text("a text file")
+    (src / "c.json").write_text(json.dumps([{"text": "listed"}, {"text": "rows"}]))
+    other = tmp_path / "d.jsonl"
+    other.write_text('{"text": "another source"}\n')
+    events: list[tuple[str, str]] = []  # appended by the hashing threads and the planner (list.append is atomic)
+    real_hash, real_plan = provenance.file_sha256, tasks._file_tasks
+
+    def hashed(path: Path, stop: object = None) -> str:
+        events.append(("hash", str(path)))
+        return real_hash(path, stop)  # type: ignore[arg-type]
+
+    def planned(path: Path, text_field: str):  # type: ignore[no-untyped-def]
+        events.append(("read", str(path)))  # the planner's first read of the file (workers read after it)
+        return real_plan(path, text_field)
+
+    def read(task: tasks.Task, text_field: str) -> tasks.TaskDocuments:
+        events.append(("read", task.path))
+        return real_read(task, text_field)
+
+    real_read = pipeline.read_task
+    monkeypatch.setattr(provenance, "file_sha256", hashed)
+    monkeypatch.setattr(tasks, "_file_tasks", planned)
+    monkeypatch.setattr(pipeline, "read_task", read)
+    out = tmp_path / "out"
+    result = prepare(capsys, str(src), str(other), "--out", str(out), "--workers", workers)
+    assert result.code == 0, result.text
+    index = json.loads((out / "index.json").read_text())
+    recorded = {Path(f["path"]): f["sha256"] for s in index["inputs"]["sources"] for f in s["files"]}
+    files = [src / "a.jsonl", src / "b.txt", src / "c.json", other]
+    assert recorded == {p.resolve(): hashlib.sha256(p.read_bytes()).hexdigest() for p in files}
+    for path in map(str, files):
+        seen = [what for what, p in events if p == path]
+        assert seen[0] == seen[-1] == "hash" and set(seen[1:-1]) == {"read"}, (path, seen)
+    if workers == "1":  # a.jsonl is two tasks, each read by the tokenizing after the planner's read
+        assert [what for what, p in events if p == str(src / "a.jsonl")] == ["hash", "read", "read", "read", "hash"]
+
+
+def _rows(*texts: str | None) -> str:
+    return "".join(json.dumps({"text": t}) + "\n" for t in texts)
+
+
+def _repeating_folder(root: Path) -> Path:
+    """a.jsonl repeats its own rows, b.jsonl one of a's: lines 3, 6 and 7 of a and line 2 of b are repeats."""
+    src = root / "src"
+    src.mkdir()
+    (src / "a.jsonl").write_text(_rows("alpha text", "beta text", "alpha text", None, "gamma text", "beta text",
+                                       "alpha text"))
+    (src / "b.jsonl").write_text(_rows("delta text", "gamma text"))
+    return src
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_documents_that_repeat_an_earlier_one_are_counted_and_named_and_packed_as_the_sources_hold_them(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, workers: str) -> None:
+    from titan_core.data.prepare import tasks, writer
+
+    # Tasks of a line or two, so two workers share each file and the repeats lie in other tasks than the first.
+    monkeypatch.setattr(tasks, "TASK_BYTES", 30)
+    monkeypatch.setattr(writer, "TASK_BYTES", 30)
+    src = _repeating_folder(tmp_path)
+    a = src / "a.jsonl"
+    out = tmp_path / "out"
+    result = prepare(capsys, str(src), "--out", str(out), "--workers", workers, "--shard-tokens", "512")
+    assert result.code == 0, result.text
+    repeated = ["alpha text", "beta text", "alpha text", "gamma text"]
+    tokens = sum(len(TOK.encode(t)) + 2 for t in repeated)  # as packed: [BOS] text [EOS]
+    assert (f"prepare: 4 documents repeat an earlier document word for word ({tokens} tokens), packed again as the "
+            f"sources hold them: {a} line 3 repeats {a} line 1; {a} line 6 repeats {a} line 2; {a} line 7 repeats "
+            f"{a} line 1; and 1 more (index.json: repeated_documents)") in result.err.splitlines()
+    index = json.loads((out / "index.json").read_text())
+    assert index["repeated_documents"] == 4 and index["num_documents"] == 8
+    assert packed(out) == pack_documents(read_documents(str(src)), TOK).tokens.tolist()  # nothing dropped
+    assert not list(out.glob("*.digests")) and not list(out.glob("*.docs"))
+
+
+def test_a_repeat_is_named_by_line_row_or_document_in_each_kind_of_file(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import pyarrow as pa  # type: ignore[import-untyped]
+    import pyarrow.parquet as pq  # type: ignore[import-untyped]
+
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a.jsonl").write_text(_rows("one", "two"))
+    (src / "b.txt").write_text("one")
+    (src / "c.json").write_text(json.dumps([{"text": None}, {"text": "x"}, {"text": "two"}]))
+    pq.write_table(pa.table({"text": ["y", "one"]}), src / "d.parquet")
+    result = prepare(capsys, str(src), "--out", str(tmp_path / "out"))
+    assert result.code == 0, result.text
+    a = src / "a.jsonl"
+    # A .json list's documents are counted without its empty rows; parquet rows from 0, as prepare's other messages.
+    assert (f"{src / 'b.txt'} repeats {a} line 1; {src / 'c.json'} document 2 repeats {a} line 2; "
+            f"{src / 'd.parquet'} row 1 repeats {a} line 1 (index.json") in result.err
+
+
+def test_no_repeats_is_no_line_and_a_count_of_zero(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    source = tmp_path / "a.jsonl"
+    source.write_text(_rows("one", "two", "One", "one "))  # other case, other spacing: other texts
+    result = prepare(capsys, str(source), "--out", str(tmp_path / "out"))
+    assert result.code == 0 and "repeat" not in result.err, result.text
+    assert json.loads((tmp_path / "out" / "index.json").read_text())["repeated_documents"] == 0
+
+
+def test_a_resumed_prepare_counts_the_repeats_in_the_shards_it_kept(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Stopped after a shard is recorded, the next call counts the kept shards' documents from their records;
+    a kept shard without them (written by an older titan-core) is said, and no count is recorded."""
+    from titan_core.data.prepare import writer
+
+    source = tmp_path / "a.jsonl"
+    source.write_text(_rows(*(f"document {i % 7} " + "word " * 40 for i in range(40))))  # 33 repeats
+    whole = prepare(capsys, str(source), "--out", str(tmp_path / "whole"), "--shard-tokens", "512")
+    assert whole.code == 0 and "prepare: 33 documents repeat" in whole.err, whole.text
+    real_flush = writer.ShardWriter.flush
+
+    def flush(self: writer.ShardWriter, *, final: bool = False) -> None:
+        real_flush(self, final=final)
+        if len(self.shards) == 2:
+            raise KeyboardInterrupt
+
+    for keep_records in (True, False):
+        out = tmp_path / f"out-{keep_records}"
+        monkeypatch.setattr(writer.ShardWriter, "flush", flush)
+        assert prepare(capsys, str(source), "--out", str(out), "--shard-tokens", "512").code == 130
+        assert sorted(p.name for p in out.glob("*.digests")) == ["shard-00000.bin.digests", "shard-00001.bin.digests"]
+        if not keep_records:
+            (out / "shard-00001.bin.digests").unlink()
+        monkeypatch.setattr(writer.ShardWriter, "flush", real_flush)
+        resumed = prepare(capsys, str(source), "--out", str(out), "--shard-tokens", "512")
+        assert resumed.code == 0, resumed.text
+        index = json.loads((out / "index.json").read_text())
+        assert packed(out) == packed(tmp_path / "whole")
+        if keep_records:
+            assert resumed.err == whole.err and index["repeated_documents"] == 33
+        else:
+            assert "prepare: documents that repeat an earlier one were not counted" in resumed.err
+            assert "repeated_documents" not in index

@@ -48,8 +48,8 @@ def line_ranges(path: Path, size: int, target: int) -> Iterator[tuple[int, int]]
             start = end
 
 
-def _rows_before(path: Path, offset: int) -> int:
-    """Lines before byte ``offset`` (only for an error message: the row number of a bad line)."""
+def lines_before(path: Path, offset: int) -> int:
+    """Lines before byte ``offset`` (only for a message: the line of a bad row, or of a repeated document)."""
     count = 0
     with path.open("rb") as f:
         while offset > 0:
@@ -61,27 +61,30 @@ def _rows_before(path: Path, offset: int) -> int:
     return count
 
 
-def json_lines(path: Path, start: int, end: int, text_field: str) -> Iterator[str]:
-    """The texts of the lines in bytes ``[start, end)`` of ``path`` (a range from :func:`line_ranges`)."""
+def json_lines(path: Path, start: int, end: int, text_field: str) -> Iterator[tuple[int, str]]:
+    """The texts of the lines in bytes ``[start, end)`` of ``path`` (a range from :func:`line_ranges`), each
+    with the byte offset of its line in the file (a line number would cost a read of the file up to it)."""
     with path.open("rb") as f:
         f.seek(start)
         data = f.read(end - start)
+    offset = start
     for i, line in enumerate(data.split(b"\n")):
+        at, offset = offset, offset + len(line) + 1
         if not line.strip():
             continue
         try:
             record = json.loads(decode_utf8(line, path=path, line=i + 1))  # the line number is corrected below
         except (ValueError, RecursionError, ConfigError) as e:  # RecursionError: nested too deep for the parser
-            number = _rows_before(path, start) + i + 1  # only now: counting costs a read of the file up to here
+            number = lines_before(path, start) + i + 1  # only now: counting costs a read of the file up to here
             decode_utf8(line, path=path, line=number)  # invalid UTF-8: refused as the trainer refuses it
             raise ConfigError(f"data file {path} could not be read as JSON (line {number}: {e}); fix the file or "
                               "leave it out.") from None
         if not isinstance(record, dict) or text_field not in record or not isinstance(record[text_field], (str, type(None))):
-            number = _rows_before(path, start) + i + 1
+            number = lines_before(path, start) + i + 1
             row_text(record, where=f"data file {path} line {number}", row=number - 1, text_field=text_field, flag=FLAG)
         text = record[text_field]
         if text:
-            yield text
+            yield at, text
 
 
 def json_is_list(path: Path) -> bool:
@@ -121,8 +124,8 @@ def parquet_row_groups(path: Path, text_field: str) -> list[int]:
     return [int(n) for n in rows]
 
 
-def parquet_group(path: Path, group: int, first_row: int, text_field: str) -> Iterator[str]:
-    """The texts of row group ``group`` (whose first row is ``first_row`` of the file)."""
+def parquet_group(path: Path, group: int, first_row: int, text_field: str) -> Iterator[tuple[int, str]]:
+    """The texts of row group ``group`` (whose first row is ``first_row`` of the file), each with its row."""
     import pyarrow.parquet as pq
 
     try:
@@ -133,7 +136,7 @@ def parquet_group(path: Path, group: int, first_row: int, text_field: str) -> It
     for i, value in enumerate(values):
         text = value_text(value, where=str(path), row=first_row + i, text_field=text_field, flag=FLAG)
         if text is not None:
-            yield text
+            yield first_row + i, text
 
 
 # ---- hf: -------------------------------------------------------------------------------------------------

@@ -2,8 +2,9 @@
 
 ``pipeline`` (the run: checks, inputs, resume), ``tasks`` (the sources cut into pieces that do
 not depend on the number of workers), ``workers`` (the tokenizer processes, each writing its own
-piece files), ``writer`` (pieces -> shards, progress records) and ``checks`` (what is refused
-before anything is written). No module here imports torch.
+piece files), ``writer`` (pieces -> shards, progress records), ``checks`` (what is refused
+before anything is written), ``provenance`` (duplicate files; inputs hashed before and after they
+are read) and ``repeats`` (documents that repeat an earlier one, counted). No module here imports torch.
 """
 
 from __future__ import annotations

@@ -11,8 +11,11 @@ and hashes them: the cores are the workers'. After every shard ``prepare.json`` 
 it got (the document to continue from, how many of its tokens are already written, and the task
 that holds it).
 
-The sources' SHA-256 (recorded in the index, compared on resume) is computed by a thread while
-the first shard fills when ``--out`` is new; an existing ``--out`` is checked against it first.
+The sources' SHA-256 (recorded in the index, compared on resume) is computed by a thread, each file's
+before anything reads that file, while the earlier files are packed; an existing ``--out`` is checked
+against them first. Each file is hashed again once nothing reads it, and the index is written only if the
+two agree (``provenance.py``). Documents that repeat an earlier one word for word are counted and named
+(``repeats.py``).
 
 Interrupted in any way (Ctrl+C, SIGTERM, SIGKILL), the next call with the same inputs
 restarts at that task (earlier documents are not read again where the source can be
@@ -30,7 +33,7 @@ import json
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -38,11 +41,12 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import numpy as np
 
 from ...errors import ConfigError
-from ..shard_format import FORMAT, INDEX_NAME, VERSION, dtype_for_vocab, file_sha256, tokenizer_fingerprint
+from ..shard_format import FORMAT, INDEX_NAME, VERSION, dtype_for_vocab, tokenizer_fingerprint
 from ..sources import HF_PREFIX, source_files
 from .checks import check_finished_index, check_out_place, check_saved_progress, check_settings
-from .provenance import added_files, check_unchanged, find_duplicates, listed_state
-from .tasks import Task, encode_documents, plan_tasks, task_texts
+from .provenance import ReadOrder, SourceHashes, added_files, find_duplicates, listed_state
+from .repeats import document_records, repeats_line
+from .tasks import Task, encode_documents, plan_tasks, read_task
 from .writer import PROGRESS_NAME, ShardWriter
 
 if TYPE_CHECKING:  # its module imports torch; prepare never needs it at run time
@@ -80,17 +84,20 @@ def _source_files(req: PrepareRequest) -> list[list[Path] | None]:
     return found
 
 
+def _inputs(sources: list[str], files: list[list[Path] | None]) -> list[Path | str]:
+    """Per input number (``plan_tasks``): its file, or the source (builtin, hf:) that is not a file."""
+    return [item for source, paths in zip(sources, files) for item in (paths if paths is not None else [source])]
+
+
 def describe_inputs(req: PrepareRequest, tok: Tokenizer, files: list[list[Path] | None],
-                    stop: Callable[[], bool] | None = None, *, hashes: dict[Path, str] | None = None,
-                    duplicates: dict[Path, Path] | None = None) -> dict[str, Any]:
+                    sha256: Callable[[Path], str], *, duplicates: dict[Path, Path] | None = None) -> dict[str, Any]:
     """Everything the output depends on (checked again on resume): settings, tokenizer, every file's hash
-    (``stop``: asked between blocks of the hashing; ``hashes``: those already taken; ``duplicates``: the files
-    skipped as a repeat of another, recorded with ``duplicate_of``)."""
-    known, repeats = hashes or {}, duplicates or {}
+    (``sha256``: taken before anything read the file; ``duplicates``: the files skipped as a repeat of
+    another, recorded with ``duplicate_of``)."""
+    repeats = duplicates or {}
 
     def entry(p: Path) -> dict[str, Any]:
-        record = {"path": str(p.resolve()), "size": p.stat().st_size,
-                  "sha256": known[p] if p in known else file_sha256(p, stop)}
+        record = {"path": str(p.resolve()), "size": p.stat().st_size, "sha256": sha256(p)}
         if p in repeats:
             record["duplicate_of"] = str(repeats[p].resolve())
         return record
@@ -184,11 +191,12 @@ def prepare(req: PrepareRequest, load_tokenizer: Callable[[str], Tokenizer]) -> 
     listed = listed_state(files)  # before anything reads them: compared once packing is done
     hashes: dict[Path, str] = {}
     repeats = [] if req.keep_duplicates else find_duplicates(files, hashes)
-    hashing = ThreadPoolExecutor(max_workers=1, thread_name_prefix="titan-source-hash")
     stopping = threading.Event()  # a run that ends early does not wait for the rest of the hashing
+    source_hashes = SourceHashes(files, hashes, stopping.is_set)
+    describing = ThreadPoolExecutor(max_workers=1, thread_name_prefix="titan-source-describe")
     try:
-        described = hashing.submit(describe_inputs, req, tok, files, stopping.is_set, hashes=hashes,
-                                   duplicates={d.path: d.of for d in repeats})
+        described = describing.submit(describe_inputs, req, tok, files, source_hashes.sha256,
+                                      duplicates={d.path: d.of for d in repeats})
         saved = _check_out(req, described.result)
         if saved is not None and saved.get("done"):
             index = json.loads((req.out / INDEX_NAME).read_text())
@@ -205,10 +213,12 @@ def prepare(req: PrepareRequest, load_tokenizer: Callable[[str], Tokenizer]) -> 
         progress = Progress(req.progress)
         for repeat in repeats:
             print(repeat.line(), file=sys.stderr, flush=True)
+        order = ReadOrder(source_hashes, _inputs(req.sources, files))
         try:
             try:
-                _run(req, writer, progress, tok, load_tokenizer, files, frozenset(d.path for d in repeats))
-                check_unchanged(listed, req.out)  # before the index: it must describe what was packed
+                _run(req, writer, progress, tok, load_tokenizer, files, frozenset(d.path for d in repeats), order)
+                order.all_packed()
+                source_hashes.check(listed, req.out)  # before the index: it must describe what was packed
                 index = writer.finish()
             finally:
                 writer.close()
@@ -220,40 +230,56 @@ def prepare(req: PrepareRequest, load_tokenizer: Callable[[str], Tokenizer]) -> 
             raise
     finally:
         stopping.set()
-        hashing.shutdown(wait=True)
+        source_hashes.close()
+        describing.shutdown(wait=True)
     progress.show(index["num_documents"], index["num_tokens"], final=True)
+    _tell_repeats(writer, order.inputs)
     for path in added_files(req.sources, files):
         print(f"prepare: {path} appeared after prepare listed its folder; it is not in this shard set (prepare again "
               "into a new --out to include it)", file=sys.stderr, flush=True)
     return index
 
 
+def _tell_repeats(writer: ShardWriter, inputs: Sequence[Path | str]) -> None:
+    """One line on the documents packed again as repeats of earlier ones (none: nothing to say)."""
+    if writer.repeats is None:
+        print("prepare: documents that repeat an earlier one were not counted: the kept shards this prepare "
+              "continued have no record of their documents' digests (an older titan-core wrote them)",
+              file=sys.stderr, flush=True)
+    elif writer.repeats.documents:
+        print(repeats_line(writer.repeats, inputs), file=sys.stderr, flush=True)
+
+
 def _run(req: PrepareRequest, writer: ShardWriter, progress: Progress, tok: Tokenizer,
-         load_tokenizer: Callable[[str], Tokenizer], files: list[list[Path] | None], skip: frozenset[Path]) -> None:
+         load_tokenizer: Callable[[str], Tokenizer], files: list[list[Path] | None], skip: frozenset[Path],
+         order: ReadOrder) -> None:
     tasks = itertools.islice(plan_tasks(req.sources, text_field=req.text_field, hf_split=req.hf_split,
-                                        hf_timeout_s=req.hf_timeout_s, files=files, skip=skip),
+                                        hf_timeout_s=req.hf_timeout_s, files=files, skip=skip, opening=order.opening),
                              writer.start_task, None)
     if req.workers == 1:
-        _run_here(req, writer, progress, tok, tasks)
+        _run_here(req, writer, progress, tok, tasks, order)
     else:
-        _run_workers(req, writer, progress, tok, load_tokenizer, tasks)
+        _run_workers(req, writer, progress, tok, load_tokenizer, tasks, order)
 
 
 def _run_here(req: PrepareRequest, writer: ShardWriter, progress: Progress, tok: Tokenizer,
-              tasks: Iterator[Task]) -> None:
+              tasks: Iterator[Task], order: ReadOrder) -> None:
     """One worker: the command's own process tokenizes, with no second process to start, feed or wait for
     (the source hashing and the disk writes run in threads that release the GIL). Same tasks, same order,
     same bytes as N workers."""
     next_doc = writer.start_doc
     for index, task in enumerate(tasks, start=writer.start_task):
-        tokens, lengths = encode_documents(task_texts(task, req.text_field), tok, writer.dtype)
-        writer.add_piece(tokens.data.cast("B"), lengths, task=index, first_doc=next_doc)
+        order.handed(index)
+        docs = read_task(task, req.text_field)
+        tokens, lengths = encode_documents(docs.texts, tok, writer.dtype)
+        records = document_records(docs.digests, order.packed(index), docs.places)
+        writer.add_piece(tokens.data.cast("B"), lengths, records, task=index, first_doc=next_doc)
         next_doc += int(lengths.size)
         progress.show(writer.documents, writer.position)
 
 
 def _run_workers(req: PrepareRequest, writer: ShardWriter, progress: Progress, tok: Tokenizer,
-                 load_tokenizer: Callable[[str], Tokenizer], tasks: Iterator[Task]) -> None:
+                 load_tokenizer: Callable[[str], Tokenizer], tasks: Iterator[Task], order: ReadOrder) -> None:
     """N worker processes, each writing its own piece files; the pieces are added in task order."""
     from .workers import Piece, Workers, piece_path  # start-up: multiprocessing only when there are workers
 
@@ -272,6 +298,7 @@ def _run_workers(req: PrepareRequest, writer: ShardWriter, progress: Progress, t
                     more = False
                     break
                 workers.submit(sent, task)
+                order.handed(sent)
                 sent += 1
             if done == sent:  # nothing handed out is unfinished, and nothing is left to hand out
                 break
@@ -282,7 +309,9 @@ def _run_workers(req: PrepareRequest, writer: ShardWriter, progress: Progress, t
                 if piece.error is not None:  # the first bad task in source order, whatever N
                     raise piece.error
                 lengths = np.frombuffer(piece.lengths, dtype="<i8")
-                writer.add_piece(piece_path(req.out, done), lengths, task=done, first_doc=next_doc)
+                records = document_records(np.frombuffer(piece.digests, dtype="<u8"), order.packed(done),
+                                           np.frombuffer(piece.places, dtype="<i8"))
+                writer.add_piece(piece_path(req.out, done), lengths, records, task=done, first_doc=next_doc)
                 next_doc += int(lengths.size)
                 done += 1
                 progress.show(writer.documents, writer.position)

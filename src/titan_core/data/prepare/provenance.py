@@ -6,19 +6,34 @@
   are hashed for this, before packing.
 * **Inputs that change while prepare runs**: every file is listed once, and that list is both what is
   hashed and what is packed (a file added to a source folder meanwhile is not packed, and prepare says
-  so). Each file's size and modification time are taken when it is listed and compared once packing is
-  done, before ``index.json`` is written: a file edited or removed in between is refused, naming it, and
-  no index is written (its recorded hash could not be trusted to match the packed tokens).
+  so). The index must not be written unless the hash it records describes the bytes that were packed:
+
+  - each file's SHA-256 is taken before anything reads it (``SourceHashes``: a thread hashes the files in
+    order, and the planner waits for a file's hash before it reads the file or hands out a task of it;
+    hashing is far faster than tokenizing, so it stays ahead, concurrent with the packing of earlier files);
+  - each file is hashed again as soon as nothing will read it any more (``ReadOrder``: the planner has moved
+    past it and every task of it is packed), in a second thread, again while later files are packed;
+  - before ``index.json`` is written, each file's size and modification time are compared with those
+    taken when it was listed (the cheap test), then its two hashes. Any difference (an edit, even one that
+    keeps the size and restores the modification time, as ``cp -p``, ``rsync -t`` or ``touch -r`` do) or a
+    removal is refused, naming the file; no index is written, the full shards already written are kept.
+
+  Not caught: an edit made and undone entirely between the first hash and the second (the bytes are the
+  same at both ends of the read window, whatever was read in between). A file whose bytes changed and came
+  back to equal the hash was not changed in any way a hash could show.
 """
 
 from __future__ import annotations
 
 import os
+import queue
+import threading
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import NamedTuple
 
 from ...errors import ConfigError
-from ..shard_format import file_sha256
+from ..shard_format import HashStopped, file_sha256
 from ..sources import source_files
 
 
@@ -87,12 +102,150 @@ def check_unchanged(listed: dict[Path, tuple[int, int]], out: Path) -> None:
             now = None
         if now == (size, mtime_ns):
             continue
-        what = "was removed" if now is None else (
-            f"changed (size {size} -> {now[0]} bytes)" if now[0] != size else "changed (its modification time moved)")
-        raise ConfigError(
-            f"{path} {what} while prepare read it, so the shards may hold its old text, its new text or parts of both; "
-            f"no index.json was written in {out} (its hash of that file could not be trusted). Prepare again once "
-            "the inputs stop changing (a copy of them, or a new --out).")
+        raise _changed(path, "was removed" if now is None else (
+            f"changed (size {size} -> {now[0]} bytes)" if now[0] != size else "changed (its modification time moved)"),
+            out)
+
+
+def _changed(path: Path, what: str, out: Path) -> ConfigError:
+    return ConfigError(
+        f"{path} {what} while prepare read it, so the shards may hold its old text, its new text or parts of both; "
+        f"no index.json was written in {out} (its hash of that file could not be trusted). Prepare again once "
+        "the inputs stop changing (a copy of them, or a new --out).")
+
+
+class SourceHashes:
+    """Every listed file's SHA-256, taken by a thread in listed order (the order the planner reads them in)
+    before anything reads the file (``sha256`` waits for it), and again by a second thread once nothing will
+    (``hash_again``); ``check`` says whether any differ. ``known``: hashes already taken before packing
+    (``find_duplicates``); ``stop``: asked between blocks, so an early end does not wait. Two threads and a dict,
+    not a future per file: a future costs about 2 KB while it waits, 2 GB for a million files."""
+
+    def __init__(self, files: list[list[Path] | None], known: dict[Path, str], stop: Callable[[], bool]) -> None:
+        self.stop = stop
+        self.first: dict[Path, str | OSError] = dict(known)
+        self.first_ended = False  # the first hashing finished or stopped: nothing more will come
+        self.ready = threading.Condition()
+        self.queued: set[Path] = set()  # hashed again (or about to be)
+        self.again: queue.SimpleQueue[Path | None] = queue.SimpleQueue()
+        self.changed: list[tuple[Path, str]] = []  # files whose second hash differs (or failed), as found
+        paths = [p for p in dict.fromkeys(_flat(files)) if p not in known]
+        self.threads = [threading.Thread(target=self._hash_first, args=(paths,), name="titan-source-hash", daemon=True),
+                        threading.Thread(target=self._hash_again, name="titan-source-rehash", daemon=True)]
+        for thread in self.threads:
+            thread.start()
+
+    def _hash_first(self, paths: list[Path]) -> None:
+        try:
+            for path in paths:
+                try:
+                    value: str | OSError = file_sha256(path, self.stop)
+                except OSError as e:  # raised where the hash is asked for (the planner, the index's description)
+                    value = e
+                with self.ready:
+                    self.first[path] = value
+                    self.ready.notify_all()
+                if self.stop():
+                    break
+        except HashStopped:
+            pass
+        finally:
+            with self.ready:
+                self.first_ended = True
+                self.ready.notify_all()
+
+    def sha256(self, path: Path) -> str:
+        """The file's hash taken before anything read it (waits for it)."""
+        with self.ready:
+            self.ready.wait_for(lambda: path in self.first or self.first_ended)
+            value = self.first.get(path)
+        if value is None:
+            raise HashStopped(path)
+        if isinstance(value, OSError):
+            raise value
+        return value
+
+    def hash_again(self, path: Path) -> None:
+        """Nothing reads ``path`` any more: its hash again, in the background."""
+        self.queued.add(path)
+        self.again.put(path)
+
+    def _hash_again(self) -> None:
+        while (path := self.again.get()) is not None:
+            try:
+                if file_sha256(path, self.stop) != self.sha256(path):
+                    self.changed.append((path, "changed (its bytes differ from those hashed before it was read, though "
+                                               "its size and modification time are as they were)"))
+            except HashStopped:
+                return
+            except OSError:
+                self.changed.append((path, "was removed or became unreadable"))
+
+    def check(self, listed: dict[Path, tuple[int, int]], out: Path) -> None:
+        """ConfigError naming the first file that changed since it was listed (size or modification time), then
+        the first whose bytes differ from those hashed before it was read. Once packing is done."""
+        check_unchanged(listed, out)
+        for path in listed:
+            if path not in self.queued:  # not read by this run (a duplicate skipped): compared all the same
+                self.hash_again(path)
+        self.again.put(None)
+        self.threads[1].join()
+        if self.changed:
+            path, what = self.changed[0]
+            raise _changed(path, what, out)
+
+    def close(self) -> None:
+        """End both threads (the caller's ``stop`` is set, so neither finishes the file it is hashing)."""
+        self.again.put(None)
+        for thread in self.threads:
+            thread.join()
+
+
+class ReadOrder:
+    """Follows the planner through the inputs (``opening``) and each task from the hand-out (``handed``) to the
+    shards (``packed``), so that a file is hashed again as soon as nothing will read it: the planner has moved
+    past it and every task of it is packed. ``inputs``: per input number (``plan_tasks``), its file, or the
+    source's name for builtin and hf:."""
+
+    def __init__(self, hashes: SourceHashes, inputs: Sequence[Path | str]) -> None:
+        self.hashes = hashes
+        self.inputs = inputs
+        self.current = -1  # the input the planner is in
+        self.unpacked: dict[int, int] = {}  # input -> its tasks handed out and not yet packed (until it is done)
+        self.input_of: dict[int, int] = {}  # task -> its input
+
+    def opening(self, number: int) -> None:
+        """The planner is about to read input ``number``: wait for its hash (taken before any read of it)."""
+        path = self.inputs[number]
+        if isinstance(path, Path):
+            self.hashes.sha256(path)
+        passed, self.current = self.current, number
+        self.unpacked[number] = 0
+        if self.unpacked.get(passed) == 0:
+            self._done(passed)
+
+    def handed(self, task: int) -> None:
+        self.input_of[task] = self.current
+        self.unpacked[self.current] += 1
+
+    def packed(self, task: int) -> int:
+        """Task ``task`` is in the shards; its input's number."""
+        number = self.input_of.pop(task)
+        self.unpacked[number] -= 1
+        if number != self.current and self.unpacked[number] == 0:
+            self._done(number)
+        return number
+
+    def all_packed(self) -> None:
+        """Every task is packed: the inputs not yet hashed again are."""
+        for number in list(self.unpacked):
+            self._done(number)
+
+    def _done(self, number: int) -> None:
+        del self.unpacked[number]
+        path = self.inputs[number]
+        if isinstance(path, Path):
+            self.hashes.hash_again(path)
 
 
 def added_files(sources: list[str], files: list[list[Path] | None]) -> list[Path]:

@@ -1,6 +1,7 @@
 """The tokenizer processes of ``titan-data prepare``: each takes a task, tokenizes it and writes the
 tokens to a piece file of its own in ``--out`` (``piece-<task>.tmp``); the parent hears back only the
-task's number, its token count and its documents' lengths. No token array crosses a pipe.
+task's number, its token count and its documents' lengths, places and digests (``repeats.py``). No token
+array crosses a pipe.
 
 Plain processes, one pipe each, rather than a multiprocessing.Pool (whose handler threads and
 per-task bookkeeping cost the parent a noticeable share of a core). A task goes to whichever
@@ -25,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from ...errors import TitanError
 from ...runtime.parent_death import end_with_parent
-from .tasks import Task, encode_documents, read_spilled_texts, spilled_texts, task_texts
+from .tasks import Task, encode_documents, read_spilled_texts, read_task, spilled_texts
 
 if TYPE_CHECKING:  # its module imports torch; prepare never needs it at run time
     from ...plugin.spec_factories import Tokenizer
@@ -41,13 +42,16 @@ def piece_path(out: Path, task: int) -> Path:
 
 @dataclass(frozen=True)
 class Piece:
-    """A finished task: its tokens are in ``piece_path(out, task)``; ``lengths`` are its documents' (int64
-    bytes). Or the error that stopped it (a bad row), raised when the task's turn comes, so the error
-    reported is the first in source order whatever the number of workers."""
+    """A finished task: its tokens are in ``piece_path(out, task)``; ``lengths`` and ``places`` are its
+    documents' (int64 bytes), ``digests`` their texts' (uint64 bytes). Or the error that stopped it (a bad
+    row), raised when the task's turn comes, so the error reported is the first in source order whatever the
+    number of workers."""
 
     task: int
     tokens: int = 0
     lengths: bytes = b""
+    places: bytes = b""
+    digests: bytes = b""
     error: Exception | None = None
 
 
@@ -64,11 +68,13 @@ def _worker_main(conn: Connection, out: Path, dtype: str, text_field: str, tok: 
             try:
                 if task.kind == "texts-file":
                     path = Path(task.path)
-                    task = Task("texts", texts=read_spilled_texts(path))
+                    task = Task("texts", start=task.start, texts=read_spilled_texts(path))
                     path.unlink()
-                tokens, lengths = encode_documents(task_texts(task, text_field), tok, dtype)
+                docs = read_task(task, text_field)
+                tokens, lengths = encode_documents(docs.texts, tok, dtype)
                 tokens.tofile(piece_path(out, index))
-                piece = Piece(index, int(tokens.size), lengths.astype("<i8").tobytes())
+                piece = Piece(index, int(tokens.size), lengths.astype("<i8").tobytes(), docs.places.tobytes(),
+                              docs.digests.tobytes())
             except (TitanError, OSError) as exc:  # a bad row, a full disk: the parent reports it
                 piece = Piece(index, error=exc)
             conn.send(piece)
@@ -140,7 +146,7 @@ class Workers:
             fd, name = tempfile.mkstemp(dir=self.out, prefix="task-", suffix=".tmp")
             with os.fdopen(fd, "wb") as f:
                 f.write(spilled_texts(task.texts))
-            task = Task("texts-file", name)
+            task = Task("texts-file", name, task.start)  # start: its first text's number in the source
         w = self.queued.index(min(self.queued))
         try:
             self.conns[w].send((index, task))

@@ -6,8 +6,9 @@ grows as it is written. One background thread does everything that waits on the 
 disk's pace does not stop the parent, and with it the workers: every ``SYNC_BYTES`` written it
 flushes the shard so far to disk (a shard's fsync at its end would otherwise wait for all of it,
 most of a second for a 128 MB shard, and the last one's wait would be added to the whole run);
-a full shard is then made durable (fsync, rename to its final name, its documents' offsets, then
-``prepare.json``) while the next one fills.
+a full shard is then made durable (fsync, rename to its final name, its documents' offsets and records
+(``repeats.RECORD``: what a resumed prepare needs to count repeated documents), then ``prepare.json``)
+while the next one fills. Once the last shard is written the repeats are counted, for the index.
 """
 
 from __future__ import annotations
@@ -24,9 +25,11 @@ import numpy as np
 
 from ...errors import ConfigError
 from ..shard_format import DOCUMENTS_NAME, FORMAT, INDEX_NAME, VERIFIED_NAME, VERSION, shard_name
+from .repeats import RECORD, Repeats, find_repeats
 from .tasks import TASK_BYTES
 
 PROGRESS_NAME = "prepare.json"
+RECORDS_SUFFIX = ".digests"  # beside a shard until the index is written: its documents' records (repeats.py)
 SYNC_BYTES = 16 << 20  # a shard's bytes written between two background flushes to disk
 
 
@@ -82,12 +85,15 @@ class ShardWriter:
             self.start_task, self.start_doc = int(hint["index"]), int(hint["first_doc"])
         self.documents = self.resume_doc
         self.doc_starts: list[np.ndarray] = []  # stream offsets of the documents starting in this shard
+        self.doc_records: list[np.ndarray] = []  # and their records (repeats.RECORD)
         # The piece being added: its task, first document, and documents' stream offsets.
         self.block: tuple[int, int, np.ndarray, np.ndarray] = (self.start_task, self.start_doc, np.zeros(0, np.int64),
                                                               np.zeros(0, np.int64))
         self.pending: Future[None] | None = None
         self.syncs: list[Future[None]] = []  # background flushes of the shard being filled
         self.final_docs: bytes | None = None  # the last shard's document offsets (finish() writes them)
+        self.final_records = np.zeros(0, dtype=RECORD)  # and their records
+        self.repeats: Repeats | None = None  # finish(): the documents that repeat an earlier one (None: not counted)
         self.unsynced = 0  # its bytes written since the last one
         self.writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="titan-shard-writer")
 
@@ -95,9 +101,11 @@ class ShardWriter:
     def position(self) -> int:
         return len(self.shards) * self.size + self.fill
 
-    def add_piece(self, piece: Path | memoryview, lengths: np.ndarray, *, task: int, first_doc: int) -> None:
+    def add_piece(self, piece: Path | memoryview, lengths: np.ndarray, records: np.ndarray, *, task: int,
+                  first_doc: int) -> None:
         """The documents ``first_doc ..`` of task ``task`` (their tokens' bytes, or the file ``piece`` that holds
-        them, which is then removed; cut by ``lengths``); the part an earlier run wrote is dropped."""
+        them, which is then removed; cut by ``lengths``; ``records``: theirs); the part an earlier run wrote is
+        dropped."""
         ends = np.cumsum(lengths)
         starts = ends - lengths
         n = int(lengths.size)
@@ -110,6 +118,7 @@ class ShardWriter:
         base = self.position - cut  # the stream offset of this piece's first token
         self.block = (task, first_doc, starts + base, ends + base)
         self.doc_starts.append(starts[first_new:] + base)
+        self.doc_records.append(records[first_new:])
         if isinstance(piece, memoryview):
             data = piece[cut * self.itemsize :]
         else:
@@ -156,24 +165,26 @@ class ShardWriter:
         end = self.position
         name = shard_name(len(self.shards))
         starts = np.concatenate(self.doc_starts) if self.doc_starts else np.zeros(0, np.int64)
+        records = np.concatenate(self.doc_records) if self.doc_records else np.zeros(0, RECORD)
         here = int(np.searchsorted(starts, end, side="left"))
         docs = starts[:here].astype("<i8").tobytes()
-        self.doc_starts = [starts[here:]]
+        self.doc_starts, self.doc_records, records = [starts[here:]], [records[here:]], records[:here]
         record: dict[str, Any] = {"file": name, "tokens": self.fill, "sha256": self.digest.hexdigest()}
         self.shards.append(record)
         point = {"next_doc": self.documents, "skip": 0} if final else self._resume_point(end)
         syncs, self.syncs = self.syncs, []
         self.wait()  # one shard in flight at most
         if final:  # finish() writes the index next: no progress record, the documents kept here for it
-            self.final_docs = docs
+            self.final_docs, self.final_records = docs, records
             docs, point = b"", {}
-        self.pending = self.writer.submit(self._write_shard, self.file, syncs, docs, record, list(self.shards), point)
+        self.pending = self.writer.submit(self._write_shard, self.file, syncs, docs, records.tobytes(), record,
+                                          list(self.shards), point)
         self.file, self.digest, self.fill, self.unsynced = None, hashlib.sha256(), 0, 0
 
-    def _write_shard(self, f: IO[bytes], syncs: list[Future[None]], docs: bytes, record: dict[str, Any],
-                     shards: list[dict[str, Any]], point: dict[str, Any]) -> None:
-        """In the writer thread: the shard, its documents, then the progress record naming it (in that
-        order, so a record never names a shard that is not on disk). The shard's earlier flushes ran
+    def _write_shard(self, f: IO[bytes], syncs: list[Future[None]], docs: bytes, records: bytes,
+                     record: dict[str, Any], shards: list[dict[str, Any]], point: dict[str, Any]) -> None:
+        """In the writer thread: the shard, its documents (offsets and records), then the progress record naming
+        it (in that order, so a record never names a shard that is not on disk). The shard's earlier flushes ran
         before this (one thread, in order); an error of theirs stops it here, as the kernel reports a
         failed write-back once, to the first sync that asks."""
         for sync in syncs:
@@ -183,6 +194,7 @@ class ShardWriter:
         publish(f, self._tmp(len(shards) - 1), self.out / record["file"])
         if point:
             write_atomic(self.out / (record["file"] + ".docs"), docs)
+            write_atomic(self.out / (record["file"] + RECORDS_SUFFIX), records)
             write_atomic(self.out / PROGRESS_NAME, json_bytes({"inputs": self.inputs(), "shards": shards, **point}))
 
     def wait(self) -> None:
@@ -215,6 +227,7 @@ class ShardWriter:
         offsets = np.concatenate([*starts, np.asarray([num_tokens], dtype="<i8")]).astype("<i8")
         write_atomic(self.out / DOCUMENTS_NAME, offsets.tobytes())
         self.wait()
+        self.repeats = self._find_repeats(recorded, [s.size for s in starts], offsets)
         inputs = self.inputs()
         index = {
             "format": FORMAT, "version": VERSION, "dtype": self.dtype,
@@ -223,6 +236,8 @@ class ShardWriter:
             "documents": {"file": DOCUMENTS_NAME, "sha256": hashlib.sha256(offsets.tobytes()).hexdigest()},
             "shards": self.shards, "inputs": inputs,
         }
+        if self.repeats is not None:
+            index["repeated_documents"] = self.repeats.documents
         # mtimes are a local cache, not part of the (byte-identical) output: see shards._check_file. Not
         # synced: after a crash that loses it, the reader hashes the files instead.
         verified = {name: os.stat(self.out / name).st_mtime_ns
@@ -232,4 +247,28 @@ class ShardWriter:
         (self.out / PROGRESS_NAME).unlink(missing_ok=True)
         for s in self.shards:
             (self.out / (s["file"] + ".docs")).unlink(missing_ok=True)
+            (self.out / (s["file"] + RECORDS_SUFFIX)).unlink(missing_ok=True)
         return index
+
+    def _find_repeats(self, recorded: list[dict[str, Any]], counts: list[int], offsets: np.ndarray) -> Repeats | None:
+        """The repeats among all the documents (``counts``: per shard, those starting in it); None when a kept
+        shard has no records that match its documents (written by an older titan-core, or removed)."""
+        paths = [self.out / (s["file"] + RECORDS_SUFFIX) for s in recorded]
+        if any(not p.is_file() or p.stat().st_size != n * RECORD.itemsize for p, n in zip(paths, counts)):
+            return None
+        # Only the digests are held (8 bytes a document, one shard's records at a time); a named document's
+        # record is read again from its file.
+        firsts = np.cumsum([0, *counts])
+        digests = np.empty(int(firsts[-1]), dtype="<u8")
+        for shard, path in enumerate(paths):
+            digests[firsts[shard] : firsts[shard + 1]] = np.fromfile(path, dtype=RECORD)["digest"]
+        digests[firsts[len(paths)] :] = self.final_records["digest"]
+
+        def record_of(doc: int) -> np.void:
+            shard = int(np.searchsorted(firsts, doc, side="right")) - 1
+            at = doc - int(firsts[shard])
+            record: np.void = (self.final_records[at] if shard == len(paths) else
+                               np.fromfile(paths[shard], dtype=RECORD, count=1, offset=at * RECORD.itemsize)[0])
+            return record
+
+        return find_repeats(digests, offsets, record_of)
