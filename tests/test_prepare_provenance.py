@@ -376,3 +376,14 @@ def test_a_resumed_prepare_counts_the_repeats_in_the_shards_it_kept(
         else:
             assert "prepare: documents that repeat an earlier one were not counted" in resumed.err
             assert "repeated_documents" not in index
+
+
+def test_a_damaged_record_names_no_file_and_raises_nothing() -> None:
+    """A .digests file is the prepare's own, but it sits in the user's folder: a record pointing nowhere is said."""
+    from titan_core.data.prepare.repeats import Repeats, repeats_line
+
+    line = repeats_line(Repeats(2, 10, [((7, 0), (0, 0)), ((0, -5), (0, 3))]), [Path("a.txt")])
+    assert line == ("prepare: 2 documents repeat an earlier document word for word (10 tokens), packed again as the "
+                    "sources hold them: a document whose record is damaged (input 7, place 0) repeats a.txt; a "
+                    "document whose record is damaged (input 0, place -5) repeats a.txt (index.json: "
+                    "repeated_documents)")

@@ -96,7 +96,10 @@ def describe_place(source: Path | str, place: int) -> str:
 def repeats_line(repeats: Repeats, inputs: Sequence[Path | str]) -> str:
     """The one line prepare prints about the repeats it packed."""
     def named(where: tuple[int, int]) -> str:
-        return describe_place(inputs[where[0]], where[1])
+        number, place = where
+        if not 0 <= number < len(inputs) or place < 0:  # a .digests file damaged while prepare ran
+            return f"a document whose record is damaged (input {number}, place {place})"
+        return describe_place(inputs[number], place)
 
     shown = "; ".join(f"{named(r)} repeats {named(o)}" for r, o in repeats.first)
     more = repeats.documents - len(repeats.first)
