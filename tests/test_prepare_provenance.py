@@ -387,3 +387,20 @@ def test_a_damaged_record_names_no_file_and_raises_nothing() -> None:
                     "sources hold them: a document whose record is damaged (input 7, place 0) repeats a.txt; a "
                     "document whose record is damaged (input 0, place -5) repeats a.txt (index.json: "
                     "repeated_documents)")
+
+
+def test_copies_among_many_files_of_one_size_name_the_first_of_their_content(tmp_path: Path) -> None:
+    """Files of one size are told apart by content: each copy names the first file with its bytes."""
+    from titan_core.data.prepare.provenance import find_duplicates
+
+    texts = ["aaaa", "bbbb", "aaaa", "cccc", "bbbb", "aaaa", "dd"]
+    paths = []
+    for i, text in enumerate(texts):
+        paths.append(tmp_path / f"f{i}.txt")
+        paths[-1].write_text(text)
+    hashes: dict[Path, str] = {}
+    found = find_duplicates([paths[:4], None, paths[4:]], hashes)
+    assert [(d.path.name, d.of.name, d.how) for d in found] == [
+        ("f2.txt", "f0.txt", "byte-identical to"), ("f4.txt", "f1.txt", "byte-identical to"),
+        ("f5.txt", "f0.txt", "byte-identical to")]
+    assert paths[6] not in hashes  # the only file of its size is never read for this

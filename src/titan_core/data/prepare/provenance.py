@@ -56,7 +56,10 @@ def find_duplicates(files: list[list[Path] | None], hashes: dict[Path, str]) -> 
     files hashed here (those sharing a size), so they are not read twice."""
     found: list[Duplicate] = []
     first_by_inode: dict[tuple[int, int], Path] = {}
-    first_by_size: dict[int, list[Path]] = {}
+    # Each size's first file, hashed only once a second file of its size comes (None once hashed); the first
+    # file of each content by its hash. One hash and two dict lookups per file: linear in the file count.
+    unhashed_by_size: dict[int, Path | None] = {}
+    first_by_hash: dict[str, Path] = {}
     for path in _flat(files):
         st = path.stat()
         same = first_by_inode.get((st.st_dev, st.st_ino))
@@ -70,17 +73,23 @@ def find_duplicates(files: list[list[Path] | None], hashes: dict[Path, str]) -> 
             found.append(Duplicate(path, same, how))
             continue
         first_by_inode[(st.st_dev, st.st_ino)] = path
-        earlier = first_by_size.setdefault(st.st_size, [])
-        if earlier:
-            for p in (*earlier, path):
-                if p not in hashes:
-                    hashes[p] = file_sha256(p)
-            twin = next((p for p in earlier if hashes[p] == hashes[path]), None)
-            if twin is not None:
-                found.append(Duplicate(path, twin, "byte-identical to"))
-                continue
-        earlier.append(path)
+        if st.st_size not in unhashed_by_size:  # the first of its size: nothing to compare it with yet
+            unhashed_by_size[st.st_size] = path
+            continue
+        first = unhashed_by_size[st.st_size]
+        if first is not None:
+            first_by_hash.setdefault(_hash(first, hashes), first)
+            unhashed_by_size[st.st_size] = None
+        twin = first_by_hash.setdefault(_hash(path, hashes), path)
+        if twin is not path:
+            found.append(Duplicate(path, twin, "byte-identical to"))
     return found
+
+
+def _hash(path: Path, hashes: dict[Path, str]) -> str:
+    if path not in hashes:
+        hashes[path] = file_sha256(path)
+    return hashes[path]
 
 
 def listed_state(files: list[list[Path] | None]) -> dict[Path, tuple[int, int]]:
