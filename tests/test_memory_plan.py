@@ -112,7 +112,7 @@ def test_tensor_parallelism_keeps_the_gathered_inputs_of_column_wise_linears_who
     assert inputs["feed_forward.w1.weight"] == inputs["feed_forward.w3.weight"] != inputs["attention.wq.weight"]
     columnwise = frozenset(n for n in inputs if n.split(".")[-2] in ("wq", "wk", "wv", "w1", "w3"))
     rowwise = frozenset(inputs) - columnwise
-    whole = block.saved_inputs_of(set(columnwise))
+    whole = block.saved_inputs_of(columnwise)
     assert whole == 2 * (2 * 64 * 256 * 4)
     names = ("0",)
     none = ActivationCheckpointSection(mode="none")
@@ -124,7 +124,7 @@ def test_tensor_parallelism_keeps_the_gathered_inputs_of_column_wise_linears_who
         block.input_bytes // 2, kept, kept)  # the input is a sequence shard; the recompute is as above
     op = ActivationCheckpointSection(mode="selective")
     kept_op, _, _ = layer_activations(probe, names, op, tp=2, columnwise=columnwise, rowwise=rowwise)
-    rowwise_out = block.kept_outputs_of(set(rowwise))
+    rowwise_out = block.kept_outputs_of(rowwise)
     assert 0 < rowwise_out and kept_op == rowwise_out + (block.input_bytes + block.selective_ops - rowwise_out) // 2
 
 

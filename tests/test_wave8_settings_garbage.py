@@ -24,6 +24,8 @@ CASES = [
     ("--parallelism.cp=0", "parallelism.cp"),
     ("--parallelism.cp=2", "cp=2 x tp=1 x pp=1 = 2 does not divide world size 1"),
     ("--parallelism.cp_load_balance=maybe", "parallelism.cp_load_balance"),
+    ("--parallelism.pp_static_shapes=maybe", "parallelism.pp_static_shapes"),
+    ("--parallelism.pp_static_shapes=2", "parallelism.pp_static_shapes"),
 ]
 
 

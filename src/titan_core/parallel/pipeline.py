@@ -294,16 +294,16 @@ def _check_what_is_sent(stage: Any, stage_id: int, expected: torch.Tensor) -> No
 
     def checked(*args: Any, **kwargs: Any) -> Any:
         output = forward_one_chunk(*args, **kwargs)
-        check(stage.submod, args, output)
+        check(output)
         return output
 
     stage.forward_one_chunk = checked
 
 
-def _sends_as_declared(stage: int, expected: torch.Tensor) -> Callable[..., None]:
+def _sends_as_declared(stage: int, expected: torch.Tensor) -> Callable[[Any], None]:
     """Whether the stage's output is what its neighbour's receive buffer was built for (ConfigError if not)."""
 
-    def check(module: nn.Module, args: Any, output: Any) -> None:
+    def check(output: Any) -> None:
         sent = output[0] if isinstance(output, tuple) and len(output) == 1 else output
         if isinstance(sent, torch.Tensor) and sent.shape == expected.shape and sent.dtype == expected.dtype:
             return

@@ -25,7 +25,7 @@ kernel stores them, so tensors whose last two sizes are both the sequence length
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -53,12 +53,12 @@ class BlockActivations:
     kept_matmul_outputs: dict[str, int] = field(default_factory=dict, repr=False)
     _storages: dict[int, int] = field(default_factory=dict, repr=False)  # saved storage -> bytes
 
-    def saved_inputs_of(self, weights: set[str]) -> int:
+    def saved_inputs_of(self, weights: AbstractSet[str]) -> int:
         """Bytes of the saved matmul inputs of ``weights`` (names in the block), each storage once."""
         keys = {key for name, key in self.matmul_inputs.items() if name in weights}
         return sum(self._storages.get(key, 0) for key in keys)
 
-    def kept_outputs_of(self, weights: set[str]) -> int:
+    def kept_outputs_of(self, weights: AbstractSet[str]) -> int:
         """Bytes of the outputs of ``weights``' matmuls that per-op selective AC keeps."""
         return sum(n for name, n in self.kept_matmul_outputs.items() if name in weights)
 

@@ -306,7 +306,7 @@ def layer_activations(probe: ActivationProbe, names: tuple[str, ...], ac: Activa
         block = probe.blocks.get(name)
         if block is None:
             continue
-        whole_inputs = block.saved_inputs_of(set(columnwise)) if tp > 1 else 0
+        whole_inputs = block.saved_inputs_of(columnwise) if tp > 1 else 0
         saved = _per_rank(block.saved, whole_inputs, tp)
         # The block being back-propagated makes the gradients of its activations: about as many bytes as
         # it saved (measured on CPU runs, benchmarks/memory_plan.py).
@@ -319,7 +319,7 @@ def layer_activations(probe: ActivationProbe, names: tuple[str, ...], ac: Activa
         elif ac.mode == "selective" and ac.selective_every:
             kept += saved
         else:  # per-op selective: the input, the saved ops' outputs; the rest is recomputed
-            whole_outputs = block.kept_outputs_of(set(rowwise)) if tp > 1 else 0
+            whole_outputs = block.kept_outputs_of(rowwise) if tp > 1 else 0
             kept += _per_rank(min(block.input_bytes + block.selective_ops, block.saved), whole_outputs, tp)
             rest = max(block.saved - block.selective_ops, 0)
             recompute = max(recompute, _per_rank(rest, min(whole_inputs, rest), tp))

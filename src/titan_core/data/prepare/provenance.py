@@ -156,8 +156,8 @@ class SourceHashes:
                     self.ready.notify_all()
                 if self.stop():
                     break
-        except HashStopped:
-            pass
+        except HashStopped:  # the run ended early (``stop``): the files not hashed yet are not needed
+            return
         finally:
             with self.ready:
                 self.first_ended = True
