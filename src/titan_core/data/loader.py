@@ -22,7 +22,7 @@ second and a few MB for the built-in corpus).
 
 from __future__ import annotations
 
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, TypedDict, Unpack, runtime_checkable
 
 import torch
 
@@ -44,12 +44,23 @@ class WindowSource(Protocol):
     def read_windows(self, rows: torch.Tensor, window: int) -> torch.Tensor: ...
 
 
+class RankLayout(TypedDict, total=False):
+    """The optional keywords every loader passes through to :class:`RankBatches`, whose signature holds
+    their defaults (rank 0 of 1, seed 0, shuffled, named "train"): declared once, not per loader."""
+
+    dp_rank: int
+    dp_world_size: int
+    seed: int
+    shuffle: bool
+    name: str
+
+
 class RankBatches:
     """What a data-parallel loader of either kind is told: its rows' shape, its rank's share of each global
     batch, and its order's seed. Checks the rank."""
 
-    def __init__(self, *, seq_len: int, local_batch_size: int, dp_rank: int, dp_world_size: int, seed: int,
-                 shuffle: bool, name: str) -> None:
+    def __init__(self, *, seq_len: int, local_batch_size: int, dp_rank: int = 0, dp_world_size: int = 1,
+                 seed: int = 0, shuffle: bool = True, name: str = "train") -> None:
         if not 0 <= dp_rank < dp_world_size:
             raise ValueError(f"dp_rank {dp_rank} is outside 0..{dp_world_size - 1}")
         self.seq_len = seq_len
@@ -81,18 +92,13 @@ class TokenDataLoader(RankBatches):
         *,
         seq_len: int,
         local_batch_size: int,
-        dp_rank: int = 0,
-        dp_world_size: int = 1,
-        seed: int = 0,
-        shuffle: bool = True,
-        name: str = "train",
+        **layout: Unpack[RankLayout],
     ) -> None:
-        super().__init__(seq_len=seq_len, local_batch_size=local_batch_size, dp_rank=dp_rank,
-                         dp_world_size=dp_world_size, seed=seed, shuffle=shuffle, name=name)
+        super().__init__(seq_len=seq_len, local_batch_size=local_batch_size, **layout)
         self.num_tokens = int(stream.numel())
         self.num_windows = self.num_tokens // (seq_len + 1)
         if self.num_windows < self.global_batch_size:
-            raise ValueError(f"{name}: {self.num_windows} windows cannot fill a global batch of {self.global_batch_size}")
+            raise ValueError(f"{self.name}: {self.num_windows} windows cannot fill a global batch of {self.global_batch_size}")
         self._source = stream if isinstance(stream, WindowSource) else None
         self._stream = stream
         self._fingerprint: str | None = None
@@ -103,7 +109,7 @@ class TokenDataLoader(RankBatches):
         self.window_offset = 0  # global windows consumed in this epoch
         self._order_epoch = -1
         self._order: torch.Tensor | LazyOrder = torch.arange(self.num_windows) if self._source is None else \
-            LazyOrder(self.num_windows, seed=seed, epoch=0, shuffle=False)
+            LazyOrder(self.num_windows, seed=self.seed, epoch=0, shuffle=False)
 
     def fingerprint(self) -> str:
         """A digest of the split's tokens (data/identity.py), computed once."""

@@ -16,13 +16,13 @@ every rank computes the same global batch plan and reads only its own rows.
 from __future__ import annotations
 
 import zlib
-from typing import Any
+from typing import Any, Unpack
 
 import torch
 
 from ..errors import ConfigError
 from .identity import stream_fingerprint
-from .loader import RankBatches, WindowSource, epoch_order
+from .loader import RankBatches, RankLayout, WindowSource, epoch_order
 from .permutation import LazyOrder
 
 _BATCH_MIX = 0x2545F4914F6CDD1D
@@ -64,11 +64,7 @@ class MixtureDataLoader(RankBatches):
         *,
         seq_len: int,
         local_batch_size: int,
-        dp_rank: int = 0,
-        dp_world_size: int = 1,
-        seed: int = 0,
-        shuffle: bool = True,
-        name: str = "train",
+        **layout: Unpack[RankLayout],
     ) -> None:
         if not sources:
             raise ValueError("a mixture needs at least one source")
@@ -77,10 +73,9 @@ class MixtureDataLoader(RankBatches):
         self.weights = [w / total for _, w, _ in sources]
         self.windows = [_Windows(s, seq_len + 1) for _, _, s in sources]
         self.sources = [""] * len(sources)  # each one's data source (build_mixture_loader sets them), for the record
-        super().__init__(seq_len=seq_len, local_batch_size=local_batch_size, dp_rank=dp_rank,
-                         dp_world_size=dp_world_size, seed=seed, shuffle=shuffle, name=name)
+        super().__init__(seq_len=seq_len, local_batch_size=local_batch_size, **layout)
         # Each source has its own window order, seeded from the run's seed and the source's name.
-        self._seeds = [(seed * 1_000_003 + zlib.crc32(n.encode())) & _MASK for n in self.names]
+        self._seeds = [(self.seed * 1_000_003 + zlib.crc32(n.encode())) & _MASK for n in self.names]
         self._orders: dict[int, tuple[int, torch.Tensor | LazyOrder]] = {}  # source -> (epoch, its order)
         self.batch = 0
         self.rows = [0] * len(sources)
