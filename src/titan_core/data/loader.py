@@ -72,6 +72,15 @@ class RankBatches:
         self.shuffle = shuffle
         self.name = name
 
+    @property
+    def tokens_per_batch(self) -> int:
+        """Input tokens this rank gets per batch (``local_batch_size * seq_len``)."""
+        return self.local_batch_size * self.seq_len
+
+    @property
+    def global_tokens_per_batch(self) -> int:
+        return self.global_batch_size * self.seq_len
+
 
 def epoch_order(num_windows: int, seed: int, epoch: int) -> torch.Tensor:
     """The seeded permutation of ``num_windows`` windows for ``epoch`` (the same on every rank)."""
@@ -120,15 +129,6 @@ class TokenDataLoader(RankBatches):
     def data_record(self) -> dict[str, dict[str, Any]]:
         """What a checkpoint records of this loader's data (data/identity.py)."""
         return {"data.source": {"source": self.source, "weight": 1.0, "fingerprint": self.fingerprint()}}
-
-    @property
-    def tokens_per_batch(self) -> int:
-        """Input tokens this rank gets per batch (``local_batch_size * seq_len``)."""
-        return self.local_batch_size * self.seq_len
-
-    @property
-    def global_tokens_per_batch(self) -> int:
-        return self.global_batch_size * self.seq_len
 
     @property
     def batches_per_epoch(self) -> int:

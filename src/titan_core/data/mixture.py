@@ -85,10 +85,6 @@ class MixtureDataLoader(RankBatches):
         return {f"data.mix.{name}": {"source": source, "weight": weight, "fingerprint": windows.fingerprint()}
                 for name, source, weight, windows in zip(self.names, self.sources, self.weights, self.windows)}
 
-    @property
-    def tokens_per_batch(self) -> int:
-        return self.local_batch_size * self.seq_len
-
     def _plan(self) -> list[int]:
         """The source of each row of the current global batch (the same on every rank)."""
         rows = list(self.rows)
