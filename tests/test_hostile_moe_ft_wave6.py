@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 from hostile_harness import (
+    HostileCase as Case,  # the hostile suites' one case type (id, args, message fragment, exit code)
     assert_one_clean_error,
     assert_unchanged,
     error_lines,
@@ -37,14 +38,6 @@ QWEN3_MOE = ("--spec", "qwen3", "--flavor", "debugmoe", "--training.steps=2", "-
 FT = ("--fault_tolerance.enable=true",)
 TABLE: list[tuple[str, int, str]] = []
 table = table_printer(TABLE, "MoE / fault-tolerance input")
-
-
-@dataclass(frozen=True)
-class Case:
-    id: str
-    args: tuple[str, ...]
-    fragment: str
-    code: int = 2
 
 
 CLI_CASES = [
