@@ -6,7 +6,8 @@
         converter = "myconv"     # the entry-point name
         fast = True              # only the checks of `titan-plugin check --fast`
 
-Each check is one test method, running exactly what ``titan-plugin check`` runs.
+Each check is one test method, running exactly what ``titan-plugin check`` runs; ``compile = True``
+adds the ``--compile`` check, as ``titan-plugin check --compile`` does.
 """
 
 from __future__ import annotations
@@ -44,9 +45,13 @@ class _Conformance:
     def test_imports(self, titan_target: c.Target) -> None:
         self._run(titan_target, c.check_import)
 
+    def test_compiles(self, titan_target: c.Target) -> None:
+        self._run(titan_target, c.check_compile)
+
     def _run(self, target: c.Target, fn: Callable[[c.Target], str]) -> None:
-        pool = c.CONVERTER_CHECKS if self.kind == "converter" else c.SPEC_CHECKS
-        check = next(ch for ch in pool if ch.fn is fn)
+        check = next((ch for ch in c.checks_for(target, fast=False) if ch.fn is fn), None)
+        if check is None:  # only the compile check is left out of a target's list
+            pytest.skip("--compile: not asked for (set compile = True to run it)")
         if self.fast and not check.fast:
             pytest.skip(f"{check.name}: not in the fast subset (set fast = False to run it)")
         result = c.run_check(target, check)
@@ -119,6 +124,9 @@ class TrainSpecConformance(_Conformance):
 
     def test_pp2_matches_one_process(self, titan_target: c.Target) -> None:
         self._run(titan_target, c.check_pp)
+
+    def test_cp2_matches_one_process(self, titan_target: c.Target) -> None:
+        self._run(titan_target, c.check_cp)
 
     def test_ep2_matches_one_process(self, titan_target: c.Target) -> None:
         self._run(titan_target, c.check_ep)
