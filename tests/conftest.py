@@ -7,6 +7,7 @@ import json
 import os
 import random
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -62,6 +63,13 @@ def warm_path() -> list[str]:
 def shell_titan_train() -> Path:
     """The ``titan-train`` a test's shell should run: the warm client, or this interpreter's console script."""
     return Path((warm_path() or [str(Path(sys.executable).parent)])[0]) / "titan-train"
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago (for a store, a rendezvous or torchrun's master)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def _warm() -> WarmStart | None:

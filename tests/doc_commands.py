@@ -1,6 +1,6 @@
 """Docs whose commands run as written: each ```bash block of a page, in order, in one empty folder.
 
-Each block must exit 0 (or 2 where it says ``# exits 2``), and every line of the output
+Each block must exit 0 (or N where it says ``# exits N``), and every line of the output
 copied in the ```text block under it that holds no number must appear in what the command
 printed (numbers such as timings change from run to run).
 """
@@ -41,7 +41,7 @@ def run_blocks(pairs: list[tuple[str, str]], folder: Path) -> None:
     for command, copied in pairs:
         proc = subprocess.run(["bash", "-c", command], cwd=folder, env=env, capture_output=True, text=True,
                               timeout=600)
-        expected = 2 if "# exits 2" in command else 0
+        expected = int(match.group(1)) if (match := re.search(r"# exits (\d+)", command)) else 0
         output = proc.stdout + proc.stderr
         assert proc.returncode == expected, f"{command}\n{output}"
         for line in copied.splitlines():
@@ -67,8 +67,11 @@ class DocCommand:
     line: int  # 1-based line of the page where the command starts
     text: str  # continuation lines joined, comment dropped
     context: tuple[str, ...]  # the page's shell variable assignments above it (RUN=..., F="...")
-    exit_code: int  # 2 where the page marks it "# exits 2" or shows an "error:" line under it
+    exit_code: int  # N where the page marks it "# exits N", 2 where it shows an "error:" line under it
     printed: tuple[str, ...]  # the lines a transcript shows under it ("..." ends a shortened line)
+    block: int = 0  # which fenced block of the page holds it (0 = the first)
+    script: str = ""  # a bash block's whole text (its shell glue too), which runs as one script; "" in a transcript
+    copied: tuple[str, ...] = ()  # a bash block's output as the page copies it (the ```text block after it)
 
     @property
     def program(self) -> str:
@@ -88,13 +91,16 @@ def documented_commands(page: str) -> list[DocCommand]:
     text = (REPO / "docs" / page).read_text()
     found: list[DocCommand] = []
     context: list[str] = []
-    for match in re.finditer(r"^([ \t]*)```(\w*)\n(.*?)^[ \t]*```", text, flags=re.S | re.M):
+    fences = list(re.finditer(r"^([ \t]*)```(\w*)\n(.*?)^[ \t]*```", text, flags=re.S | re.M))
+    for number, match in enumerate(fences):
         indent, lang, body = match.group(1), match.group(2), match.group(3)
         if lang not in ("bash", "sh", "shell", "console", ""):
             continue
         first_line = text.count("\n", 0, match.start(3)) + 1
         transcript = lang in ("console", "")
         lines = [line[len(indent):] if line.startswith(indent) else line for line in body.splitlines()]
+        script = "" if transcript else "\n".join(lines)
+        copied = () if transcript else _copied_output(fences[number + 1:])
         index = 0
         current: dict[str, object] | None = None
         while index < len(lines):
@@ -125,14 +131,26 @@ def documented_commands(page: str) -> list[DocCommand]:
                 context.append(command)
                 continue
             if is_command:
+                exits = re.search(r"exits (\d+)", comment)
                 current = {"page": page, "line": first_line + start, "text": command, "context": tuple(context),
-                           "exits_2": "exits 2" in comment, "printed": []}
+                           "exits": int(exits.group(1)) if exits else None, "printed": [], "block": number,
+                           "script": script, "copied": copied}
                 if not transcript:
                     found.append(_finished(current))
                     current = None
         if current is not None:
             found.append(_finished(current))
     return found
+
+
+def _copied_output(later: list[re.Match[str]]) -> tuple[str, ...]:
+    """The lines of the ```text block that follows a bash block, before any other command block."""
+    for match in later:
+        if match.group(2) == "text":
+            return tuple(match.group(3).splitlines())
+        if match.group(2) in ("bash", "sh", "shell", "console", ""):
+            return ()
+    return ()
 
 
 def _only_assignments(command: str) -> bool:
@@ -147,6 +165,8 @@ def _only_assignments(command: str) -> bool:
 def _finished(fields: dict[str, object]) -> DocCommand:
     printed = tuple(fields["printed"])  # type: ignore[arg-type]
     shows_error = any(re.match(r"^[\w.-]+: error:|^error:", line) for line in printed)
+    exits = fields["exits"]
+    exit_code = exits if isinstance(exits, int) else 2 if shows_error else 0
     return DocCommand(page=str(fields["page"]), line=int(fields["line"]), text=str(fields["text"]),  # type: ignore[call-overload]
-                      context=fields["context"], exit_code=2 if fields["exits_2"] or shows_error else 0,  # type: ignore[arg-type]
-                      printed=printed)
+                      context=fields["context"], exit_code=exit_code, printed=printed,  # type: ignore[arg-type]
+                      block=fields["block"], script=fields["script"], copied=fields["copied"])  # type: ignore[arg-type]

@@ -9,7 +9,6 @@ import os
 import pickle
 import random
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -30,6 +29,7 @@ from titan_core.errors import CheckpointError
 
 from _checkpoint_worker import Position, build, train_step
 from checkpoint_pause import install as install_pause
+from conftest import free_port
 
 WORKER = Path(__file__).with_name("_checkpoint_worker.py")
 torch.set_num_threads(1)
@@ -208,11 +208,6 @@ def test_llama_pipeline_stages_with_shared_layer_container_reshard(tmp_path: Pat
 
 # ---- FSDP2 on two processes ----------------------------------------------------------------
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def run_ranks(scenario: str, run_dir: Path, world: int) -> None:

@@ -5,14 +5,15 @@ and the count is printed (pytest -s shows it) and checked, so a command added to
 
 - **run by its guide's test**: pages a test runs block by block for real (PAGE_TESTS), and single commands a
   named test runs on fixtures of its own (ELSEWHERE); the named test file must exist and run that command;
-- **run here**: in the page's order, in one folder per page, with the shell variables the page set above it
-  and none of the test suite's own settings (no default spec). ``titan-train`` runs with ``--dry-run`` added
-  (the config and every plugin section validate, the layout is checked, the model builds on meta and the
-  converters convert; a memory plan is printed); ``torchrun ... -m titan_core`` runs as the worker torchrun
-  starts for rank 0, also with ``--dry-run``; the other tools run for real. Both go to the suite's warm
-  interpreter (tests/warm_start.py), which forks a fresh process per command: the imports, most of a dry run's time, are
-  paid once. A command the page shows failing
-  (an ``error:`` line under it, or ``# exits 2``) must exit 2 and print that line;
+- **run here**, for real: in the page's order, in one folder per page, with the shell variables the page set
+  above it and none of the test suite's own settings (no default spec). A bash block runs whole, as one
+  ``set -e`` script, with its shell glue (a run started with ``&``, the loop that waits for it, the ``kill``);
+  a transcript's ``$`` lines run one by one. ``titan-train`` is a fresh fork of the suite's warm interpreter
+  (tests/warm_start.py: the imports are paid once); ``torchrun`` and the other tools are this environment's.
+  A /tmp path a page chose lands in the page's folder. Each must exit as the page shows: 0, or the code of
+  its ``# exits N`` mark, or 2 under an ``error:`` line; and print what the page copies under it (the ``error:``
+  lines of a transcript; the lines without a number of the ``text`` block after a bash block, "..." standing
+  for a part left out);
 - **checked**: ``pip install 'titan-core[EXTRA]'`` names an extra that pyproject.toml declares;
 - **not runnable here**, each with its reason (NOT_HERE): a GPU, a Slurm cluster, a server that runs until
   stopped.
@@ -25,6 +26,7 @@ import re
 import shlex
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -50,6 +52,8 @@ ELSEWHERE = [
     ("fault-tolerance.md", "--fault_tolerance.local_replicas=", "tests/test_fault_tolerance_guide.py",
      "run_blocks(pairs[:2]"),
     ("distributed.md", "--target-device H100", "tests/test_memory_plan.py", '"--target-device" in command'),
+    # one node's line: alone it waits for the other node; the test starts both agents on this machine
+    ("distributed.md", "--rdzv-endpoint $HEAD_NODE:29500", "tests/test_multinode.py", '"--rdzv-backend", "c10d"'),
     ("distributed.md", "--rehearse-rank 127", "tests/test_rehearsal.py", '"--rehearse-rank"'),
     ("evaluation.md", "bash scripts/quickstart.sh", "tests/test_readme.py", '"bash", "scripts/quickstart.sh"'),
     ("evaluation.md", "titan-lm-eval --model titan", "tests/test_lm_eval_adapter.py", '"--include_path"'),
@@ -72,29 +76,6 @@ NOT_HERE = [
 #: What the test suite sets for itself that a reader's shell does not have.
 SUITE_ONLY_ENV = ("TITAN_DEFAULT_SPEC", "WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_PORT",
                   "PYTHONPATH")
-
-# titan-train as the reader's, with --dry-run added unless the command already stops before training.
-TITAN_TRAIN_SHIM = """#!/bin/bash
-for word in "$@"; do
-  case "$word" in --dry-run|--print-config|--schema|--list|--help|-h) exec "{real}" "$@";; esac
-done
-exec "{real}" "$@" --dry-run
-"""
-# torchrun as the worker it would start for rank 0 of its world, with --dry-run.
-TORCHRUN_SHIM = """import os, sys
-TITAN_TRAIN = {titan_train!r}
-args = sys.argv[1:]
-module = args.index("-m")
-options, rest = args[:module], args[module + 2:]
-def option(name, default):
-    return int(options[options.index(name) + 1]) if name in options else default
-nproc = option("--nproc-per-node", 1)
-os.environ.update(WORLD_SIZE=str(nproc * option("--nnodes", 1)), RANK="0", LOCAL_RANK="0",
-                  LOCAL_WORLD_SIZE=str(nproc))
-if args[module + 1] == "titan_core":  # python -m titan_core is titan-train
-    os.execv(TITAN_TRAIN, [TITAN_TRAIN, *rest, "--dry-run"])
-os.execv(sys.executable, [sys.executable, "-m", args[module + 1], *rest, "--dry-run"])
-"""
 
 
 def accounted(command: DocCommand) -> tuple[str, str]:
@@ -120,44 +101,55 @@ def page_folder(root: Path, page: str) -> Path:
     return folder
 
 
-def shell_line(command: DocCommand, folder: Path) -> str:
-    """The page's variables, then the command; a /tmp path a page chose lands in this folder instead."""
-    lines = []
+def moved_tmp(text: str, folder: Path) -> str:
+    """A /tmp path a page chose lands in the page's folder instead (runs of the suite never share one)."""
+    return re.sub(r"(?<![\w.])/tmp/", f"{folder}/tmp/", text)
+
+
+def shell_script(command: DocCommand, folder: Path) -> str:
+    """The page's variables, then the command's whole bash block (its shell glue too), or the transcript's one
+    command; ``set -e``, so that a failing line stops the script with its own exit code."""
+    lines = ["set -e"]
     for assignment in command.context:
         name, _, value = assignment.partition("=")
         if value.startswith("/tmp/"):
-            value = str(folder / "tmp" / value.removeprefix("/tmp/"))
+            value = moved_tmp(value, folder)
             lines.append(f"mkdir -p {shlex.quote(value)}")
         lines.append(f"{name}={value}")
-    # A command the page starts in the background runs in the foreground here, so that its exit is seen.
-    lines.append(re.sub(r"\s*&$", "", command.text))
+    lines.append(command.script or command.text)
     return "\n".join(lines)
 
 
 def shown(line: str, output: str) -> bool:
-    """A line the page shows is printed; "..." stands for the part the page left out."""
-    return all(piece.strip() in output for piece in line.split("...") if piece.strip())
+    """A line the page shows is printed; "..." (or "…") stands for a part the page left out."""
+    return all(piece.strip() in output for piece in re.split(r"\.\.\.|…", line) if piece.strip())
+
+
+def block_problems(block: list[DocCommand]) -> list[str]:
+    """What keeps a bash block from running as one script with one expected exit code."""
+    failing = [c for c in block if c.exit_code != 0]
+    if failing and failing[-1] is not block[-1] or len(failing) > 1:
+        return ["only the last command of a block may fail as the page shows (set -e stops at the first failure): "
+                "put a failing command in a block of its own"]
+    return []
 
 
 def test_every_command_of_every_docs_page_is_run_or_accounted_for(tmp_path: Path,
                                                                   capsys: pytest.CaptureFixture[str]) -> None:
     commands = [command for page in PAGES for command in documented_commands(page)]
-    shims = tmp_path / "shims"
-    shims.mkdir()
-    real = shell_titan_train()
-    (shims / "titan-train").write_text(TITAN_TRAIN_SHIM.format(real=real))
-    # a bash launcher: a long interpreter path breaks a #! line
-    (shims / "torchrun.py").write_text(TORCHRUN_SHIM.format(titan_train=str(real)))
-    (shims / "torchrun").write_text(f'#!/bin/bash\nexec "{sys.executable}" "{shims / "torchrun.py"}" "$@"\n')
-    for shim in shims.iterdir():
-        shim.chmod(0o755)
     env = {k: v for k, v in os.environ.items() if k not in SUITE_ONLY_ENV}
-    env.update(OMP_NUM_THREADS="1", PATH=os.pathsep.join([str(shims), str(BIN), os.environ["PATH"]]))
+    # titan-train is the suite's warm client (tests/warm_start.py): a fork of an interpreter that has imported
+    # torch, and a real run; torchrun and the other tools are this environment's own.
+    env.update(OMP_NUM_THREADS="1",
+               PATH=os.pathsep.join([str(shell_titan_train().parent), str(BIN), os.environ["PATH"]]))
     extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
 
     folders: dict[str, Path] = {}
     counts = {"run": 0, "guide": 0, "checked": 0, "not here": 0}
+    scripts = 0
+    took: list[tuple[float, str]] = []
     failed: list[str] = []
+    ran_blocks: set[tuple[str, int]] = set()
     for command in commands:
         how, detail = accounted(command)
         counts[how] += 1
@@ -169,6 +161,20 @@ def test_every_command_of_every_docs_page_is_run_or_accounted_for(tmp_path: Path
             continue
         if how != "run":
             continue
+        block: list[DocCommand] = [command]
+        if command.script:  # a bash block runs once, whole, when its first command comes up
+            if (command.page, command.block) in ran_blocks:
+                continue
+            ran_blocks.add((command.page, command.block))
+            block = [c for c in commands if c.page == command.page and c.block == command.block]
+            others = {accounted(c)[0] for c in block} - {"run"}
+            if others:
+                failed.append(f"{where}\n  its block also holds commands {others} that are not run here: "
+                              f"put them in a block of their own")
+                continue
+            if problems := block_problems(block):
+                failed.append(f"{where}\n  {problems[0]}")
+                continue
         if command.page == "evaluation.md" and command.page not in folders:  # it reads the quickstart's run
             folders[command.page] = page_folder(tmp_path, command.page)
             made = subprocess.run([str(BIN / "titan-train"), "--spec", "llama3", "--llama3.n_layers=1",
@@ -177,23 +183,31 @@ def test_every_command_of_every_docs_page_is_run_or_accounted_for(tmp_path: Path
                                   cwd=folders[command.page], env=env, capture_output=True, text=True, timeout=300)
             assert made.returncode == 0, made.stderr[-2000:]
         folder = folders.get(command.page) or folders.setdefault(command.page, page_folder(tmp_path, command.page))
-        proc = subprocess.run(["bash", "-c", shell_line(command, folder)], cwd=folder, env=env,
+        scripts += 1
+        started = time.monotonic()
+        proc = subprocess.run(["bash", "-c", shell_script(command, folder)], cwd=folder, env=env,
                               capture_output=True, text=True, timeout=600)
+        took.append((time.monotonic() - started, where))
         output = proc.stdout + proc.stderr
-        errors = [line for line in command.printed if "error:" in line]
-        if proc.returncode != command.exit_code:
-            failed.append(f"{where}\n  exit {proc.returncode}, the page shows {command.exit_code}:\n"
-                          f"  {output[-800:]}")
+        expected = block[-1].exit_code
+        shows = [line for c in block for line in c.printed if "error:" in line]
+        shows += [moved_tmp(line, folder) for line in command.copied if line.strip() and not re.search(r"\d", line)]
+        missing = [line for line in shows if not shown(line, output)]
+        if proc.returncode != expected:
+            failed.append(f"{where}\n  exit {proc.returncode}, the page shows {expected}:\n  {output[-1500:]}")
         elif "Traceback (most recent call last)" in output:
-            failed.append(f"{where}\n  printed a traceback:\n  {output[-800:]}")
-        elif not all(shown(line, output) for line in errors):
-            failed.append(f"{where}\n  does not print what the page shows: {errors}\n  it printed: {output[-800:]}")
+            failed.append(f"{where}\n  printed a traceback:\n  {output[-1500:]}")
+        elif missing:
+            failed.append(f"{where}\n  does not print what the page shows: {missing}\n  it printed: {output[-1500:]}")
 
     with capsys.disabled():
-        print(f"\ndocs commands: {len(commands)} in {len(PAGES)} pages: {counts['run']} run here, "
+        print(f"\ndocs commands: {len(commands)} in {len(PAGES)} pages: {counts['run']} run here for real "
+              f"(in {scripts} scripts: a bash block runs whole), "
               f"{counts['guide']} run by their guide's test, {counts['checked']} pip line checked against "
               f"pyproject.toml, {counts['not here']} not runnable here (GPU, cluster, server); "
-              f"{len(failed)} failed")
+              f"{len(failed)} failed; slowest scripts:")
+        for seconds, slow in sorted(took, reverse=True)[:6]:
+            print(f"  {seconds:6.1f} s  {slow[:150]}")
     assert not failed, "\n\n".join(failed)
     assert counts["run"] >= 30 and counts["not here"] == len(NOT_HERE), counts
 
@@ -234,3 +248,24 @@ def test_commands_are_read_from_every_kind_of_block() -> None:
                for c in documented_commands("distributed.md"))  # "# exits 2"
     evaluation = [c.text for c in documented_commands("evaluation.md")]
     assert "titan-eval runs/quickstart --tasks builtin --output eval.json" in evaluation
+
+
+@pytest.mark.fast
+def test_a_bash_block_runs_whole_with_its_glue_and_its_marked_exit_code() -> None:
+    """The crash demo's block keeps the lines between its commands (the background run, the wait, the kill),
+    its copied output comes along, and "# exits 3" sets the code; a block may fail only at its end."""
+    commands = documented_commands("checkpointing.md")
+    crash = next(c for c in commands if "checkpoint_pause" in c.text)
+    rerun = next(c for c in commands if c.block == crash.block and c is not crash)
+    assert "kill -9 $pid" in crash.script and crash.script == rerun.script
+    assert any("removed the interrupted save" in line for line in crash.copied)
+    nonfinite = next(c for c in commands if "fault_nonfinite" in c.text)
+    assert nonfinite.exit_code == 3 and "# exits 3" in nonfinite.script
+    ok = DocCommand("p.md", 1, "titan-train --x", (), 0, (), block=4, script="titan-train --x")
+    refused = DocCommand("p.md", 2, "titan-train --y", (), 2, (), block=4, script="titan-train --x")
+    assert block_problems([ok, refused]) == []
+    assert "block of its own" in block_problems([refused, ok])[0]
+    assert shown("[titan] done: 15 steps this run, final loss … (mean", "[titan] done: 15 steps this run, "
+                 "final loss 6.1 (mean of the last 10 steps)")
+    assert not shown("titan-train: error: spec qwen3 has no experts", "titan-train: error: spec qwen3, flavor x "
+                     "has no experts")

@@ -8,9 +8,8 @@ accounts for each, with the count printed (pytest -s) and checked:
   (``titan-train: error: ...``): nothing to run;
 - **run here**, in the README's environment (every spec installed, no default spec), from a folder holding what
   a clone holds (README.md, tests, examples) plus any file the page shows (``# mypkg/configs.py``):
-  ``titan-train`` with ``--dry-run`` added unless the command stops before training anyway; a command the page
-  shows failing must exit with its code and print its words (``INLINE_EXPECTED``), and runs without
-  ``--dry-run``, since what it shows happens after the configuration is read;
+  for real (``titan-train`` in a fresh fork of the suite's warm interpreter, tests/warm_start.py); a command the
+  page shows failing must exit with its code and print its words (``INLINE_EXPECTED``);
 - **not run here**, each with its reason (``INLINE_NOT_RUN``).
 """
 
@@ -23,9 +22,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_docs_commands import SUITE_ONLY_ENV, TITAN_TRAIN_SHIM, page_folder
+from test_docs_commands import SUITE_ONLY_ENV, page_folder
 
-from conftest import REPO, shell_titan_train, warm_path
+from conftest import REPO, warm_path
 
 PROGRAMS = r"titan-(?:train|plugin|convert|data|eval|report|generate|lm-eval)|torchrun"
 INLINE = re.compile(rf"`((?:[A-Z_]+=\S+ )*(?:{PROGRAMS})\b[^`]*)`")
@@ -42,8 +41,6 @@ INLINE_EXPECTED = {
     WAIT_DEMO: (2, ("is waiting for the other 1 process(es) of WORLD_SIZE=2 to connect at 127.0.0.1:29555",
                     "rendezvous gave up after 8 s (parallelism.init_timeout_s)")),
 }
-#: Run as written, without --dry-run: what the page shows happens after the configuration is read.
-INLINE_REAL = set(INLINE_EXPECTED)
 #: (page, command): why it does not run here.
 INLINE_NOT_RUN = {
     ("benchmarks.md", "titan-generate --device cuda"): "needs a CUDA device (the GPU checks run it: scripts/gpu)",
@@ -90,14 +87,9 @@ def page_files(page: str, folder: Path) -> None:
 
 def test_every_inline_command_of_every_docs_page_is_run_or_accounted_for(tmp_path: Path,
                                                                          capsys: pytest.CaptureFixture[str]) -> None:
-    shims = tmp_path / "shims"
-    shims.mkdir()
-    (shims / "titan-train").write_text(TITAN_TRAIN_SHIM.format(real=shell_titan_train()))
-    (shims / "titan-train").chmod(0o755)
     env = {k: v for k, v in os.environ.items() if k not in SUITE_ONLY_ENV}
-    env.update(OMP_NUM_THREADS="1")
-    shimmed = os.pathsep.join([str(shims), str(Path(sys.executable).parent), os.environ["PATH"]])
-    unshimmed = os.pathsep.join([*warm_path(), str(Path(sys.executable).parent), os.environ["PATH"]])
+    env.update(OMP_NUM_THREADS="1",
+               PATH=os.pathsep.join([*warm_path(), str(Path(sys.executable).parent), os.environ["PATH"]]))
 
     counts = {"name": 0, "pattern": 0, "output": 0, "run": 0, "not run": 0}
     failed: list[str] = []
@@ -115,8 +107,7 @@ def test_every_inline_command_of_every_docs_page_is_run_or_accounted_for(tmp_pat
                 listed.add((page, command))
                 continue
             counts["run"] += 1
-            path = unshimmed if command in INLINE_REAL else shimmed
-            proc = subprocess.run(["bash", "-c", command], cwd=folder, env={**env, "PATH": path},
+            proc = subprocess.run(["bash", "-c", command], cwd=folder, env=env,
                                   capture_output=True, text=True, timeout=300)
             output = proc.stdout + proc.stderr
             code, words = INLINE_EXPECTED.get(command, (0, ()))
@@ -127,7 +118,7 @@ def test_every_inline_command_of_every_docs_page_is_run_or_accounted_for(tmp_pat
                 failed.append(f"docs/{page}: `{command}` printed a traceback:\n  {output[-800:]}")
 
     with capsys.disabled():
-        print(f"\ndocs inline commands: {sum(counts.values())} in {len(PAGES)} pages: {counts['run']} run here, "
+        print(f"\ndocs inline commands: {sum(counts.values())} in {len(PAGES)} pages: {counts['run']} run here for real, "
               f"{counts['not run']} not run here, {counts['name']} names, {counts['pattern']} patterns, "
               f"{counts['output']} quoted outputs; {len(failed)} failed")
     assert not failed, "\n\n".join(failed)

@@ -1,15 +1,17 @@
 """Every command the README's bash blocks and ``titan-train --help`` show runs as written in the README's own
 environment (every spec of this repository installed, as after scripts/setup.sh), issue 31 item 5.
 
-Kept cheap: a training command runs with ``--dry-run`` added (the config resolves, the model builds on
-meta, the converters convert); ``torchrun --nproc-per-node N -m titan_core ARGS`` runs as the worker
-torchrun would start for rank 0 of N, with ``--dry-run``; both in a fresh fork of one warm interpreter
-(tests/warm_start.py: the imports, most of a dry run's time, are paid once). ``titan-report`` and
-``titan-generate`` read two 2-step runs made first; ``pip install PATHS`` is checked to name this
-repository's projects (the install itself is what scripts/setup.sh does before every test). The top block
-(scripts/quickstart.sh and scripts/test.sh), like any other ``bash scripts/...`` line (an environment and
-the whole suite), is run by tests/test_readme.py and by CI. The count is printed (pytest -s shows it)
-and checked, so a command added to the docs is a command run here.
+Every command runs for real. Training commands train: those that would train longer than
+``STEP_CAP`` steps (the README's lines train the default 200) get ``--training.steps=2`` appended, the one
+change made to what the reader types, so that the suite's time stays bounded; the count says how many.
+``torchrun --nproc-per-node N -m titan_core ARGS`` starts its N workers (on a free port, ``PET_MASTER_PORT``,
+torchrun's own environment form of ``--master-port``). ``titan-train`` runs in a fresh fork of the suite's warm
+interpreter (tests/warm_start.py: the imports are paid once). ``titan-report`` and ``titan-generate`` read two
+2-step runs made first; ``pip install PATHS`` is checked to name this repository's projects (the install
+itself is what scripts/setup.sh does before every test). The top block (scripts/quickstart.sh and
+scripts/test.sh), like any other ``bash scripts/...`` line (an environment and the whole suite), is run by
+tests/test_readme.py and by CI. The count is printed (pytest -s shows it) and checked, so a command added to
+the docs is a command run here.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, warm_path
+from conftest import REPO, free_port, warm_path
 
 BIN = Path(sys.executable).parent
 TINY_RUN = ("--spec", "llama3", "--flavor", "debugmodel", "--llama3.n_layers=1", "--training.seq_len=32",
@@ -50,20 +52,22 @@ def help_commands() -> list[str]:
     return [line.strip() for line in examples.splitlines() if line.strip().startswith(("titan-", "torchrun "))]
 
 
-def as_run(command: str) -> tuple[str, dict[str, str]] | None:
-    """The shell command to run for a documented one, and extra environment; None for ``pip install``."""
+#: The most steps a documented training command trains here; a longer one gets ``--training.steps=STEP_CAP``.
+STEP_CAP = 2
+_STOPS_BEFORE_TRAINING = {"--dry-run", "--list", "--schema", "--print-config", "--help"}
+
+
+def as_run(command: str) -> tuple[str, bool] | None:
+    """The shell command to run for a documented one, and whether its step count was capped; None for ``pip
+    install``."""
     words = shlex.split(command.split(">")[0])
     if words[0] == "pip":
         return None
-    env: dict[str, str] = {}
-    if words[0] == "torchrun":  # rank 0 of the N workers torchrun would start
-        n = words[words.index("--nproc-per-node") + 1]
-        env = {"WORLD_SIZE": n, "RANK": "0", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": n}
-        command = "titan-train " + command.split(" -m titan_core ", 1)[1]  # python -m titan_core is titan-train
-        words = ["titan-train"]
-    if words[0] == "titan-train" and not {"--dry-run", "--list", "--schema", "--print-config", "--help"} & set(words):
-        command = command.replace(" >", " --dry-run >", 1) if ">" in command else f"{command} --dry-run"
-    return command, env
+    trains = words[0] in ("titan-train", "torchrun") and not _STOPS_BEFORE_TRAINING & set(words)
+    steps = [int(w.split("=", 1)[1]) for w in words if w.startswith("--training.steps=")]
+    if trains and (not steps or steps[-1] > STEP_CAP):
+        return f"{command} --training.steps={STEP_CAP}", True  # a flag given twice: the last one counts
+    return command, False
 
 
 def test_every_documented_command_runs_as_written(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -81,7 +85,7 @@ def run_commands(commands: list[str], tmp_path: Path, env: dict[str, str], capsy
         made = subprocess.run([str(BIN / "titan-train"), *TINY_RUN, f"--job.run_dir=runs/{name}"], cwd=tmp_path,
                               env=env, capture_output=True, text=True, timeout=600)
         assert made.returncode == 0, made.stderr
-    ran, checked, failed = 0, 0, []
+    ran, capped, checked, failed = 0, 0, 0, []
     for command in commands:
         plan = as_run(command)
         if plan is None:  # pip install: every path it names is one of this repository's projects
@@ -89,15 +93,21 @@ def run_commands(commands: list[str], tmp_path: Path, env: dict[str, str], capsy
             assert paths and all((REPO / p / "pyproject.toml").is_file() for p in paths), command
             checked += 1
             continue
-        shell, extra = plan
-        proc = subprocess.run(["bash", "-c", shell], cwd=tmp_path, env={**env, **extra}, capture_output=True,
-                              text=True, timeout=600)
+        shell, was_capped = plan
+        proc = subprocess.run(["bash", "-c", shell], cwd=tmp_path, env={**env, "PET_MASTER_PORT": str(free_port())},
+                              capture_output=True, text=True, timeout=600)
         ran += 1
+        capped += was_capped
+        output = proc.stdout + proc.stderr
         if proc.returncode != 0:
-            failed.append(f"{command}\n  ran: {shell}\n  exit {proc.returncode}: {(proc.stdout + proc.stderr)[-600:]}")
+            failed.append(f"{command}\n  ran: {shell}\n  exit {proc.returncode}: {output[-1200:]}")
+        elif "Traceback (most recent call last)" in output:
+            failed.append(f"{command}\n  ran: {shell}\n  printed a traceback: {output[-1200:]}")
+        elif was_capped and f"done: {STEP_CAP} steps this run" not in output:
+            failed.append(f"{command}\n  ran: {shell}\n  did not train {STEP_CAP} steps: {output[-1200:]}")
     with capsys.disabled():
-        print(f"\ndocumented commands: {len(commands)} ({ran} run, {checked} pip line checked against the "
-              f"repository), {len(failed)} failed")
+        print(f"\ndocumented commands: {len(commands)} ({ran} run for real, {capped} of them with the steps capped "
+              f"at {STEP_CAP}; {checked} pip line checked against the repository), {len(failed)} failed")
     assert not failed, "\n".join(failed)
     assert (tmp_path / "compare.html").is_file() and (tmp_path / "run.toml").is_file()
     assert ran >= 15, commands

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -21,17 +20,12 @@ from pathlib import Path
 import pytest
 from test_distributed_cli import COMMON, STEPS, max_rel_diff, torchrun
 
-from conftest import REPO, Run
+from conftest import REPO, Run, free_port
 
 FSDP2 = ("--training.local_batch_size=2", "--parallelism.dp_shard=2")
 TOLERANCE = 1e-6
 TIMEOUT_S = 300
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def node_command(node_rank: int, port: int, rdzv_id: str, run_dir: Path) -> list[str]:

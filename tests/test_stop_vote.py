@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
+
+from conftest import free_port
 
 WORKER = r"""
 import json, os, signal, sys
@@ -37,11 +38,6 @@ print(json.dumps(results))
 dist.destroy_process_group()
 """
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 SCENARIOS = [  # (rank 1 gets SIGTERM in step, steps that read the vote at once, both stop after step)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import datetime
 import os
 import re
-import socket
 import subprocess
 import sys
 import threading
@@ -14,15 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO
+from conftest import REPO, free_port
 
 TINY = ("--spec", "llama3", "--flavor", "debugmodel", "--llama3.n_layers=1", "--training.steps=1")
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.mark.parametrize(("rank", "whom"), [
