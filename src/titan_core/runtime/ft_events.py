@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ..console import say
+from .regular_files import read_record_lines
 
 FT_EVENTS_FILE = "ft_events.jsonl"
 
@@ -37,11 +38,13 @@ def read_events(run_dir: Path) -> tuple[list[dict[str, Any]], int]:
     events: list[dict[str, Any]] = []
     skipped = 0
     try:
-        lines = path.read_bytes().splitlines()
-    except OSError:
+        lines = read_record_lines(path)
+    except OSError:  # none yet, or not a regular file (never waited on)
         return [], 0
     for raw in lines:
         try:
+            if raw is None:  # longer than any record: not one
+                raise ValueError(raw)
             record = json.loads(raw.decode("utf-8"))
         except (UnicodeDecodeError, ValueError, RecursionError):
             skipped += 1
