@@ -291,3 +291,31 @@ def test_generate_with_a_tiny_temperature_exits_0(base: Path, capsys: pytest.Cap
     record("generate: --temperature 1e-320 (traceback)", result)
     assert result.code == 0, result.text
     assert "Traceback" not in result.text
+
+
+# ---- fault tolerance: a group that ends unfinished after another finished the run -----------------------
+
+
+def test_a_group_ending_unfinished_after_the_run_finished_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                   capfd: pytest.CaptureFixture[str]) -> None:
+    """Exit 6 (gave up) came with no line at all (seen with --fault_tolerance.quorum_timeout_s=0.001: one group
+    finished, the other ended with an error the supervisor did not restart)."""
+    import sys
+
+    from titan_core.config.job import JobConfig
+    from titan_core.fault_tolerance import supervisor
+
+    harness.isolate(monkeypatch)
+    stand_ins = {0: "print('finished', flush=True)", 1: "import sys, time; time.sleep(1.5); sys.exit(1)"}
+    monkeypatch.setattr(supervisor.Supervisor, "child_command",
+                        lambda self, replica_id: [sys.executable, "-c", stand_ins[replica_id]])
+    config = JobConfig.model_validate({"job": {"run_dir": str(tmp_path / "run")}, "fault_tolerance": {
+        "local_replicas": 2, "quorum_timeout_s": 5, "max_restarts": 0}})
+    with harness.signals_restored():
+        code = supervisor.supervise(config, [])
+    captured = capfd.readouterr()
+    result = CliResult(code, captured.out, captured.err)
+    record("ft: a group ends unfinished after the run finished (exit 6, no line)", result)
+    assert code == 6, result.text
+    assert "replica 1 (exit 1) ended without finishing it" in result.err, result.text
+    assert "Traceback" not in result.text
