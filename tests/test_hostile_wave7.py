@@ -319,3 +319,13 @@ def test_a_group_ending_unfinished_after_the_run_finished_is_named(tmp_path: Pat
     assert code == 6, result.text
     assert "replica 1 (exit 1) ended without finishing it" in result.err, result.text
     assert "Traceback" not in result.text
+
+
+def test_an_ft_event_is_not_written_into_a_fifo(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The supervisor appends to ft_events.jsonl: a FIFO there held it in open() for good; now one warning."""
+    from titan_core.runtime.ft_events import append_event, read_events
+
+    fifo_at(tmp_path / "ft_events.jsonl")
+    append_event(tmp_path, "start", groups=2)
+    assert "could not record 'start'" in capsys.readouterr().err
+    assert read_events(tmp_path) == ([], 0)
