@@ -92,6 +92,12 @@ def fifo_at(path: Path) -> None:
     os.mkfifo(path)
 
 
+def link_to_fifo(path: Path) -> None:
+    fifo_at(path.with_name("pipe"))
+    path.unlink(missing_ok=True)
+    path.symlink_to("pipe")
+
+
 def folder_at(path: Path) -> None:
     path.unlink(missing_ok=True)
     path.mkdir()
@@ -116,6 +122,9 @@ RUN_FILE_CASES = [
     RunFileCase("resume: config.toml a FIFO (hung in the writable probe)", "config.toml", fifo_at,
                 "config.toml: it is a named pipe (FIFO), not a regular file"),
     RunFileCase("resume: metrics.jsonl a FIFO (hung in the writable probe)", "metrics.jsonl", fifo_at,
+                "metrics.jsonl: it is a named pipe (FIFO), not a regular file"),
+    RunFileCase("resume: metrics.jsonl a link to a FIFO (hung; a link was called dangling)", "metrics.jsonl",
+                link_to_fifo,
                 "metrics.jsonl: it is a named pipe (FIFO), not a regular file"),
 ]
 

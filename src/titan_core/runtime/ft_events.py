@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ..console import say
-from .regular_files import read_record_lines, refuse_special
+from .regular_files import read_record_lines, refuse_fifo
 
 FT_EVENTS_FILE = "ft_events.jsonl"
 
@@ -25,7 +25,7 @@ def append_event(run_dir: Path, event: str, **fields: object) -> None:
     record = {"event": event, "time": round(time.time(), 3), **fields}
     path = Path(run_dir) / FT_EVENTS_FILE
     try:
-        refuse_special(path)  # a FIFO would hold the supervisor in open() for good
+        refuse_fifo(path)  # a FIFO would hold the supervisor in open() for good
         with path.open("a", encoding="utf-8") as f:
             f.write(json.dumps(record) + "\n")
     except OSError as exc:

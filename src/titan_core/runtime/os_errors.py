@@ -96,6 +96,8 @@ def file_kind(path: Path) -> str:
     """What a path that is not a regular file is, for messages (a FIFO, a socket, a device, ...)."""
     try:
         mode = path.lstat().st_mode
+        if stat.S_ISLNK(mode) and os.path.exists(path):  # a link is named by what it points to
+            mode = path.stat().st_mode
     except OSError:
         return "unreadable"
     if stat.S_ISLNK(mode):

@@ -18,7 +18,7 @@ from typing import BinaryIO
 from .os_errors import NotARegularFile
 
 __all__ = ["LINE_LIMIT", "NotARegularFile", "bounded_lines", "open_regular", "read_record_lines", "read_regular",
-           "refuse_special"]
+           "refuse_fifo"]
 
 # No record line a titan run writes comes near this; a longer line is not a record (it is skipped and counted).
 LINE_LIMIT = 1 << 20
@@ -44,14 +44,14 @@ def read_regular(path: Path) -> bytes:
         return f.read()
 
 
-def refuse_special(path: Path) -> None:
-    """NotARegularFile when ``path`` exists (links followed) but is neither a regular file nor a folder: a
-    file about to be opened for writing, where a FIFO would wait forever for a reader."""
+def refuse_fifo(path: Path) -> None:
+    """NotARegularFile when ``path`` (links followed) is a named pipe: a file about to be opened for writing,
+    where a FIFO would wait forever for a reader. A device is left to the open (/dev/null, /dev/full write)."""
     try:
         mode = path.stat().st_mode
     except OSError:
         return
-    if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+    if stat.S_ISFIFO(mode):
         raise NotARegularFile(path)
 
 

@@ -20,7 +20,7 @@ from typing import Any
 from ..console import progress
 from ..errors import ConfigError, TitanError
 from .os_errors import describe_os_error
-from .regular_files import read_regular, refuse_special
+from .regular_files import read_regular, refuse_fifo
 
 SUPERSEDED_FILE = "metrics.superseded.jsonl"
 
@@ -70,7 +70,7 @@ def require_writable(*, folders: list[Path], files: list[Path]) -> None:
             raise OSError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(folder))
     for path in files:
         if path.exists() and not path.is_dir():
-            refuse_special(path)  # a FIFO would hold the open below forever
+            refuse_fifo(path)  # a FIFO would hold the open below forever
             with open(path, "a", encoding="utf-8"):
                 pass
             if not os.access(path, os.W_OK):  # opened by a privileged user, still read-only by its mode
