@@ -50,6 +50,18 @@ def runs_among(paths: list[Path]) -> list[Path]:
     return kept
 
 
+def refuse_repeats(runs: list[Path]) -> None:
+    """ConfigError when two arguments name the same folder (run and ./run/, or a link to it): it would be
+    drawn twice over itself, as if two runs agreed exactly."""
+    seen: dict[Path, Path] = {}
+    for path in runs:
+        key = path.resolve()
+        if key in seen:
+            raise ConfigError(f"{path} names the run folder {key} a second time; give each run folder once "
+                              "(the page would draw it twice over itself).")
+        seen[key] = path
+
+
 def report(args: argparse.Namespace) -> int:
     runs: list[Path] = runs_among(args.run_dirs)
     out: Path | None = args.out
@@ -61,6 +73,7 @@ def report(args: argparse.Namespace) -> int:
         raise ConfigError(f"--out {out} must end in .html (the PNG of the loss is written beside it).")
     if out.is_dir():
         raise ConfigError(f"--out {out} is a folder; name the HTML file to write, e.g. {out / REPORT_FILE}.")
+    refuse_repeats(runs)
     written = write_report(runs, out)
     print(f"[{PROG}] wrote {written.html}", flush=True)
     if written.png is not None:

@@ -45,7 +45,8 @@ import torch
 
 from ..errors import ConfigError
 from ..plugin.spec_factories import Tokenizer
-from ..runtime.os_errors import not_a_folder
+from ..runtime.os_errors import not_a_folder, special_kind
+from ..runtime.regular_files import read_regular
 from .shard_format import DOCUMENTS_NAME, FORMAT, INDEX_NAME, VERIFIED_NAME, VERSION, file_sha256, tokenizer_fingerprint
 
 TOKENS_PREFIX = "tokens:"
@@ -195,7 +196,7 @@ def _int(folder: Path, value: object, what: str) -> int:
 
 def _verified_mtimes(folder: Path) -> dict[str, Any]:
     try:
-        cache = json.loads((folder / VERIFIED_NAME).read_text())
+        cache = json.loads(read_regular(folder / VERIFIED_NAME))  # a FIFO here once hung the run for good
     except (OSError, ValueError, RecursionError):
         return {}  # no cache: every file is hashed (slower start-up, same checks)
     return cache if isinstance(cache, dict) else {}
@@ -203,6 +204,9 @@ def _verified_mtimes(folder: Path) -> dict[str, Any]:
 
 def read_index(folder: Path) -> dict[str, Any]:
     path = folder / INDEX_NAME
+    if os.path.lexists(path) and not path.is_file():
+        raise _refuse(folder, f"index.json is {special_kind(path)}, not a regular file",
+                      "put back the index.json titan-data prepare wrote")
     if not path.is_file():
         partial = (folder / "prepare.json").exists()
         raise _refuse(folder, "has no index.json" + (" (titan-data prepare did not finish)" if partial else ""),
@@ -211,7 +215,9 @@ def read_index(folder: Path) -> dict[str, Any]:
     if path.stat().st_size > MAX_INDEX_BYTES:
         raise _refuse(folder, "index.json is too large to be an index")
     try:
-        index = json.loads(path.read_text(encoding="utf-8"))
+        index = json.loads(read_regular(path).decode("utf-8"))
+    except OSError as e:
+        raise _refuse(folder, f"index.json cannot be read ({e.strerror or e})") from None
     except (UnicodeDecodeError, ValueError, RecursionError) as e:  # RecursionError: nesting too deep to parse
         raise _refuse(folder, f"index.json is not valid JSON ({str(e)[:200]})") from None
     if not isinstance(index, dict) or index.get("format") != FORMAT:

@@ -353,7 +353,14 @@ class Supervisor:
             return 2
         if gave_up:
             return GAVE_UP_EXIT
-        return 0 if all(g.done == 0 for g in self.groups.values()) else GAVE_UP_EXIT
+        unfinished = [g for g in self.groups.values() if g.done != 0]
+        if unfinished:  # ended after another group had finished the run: not restarted, and once not a word said
+            ended = ", ".join(f"replica {g.replica_id} ({_signal_name(g.done or 0)})" for g in unfinished)
+            print(f"[ft] the run reached its last step, but {ended} ended without finishing it (its output is "
+                  f"above, its files in {self.run_dir}/replica_N); run the same command again to finish those "
+                  "groups from their checkpoints.", file=sys.stderr, flush=True)
+            return GAVE_UP_EXIT
+        return 0
 
 
 def supervise(config: JobConfig, argv: list[str]) -> int:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from ..errors import NonFiniteError
 from .kv_cache import KVCache
 
 
@@ -35,10 +36,19 @@ def takes_cache(model: nn.Module) -> bool:
 
 
 def _pick(logits: torch.Tensor, sampling: Sampling, generator: torch.Generator) -> int:
-    """The next token from the last position's logits ``[vocab]``."""
+    """The next token from the last position's logits ``[vocab]``.
+
+    The logits are shifted so that the largest is 0 before they are divided by the temperature, and the
+    temperature is at least float32's smallest normal number: a temperature such as 1e-40 makes every other
+    logit -inf (the most likely token, as greedy), never inf or NaN probabilities.
+    """
+    if not bool(torch.isfinite(logits).all()):
+        raise NonFiniteError("the model's output (logits) holds NaN or inf, so no token can be chosen: the "
+                             "checkpoint's weights are not finite or overflow; generate from an earlier checkpoint.")
     if sampling.temperature == 0.0:
         return int(torch.argmax(logits))
-    scaled = logits.float() / sampling.temperature
+    shifted = logits.float() - logits.float().max()
+    scaled = shifted / max(sampling.temperature, torch.finfo(torch.float32).tiny)
     if sampling.top_k is not None and sampling.top_k < scaled.numel():
         kth = torch.topk(scaled, sampling.top_k).values[-1]
         scaled = scaled.masked_fill(scaled < kth, float("-inf"))

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ..console import say
+from .regular_files import read_record_lines, refuse_fifo
 
 FT_EVENTS_FILE = "ft_events.jsonl"
 
@@ -24,6 +25,7 @@ def append_event(run_dir: Path, event: str, **fields: object) -> None:
     record = {"event": event, "time": round(time.time(), 3), **fields}
     path = Path(run_dir) / FT_EVENTS_FILE
     try:
+        refuse_fifo(path)  # a FIFO would hold the supervisor in open() for good
         with path.open("a", encoding="utf-8") as f:
             f.write(json.dumps(record) + "\n")
     except OSError as exc:
@@ -37,11 +39,13 @@ def read_events(run_dir: Path) -> tuple[list[dict[str, Any]], int]:
     events: list[dict[str, Any]] = []
     skipped = 0
     try:
-        lines = path.read_bytes().splitlines()
-    except OSError:
+        lines = read_record_lines(path)
+    except OSError:  # none yet, or not a regular file (never waited on)
         return [], 0
     for raw in lines:
         try:
+            if raw is None:  # longer than any record: not one
+                raise ValueError(raw)
             record = json.loads(raw.decode("utf-8"))
         except (UnicodeDecodeError, ValueError, RecursionError):
             skipped += 1

@@ -10,7 +10,15 @@ from pathlib import Path
 from ..errors import TitanError
 from .path_settings import kept_after_failure, setting_for, unnamed_file_setting
 
-__all__ = ["describe_os_error", "io_errno"]
+__all__ = ["NotARegularFile", "describe_os_error", "io_errno"]
+
+
+class NotARegularFile(OSError):
+    """A run's or a tool's file is a FIFO, a folder, a device, ...: opening a FIFO would wait forever for a
+    writer (or a reader), so it is refused instead (runtime/regular_files.py)."""
+
+    def __init__(self, path: Path | str) -> None:
+        super().__init__(errno.EINVAL, f"it is {special_kind(path)}, not a regular file", str(path))
 
 _ADVICE = {
     errno.ENOSPC: ("disk full", "free space on that filesystem or {move}"),
@@ -45,7 +53,10 @@ def describe_os_error(exc: OSError) -> TitanError:
             and not os.path.exists(exc.filename):
         what = f"it is a symbolic link to {os.readlink(exc.filename)}, which does not exist"
         fix = "remove the link, or create what it points to" + (f", or choose another {flag}" if flag else "")
-    if exc.errno == errno.ENOSPC:
+    if isinstance(exc, NotARegularFile):
+        message = f"cannot use {name}: {exc.strerror}; remove it, or put the file back, or choose another " \
+                  f"{flag if flag else 'place'}."
+    elif exc.errno == errno.ENOSPC:
         kept = kept_after_failure()
         message = f"disk full while writing {name}: {fix}." + (f" {kept}" if kept else "")
     else:
@@ -76,10 +87,17 @@ def not_a_folder(path: Path) -> str:
     return f"is {file_kind(path)}, not a folder"
 
 
+def special_kind(path: Path | str) -> str:
+    """What a path that is not a regular file is: ``a folder``, or ``file_kind``'s words."""
+    return "a folder" if os.path.isdir(path) else file_kind(Path(path))
+
+
 def file_kind(path: Path) -> str:
     """What a path that is not a regular file is, for messages (a FIFO, a socket, a device, ...)."""
     try:
         mode = path.lstat().st_mode
+        if stat.S_ISLNK(mode) and os.path.exists(path):  # a link is named by what it points to
+            mode = path.stat().st_mode
     except OSError:
         return "unreadable"
     if stat.S_ISLNK(mode):

@@ -20,6 +20,7 @@ from typing import Any
 from ..console import progress
 from ..errors import ConfigError, TitanError
 from .os_errors import describe_os_error
+from .regular_files import read_regular, refuse_fifo
 
 SUPERSEDED_FILE = "metrics.superseded.jsonl"
 
@@ -69,6 +70,7 @@ def require_writable(*, folders: list[Path], files: list[Path]) -> None:
             raise OSError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(folder))
     for path in files:
         if path.exists() and not path.is_dir():
+            refuse_fifo(path)  # a FIFO would hold the open below forever
             with open(path, "a", encoding="utf-8"):
                 pass
             if not os.access(path, os.W_OK):  # opened by a privileged user, still read-only by its mode
@@ -123,6 +125,6 @@ def read_run_config(path: Path | None) -> dict[str, Any]:
     except ImportError:  # Python 3.10
         import tomli as tomllib  # type: ignore[no-redef]
     try:
-        return tomllib.loads(path.read_text(encoding="utf-8"))
+        return tomllib.loads(read_regular(path).decode("utf-8"))
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError, RecursionError) as exc:
         raise ConfigError(f"cannot read the run config {path}: {exc}") from None

@@ -10,6 +10,7 @@ The result is checked against the shapes the checkpoint's identity file records.
 from __future__ import annotations
 
 import dataclasses
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -18,6 +19,7 @@ from ..errors import ConfigError
 from ..hf.adapter import adapter_of
 from ..hf.folder import open_hf_folder
 from ..runtime.folder_kinds import is_hf_folder
+from ..runtime.os_errors import special_kind
 from .shape import read_json_object
 from .source import HF_CONFIG_IN_CHECKPOINT, RECORDED
 from .titan_checkpoint import saved_param_shapes
@@ -28,6 +30,9 @@ if TYPE_CHECKING:
 
 def run_config_of(checkpoint: Path) -> Path | None:
     candidate = Path(checkpoint).resolve().parent.parent / "config.toml"
+    if os.path.lexists(candidate) and not candidate.is_file():  # was taken as absent: a wrong flavor's model
+        raise ConfigError(f"{candidate} is {special_kind(candidate)}, not the run's config file; put the config.toml "
+                          "the run wrote back, or pass one with --config.")
     return candidate if candidate.is_file() else None
 
 

@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import numpy as np
 
 from ...errors import ConfigError
+from ...runtime.regular_files import read_regular
 from ..shard_format import FORMAT, INDEX_NAME, VERSION, dtype_for_vocab, tokenizer_fingerprint
 from ..sources import HF_PREFIX, source_files
 from .checks import check_finished_index, check_out_place, check_saved_progress, check_settings
@@ -132,7 +133,7 @@ def _check_out(req: PrepareRequest, inputs: Callable[[], dict[str, Any]]) -> dic
     other = f"--out {out} holds a shard set prepared from other inputs (sources, tokenizer or settings differ)"
     if index_path.exists():
         try:
-            index = json.loads(index_path.read_text())
+            index = json.loads(read_regular(index_path))
         except (OSError, ValueError, RecursionError) as e:
             raise ConfigError(f"--out {out}: its index.json cannot be read ({str(e)[:200]}); give a new folder.") from None
         if isinstance(index, dict) and index.get("inputs") == inputs():
@@ -141,7 +142,7 @@ def _check_out(req: PrepareRequest, inputs: Callable[[], dict[str, Any]]) -> dic
         raise ConfigError(f"{other}; give a new folder or delete that one.")
     if progress_path.exists():
         try:
-            saved = json.loads(progress_path.read_text())
+            saved = json.loads(read_regular(progress_path))
         except (OSError, ValueError, RecursionError) as e:
             raise ConfigError(f"--out {out}: its {PROGRESS_NAME} cannot be read ({str(e)[:200]}); delete the folder and "
                               "prepare again.") from None
@@ -199,7 +200,7 @@ def prepare(req: PrepareRequest, load_tokenizer: Callable[[str], Tokenizer]) -> 
                                       duplicates={d.path: d.of for d in repeats})
         saved = _check_out(req, described.result)
         if saved is not None and saved.get("done"):
-            index = json.loads((req.out / INDEX_NAME).read_text())
+            index = json.loads(read_regular(req.out / INDEX_NAME))
             if req.progress:
                 print(f"prepare: {req.out} is already complete ({index['num_tokens']:,} tokens in "
                       f"{index['num_documents']:,} documents)", file=sys.stderr)

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ...errors import ConfigError
-from ...runtime.os_errors import not_a_folder
+from ...runtime.os_errors import not_a_folder, special_kind
+from ...runtime.regular_files import bounded_lines, open_regular, read_record_lines
 from ...runtime.run_files import SUPERSEDED_FILE, read_run_config
 
 
@@ -65,9 +67,11 @@ def _number(value: object) -> float:
 def _read_metrics(path: Path) -> tuple[dict[str, dict[float, float]], int]:
     by_metric: dict[str, dict[float, float]] = {}
     skipped = 0
-    with path.open("rb") as f:
-        for raw in f:
+    with open_regular(path) as f:
+        for raw in bounded_lines(f):
             try:
+                if raw is None:  # longer than any record: not one
+                    raise ValueError(raw)
                 record = json.loads(raw.decode("utf-8"))
                 step = _number(record["step"])
             except (UnicodeDecodeError, ValueError, KeyError, TypeError, RecursionError):
@@ -86,10 +90,12 @@ def superseded_note(path: Path) -> str:
     """What the records moved aside by a restart are, in words (they are not drawn); "" when there are none."""
     by_start: dict[int, list[float]] = {}
     try:
-        lines = (path / SUPERSEDED_FILE).read_bytes().splitlines()
-    except OSError:
+        lines = read_record_lines(path / SUPERSEDED_FILE)
+    except OSError:  # none, or not a regular file (a FIFO there once hung the report)
         return ""
     for raw in lines:
+        if raw is None:
+            continue
         try:
             record = json.loads(raw.decode("utf-8"))
             step, start = _number(record["step"]), record["superseded_by_run_from_step"]
@@ -112,6 +118,9 @@ def read_run(path: Path, *, name: str | None = None) -> RunData:
     if not path.is_dir():
         raise ConfigError(f"{path} {not_a_folder(path)}; give titan run folders (job.run_dir, e.g. runs/quickstart).")
     metrics = path / "metrics.jsonl"
+    if os.path.lexists(metrics) and not metrics.is_file():
+        raise ConfigError(f"{metrics} is {special_kind(metrics)}, not the file of records a run writes; give the folder a run wrote "
+                          f"(job.run_dir), or put its metrics.jsonl back.")
     if not metrics.is_file():
         raise ConfigError(f"{path} has no metrics.jsonl, so it is not a titan run folder (or no step was logged "
                           f"yet); give the folder a run wrote (job.run_dir).")
