@@ -40,7 +40,7 @@ HANG_S = 60
 
 
 class Hung(Exception):
-    pass
+    """A case ran past HANG_S seconds: the command waited on something that never came."""
 
 
 @pytest.fixture(autouse=True)

@@ -59,9 +59,10 @@ def bounded_lines(f: BinaryIO, limit: int = LINE_LIMIT) -> Iterator[bytes | None
     """Each line of ``f`` (newline kept); None for a line longer than ``limit`` bytes, whose rest is read
     past in pieces of ``limit`` bytes."""
     while raw := f.readline(limit):
-        if len(raw) == limit and not raw.endswith(b"\n"):
-            while (rest := f.readline(limit)) and not rest.endswith(b"\n"):
-                pass
+        if len(raw) == limit and not raw.endswith(b"\n"):  # longer than any record: read past the rest of it
+            rest = raw
+            while rest and not rest.endswith(b"\n"):
+                rest = f.readline(limit)
             yield None
             continue
         yield raw
