@@ -127,6 +127,38 @@ def run_in_process(capsys: pytest.CaptureFixture[str], *args: str) -> CliResult:
         return run_main(capsys, *args)
 
 
+def tool(capsys: pytest.CaptureFixture[str], main: Callable[[list[str]], int], *args: str) -> CliResult:
+    """A one-shot tool's ``main`` (titan-generate, titan-report, titan-data, ...) in this process, with its output."""
+    with signals_restored():
+        code = main(list(args))
+    captured = capsys.readouterr()
+    return CliResult(code, captured.out, captured.err)
+
+
+class Hung(Exception):
+    """A case ran past its alarm's seconds: the command waited on something that never came."""
+
+
+def alarm_guard(seconds: int) -> Callable[[], Iterator[None]]:
+    """An autouse fixture: SIGALRM after ``seconds`` fails the test with Hung instead of holding the suite (a
+    blocked open() of a FIFO is interrupted too: PEP 475 lets the handler's exception through)."""
+
+    @pytest.fixture(autouse=True)
+    def no_hang() -> Iterator[None]:
+        def hung(signum: int, frame: object) -> None:
+            raise Hung(f"no answer within {seconds} s: it hangs")
+
+        previous = signal.signal(signal.SIGALRM, hung)
+        signal.alarm(seconds)
+        try:
+            yield
+        finally:
+            signal.alarm(0)
+            signal.signal(signal.SIGALRM, previous)
+
+    return no_hang
+
+
 def table_printer(table: Table, heading: str) -> Callable[[], Iterator[None]]:
     """A module fixture that prints ``table`` (case, exit code, first error line) after the module's tests."""
 

@@ -13,8 +13,7 @@ import json
 import math
 import os
 import shutil
-import signal
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,31 +38,8 @@ TRAIN = ("--spec", "llama3", "--flavor", "debugmodel", "--llama3.n_layers=1", "-
 HANG_S = 60
 
 
-class Hung(Exception):
-    """A case ran past HANG_S seconds: the command waited on something that never came."""
-
-
-@pytest.fixture(autouse=True)
-def no_hang() -> Iterator[None]:
-    """SIGALRM after HANG_S: a blocked open() of a FIFO is interrupted and the test fails (PEP 475 lets the
-    handler's exception through)."""
-    def hung(signum: int, frame: object) -> None:
-        raise Hung(f"no answer within {HANG_S} s: it hangs")
-
-    previous = signal.signal(signal.SIGALRM, hung)
-    signal.alarm(HANG_S)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, previous)
-
-
-def tool(capsys: pytest.CaptureFixture[str], main: Callable[[list[str]], int], *args: str) -> CliResult:
-    with harness.signals_restored():
-        code = main(list(args))
-    captured = capsys.readouterr()
-    return CliResult(code, captured.out, captured.err)
+no_hang = harness.alarm_guard(HANG_S)
+tool = harness.tool
 
 
 @pytest.fixture(scope="module")
