@@ -52,10 +52,24 @@ def check_settings(args: argparse.Namespace) -> None:
                           "for greedy output.")
 
 
+def check_prompt(prompt: str) -> None:
+    """A prompt that is not UTF-8 text (its bytes, as the command line or ``main`` gave them): the tokenizers
+    would turn the bad bytes into replacement characters and continue a text nobody wrote."""
+    first = next((i for i, ch in enumerate(prompt) if "\ud800" <= ch <= "\udfff"), None)
+    if first is None:
+        return
+    offset = len(prompt[:first].encode("utf-8"))
+    char = prompt[first]
+    # Python holds a byte that is not UTF-8 on the command line as U+DC80..U+DCFF (surrogateescape).
+    what = f"byte 0x{ord(char) - 0xDC00:02x}" if "\udc80" <= char <= "\udcff" else f"lone surrogate U+{ord(char):04X}"
+    raise ConfigError(f"--prompt is not UTF-8 text: at byte offset {offset} (counting from 0) it holds {what}, "
+                      f"which UTF-8 does not allow there; give the prompt as UTF-8 (e.g. convert it with iconv -t "
+                      f"UTF-8).")
+
+
 def generate(args: argparse.Namespace) -> int:
-
-
     check_settings(args)
+    check_prompt(args.prompt)
     loaded = load_model_source(args, prog=PROG)
     whole, model = loaded.whole, loaded.model
     prompt = whole.tokenizer.encode(args.prompt, bos=True)

@@ -1,0 +1,101 @@
+"""Hostile inputs, wave 8: a titan-generate prompt that is not UTF-8 (its bad bytes became replacement
+characters and the command went on, exit 0), a layer named twice in the qwen3 spec's ``mlp_only_layers``
+(accepted), and the lines of a resumed run's ``metrics.jsonl`` (read whole into memory, a line of gigabytes
+included; a line nested past the JSON parser's depth ended the resume with a traceback).
+
+Each case runs a CLI's ``main`` in this process under an alarm (one runs titan-generate in a process of its
+own, to hand it real bytes on the command line). ``pytest -s`` prints the table of (case, exit code, message).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import hostile_harness as harness
+import pytest
+
+from titan_core.commands.generate import main as generate_main
+
+from conftest import CliResult
+
+TABLE: list[tuple[str, int, str]] = []
+table = harness.table_printer(TABLE, "input (wave 8)")
+TRAIN = ("--spec", "llama3", "--flavor", "debugmodel", "--llama3.n_layers=1", "--training.seq_len=32",
+         "--training.local_batch_size=2", "--metrics.report=false")
+HANG_S = 60
+
+
+no_hang = harness.alarm_guard(HANG_S)
+tool = harness.tool
+
+
+def record(case: str, result: CliResult) -> None:
+    TABLE.append((case, result.code, harness.first_error_line(result)))
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A run of 2 steps with a checkpoint at step 2 (built-in tokenizer), and its Hugging Face export (hf)."""
+    from titan_core.commands.convert import main as convert_main
+    from titan_core.commands.titan_train import main
+
+    folder = tmp_path_factory.mktemp("wave8")
+    with harness.signals_restored():
+        assert main([*TRAIN, "--training.steps=2", "--checkpoint.enable=true", "--checkpoint.interval=2",
+                     f"--job.run_dir={folder / 'run'}"]) == 0
+    assert convert_main(["to-hf", str(folder / "run" / "checkpoints" / "step-000002"), str(folder / "hf")]) == 0
+    return folder
+
+
+# ---- titan-generate: a prompt that is not UTF-8 --------------------------------------------------------------
+
+# Python holds a command line's byte that is not UTF-8 as U+DC80..U+DCFF (surrogateescape): "ab\udcffcd" is
+# what `titan-generate RUN --prompt $'ab\xffcd'` hands main().
+PROMPTS = [
+    pytest.param("ab\udcffcd", "at byte offset 2 (counting from 0) it holds byte 0xff", id="0xff"),
+    # é is 2 bytes and € 3: the offset counts bytes, not characters; a cut-off € (e2 82) is named by its first byte
+    pytest.param("\u00e9\u20ac\udce2\udc82 x", "at byte offset 5 (counting from 0) it holds byte 0xe2",
+                 id="cut-off character after multi-byte text"),
+    pytest.param("caf\udce9", "at byte offset 3 (counting from 0) it holds byte 0xe9", id="Latin-1 e-acute"),
+    # only main() can be handed this one (not a command line's byte): a lone surrogate from a JSON escape, say
+    pytest.param("hi \ud800", "at byte offset 3 (counting from 0) it holds lone surrogate U+D800",
+                 id="lone surrogate"),
+]
+
+
+@pytest.mark.parametrize("source", ["run", "hf"])
+@pytest.mark.parametrize(("prompt", "fragment"), PROMPTS)
+def test_a_prompt_that_is_not_utf8_is_refused(source: str, prompt: str, fragment: str, base: Path,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """Refused before the model or its tokenizer (built-in for the run, tokenizer.json for the export) is read:
+    both turned the bytes into U+FFFD and continued that text (exit 0)."""
+    before = harness.snapshot(base / source)
+    result = tool(capsys, generate_main, str(base / source), "--prompt", prompt, "--max-new-tokens", "2")
+    record(f"generate {source}: --prompt {prompt!r} (replacement characters, exit 0)", result)
+    harness.assert_one_clean_error(result, f"--prompt is not UTF-8 text: {fragment}, which UTF-8 does not allow")
+    assert "give the prompt as UTF-8 (e.g. convert it with iconv -t UTF-8)" in result.text
+    assert result.out == ""
+    harness.assert_unchanged(before, base / source)
+
+
+def test_a_non_utf8_command_line_prompt_is_one_line_in_its_own_process(base: Path) -> None:
+    """The real bytes on a real command line: one error line and exit 2 (was: the continuation, exit 0)."""
+    command = [os.fsencode(sys.executable), b"-m", b"titan_core.commands.generate", os.fsencode(base / "run"),
+               b"--prompt", b"ab\xffcd", b"--max-new-tokens", b"2"]
+    proc = subprocess.run(command, capture_output=True, timeout=HANG_S - 5, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    result = CliResult(proc.returncode, proc.stdout.decode("utf-8", "replace"), proc.stderr.decode("utf-8", "replace"))
+    record("generate (own process): --prompt $'ab\\xffcd' (exit 0)", result)
+    harness.assert_one_clean_error(result, "titan-generate: error: --prompt is not UTF-8 text: at byte offset 2 "
+                                           "(counting from 0) it holds byte 0xff")
+    assert proc.stdout == b""
+
+
+def test_a_utf8_prompt_beyond_ascii_still_generates(base: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The guard of the check (passes before the fix too): text beyond ASCII that is UTF-8 is continued."""
+    result = tool(capsys, generate_main, str(base / "run"), "--prompt", "caf\u00e9 \u20ac \U0001f600",
+                  "--max-new-tokens", "2")
+    assert result.code == 0, result.text
+    assert result.out.startswith("caf\u00e9 \u20ac \U0001f600"), result.text
