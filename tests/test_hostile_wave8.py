@@ -25,6 +25,8 @@ TABLE: list[tuple[str, int, str]] = []
 table = harness.table_printer(TABLE, "input (wave 8)")
 TRAIN = ("--spec", "llama3", "--flavor", "debugmodel", "--llama3.n_layers=1", "--training.seq_len=32",
          "--training.local_batch_size=2", "--metrics.report=false")
+QWEN3_MOE = ("--spec", "qwen3", "--flavor", "debugmoe", "--training.steps=2", "--training.seq_len=32",
+             "--training.local_batch_size=2", "--dry-run")
 HANG_S = 60
 
 
@@ -99,3 +101,35 @@ def test_a_utf8_prompt_beyond_ascii_still_generates(base: Path, capsys: pytest.C
                   "--max-new-tokens", "2")
     assert result.code == 0, result.text
     assert result.out.startswith("caf\u00e9 \u20ac \U0001f600"), result.text
+
+
+# ---- qwen3: a layer named twice in mlp_only_layers ---------------------------------------------------------
+
+
+@pytest.mark.parametrize(("layers", "repeated"), [("[0,0]", "0 more than once ([0, 0])"),
+                                                  ("[1,3,5,3]", "3 more than once ([1, 3, 5, 3])")])
+def test_a_layer_named_twice_in_mlp_only_layers_is_refused(layers: str, repeated: str, tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    harness.isolate(monkeypatch)
+    result = harness.run_in_process(capsys, *QWEN3_MOE, f"--job.run_dir={tmp_path / 'run'}",
+                                    f"--qwen3.mlp_only_layers={layers}")
+    record(f"qwen3: mlp_only_layers={layers} (accepted)", result)
+    harness.assert_one_clean_error(result, f"Qwen3Args: mlp_only_layers names layer {repeated}; list each layer once")
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_hugging_face_config_naming_a_layer_twice_is_refused() -> None:
+    """config.json's mlp_only_layers reaches the same check (titan-convert from-hf, titan-generate on a folder)."""
+    import dataclasses
+
+    from titan_core.errors import ConfigError
+    from titan_qwen3.flavors import qwen3_flavors
+    from titan_qwen3.hf_adapter import Qwen3StateDictAdapter
+
+    adapter = Qwen3StateDictAdapter()
+    config = adapter.hf_config(dataclasses.replace(qwen3_flavors["debugmoe"], vocab_size=256))
+    config["mlp_only_layers"] = [2, 2]
+    with pytest.raises(ConfigError, match=r"config\.json describes a shape the qwen3 model cannot take: Qwen3Args: "
+                                          r"mlp_only_layers names layer 2 more than once \(\[2, 2\]\)"):
+        adapter.model_args_from_hf(config)

@@ -83,6 +83,10 @@ class Qwen3Args:
         if outside:
             raise ValueError(f"Qwen3Args: mlp_only_layers names layer {outside[0]}, but the layers are numbered 0.."
                              f"{self.n_layers - 1} (n_layers={self.n_layers}); list only existing layers")
+        repeated = next((i for n, i in enumerate(self.mlp_only_layers) if i in self.mlp_only_layers[:n]), None)
+        if repeated is not None:
+            raise ValueError(f"Qwen3Args: mlp_only_layers names layer {repeated} more than once "
+                             f"({list(self.mlp_only_layers)}); list each layer once")
         # Settings only MoE layers read, given to a dense shape, would be ignored without a word.
         moe_only = [f"{name}={getattr(self, name)!r}" for name, default in
                     (("moe_aux_loss_coeff", 0.0), ("moe_bias_update_rate", 0.0), ("mlp_only_layers", ()))
