@@ -9,15 +9,20 @@ own, to hand it real bytes on the command line). ``pytest -s`` prints the table 
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
+import shutil
 import subprocess
 import sys
+import tracemalloc
 from pathlib import Path
 
 import hostile_harness as harness
 import pytest
 
 from titan_core.commands.generate import main as generate_main
+from titan_core.runtime.run_files import SUPERSEDED_FILE, supersede_metrics
 
 from conftest import CliResult
 
@@ -133,3 +138,72 @@ def test_a_hugging_face_config_naming_a_layer_twice_is_refused() -> None:
     with pytest.raises(ConfigError, match=r"config\.json describes a shape the qwen3 model cannot take: Qwen3Args: "
                                           r"mlp_only_layers names layer 2 more than once \(\[2, 2\]\)"):
         adapter.model_args_from_hf(config)
+
+
+# ---- resume: metrics.jsonl read a line at a time -------------------------------------------------------------
+
+
+def records(*steps: int) -> bytes:
+    return b"".join(json.dumps({"step": s, "loss": 2.0 + s / 10}).encode() + b"\n" for s in steps)
+
+
+def test_superseding_streams_a_huge_line_and_keeps_it_byte_for_byte(tmp_path: Path) -> None:
+    """A line of 48 MiB (past the 1 MiB cap: no record) is copied to the new metrics.jsonl in pieces; the file was
+    read whole (the line's bytes and its text: over 100 MiB of memory for it)."""
+    huge = b'{"note": "' + b"x" * (48 << 20) + b'"}\n'
+    path = tmp_path / "metrics.jsonl"
+    path.write_bytes(records(1, 2) + huge + records(3, 4))
+    tracemalloc.start()
+    try:
+        moved = supersede_metrics(path, start_step=2)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert moved == 2
+    assert peak < 8 << 20, f"{peak / 2**20:.0f} MiB held to supersede a file with one line of 48 MiB"
+    kept = path.read_bytes()
+    assert hashlib.sha1(kept).digest() == hashlib.sha1(records(1, 2) + huge).digest()
+    assert [json.loads(line) for line in (tmp_path / SUPERSEDED_FILE).read_text().splitlines()] == [
+        {"step": s, "loss": 2.0 + s / 10, "superseded_by_run_from_step": 2} for s in (3, 4)]
+
+
+def test_a_resume_keeps_lines_that_are_not_records_as_they_were(base: Path, tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """Resuming from step 2 moves the records of steps 3 and 4 aside and keeps the rest. A line nested past the
+    JSON parser's depth ended the resume with a RecursionError traceback; a long line that is not UTF-8 was
+    rewritten with U+FFFD (and cut in two at its carriage return): now both are kept byte for byte."""
+    harness.isolate(monkeypatch)
+    run = tmp_path / "run"
+    shutil.copytree(base / "run", run, symlinks=True)
+    nested = b"[" * 200_000 + b"\n"
+    long_line = b"\xff\xfe not UTF-8 \r" + b"y" * (2 << 20) + b"\n"
+    original = (run / "metrics.jsonl").read_bytes()
+    (run / "metrics.jsonl").write_bytes(original + long_line + nested + records(3, 4))
+    checkpoints = harness.snapshot(run / "checkpoints")
+    result = harness.run_in_process(capsys, *TRAIN, "--training.steps=3", "--checkpoint.enable=true",
+                                    "--checkpoint.interval=100", f"--job.run_dir={run}")
+    record("resume: metrics.jsonl with a 2 MiB non-UTF-8 line and a deeply nested one (traceback)", result)
+    assert result.code == 0, result.text
+    assert "Traceback" not in result.text
+    assert "moved 2 records of steps after 2 from metrics.jsonl" in result.text
+    data = (run / "metrics.jsonl").read_bytes()
+    assert data.startswith(original + long_line + nested), "lines kept were changed"
+    assert [json.loads(line)["step"] for line in data[len(original + long_line + nested):].splitlines()] == [3]
+    assert [json.loads(line)["step"] for line in (run / SUPERSEDED_FILE).read_text().splitlines()] == [3, 4]
+    harness.assert_unchanged(checkpoints, run / "checkpoints")
+
+
+def test_superseding_keeps_and_moves_what_it_did_for_an_ordinary_file(tmp_path: Path) -> None:
+    """The guard of the streaming (passes before the change too): blank lines dropped, a CRLF line and lines that
+    are not records (text, a step of true or 1.0) kept, records past the step moved and marked."""
+    path = tmp_path / "metrics.jsonl"
+    path.write_bytes(records(1) + b"\n   \n" + b'{"step": 2, "loss": 1.5}\r\n' + b"not json\n" + b'{"step": true}\n'
+                     + b'{"step": 3.0}\n' + records(3) + b"[3]\n" + b'{"step": 4, "val_loss": 1.25}')
+    assert supersede_metrics(path, start_step=2) == 2
+    assert path.read_bytes() == (records(1) + b'{"step": 2, "loss": 1.5}\n' + b"not json\n" + b'{"step": true}\n'
+                                 + b'{"step": 3.0}\n' + b"[3]\n")
+    assert (tmp_path / SUPERSEDED_FILE).read_bytes() == (
+        b'{"step": 3, "loss": 2.3, "superseded_by_run_from_step": 2}\n'
+        b'{"step": 4, "val_loss": 1.25, "superseded_by_run_from_step": 2}\n')
+    assert supersede_metrics(path, start_step=2) == 0  # nothing past step 2 is left: the file is not rewritten

@@ -10,17 +10,19 @@ timeline.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
 import secrets
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO, TextIO
 
 from ..console import progress
 from ..errors import ConfigError, TitanError
 from .os_errors import describe_os_error
-from .regular_files import read_regular, refuse_fifo
+from .regular_files import LINE_LIMIT, bounded_lines, open_regular, read_regular, refuse_fifo
 
 SUPERSEDED_FILE = "metrics.superseded.jsonl"
 
@@ -33,10 +35,18 @@ def atomic_write_text(path: Path, text: str) -> None:
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     """``atomic_write_text`` for bytes; an interrupted write (Ctrl+C) leaves no temporary file behind."""
+    with atomic_file(path) as fh:
+        fh.write(data)
+
+
+@contextlib.contextmanager
+def atomic_file(path: Path) -> Iterator[BinaryIO]:
+    """A file to write ``path``'s new bytes into, a piece at a time: it replaces ``path`` when the block ends
+    without an error (a crash leaves the old file or the new one); an error or Ctrl+C leaves no temporary file."""
     tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
     try:
         with open(tmp, "wb") as fh:
-            fh.write(data)
+            yield fh
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
@@ -45,7 +55,6 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
         if not isinstance(exc, OSError):
             raise
         # Name the file the user knows (not the temporary one): "disk full while writing .../config.toml".
-
         raise describe_os_error(OSError(exc.errno, exc.strerror, str(path))) from exc
 
 
@@ -78,42 +87,97 @@ def require_writable(*, folders: list[Path], files: list[Path]) -> None:
 
 
 def supersede_metrics(path: Path, *, start_step: int) -> int:
-    """Move the records of steps after ``start_step`` out of ``path``; returns how many moved."""
+    """Move the records of steps after ``start_step`` out of ``path``; returns how many moved.
+
+    The file is read a line at a time, twice (the moved records are appended to the superseded file, then the
+    kept lines are written to ``path``'s replacement), so a line of gigabytes is never held in memory. A line
+    longer than ``LINE_LIMIT`` is not a record: it is kept, as any other line that is not one, copied byte for
+    byte a piece at a time."""
     if not path.is_file():
         return 0
-    kept: list[str] = []
-    moved: list[str] = []
-    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
-        step = _step_of(line)
-        if step is not None and step > start_step:
-            record = json.loads(line)
-            record["superseded_by_run_from_step"] = start_step
-            moved.append(json.dumps(record))
-        elif line.strip():
-            kept.append(line)
-    if not moved:
-        return 0
-    try:
-        with open(path.with_name(SUPERSEDED_FILE), "a", encoding="utf-8") as fh:
-            fh.write("".join(f"{line}\n" for line in moved))
-            fh.flush()
-            os.fsync(fh.fileno())
-    except OSError as exc:
-        raise TitanError(f"cannot write {path.with_name(SUPERSEDED_FILE)}: {exc}. Point --job.run_dir at a "
-                         f"writable folder with free space.") from exc
-    atomic_write_text(path, "".join(f"{line}\n" for line in kept))
-    progress(f"moved {len(moved)} record{'s' if len(moved) != 1 else ''} of steps after {start_step} from {path.name} to {SUPERSEDED_FILE} "
+    with open_regular(path) as f:
+        moved = _set_aside(f, path.with_name(SUPERSEDED_FILE), start_step)
+        if not moved:
+            return 0
+        f.seek(0)
+        with atomic_file(path) as out:
+            _write_kept(f, out, start_step)
+    progress(f"moved {moved} record{'s' if moved != 1 else ''} of steps after {start_step} from {path.name} to {SUPERSEDED_FILE} "
              f"(this run redoes those steps)", is_rank0=True)
-    return len(moved)
+    return moved
 
 
-def _step_of(line: str) -> int | None:
+def _lines(f: BinaryIO) -> Iterator[str | tuple[int, int]]:
+    """The lines of ``f`` as ``str.splitlines`` splits the file's text (bad bytes replaced by U+FFFD); for a line
+    longer than ``LINE_LIMIT``, its byte range in ``f`` instead."""
+    start = f.tell()
+    for raw in bounded_lines(f):
+        end = f.tell()
+        if raw is None:
+            yield start, end
+        else:
+            yield from raw.decode("utf-8", errors="replace").splitlines()
+        start = end
+
+
+def _set_aside(f: BinaryIO, superseded: Path, start_step: int) -> int:
+    """Append the records of ``f`` past ``start_step`` to ``superseded`` (each marked with ``start_step``), opened
+    only when there is one; how many."""
+    moved = 0
+    try:
+        with contextlib.ExitStack() as stack:
+            out: TextIO | None = None
+            for line in _lines(f):
+                record = _later_record(line, start_step)
+                if record is None:
+                    continue
+                if out is None:
+                    out = stack.enter_context(open(superseded, "a", encoding="utf-8"))
+                out.write(json.dumps(record) + "\n")
+                moved += 1
+            if out is not None:
+                out.flush()
+                os.fsync(out.fileno())
+    except OSError as exc:
+        raise TitanError(f"cannot write {superseded}: {exc}. Point --job.run_dir at a writable folder with free "
+                         f"space.") from exc
+    return moved
+
+
+def _write_kept(f: BinaryIO, out: BinaryIO, start_step: int) -> None:
+    """Every line of ``f`` that ``_set_aside`` did not move, to ``out``: blank lines are dropped, a line longer
+    than ``LINE_LIMIT`` is copied as it is, a piece at a time."""
+    for line in _lines(f):
+        if isinstance(line, tuple):
+            start, end = line
+            f.seek(start)
+            last = b""
+            while start < end and (piece := f.read(min(LINE_LIMIT, end - start))):
+                out.write(piece)
+                start, last = start + len(piece), piece
+            if not last.endswith(b"\n"):  # the file's last line, without its newline
+                out.write(b"\n")
+            f.seek(end)
+        elif line.strip() and _later_record(line, start_step) is None:
+            out.write(f"{line}\n".encode())
+
+
+def _later_record(line: str | tuple[int, int], start_step: int) -> dict[str, Any] | None:
+    """The record ``line`` holds, marked as superseded, when its step is past ``start_step``; None otherwise (a
+    record of an earlier step, a line that is not a record)."""
+    if isinstance(line, tuple):  # longer than any record: not one
+        return None
     try:
         record = json.loads(line)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: brackets nested past the parser's depth
         return None
-    step = record.get("step") if isinstance(record, dict) else None
-    return step if isinstance(step, int) and not isinstance(step, bool) else None
+    if not isinstance(record, dict):
+        return None
+    step = record.get("step")
+    if not isinstance(step, int) or isinstance(step, bool) or step <= start_step:
+        return None
+    record["superseded_by_run_from_step"] = start_step
+    return record
 
 
 def read_run_config(path: Path | None) -> dict[str, Any]:
