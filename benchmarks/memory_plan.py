@@ -1,12 +1,17 @@
 """The dry run's memory plan against real peaks.
 
 (a) CPU runs here. For each case the plan (``titan-train --dry-run`` with the same settings and
-    ``--nproc-per-node``) is set against a real 3-step run of it (``--nproc-per-node`` on 2
+    ``--nproc-per-node``) is set against real 3-step runs of it (``--nproc-per-node`` on 2
     processes for the layouts; gloo), whose rank 0 logs its peak resident memory
-    (``mem_peak_rss_gib`` in metrics.jsonl; freed memory stays in the heap on CPU runs, so the
-    high-water mark is the peak of live memory plus the allocator's slack). The same case at
-    4 x 32 tokens (the process: torch, tokenizer, data, the model's states) is taken off both
-    sides: the table compares what 8 x 1024 tokens add (activations, logits, buffers).
+    (``mem_peak_rss_gib`` in metrics.jsonl), run twice:
+    - live: the heap hands every freed block of 64 KiB or more back at once
+      (``MALLOC_MMAP_THRESHOLD_=65536``, ``--training.cpu_malloc_tuning=false``), so the resident
+      peak is the peak of live tensors (it agrees with torch.profiler's memory events within
+      0.03 GiB), set against the plan's ``live`` column;
+    - resident: as a run is by default (freed memory stays in the heap), set against ``total``.
+    The same case at 4 x 32 tokens (the process: torch, tokenizer, data, the model's states) is
+    taken off both sides: the table compares what 8 x 1024 tokens add (activations, logits,
+    buffers).
 (b) torchtitan's published per-GPU memory (``benchmarks/llama3_h100_202412_torchtitan.md`` in
     pytorch/torchtitan, read with the ``fetch`` tool: H100 96 GB, seq 8192, full activation
     checkpointing, float8 and torch.compile) against the plan of the same layout and batch.
@@ -40,6 +45,7 @@ CPU_CASES: list[tuple[str, int, list[str]]] = [
     ("single, 3 layers, AC none", 1, ["--llama3.n_layers=3"]),
     ("FSDP2 dp_shard 2", 2, ["--parallelism.dp_shard=2"]),
     ("TP 2", 2, ["--parallelism.tp=2"]),
+    ("TP 2, AC full", 2, ["--parallelism.tp=2", "--activation_checkpoint.mode=full"]),
     ("PP 2 (1F1B, 4 micro-batches)", 2, ["--parallelism.pp=2", "--parallelism.pp_microbatches=4"]),
 ]
 # name, published GiB (max over ranks), settings (torchtitan's defaults: seq 8192, micro-batch 1 under PP)
@@ -57,18 +63,19 @@ PUBLISHED: list[tuple[str, float, list[str]]] = [
 ]
 
 
-def titan(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+def titan(*args: str, cwd: Path, env_extra: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", **(env_extra or {})}
     return subprocess.run([str(BIN / "titan-train"), *args], capture_output=True, text=True, cwd=cwd, env=env,
                           timeout=1800)
 
 
-def planned_rank0(args: list[str], nproc: int, cwd: Path, *extra: str) -> float:
-    """Rank 0's total from the plan (GiB)."""
-    out = titan(*args, "--nproc-per-node", str(nproc), "--dry-run", *extra, "--target-device", "cpu", cwd=cwd)
+def planned_rank0(args: list[str], nproc: int, cwd: Path) -> tuple[float, float]:
+    """Rank 0's (live, total) from the plan (GiB)."""
+    out = titan(*args, "--nproc-per-node", str(nproc), "--dry-run", "--target-device", "cpu", cwd=cwd)
     if out.returncode:
         raise SystemExit(out.stdout + out.stderr)
-    return float(_row_of_rank0(out.stdout)[-2])
+    row = _row_of_rank0(out.stdout)
+    return float(row[-3]), float(row[-2])
 
 
 def planned_peak(args: list[str], cwd: Path) -> tuple[float, float]:
@@ -93,11 +100,16 @@ def _row_of_rank0(text: str) -> list[str]:
     raise AssertionError(text)
 
 
-def measured_rank0(args: list[str], nproc: int, cwd: Path, name: str) -> float:
+# The heap returns every freed block of 64 KiB or more at once: the resident peak is the live one.
+LIVE_HEAP = {"MALLOC_MMAP_THRESHOLD_": "65536"}
+
+
+def measured_rank0(args: list[str], nproc: int, cwd: Path, name: str, *, live: bool) -> float:
     run_dir = cwd / re.sub(r"\W+", "_", name)
     launch = ["--nproc-per-node", str(nproc)] if nproc > 1 else []
-    out = titan(*args, *launch, "--training.steps=3", "--metrics.log_freq=1", "--checkpoint.enable=false",
-                f"--job.run_dir={run_dir}", "--metrics.report=false", cwd=cwd)
+    heap = ["--training.cpu_malloc_tuning=false"] if live else []
+    out = titan(*args, *launch, *heap, "--training.steps=3", "--metrics.log_freq=1", "--checkpoint.enable=false",
+                f"--job.run_dir={run_dir}", "--metrics.report=false", cwd=cwd, env_extra=LIVE_HEAP if live else None)
     if out.returncode:
         raise SystemExit(out.stdout + out.stderr)
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
@@ -105,13 +117,18 @@ def measured_rank0(args: list[str], nproc: int, cwd: Path, name: str) -> float:
 
 
 def cpu_table(cwd: Path) -> None:
-    print("| case | ranks | plan, rank 0 (GiB) | measured peak, rank 0 (GiB) | plan / measured |")
-    print("|---|---:|---:|---:|---:|")
+    print("| case | ranks | plan live (GiB) | live peak (GiB) | plan / live | plan total (GiB) | resident peak (GiB) "
+          "| plan / resident |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for name, nproc, settings in CPU_CASES:
-        plan = planned_rank0([*MODEL, *settings], nproc, cwd) - planned_rank0([*MODEL, *settings, *TINY], nproc, cwd)
-        run = (measured_rank0([*MODEL, *settings], nproc, cwd, name)
-               - measured_rank0([*MODEL, *settings, *TINY], nproc, cwd, f"base {name}"))
-        print(f"| {name} | {nproc} | {plan:.3f} | {run:.3f} | {plan / run:.2f} |", flush=True)
+        big, small = planned_rank0([*MODEL, *settings], nproc, cwd), planned_rank0([*MODEL, *settings, *TINY], nproc, cwd)
+        plan_live, plan_total = big[0] - small[0], big[1] - small[1]
+        runs = []
+        for live in (True, False):
+            runs.append(measured_rank0([*MODEL, *settings], nproc, cwd, name, live=live)
+                        - measured_rank0([*MODEL, *settings, *TINY], nproc, cwd, f"base {name}", live=live))
+        print(f"| {name} | {nproc} | {plan_live:.2f} | {runs[0]:.3f} | {plan_live / runs[0]:.2f} | {plan_total:.2f} "
+              f"| {runs[1]:.3f} | {plan_total / runs[1]:.2f} |", flush=True)
 
 
 def published_table(cwd: Path) -> None:

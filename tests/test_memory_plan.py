@@ -70,7 +70,11 @@ def test_a_plan_that_does_not_fit_names_what_helps(cli) -> None:
     assert float(rows[0][7]) > 1.5 * float(rows[1][7])
     for row in rows:
         columns = [float(x) for x in row[4:12]]
-        assert sum(columns) == pytest.approx(float(row[12]), abs=0.05)
+        live, total = float(row[12]), float(row[13])
+        assert sum(columns) == pytest.approx(total, abs=0.05)
+        # the last stage's loss moment and its blocks' backward are never live at once; other stages have no loss
+        logits = columns[4]
+        assert (live < total - 0.05) if logits else live == total
 
 
 def test_activations_per_mode_from_one_meta_forward() -> None:
@@ -117,11 +121,15 @@ def test_tensor_parallelism_keeps_the_gathered_inputs_of_column_wise_linears_who
     names = ("0",)
     none = ActivationCheckpointSection(mode="none")
     kept, _, working = layer_activations(probe, names, none, tp=2, columnwise=columnwise, rowwise=rowwise)
-    assert kept == working == whole + (block.saved - whole) // 2
-    assert layer_activations(probe, names, none) == (block.saved, 0, block.saved)  # no TP: all of it
+    assert kept == whole + (block.saved - whole) // 2
+    # the backward's gradients: two of the block's largest tensors, the gathered input whole under TP
+    largest = block.largest_saved
+    assert largest == 2 * 64 * 768 * 4  # the SwiGLU's hidden activations, [2, 64, 768] float32
+    assert working == 2 * max(largest // 2, block.input_bytes)
+    assert layer_activations(probe, names, none) == (block.saved, 0, 2 * largest)  # no TP: all of it
     full = ActivationCheckpointSection(mode="full")
     assert layer_activations(probe, names, full, tp=2, columnwise=columnwise, rowwise=rowwise) == (
-        block.input_bytes // 2, kept, kept)  # the input is a sequence shard; the recompute is as above
+        block.input_bytes // 2, kept, working)  # the input is a sequence shard; the recompute is as above
     op = ActivationCheckpointSection(mode="selective")
     kept_op, _, _ = layer_activations(probe, names, op, tp=2, columnwise=columnwise, rowwise=rowwise)
     rowwise_out = block.kept_outputs_of(rowwise)

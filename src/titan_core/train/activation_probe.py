@@ -62,6 +62,11 @@ class BlockActivations:
         """Bytes of the outputs of ``weights``' matmuls that per-op selective AC keeps."""
         return sum(n for name, n in self.kept_matmul_outputs.items() if name in weights)
 
+    @property
+    def largest_saved(self) -> int:
+        """Bytes of the block's largest saved tensor (the size of the biggest gradient its backward makes)."""
+        return max(self._storages.values(), default=0)
+
 
 @dataclass(frozen=True)
 class ActivationProbe:

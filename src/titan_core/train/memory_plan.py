@@ -12,10 +12,15 @@ real shards. On top of them come, per rank:
   what tensor parallelism does not), except what tensor parallelism keeps whole: the gathered inputs
   of the column-wise linears and, under per-op selective AC, the row-wise linears' partial-sum
   outputs (``layer_activations``); with context parallelism the forward is of seq_len / cp tokens; with ``full`` one block's activations live again during its
-  recompute; and the gradients of one block's activations while it is back-propagated (as many
-  bytes as it saved);
-* the last stage's logits and the loss's float32 copies (vocabulary split over tp); with
-  ``training.chunked_loss`` (the default), one chunk's;
+  recompute; and the gradients of one block's activations while it is back-propagated (two of
+  its largest saved tensors);
+* on the last stage, the loss moment (column ``logits``): what the head and final norm saved, the
+  logits and the loss's float32 copies (vocabulary split over tp); with ``training.chunked_loss``
+  (the default), one chunk's. The loss is over before the blocks' backward starts, so the loss
+  moment and a block's recompute and gradients are never live together: the peak of live tensors
+  (``StageMemory.live``) counts the larger of the two; the total, what the device must have, counts
+  both, as an allocator (glibc's heap as this project tunes it, CUDA's caching allocator) keeps what
+  the loss freed for blocks of other sizes;
 * FSDP2's buffers: gathered blocks in the gather dtype (two blocks in flight, the root for the
   whole step, every block of a stage with pipelining, which keeps them gathered) and two blocks'
   unsharded gradients before their reduce-scatter (with pipelining, the whole stage's: torch's
@@ -73,10 +78,20 @@ class StageMemory:
     fsdp: int
     pipe: int
     runtime: int
+    # Bytes of two columns that are never live at the same moment (the loss moment in ``logits``, the
+    # backward's recompute and gradients in ``activ``): the smaller of the two
+    not_at_once: int = 0
 
     @property
     def total(self) -> int:
+        """What the device must have: every column, as the allocator keeps what the loss moment freed (its
+        blocks are sized for logits chunks, not for the backward's tensors)."""
         return sum(getattr(self, c) for c in COLUMNS)
+
+    @property
+    def live(self) -> int:
+        """The peak of live tensor bytes: the total less what is never live at once."""
+        return self.total - self.not_at_once
 
     @property
     def states(self) -> int:
@@ -308,9 +323,11 @@ def layer_activations(probe: ActivationProbe, names: tuple[str, ...], ac: Activa
             continue
         whole_inputs = block.saved_inputs_of(columnwise) if tp > 1 else 0
         saved = _per_rank(block.saved, whole_inputs, tp)
-        # The block being back-propagated makes the gradients of its activations: about as many bytes as
-        # it saved (measured on CPU runs, benchmarks/memory_plan.py).
-        working = max(working, saved)
+        # The block being back-propagated frees its saved tensors as it makes their gradients: at its peak
+        # two of its largest tensors' worth are live beyond what it saved (live bytes of CPU runs,
+        # benchmarks/memory_plan.py). Under tensor parallelism the gathered input is whole.
+        largest = max(block.largest_saved // tp, block.input_bytes) if tp > 1 else block.largest_saved
+        working = max(working, 2 * largest)
         if ac.mode == "none":
             kept += saved
         elif ac.mode == "full" or (ac.mode == "selective" and ac.selective_every and _nth(name, ac.selective_every)):
@@ -343,7 +360,7 @@ def plan_stage(resolved: ResolvedConfig, shape: StageShape, probe: ActivationPro
     flight = in_flight(resolved, shape.pp_rank)
     kept, recompute, working = layer_activations(probe, shape.layer_names, ac, tp=tp,
                                                  columnwise=shape.tp_columnwise, rowwise=shape.tp_rowwise)
-    activ = kept * flight + recompute + working + (probe.outside if shape.has_last else 0) // tp
+    activ = kept * flight + recompute + working
     logits = 0
     if shape.has_last:
         elems = probe.logits_bytes // torch.empty((), dtype=compute_dtype).element_size()
@@ -359,6 +376,7 @@ def plan_stage(resolved: ResolvedConfig, shape: StageShape, probe: ActivationPro
         else:
             # the logits (compute dtype), the loss's float32 copy of them and the float32 gradient
             logits = (probe.logits_bytes + 2 * 4 * elems) // tp
+        logits += probe.outside // tp  # what the final norm and the head saved, live until their backward
     gather_size = torch.empty((), dtype=compute_dtype).element_size() if c.parallelism.param_dtype == "auto" else (
         2 if c.parallelism.param_dtype == "bfloat16" else 4)
     reduce_size = 2 if c.parallelism.reduce_dtype == "bfloat16" else 4
@@ -384,6 +402,7 @@ def plan_stage(resolved: ResolvedConfig, shape: StageShape, probe: ActivationPro
         local_params=shape.local_params, params=shape.param_bytes, grads=shape.local_params * 4,
         optim=shape.local_params * optim_bytes, activ=activ, logits=logits, fsdp=fsdp, pipe=pipe,
         runtime=RUNTIME_ALLOWANCE if device is not None and device.accelerator else 0,
+        not_at_once=min(logits, recompute + working),
     )
 
 
@@ -501,15 +520,17 @@ def format_plan(plan: MemoryPlan) -> str:
         lines.append(f"target device: {plan.device.name}, {plan.device.memory_gib:,.1f} GiB per rank")
     else:
         lines.append("target device: unknown (give --target-device NAME or SIZE to compare)")
-    header = ["stage", "rank", "layers", "params(M)", *COLUMNS, "total", "fits"]
+    header = ["stage", "rank", "layers", "params(M)", *COLUMNS, "live", "total", "fits"]
     rows = [header]
     for s in plan.stages:
         fits = "-" if plan.device is None else ("yes" if s.total <= plan.device.memory_bytes else "NO")
         stage = ",".join(str(i) for i in s.stage_ids)
         rows.append([stage, str(s.rank), str(s.layers), f"{s.local_params / 1e6:,.1f}",
-                     *(f"{getattr(s, c) / GIB:,.2f}" for c in COLUMNS), f"{s.total / GIB:,.2f}", fits])
+                     *(f"{getattr(s, c) / GIB:,.2f}" for c in COLUMNS), f"{s.live / GIB:,.2f}",
+                     f"{s.total / GIB:,.2f}", fits])
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
-    lines.append("per rank, GiB (params: this rank's share of the weights, in millions)")
+    lines.append("per rank, GiB (params: this rank's share of the weights, in millions; live: the peak of live "
+                 "tensors, the loss moment and the blocks' backward being apart; total: what the allocator holds)")
     lines += ["  ".join(cell.rjust(w) for cell, w in zip(r, widths)) for r in rows]
     peak = plan.peak
     summary = f"peak: {peak.total / GIB:,.2f} GiB on pipeline rank {peak.pp_rank} (global rank {peak.rank})"
