@@ -141,7 +141,7 @@ def test_the_plan_section_of_the_distributed_page_runs_as_written(tmp_path) -> N
 
     pairs = [(command, copied) for command, copied in blocks("distributed.md") if "--target-device" in command]
     assert len(pairs) == 2
-    run_blocks(pairs, tmp_path)
+    run_blocks(pairs, tmp_path, exact=True)  # a plan on meta prints the same figures everywhere: the page's, to the digit
 
 
 def test_end_stages_hold_fewer_layers_on_large_models_and_the_plan_shows_it(cli) -> None:
