@@ -32,3 +32,5 @@ def test_every_command_of_the_data_guide_runs_and_does_what_it_says(tmp_path: Pa
     last = records[-1]
     assert last["tokens_seen.python"] + last["tokens_seen.notes"] == last["tokens_seen"] == 6 * 2 * 64
     assert "| tokens python " in proc.stdout and "| data " in proc.stdout
+    # the mix's split, as the page quotes it: 12 rows of 64 tokens by the deficit rule, 8 python and 4 notes
+    assert "(`tokens python 512 notes 256`)" in GUIDE.read_text() and "| tokens python 512 notes 256" in proc.stdout

@@ -12,8 +12,9 @@ and the count is printed (pytest -s shows it) and checked, so a command added to
   (tests/warm_start.py: the imports are paid once); ``torchrun`` and the other tools are this environment's.
   A /tmp path a page chose lands in the page's folder. Each must exit as the page shows: 0, or the code of
   its ``# exits N`` mark, or 2 under an ``error:`` line; and print what the page copies under it (the ``error:``
-  lines of a transcript; the lines without a number of the ``text`` block after a bash block, "..." standing
-  for a part left out);
+  lines of a transcript, and every line under a command it shows failing; the lines without a number of the
+  ``text`` block after a bash block, and, to the digit, those whose numbers are the same on every run
+  (``SAME_ON_EVERY_RUN``: step names, a refusal's values); "..." standing for a part left out);
 - **checked**: ``pip install 'titan-core[EXTRA]'`` names an extra that pyproject.toml declares;
 - **not runnable here**, each with its reason (NOT_HERE): a GPU, a Slurm cluster, a server that runs until
   stopped.
@@ -73,6 +74,10 @@ NOT_HERE = [
      "runs in tests/test_rehearsal.py on a 128-rank debugmodel layout"),
     ("observing.md", "tensorboard --logdir", "starts TensorBoard's web server, which runs until stopped"),
 ]
+#: Copied lines whose numbers are the same on every run (a checkpoint's step, the step a resume starts from, a
+#: refusal's values), checked to the digit; other lines with a number (a loss, a save's random suffix) are not.
+SAME_ON_EVERY_RUN = re.compile(r"^\[checkpoint\] (saved|deleted|exported) |^\[titan\] (resuming|moved) |"
+                               r"^[\w-]+: error: ")
 #: What the test suite sets for itself that a reader's shell does not have.
 SUITE_ONLY_ENV = ("TITAN_DEFAULT_SPEC", "WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_PORT",
                   "PYTHONPATH")
@@ -190,8 +195,9 @@ def test_every_command_of_every_docs_page_is_run_or_accounted_for(tmp_path: Path
         took.append((time.monotonic() - started, where))
         output = proc.stdout + proc.stderr
         expected = block[-1].exit_code
-        shows = [line for c in block for line in c.printed if "error:" in line]
-        shows += [moved_tmp(line, folder) for line in command.copied if line.strip() and not re.search(r"\d", line)]
+        shows = [line for c in block for line in c.printed if "error:" in line or c.exit_code != 0]
+        shows += [moved_tmp(line, folder) for line in command.copied
+                  if line.strip() and (not re.search(r"\d", line) or SAME_ON_EVERY_RUN.search(line))]
         missing = [line for line in shows if not shown(line, output)]
         if proc.returncode != expected:
             failed.append(f"{where}\n  exit {proc.returncode}, the page shows {expected}:\n  {output[-1500:]}")

@@ -208,6 +208,24 @@ EXPECTED_ERRORS = {
     "titan-train --spec tinygpt --nproc-per-node 3 --parallelism.tp=3": "parallelism.tp=3 does not divide tinygpt n_heads=4",
 }
 
+#: Guide commands whose whole transcript is the same on every run (the plugins listed with their versions and
+#: plugin APIs, a refusal that counts the modules it selected): every line shown under them is printed, digits
+#: included.
+EXACT_TRANSCRIPTS = (
+    "PYTHONPATH=tmp/site titan-train --list",
+    "PYTHONPATH=tmp/site titan-train --spec llama3 --converters int8fake,float8 --dry-run",
+)
+
+
+def transcript(guide: Path, command: str) -> list[str]:
+    """The lines a console block of the guide shows under ``$ command``."""
+    for body in re.findall(r"```console\n(.*?)```", guide.read_text(), flags=re.S):
+        parts = re.split(r"^\$ (.*)\n", body, flags=re.M)  # ["", command, its lines, command, its lines, ...]
+        for shown, lines in zip(parts[1::2], parts[2::2], strict=True):
+            if shown.strip() == command:
+                return [line for line in lines.splitlines() if line.strip()]
+    raise AssertionError(f"{guide.name} shows no transcript of {command}")
+
 
 #: Commands the guides' prose names inline (in backticks); each is run after the guide's code blocks.
 INLINE_RUN = {
@@ -284,9 +302,12 @@ def test_every_command_of_the_plugin_guides_runs_in_a_fresh_venv(fresh_venv: Pat
                     assert proc.returncode == 0, f"{guide.name}: {command}\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}"
                 else:
                     assert proc.returncode == 2 and expected in proc.stderr, f"{command}\n{proc.stderr[-2000:]}"
+                if command in EXACT_TRANSCRIPTS:
+                    missing = [line for line in transcript(guide, command) if line not in proc.stdout + proc.stderr]
+                    assert not missing, f"{guide.name}: {command} does not print {missing}:\n{proc.stdout}{proc.stderr}"
                 ran.append(command)
         assert "titan-plugin check myconv --fast" in ran and "titan-plugin check mymodel --fast" in ran
-        assert set(EXPECTED_ERRORS) <= set(ran)
+        assert set(EXPECTED_ERRORS) <= set(ran) and set(EXACT_TRANSCRIPTS) <= set(ran)
         # Every command named in the prose is run here, or is a pattern with a placeholder (or run above).
         inline = set().union(*(inline_commands(g) for g in GUIDES))
         assert inline - set(ran) - INLINE_PATTERNS == INLINE_RUN and INLINE_PATTERNS <= inline, inline - set(ran)
