@@ -3,6 +3,7 @@ process group (train/memory_plan.py, train/activation_probe.py, parallel/fake_gr
 
 from __future__ import annotations
 
+import os
 import re
 
 import pytest
@@ -28,6 +29,23 @@ def test_cluster_flags_are_for_the_dry_run_only(cli) -> None:
                       "--dry-run or --rehearse-rank only")
     assert_user_error(cli("--nnodes", "2", "--dry-run"), "together with --nproc-per-node")
     assert_user_error(cli("--dry-run", "--target-device", "V100"), '"V100" is not a known device')
+
+
+def test_layouts_beyond_what_torch_or_this_machine_can_set_up_are_refused_at_once(cli) -> None:
+    # Before: a pybind TypeError traceback (8e9 ranks do not fit torch's 32-bit rank numbers), and a dry run over
+    # 2.4 million FSDP2 ranks that ran for hours (FSDP2 cuts each weight into one piece per shard rank, on meta too).
+    r = cli("--spec", "llama3", "--flavor", "70B", "--nnodes", "1000000000", "--nproc-per-node", "8", "--dry-run")
+    assert_user_error(r, "--nnodes 1000000000 x --nproc-per-node 8 = 8,000,000,000 ranks: torch numbers ranks with "
+                      "32-bit integers, so a layout has at most 2,147,483,647")
+    assert_user_error(cli("--nproc-per-node", "3000000000", "--dry-run"), "--nproc-per-node 3000000000 = 3,000,000,000 ranks")
+    launcher_env = {name: os.environ.get(name) for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")}
+    for mode in (("--dry-run",), ("--rehearse-rank", "0")):
+        r = cli("--spec", "llama3", "--flavor", "70B", "--nnodes", "300000", "--nproc-per-node", "8",
+                "--parallelism.tp=8", *mode)
+        assert_user_error(r, "this layout shards every weight over 300,000 FSDP2 ranks (dp_shard x cp)",
+                          "set --parallelism.dp_replicate so that dp_shard x cp is 16,384 or fewer")
+    # the rehearsal set RANK and WORLD_SIZE for its one rank; main() puts them back when it returns
+    assert {name: os.environ.get(name) for name in launcher_env} == launcher_env
 
 
 def _rows(text: str) -> list[list[str]]:

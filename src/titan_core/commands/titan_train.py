@@ -6,10 +6,11 @@ Kept light: ``--help`` and ``--list`` import neither torchao nor the data stack.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 import traceback
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
 
 from ..config.environment import check_environment
@@ -162,6 +163,10 @@ def run(args: argparse.Namespace, rest: list[str], argv: list[str], trainer_clas
     return train(resolved, trainer_class=trainer_class)
 
 
+#: torch.distributed numbers ranks with C ints
+MAX_RANKS = 2**31 - 1
+
+
 def check_plan_flags(nnodes: int | None, nproc_per_node: int | None, target_device: str | None, *,
                      dry_run: bool) -> None:
     """--nnodes and --target-device describe a cluster for the dry run's plan; a real run gets its machines
@@ -174,6 +179,12 @@ def check_plan_flags(nnodes: int | None, nproc_per_node: int | None, target_devi
     if nnodes is not None and (nnodes < 1 or nproc_per_node is None):
         raise ConfigError(f"--nnodes {nnodes}: give a number of machines >= 1 together with --nproc-per-node "
                           f"(ranks per machine), e.g. --nnodes 64 --nproc-per-node 8.")
+    world_size = (nnodes or 1) * (nproc_per_node or 1)
+    if world_size > MAX_RANKS:
+        layout = f"--nnodes {nnodes} x --nproc-per-node {nproc_per_node}" if nnodes else f"--nproc-per-node {nproc_per_node}"
+        raise ConfigError(f"{layout} = {world_size:,} ranks: torch numbers ranks with 32-bit integers, so a "
+                          f"layout has at most {MAX_RANKS:,}. Give the number of machines and the ranks per machine, "
+                          f"e.g. --nnodes 64 --nproc-per-node 8.")
     if target_device is not None and target_device.strip().lower() != "cpu":
         parse_target_device(target_device)  # a misspelt device is refused before anything is loaded
 
@@ -190,6 +201,21 @@ def rehearsal_environment(rank: int, world_size: int, *, dry_run: bool) -> None:
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK="0", LOCAL_WORLD_SIZE="1")
 
 
+@contextlib.contextmanager
+def launcher_environment_kept() -> Iterator[None]:
+    """Put back what ``rehearsal_environment`` sets when the command ends, however it ends: ``main`` called twice
+    in one process (a notebook, a test) must not find the last rehearsal's rank in the environment."""
+    saved = {name: os.environ.get(name) for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")}
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
 def _worker_argv(args: argparse.Namespace, argv: list[str], trainer_class: type[Trainer] | None) -> list[str]:
     """The command line of the worker processes: a class given to ``main`` travels as ``--trainer``,
     so every worker imports the same one."""
@@ -203,7 +229,11 @@ def _worker_argv(args: argparse.Namespace, argv: list[str], trainer_class: type[
 def main(argv: Sequence[str] | None = None, *, trainer_class: type[Trainer] | None = None) -> int:
     """``titan-train``; ``trainer_class``: a Trainer subclass to run, as ``--trainer`` names one
     (torchtitan's ``main(trainer_class)``); it must live in an importable module when workers start."""
-    argv = list(sys.argv[1:] if argv is None else argv)
+    with launcher_environment_kept():  # restored after the error is reported with the rehearsed rank's prefix
+        return _main(list(sys.argv[1:] if argv is None else argv), trainer_class)
+
+
+def _main(argv: list[str], trainer_class: type[Trainer] | None) -> int:
     parser = build_parser()
     args, rest = parser.parse_known_args(argv)
     try:

@@ -22,6 +22,7 @@ import torch
 from ..errors import ConfigError
 from ..observability.metrics import memory_stats
 from ..plan.resolve import ResolvedConfig
+from .memory_plan import check_plannable
 from .trainer import StepResult, Trainer
 
 BANNER = ("rehearsal: rank {rank} of {world} under torch's fake process group: collectives move nothing, so "
@@ -36,6 +37,7 @@ def check_rehearsable(resolved: ResolvedConfig, *, rank: int) -> None:
                           f"(--nnodes x --nproc-per-node).")
     if c.fault_tolerance.enable or c.fault_tolerance.local_replicas:
         raise ConfigError("--rehearse-rank rehearses one rank of one job: turn fault_tolerance off.")
+    check_plannable(dims.dp_shard * dims.cp)  # FSDP2's set-up cuts each weight into one piece per shard rank
 
 
 class RehearsalTrainer(Trainer):
