@@ -207,3 +207,39 @@ def test_superseding_keeps_and_moves_what_it_did_for_an_ordinary_file(tmp_path: 
         b'{"step": 3, "loss": 2.3, "superseded_by_run_from_step": 2}\n'
         b'{"step": 4, "val_loss": 1.25, "superseded_by_run_from_step": 2}\n')
     assert supersede_metrics(path, start_step=2) == 0  # nothing past step 2 is left: the file is not rewritten
+
+
+class _FailingDisk:
+    """metrics.jsonl as a disk that fails after its first line: a readline that raises EIO."""
+
+    def __init__(self, first: bytes) -> None:
+        self.lines = [first]
+
+    def readline(self, limit: int = -1) -> bytes:
+        if self.lines:
+            return self.lines.pop()
+        raise OSError(5, "Input/output error")
+
+    def tell(self) -> int:
+        return 0
+
+    def __enter__(self) -> _FailingDisk:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.lines.clear()
+
+
+def test_a_read_error_on_metrics_is_named_as_one_not_as_a_write_error(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    # Before: "cannot write .../metrics.superseded.jsonl: [Errno 5] ..." for a failing read of metrics.jsonl.
+    import titan_core.runtime.run_files as run_files
+
+    path = tmp_path / "metrics.jsonl"
+    path.write_text(json.dumps({"step": 1}) + "\n" + json.dumps({"step": 2}) + "\n")
+    before = path.read_bytes()
+    monkeypatch.setattr(run_files, "open_regular", lambda p: _FailingDisk(json.dumps({"step": 5}).encode() + b"\n"))
+    with pytest.raises(run_files.TitanError) as caught:
+        supersede_metrics(path, start_step=1)
+    assert str(caught.value).startswith(f"cannot read {path} to resume: [Errno 5] Input/output error. Check the disk")
+    assert path.read_bytes() == before  # nothing rewritten

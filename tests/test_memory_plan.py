@@ -22,6 +22,15 @@ def test_target_devices_by_name_or_size() -> None:
     assert parse_target_device("141GB").memory_bytes == 141 * 10**9
     with pytest.raises(ConfigError, match='"V100" is not a known device. Known: A100-40GB'):
         parse_target_device("V100")
+    # sizes a typo made: refused as sizes (before: "-5GiB" and "1e400GiB" were unknown device names, and
+    # 99999999999999999999999GiB a device the plan said everything fits on)
+    for text in ("-5GiB", "0GiB", "-0.5GB"):
+        with pytest.raises(ConfigError, match="the memory size must be above 0"):
+            parse_target_device(text)
+    for text in ("1e400GiB", "99999999999999999999999GiB", "2e6GB"):
+        with pytest.raises(ConfigError, match=r"more memory than any accelerator has \(over 1 PiB\)"):
+            parse_target_device(text)
+    assert parse_target_device("1.5e2GiB").memory_bytes == 150 * GIB and parse_target_device(".5GiB").memory_bytes == GIB // 2
 
 
 def test_cluster_flags_are_for_the_dry_run_only(cli) -> None:

@@ -96,7 +96,7 @@ def supersede_metrics(path: Path, *, start_step: int) -> int:
     if not path.is_file():
         return 0
     with open_regular(path) as f:
-        moved = _set_aside(f, path.with_name(SUPERSEDED_FILE), start_step)
+        moved = _set_aside(f, path, start_step)
         if not moved:
             return 0
         f.seek(0)
@@ -120,10 +120,12 @@ def _lines(f: BinaryIO) -> Iterator[str | tuple[int, int]]:
         start = end
 
 
-def _set_aside(f: BinaryIO, superseded: Path, start_step: int) -> int:
-    """Append the records of ``f`` past ``start_step`` to ``superseded`` (each marked with ``start_step``), opened
-    only when there is one; how many."""
+def _set_aside(f: BinaryIO, path: Path, start_step: int) -> int:
+    """Append the records of ``f`` (``path``'s) past ``start_step`` to the superseded file beside it (each marked
+    with ``start_step``), opened only when there is one; how many."""
+    superseded = path.with_name(SUPERSEDED_FILE)
     moved = 0
+    writing = False  # which side an OSError came from: reading path, or writing the superseded file
     try:
         with contextlib.ExitStack() as stack:
             out: TextIO | None = None
@@ -131,14 +133,20 @@ def _set_aside(f: BinaryIO, superseded: Path, start_step: int) -> int:
                 record = _later_record(line, start_step)
                 if record is None:
                     continue
+                writing = True
                 if out is None:
                     out = stack.enter_context(open(superseded, "a", encoding="utf-8"))
                 out.write(json.dumps(record) + "\n")
+                writing = False
                 moved += 1
             if out is not None:
+                writing = True
                 out.flush()
                 os.fsync(out.fileno())
     except OSError as exc:
+        if not writing:
+            raise TitanError(f"cannot read {path} to resume: {exc}. Check the disk, or move the run folder's "
+                             f"metrics.jsonl aside and resume again (the checkpoint does not need it).") from exc
         raise TitanError(f"cannot write {superseded}: {exc}. Point --job.run_dir at a writable folder with free "
                          f"space.") from exc
     return moved

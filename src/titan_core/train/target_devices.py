@@ -44,7 +44,10 @@ KNOWN_DEVICES: dict[str, float] = {
     "MI300X": 191.98,
 }
 _ALIASES = {"A100": "A100-80GB", "H100-80GB": "H100", "H100-SXM": "H100", "H100-NVL": "H100-94GB"}
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(GiB|GB|G)\s*$", re.IGNORECASE)
+# A sign and an exponent are read too, so that "-5GiB" or "1e400GiB" is refused as a size, not as a device name
+_SIZE = re.compile(r"^\s*([-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:e[-+]?\d+)?)\s*(GiB|GB|G)\s*$", re.IGNORECASE)
+#: No accelerator holds a pebibyte: a size above it is a typo (an exponent, extra digits)
+_MAX_DEVICE_BYTES = 2**50
 
 
 def parse_target_device(text: str) -> TargetDevice:
@@ -52,9 +55,13 @@ def parse_target_device(text: str) -> TargetDevice:
     size = _SIZE.match(text)
     if size:
         value, unit = float(size.group(1)), size.group(2).lower()
-        n_bytes = int(value * (GIB if unit in ("gib", "g") else 10**9))
-        if n_bytes <= 0:
+        scaled = value * (GIB if unit in ("gib", "g") else 10**9)
+        if not scaled > 0:
             raise ConfigError(f"--target-device {text}: the memory size must be above 0.")
+        if scaled > _MAX_DEVICE_BYTES:
+            raise ConfigError(f"--target-device {text}: more memory than any accelerator has (over 1 PiB); give "
+                              f"the memory of one device, e.g. --target-device 80GiB.")
+        n_bytes = int(scaled)
         return TargetDevice(f"{value:g} {size.group(2)} device", n_bytes)
     by_lower = {name.lower(): name for name in (*KNOWN_DEVICES, *_ALIASES)}
     name = by_lower.get(text.strip().lower())
