@@ -193,6 +193,27 @@ def test_end_stages_hold_fewer_layers_on_large_models_and_the_plan_shows_it(cli)
     assert peak(balanced) < peak(even)
 
 
+def test_an_interleaved_rank_holds_its_in_flight_micro_batches_at_each_stages_size(cli) -> None:
+    """Interleaved 1F1B warms up a round of pp micro-batches through a rank's first stage, then through its
+    second: at the first backward rank 0 holds 8 stage-micro-batches of 4 layers, as many layer-micro-batches as
+    1F1B's 4 micro-batches of 8 layers (the plan once counted all 8 of the rank's layers per stage-micro-batch,
+    twice the real figure). The last rank holds 4 of its first stage and 1 of its second: 20 against 1F1B's 8."""
+    args = ("--spec", "llama3", "--flavor", "8B", "--nnodes", "1", "--nproc-per-node", "4", "--parallelism.pp=4",
+            "--parallelism.pp_microbatches=4", "--parallelism.pp_end_stage_fewer_layers=0",
+            "--activation_checkpoint.mode=full", "--training.seq_len=2048", "--training.local_batch_size=4",
+            "--dry-run", "--target-device", "H100")
+    one_f_one_b = cli(*args)
+    interleaved = cli(*args, "--parallelism.pp_schedule=Interleaved1F1B", "--parallelism.pp_stages_per_rank=2")
+    assert one_f_one_b.code == interleaved.code == 0, one_f_one_b.text + interleaved.text
+    plain, looped = _rows(one_f_one_b.text), _rows(interleaved.text)
+    assert [row[0] for row in looped] == ["0,4", "1,5", "2,6", "3,7"] and [row[2] for row in looped] == ["8"] * 4
+    activ = lambda rows, i: float(rows[i][7])  # noqa: E731  (recompute and working memory: the same block)
+    unit = (activ(plain, 0) - activ(plain, 3)) / (32 - 8)  # one layer's kept input for one micro-batch
+    assert unit > 0.01
+    assert activ(looped, 0) == pytest.approx(activ(plain, 0), abs=0.02)
+    assert activ(looped, 3) - activ(plain, 3) == pytest.approx(12 * unit, abs=0.02)
+
+
 def test_rehearsal_trains_one_rank_of_a_64_rank_layout_here(tmp_path) -> None:
     from conftest import run_cli
 

@@ -118,6 +118,8 @@ class StageShape:
     # inputs are gathered whole) and by input (row-wise: their outputs are whole partial sums)
     tp_columnwise: frozenset[str] = frozenset()
     tp_rowwise: frozenset[str] = frozenset()
+    # The block names of each of the rank's stages, in stage order (a multi-stage schedule's rank has several)
+    stage_layers: tuple[tuple[str, ...], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -214,7 +216,12 @@ def _stage_shape(part_list: list[nn.Module], *, pp_rank: int, rank: int, stage_i
             local += n
             param_bytes += n * p.element_size()
     return StageShape(pp_rank, rank, stage_ids, tuple(names), has_last, local, param_bytes, root, tuple(blocks_bytes),
-                      frozenset(columnwise), frozenset(rowwise))
+                      frozenset(columnwise), frozenset(rowwise), _stage_layers(part_list, blocks_attr))
+
+
+def _stage_layers(part_list: list[nn.Module], blocks_attr: str) -> tuple[tuple[str, ...], ...]:
+    return tuple(tuple(n for n, _ in b.named_children()) if (b := _blocks_of(part, blocks_attr)) is not None else ()
+                 for part in part_list)
 
 
 def build_stage_shapes(resolved: ResolvedConfig, model: nn.Module, *, blocks_attr: str = "layers") -> list[StageShape]:
@@ -257,9 +264,9 @@ def build_stage_shapes(resolved: ResolvedConfig, model: nn.Module, *, blocks_att
                                      blocks_attr=blocks_attr)
                 built[key] = shape
             else:
-                names = tuple(n for p in parts if (b := _blocks_of(p, blocks_attr)) is not None
-                              for n, _ in b.named_children())
-                shape = replace(known, pp_rank=pp_rank, rank=rank, stage_ids=ids, has_last=last, layer_names=names)
+                stage_layers = _stage_layers(parts, blocks_attr)
+                shape = replace(known, pp_rank=pp_rank, rank=rank, stage_ids=ids, has_last=last,
+                                layer_names=tuple(n for names in stage_layers for n in names), stage_layers=stage_layers)
             shapes.append(shape)
     return shapes
 
@@ -320,6 +327,20 @@ def in_flight(resolved: ResolvedConfig, pp_rank: int) -> int:
     return min(pp - pp_rank, n_mb)  # 1F1B: the first stage holds pp micro-batches, the last one
 
 
+def in_flight_stages(resolved: ResolvedConfig, pp_rank: int, local_stages: int) -> list[int]:
+    """For each stage-micro-batch a pipeline rank holds at its peak, which of its stages (0 = its first) it
+    belongs to. A multi-stage schedule warms up a round of micro-batches (pp of them) through its first stage,
+    then the same round through its next, so a rank's activations at its peak are a mix of its stages' sizes,
+    not every stage's layers per micro-batch."""
+    count = in_flight(resolved, pp_rank)
+    if local_stages <= 1:
+        return [0] * count
+    pp = resolved.dims.pp
+    n_mb = resolved.config.parallelism.pp_microbatches or pp * local_stages
+    per_round = n_mb // max(n_mb // pp, 1)
+    return [(k // per_round) % local_stages for k in range(count)]
+
+
 def layer_activations(probe: ActivationProbe, names: tuple[str, ...], ac: ActivationCheckpointSection, *,
                       tp: int = 1, columnwise: frozenset[str] = frozenset(),
                       rowwise: frozenset[str] = frozenset()) -> tuple[int, int, int]:
@@ -373,10 +394,12 @@ def plan_stage(resolved: ResolvedConfig, shape: StageShape, probe: ActivationPro
                ac: ActivationCheckpointSection, compute_dtype: torch.dtype) -> StageMemory:
     c, dims = resolved.config, resolved.dims
     tp = dims.tp
-    flight = in_flight(resolved, shape.pp_rank)
-    kept, recompute, working = layer_activations(probe, shape.layer_names, ac, tp=tp,
-                                                 columnwise=shape.tp_columnwise, rowwise=shape.tp_rowwise)
-    activ = kept * flight + recompute + working
+    _, recompute, working = layer_activations(probe, shape.layer_names, ac, tp=tp, columnwise=shape.tp_columnwise,
+                                              rowwise=shape.tp_rowwise)
+    stages = shape.stage_layers or (shape.layer_names,)
+    kept_per_stage = [layer_activations(probe, names, ac, tp=tp, columnwise=shape.tp_columnwise,
+                                        rowwise=shape.tp_rowwise)[0] for names in stages]
+    activ = sum(kept_per_stage[i] for i in in_flight_stages(resolved, shape.pp_rank, len(stages))) + recompute + working
     logits = 0
     if shape.has_last:
         elems = probe.logits_bytes // torch.empty((), dtype=compute_dtype).element_size()
@@ -558,5 +581,5 @@ def format_plan(plan: MemoryPlan) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["MemoryPlan", "StageMemory", "advice", "format_plan", "in_flight", "make_plan", "micro_batch_size",
+__all__ = ["MemoryPlan", "StageMemory", "advice", "format_plan", "in_flight", "in_flight_stages", "make_plan", "micro_batch_size",
            "plan_from"]
