@@ -212,6 +212,34 @@ def test_an_interleaved_rank_holds_its_in_flight_micro_batches_at_each_stages_si
     assert unit > 0.01
     assert activ(looped, 0) == pytest.approx(activ(plain, 0), abs=0.02)
     assert activ(looped, 3) - activ(plain, 3) == pytest.approx(12 * unit, abs=0.02)
+    # LoopedBFS runs every forward of both stages before its first backward: every rank holds 8 x 4 layers
+    bfs = cli(*args, "--parallelism.pp_schedule=LoopedBFS", "--parallelism.pp_stages_per_rank=2")
+    assert bfs.code == 0, bfs.text
+    assert [activ(_rows(bfs.text), i) for i in range(4)] == pytest.approx([activ(plain, 0)] * 4, abs=0.02)
+
+
+def test_the_in_flight_peak_is_read_from_the_schedules_own_program() -> None:
+    from torch.distributed.pipelining.schedules import _Action, _ComputationType
+
+    from titan_core.train.schedule_peak import peak_in_flight_bytes, schedule_program
+
+    forward, backward = _ComputationType.FORWARD, _ComputationType.FULL_BACKWARD
+    weight, inputs = _ComputationType.BACKWARD_WEIGHT, _ComputationType.BACKWARD_INPUT
+    program = [_Action(0, forward, 0), _Action(0, forward, 1), _Action(4, forward, 0), _Action(4, backward, 0),
+               _Action(4, forward, 1), _Action(0, inputs, 0), _Action(0, forward, 2), _Action(0, weight, 0)]
+    # alive after each forward: {0/0}, {0/0, 0/1}, +4/0 -> 10 + 10 + 3; the split backward frees at its weight half
+    assert peak_in_flight_bytes(program, {0: 10, 4: 3}) == 33
+    for pp, microbatches in ((4, 4), (4, 8), (8, 8), (8, 32)):
+        for rank in range(pp):
+            ones = {s: 1 for s in range(2 * pp)}
+            interleaved = schedule_program("Interleaved1F1B", pp=pp, local_stages=2, microbatches=microbatches,
+                                           rank=rank)
+            assert interleaved is not None
+            # torch's warm-up: a round of pp through the first stage, 2 per hop from the last rank, then one more
+            assert peak_in_flight_bytes(interleaved, ones) == min(2 * microbatches, pp + 2 * (pp - 1 - rank) + 1)
+            bfs = schedule_program("LoopedBFS", pp=pp, local_stages=2, microbatches=microbatches, rank=rank)
+            assert bfs is not None and peak_in_flight_bytes(bfs, ones) == 2 * microbatches
+    assert schedule_program("1F1B", pp=4, local_stages=1, microbatches=4, rank=0) is None  # its formula serves
 
 
 def test_rehearsal_trains_one_rank_of_a_64_rank_layout_here(tmp_path) -> None:

@@ -50,6 +50,7 @@ from ..parallel.precision import resolve_compute_dtype
 from .activation_probe import ActivationProbe, probe_activations
 from .build import parallelize_part
 from .chunked_loss import rows_per_chunk
+from .schedule_peak import peak_in_flight_bytes, schedule_program
 from .target_devices import GIB, TargetDevice
 from .tp_styles import resolve_tp_styles
 
@@ -323,7 +324,10 @@ def in_flight(resolved: ResolvedConfig, pp_rank: int) -> int:
         return n_mb
     if schedule in MULTI_STAGE_SCHEDULES:
         v = p.pp_stages_per_rank
-        return min(n_mb * v, (v - 1) * pp + 2 * (pp - 1 - pp_rank) + 1)
+        if schedule == "LoopedBFS":  # every forward of every stage before the first backward
+            return n_mb * v
+        per_round = n_mb // max(n_mb // pp, 1)
+        return min(n_mb * v, (v - 1) * per_round + 2 * (pp - 1 - pp_rank) + 1)
     return min(pp - pp_rank, n_mb)  # 1F1B: the first stage holds pp micro-batches, the last one
 
 
@@ -339,6 +343,21 @@ def in_flight_stages(resolved: ResolvedConfig, pp_rank: int, local_stages: int) 
     n_mb = resolved.config.parallelism.pp_microbatches or pp * local_stages
     per_round = n_mb // max(n_mb // pp, 1)
     return [(k // per_round) % local_stages for k in range(count)]
+
+
+def in_flight_activations(resolved: ResolvedConfig, shape: StageShape, kept_per_stage: list[int]) -> int:
+    """Bytes of saved activations a pipeline rank holds at its peak, given what one micro-batch of each of its
+    stages keeps: from the schedule's own program where torch's schedule gives one (the multi-stage
+    schedules), else from ``in_flight_stages``."""
+    p = resolved.config.parallelism
+    pp = resolved.dims.pp
+    if pp > 1 and len(kept_per_stage) > 1 and len(shape.stage_ids) == len(kept_per_stage):
+        n_mb = p.pp_microbatches or pp * len(kept_per_stage)
+        program = schedule_program(canonical_schedule(p.pp_schedule), pp=pp, local_stages=len(kept_per_stage),
+                                   microbatches=n_mb, rank=shape.pp_rank)
+        if program is not None:
+            return peak_in_flight_bytes(program, dict(zip(shape.stage_ids, kept_per_stage, strict=True)))
+    return sum(kept_per_stage[i] for i in in_flight_stages(resolved, shape.pp_rank, len(kept_per_stage)))
 
 
 def layer_activations(probe: ActivationProbe, names: tuple[str, ...], ac: ActivationCheckpointSection, *,
@@ -399,7 +418,7 @@ def plan_stage(resolved: ResolvedConfig, shape: StageShape, probe: ActivationPro
     stages = shape.stage_layers or (shape.layer_names,)
     kept_per_stage = [layer_activations(probe, names, ac, tp=tp, columnwise=shape.tp_columnwise,
                                         rowwise=shape.tp_rowwise)[0] for names in stages]
-    activ = sum(kept_per_stage[i] for i in in_flight_stages(resolved, shape.pp_rank, len(stages))) + recompute + working
+    activ = in_flight_activations(resolved, shape, kept_per_stage) + recompute + working
     logits = 0
     if shape.has_last:
         elems = probe.logits_bytes // torch.empty((), dtype=compute_dtype).element_size()
