@@ -13,8 +13,9 @@
     taken off both sides: the table compares what 8 x 1024 tokens add (activations, logits,
     buffers).
 (b) torchtitan's published per-GPU memory (``benchmarks/llama3_h100_202412_torchtitan.md`` in
-    pytorch/torchtitan, read with the ``fetch`` tool: H100 96 GB, seq 8192, full activation
-    checkpointing, float8 and torch.compile) against the plan of the same layout and batch.
+    pytorch/torchtitan, read with the ``fetch`` tool: H100 96 GB; every table of 8B, 70B and 405B,
+    with the sequence length, batch and activation checkpointing each names) against the plan of
+    the same layout, batch and schedule.
 
     python benchmarks/memory_plan.py [--only published|cpu]
 """
@@ -51,18 +52,38 @@ CPU_CASES: list[tuple[str, int, list[str]]] = [
 # name, published GiB (max over ranks), settings. torchtitan's defaults at the benchmarks' commit (9dec370,
 # 2024-12-26): seq 8192; under PP as many micro-batches as pipeline ranks (config_manager.py's
 # pipeline_parallel_microbatches=None -> parallel_dims.pp), so local batch 32 runs 8 micro-batches of 4 for
-# both schedules. (Later torchtitan defaults to micro-batch 1; the published runs predate that.)
+# both schedules. (Later torchtitan defaults to micro-batch 1; the published runs predate that.) Tables 1
+# and 3: the plain FSDP row (no compile, no float8), llama3_8b.toml's per-op selective AC; the others
+# name full AC. The 262,144-token rows need the model's limit raised, as torchtitan's runs did.
+FULL_AC = ["--activation_checkpoint.mode=full"]
+LONG = ["--llama3.max_seq_len=262144"]
 PUBLISHED: list[tuple[str, float, list[str]]] = [
+    ("8B FSDP 8, 8 GPUs, local batch 2, selective AC (Table 1, FSDP)", 82.4,
+     ["--flavor", "8B", "--nnodes", "1", "--nproc-per-node", "8", "--training.seq_len=8192",
+      "--training.local_batch_size=2", "--activation_checkpoint.mode=selective"]),
+    *[(f"8B FSDP {8 // cp}, CP {cp}, 8 GPUs, seq {seq:,}, local batch 1 (Table 2)", published,
+       ["--flavor", "8B", "--nnodes", "1", "--nproc-per-node", "8", f"--parallelism.cp={cp}",
+        f"--training.seq_len={seq}", "--training.local_batch_size=1", *FULL_AC, *LONG])
+      for cp, seq, published in ((1, 32768, 83.9), (2, 65536, 84.2), (4, 131072, 84.0), (8, 262144, 84.5))],
+    ("8B FSDP 128, 128 GPUs, local batch 2, selective AC (Table 3, FSDP)", 67.0,
+     ["--flavor", "8B", "--nnodes", "16", "--nproc-per-node", "8", "--training.seq_len=8192",
+      "--training.local_batch_size=2", "--activation_checkpoint.mode=selective"]),
     ("70B FSDP 32 x TP 8, 256 GPUs, local batch 16 (Table 4, 2D)", 71.9,
-     ["--flavor", "70B", "--nnodes", "32", "--nproc-per-node", "8", "--parallelism.tp=8",
-      "--training.local_batch_size=16"]),
+     ["--flavor", "70B", "--nnodes", "32", "--nproc-per-node", "8", "--parallelism.tp=8", "--training.seq_len=8192",
+      "--training.local_batch_size=16", *FULL_AC]),
     ("405B FSDP 8 x TP 8 x PP 8, 512 GPUs, local batch 32, 1F1B (Table 5)", 82.5,
      ["--flavor", "405B", "--nnodes", "64", "--nproc-per-node", "8", "--parallelism.tp=8", "--parallelism.pp=8",
-      "--training.local_batch_size=32", "--parallelism.pp_microbatches=8"]),
+      "--training.seq_len=8192", "--training.local_batch_size=32", "--parallelism.pp_microbatches=8", *FULL_AC]),
     ("405B FSDP 8 x TP 8 x PP 8, 512 GPUs, local batch 32, Interleaved 1F1B x2 (Table 5)", 72.7,
      ["--flavor", "405B", "--nnodes", "64", "--nproc-per-node", "8", "--parallelism.tp=8", "--parallelism.pp=8",
-      "--training.local_batch_size=32", "--parallelism.pp_microbatches=8", "--parallelism.pp_schedule=Interleaved1F1B",
-      "--parallelism.pp_stages_per_rank=2"]),
+      "--training.seq_len=8192", "--training.local_batch_size=32", "--parallelism.pp_microbatches=8",
+      "--parallelism.pp_schedule=Interleaved1F1B", "--parallelism.pp_stages_per_rank=2", *FULL_AC]),
+    *[(f"405B FSDP {8 // cp} x CP {cp} x TP 8 x PP 8, 512 GPUs, seq {seq:,}, local batch 8, 1F1B (Table 6)",
+       published,
+       ["--flavor", "405B", "--nnodes", "64", "--nproc-per-node", "8", "--parallelism.tp=8", "--parallelism.pp=8",
+        f"--parallelism.cp={cp}", f"--training.seq_len={seq}", "--training.local_batch_size=8",
+        "--parallelism.pp_microbatches=8", *FULL_AC, *LONG])
+      for cp, seq, published in ((1, 32768, 75.3), (2, 65536, 75.9), (4, 131072, 77.1), (8, 262144, 84.9))],
 ]
 
 
@@ -83,8 +104,7 @@ def planned_rank0(args: list[str], nproc: int, cwd: Path) -> tuple[float, float]
 
 def planned_peak(args: list[str], cwd: Path) -> tuple[float, float]:
     """(peak total, CPU seconds of the dry run)."""
-    out = titan("--spec", "llama3", "--training.seq_len=8192", "--activation_checkpoint.mode=full",
-                "--training.chunked_loss=false", *args,  # torchtitan's runs computed the full logits
+    out = titan("--spec", "llama3", "--training.chunked_loss=false", *args,  # torchtitan's runs: the full logits
                 "--dry-run", "--target-device", "95GiB", cwd=cwd)
     if out.returncode:
         raise SystemExit(out.stdout + out.stderr)
@@ -135,7 +155,7 @@ def cpu_table(cwd: Path) -> None:
 
 
 def published_table(cwd: Path) -> None:
-    print("| torchtitan layout (H100 96 GB, seq 8192, full AC) | published (GiB) | plan (GiB) | plan / published |")
+    print("| torchtitan layout (H100 96 GB) | published (GiB) | plan (GiB) | plan / published |")
     print("|---|---:|---:|---:|")
     for name, published, settings in PUBLISHED:
         plan, _ = planned_peak(settings, cwd)
