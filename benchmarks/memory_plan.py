@@ -17,7 +17,7 @@
     with the sequence length, batch and activation checkpointing each names) against the plan of
     the same layout, batch and schedule.
 
-    python benchmarks/memory_plan.py [--only published|cpu]
+    python benchmarks/memory_plan.py [--only published|cpu] [--rows TEXT]
 """
 
 from __future__ import annotations
@@ -154,10 +154,12 @@ def cpu_table(cwd: Path) -> None:
               f"| {runs[1]:.3f} | {plan_total / runs[1]:.2f} |", flush=True)
 
 
-def published_table(cwd: Path) -> None:
+def published_table(cwd: Path, match: str = "") -> None:
     print("| torchtitan layout (H100 96 GB) | published (GiB) | plan (GiB) | plan / published |")
     print("|---|---:|---:|---:|")
     for name, published, settings in PUBLISHED:
+        if match not in name:
+            continue
         plan, _ = planned_peak(settings, cwd)
         print(f"| {name} | {published:.1f} | {plan:.1f} | {plan / published:.2f} |", flush=True)
 
@@ -165,10 +167,11 @@ def published_table(cwd: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", choices=("published", "cpu"))
+    parser.add_argument("--rows", default="", help="only the published rows whose name holds this text, e.g. 405B")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         if args.only != "cpu":
-            published_table(Path(tmp))
+            published_table(Path(tmp), args.rows)
             print()
         if args.only != "published":
             cpu_table(Path(tmp))

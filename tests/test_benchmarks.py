@@ -109,7 +109,7 @@ SMALLEST = {
     "data.py": (["data-ms", "--steps", "2", "--seq-len", "64", "--batch", "2"], r"^\s+[\d.]+\s+[\d.]+\s+[\d.]+%$"),
     "hf_initial_load_memory.py": (["--layers", "2"], r"^\| 1 \| \d+ \| \d+ \| \d+ \| \d+ \| \d+ \| yes \|"),
     # the planned side of torchtitan's published layouts: dry runs on meta under the fake process group
-    "memory_plan.py": (["--only", "published"], r"^\| 70B[^|]*\| 71\.9 \| [\d.]+ \| [\d.]+ \|$"),
+    "memory_plan.py": (["--only", "published", "--rows", "70B"], r"^\| 70B[^|]*\| 71\.9 \| [\d.]+ \| [\d.]+ \|$"),
     "muon.py": (["--steps", "3", "--lrs", "3e-3", "--val-batches", "1", "--layers", "1", "--seq-len", "16"],
                 r"^best Muon / best AdamW validation loss: [\d.]+$"),
     "layer_stats.py": (["--steps", "40", "--seq-len", "16"],
