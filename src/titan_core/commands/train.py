@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ..errors import StopRequested, Terminated
 from ..observability.final_loss import final_loss
 from ..parallel import distributed
 from ..plan.resolve import ResolvedConfig
@@ -31,6 +33,20 @@ def _take_run_folders(resolved: ResolvedConfig) -> HeldFolders | None:
     return acquire_run_folders(resolved.config)
 
 
+def _trained(trainer: Trainer) -> list[float]:
+    """``trainer.setup()`` then ``trainer.train()``. Until the first step (set-up, the resume's load, the run's
+    files) a SIGTERM stops the run at once: nothing is trained yet, so nothing is lost, and a long
+    initialisation or a blocking read would otherwise outlast a scheduler's grace period. From the first
+    step on it is honoured at the step boundary (``stop_vote``), with a checkpoint when configured."""
+    try:
+        with signals.sigterm_stops_at_once():
+            trainer.setup()
+        return trainer.train()
+    except Terminated:
+        raise StopRequested("titan-train: stopped by SIGTERM while setting the run up, before its first step; "
+                            "nothing new to save", signum=signal.SIGTERM, quiet=rank_env()[0] != 0) from None
+
+
 def train(resolved: ResolvedConfig, *, trainer_class: type[Trainer] | None = None) -> int:
     """Train with ``trainer_class`` (``--trainer``; default the Trainer, or with fault tolerance its own)."""
     distributed.die_with_launcher()
@@ -41,8 +57,7 @@ def train(resolved: ResolvedConfig, *, trainer_class: type[Trainer] | None = Non
     try:
         with signals.handlers_installed(), lost_peer(resolved.config.parallelism), \
                 out_of_memory_named("while setting up, validating or saving the run"):
-            trainer.setup()
-            losses = trainer.train()
+            losses = _trained(trainer)
         if trainer.is_rank0 and losses:
             ending = final_loss(losses)
             assert ending is not None

@@ -4,6 +4,8 @@
   training loop checks it at each step boundary, agrees on it with the other ranks
   (one ``all_reduce``, so every rank stops after the same step), saves a checkpoint
   when ``checkpoint.save_on_sigterm`` is on, and exits 143 (128 + SIGTERM).
+  While the run is being set up (no step boundary near, nothing trained to save) SIGTERM stops it at
+  once instead, with the same exit code.
 - SIGINT (Ctrl+C) stops at once with exit 130, except inside a checkpoint save: there
   it is held back until the save is published, so an interrupted run never leaves a
   half-written checkpoint behind. A second SIGINT is ignored while the first unwinds.
@@ -23,13 +25,15 @@ from ..errors import Terminated
 if TYPE_CHECKING:
     pass
 
-__all__ = ["handlers_installed", "no_interrupt", "requested_signal", "sigterm_raises"]
+__all__ = ["handlers_installed", "no_interrupt", "requested_signal", "sigterm_raises", "sigterm_stops_at_once"]
 
-_state = {"installed": False, "term": 0, "int_pending": False, "int_deferred": 0}
+_state = {"installed": False, "term": 0, "int_pending": False, "int_deferred": 0, "term_raises": False}
 
 
 def _on_term(signum: int, frame: FrameType | None) -> None:
     _state["term"] = signum
+    if _state["term_raises"] and not _state["int_deferred"]:
+        raise Terminated
 
 
 def _on_int(signum: int, frame: FrameType | None) -> None:
@@ -52,13 +56,13 @@ def handlers_installed() -> Iterator[None]:
     previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
     signal.signal(signal.SIGTERM, _on_term)
     signal.signal(signal.SIGINT, _on_int)
-    _state.update(installed=True, term=0, int_pending=False, int_deferred=0)
+    _state.update(installed=True, term=0, int_pending=False, int_deferred=0, term_raises=False)
     try:
         yield
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
-        _state.update(installed=False, term=0)
+        _state.update(installed=False, term=0, term_raises=False)
 
 
 def interrupted_by_signal() -> bool:
@@ -81,6 +85,24 @@ def no_interrupt() -> Iterator[None]:
         _state["int_deferred"] -= 1
     if _state["installed"] and _state["int_pending"] and not _state["int_deferred"]:
         raise KeyboardInterrupt
+    if _state["installed"] and _state["term_raises"] and _state["term"] and not _state["int_deferred"]:
+        raise Terminated  # held back by the save, like Ctrl+C
+
+
+@contextlib.contextmanager
+def sigterm_stops_at_once() -> Iterator[None]:
+    """Inside ``handlers_installed``: SIGTERM raises :class:`Terminated` for the duration (inside a checkpoint
+    save, when the save is published). For phases with no step boundary near, such as setting a run up: a
+    long initialisation or a read that blocks would hold a recorded request past a scheduler's grace period
+    (then SIGKILL), where a run that has not trained yet has nothing to save and can stop at once."""
+    previous = _state["term_raises"]
+    _state["term_raises"] = True
+    try:
+        if _state["installed"] and _state["term"] and not _state["int_deferred"]:
+            raise Terminated  # requested just before this phase began
+        yield
+    finally:
+        _state["term_raises"] = previous
 
 
 def _raise_terminated(signum: int, frame: FrameType | None) -> None:

@@ -67,7 +67,7 @@ from ..runtime.determinism import enable_deterministic
 from ..runtime.launch_env import rank_env
 from ..runtime.out_of_memory import out_of_memory_named
 from ..runtime.run_files import atomic_write_text, require_writable, supersede_metrics
-from ..runtime.signals import no_interrupt
+from ..runtime.signals import no_interrupt, sigterm_stops_at_once
 from ..runtime.torch_compat import pipeline_grad_divisor
 from ..weights.load import load_starting_weights
 from ..weights.shape import check_shape_file_unchanged, record_shape_file
@@ -758,30 +758,9 @@ class Trainer:
     # ---- the loop --------------------------------------------------------------------------------
     def train(self) -> list[float]:
         """Resume if there is a checkpoint, then: step -> log -> checkpoint -> maybe validate."""
-        resumed = self.checkpointer.resume()
-        if resumed is not None:
-            self.step, self.tokens_seen = resumed.step, resumed.tokens_seen
-            progress(f"resuming from {resumed.path} at step {resumed.step}", is_rank0=self.is_rank0)
-            # the run's own checkpoint already at the end: nothing to do. A checkpoint from elsewhere
-            # (--checkpoint.resume=PATH into a new run folder) still runs the end of a run (its export).
-            own = Path(resumed.path).resolve().is_relative_to(Path(self.checkpointer.folder).resolve())
-            if self.step >= self.config.training.steps and own:
-                self.nothing_to_train()
+        with sigterm_stops_at_once():  # nothing trained yet: a SIGTERM during a long load stops the run at once
+            if not self.start_run():
                 return []
-
-            check_shape_file_unchanged(self.spec, self.resolved.weights, self.run_dir)
-        else:  # the run's own checkpoints take precedence over checkpoint.initial_load
-
-            load_starting_weights(self.resolved.weights, spec=self.spec, model_parts=self.model_parts, ties=self.ties,
-                                  is_rank0=self.is_rank0)
-        if self.is_rank0:  # written once resume is accepted: a refused run leaves the run folder as it was
-            self.require_writable_run_files()
-            atomic_write_text(self.run_dir / "config.toml", dumps(self.config.model_dump(mode="json")))
-            if resumed is None:
-                record_shape_file(self.resolved.weights, self.run_dir)
-            self.set_aside_later_metrics()
-            if self.converters:
-                self.conversion_table.write(self.run_dir / "conversion_table.json")
         t = self.config.training
         self.profiler.check_window(first_step=self.step + 1, last_step=t.steps)
         batches = iter(self.dataloader)
@@ -849,6 +828,37 @@ class Trainer:
         self.finish()
         history.extend(float(loss) for loss in losses)
         return history.tolist()
+
+    def start_run(self) -> bool:
+        """Resume from the run's checkpoint or load the starting weights, and write the run's files; False when
+        the run's own checkpoint is already at the last step (nothing to train)."""
+        resumed = self.checkpointer.resume()
+        if resumed is not None:
+            self.step, self.tokens_seen = resumed.step, resumed.tokens_seen
+            progress(f"resuming from {resumed.path} at step {resumed.step}", is_rank0=self.is_rank0)
+            # the run's own checkpoint already at the end: nothing to do. A checkpoint from elsewhere
+            # (--checkpoint.resume=PATH into a new run folder) still runs the end of a run (its export).
+            own = Path(resumed.path).resolve().is_relative_to(Path(self.checkpointer.folder).resolve())
+            if self.step >= self.config.training.steps and own:
+                self.nothing_to_train()
+                return False
+
+            check_shape_file_unchanged(self.spec, self.resolved.weights, self.run_dir)
+        else:  # the run's own checkpoints take precedence over checkpoint.initial_load
+
+            load_starting_weights(self.resolved.weights, spec=self.spec, model_parts=self.model_parts, ties=self.ties,
+                                  is_rank0=self.is_rank0)
+        if self.is_rank0:  # written once resume is accepted: a refused run leaves the run folder as it was
+            # A signal waits for these files: config.toml and the metrics set aside stay consistent with each other.
+            with no_interrupt():
+                self.require_writable_run_files()
+                atomic_write_text(self.run_dir / "config.toml", dumps(self.config.model_dump(mode="json")))
+                if resumed is None:
+                    record_shape_file(self.resolved.weights, self.run_dir)
+                self.set_aside_later_metrics()
+                if self.converters:
+                    self.conversion_table.write(self.run_dir / "conversion_table.json")
+        return True
 
     def set_aside_later_metrics(self) -> None:
         """One record per step after a resume: the records past the starting step are moved aside (this run

@@ -1,0 +1,53 @@
+"""SIGTERM inside one process, phase by phase (runtime/signals.py): recorded for the step boundary while
+training, raised at once while a run is set up, and held back by a checkpoint save in either phase."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+
+from titan_core.errors import Terminated
+from titan_core.runtime import signals
+
+
+def _term() -> None:
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(0.05)  # the handler runs in the main thread at the next bytecode
+
+
+def test_sigterm_is_recorded_while_training_and_raised_while_setting_up() -> None:
+    with signals.handlers_installed():
+        _term()
+        assert signals.requested_signal() == signal.SIGTERM  # training: only recorded, the run goes on
+    previous = signal.signal(signal.SIGALRM, lambda *_: os.kill(os.getpid(), signal.SIGTERM))
+    with signals.handlers_installed():
+        started = time.monotonic()
+        with pytest.raises(Terminated), signals.sigterm_stops_at_once():
+            signal.setitimer(signal.ITIMER_REAL, 0.2)  # SIGALRM below sends SIGTERM while the sleep blocks
+            time.sleep(30)  # a blocking wait, as a hung read: the signal ends it
+            pytest.fail("SIGTERM did not stop the set-up")
+        signal.signal(signal.SIGALRM, previous)
+        assert time.monotonic() - started < 5
+        _term()
+        assert signals.requested_signal() == signal.SIGTERM  # after the phase: recorded again, nothing raised
+
+
+def test_a_sigterm_during_a_save_in_the_set_up_waits_for_the_save() -> None:
+    saved = []
+    with signals.handlers_installed():
+        with pytest.raises(Terminated), signals.sigterm_stops_at_once():
+            with signals.no_interrupt():
+                _term()
+                saved.append("published")  # the save finished despite the signal
+            pytest.fail("the held-back SIGTERM was not raised after the save")
+    assert saved == ["published"]
+
+
+def test_a_sigterm_just_before_the_set_up_stops_it_as_it_begins() -> None:
+    with signals.handlers_installed():
+        _term()
+        with pytest.raises(Terminated), signals.sigterm_stops_at_once():
+            pytest.fail("the set-up began despite the pending SIGTERM")
