@@ -51,3 +51,42 @@ def test_a_sigterm_just_before_the_set_up_stops_it_as_it_begins() -> None:
         _term()
         with pytest.raises(Terminated), signals.sigterm_stops_at_once():
             pytest.fail("the set-up began despite the pending SIGTERM")
+
+
+class _SetUpThatBlocks:
+    """A trainer whose set-up waits as a hung read would; SIGTERM comes 0.2 s in."""
+
+    step = 0
+
+    def __init__(self, resolved: object = None) -> None:
+        self.trained = False
+
+    def setup(self) -> None:
+        signal.setitimer(signal.ITIMER_REAL, 0.2)
+        time.sleep(30)
+
+    def train(self) -> list[float]:
+        self.trained = True
+        return []
+
+
+@pytest.mark.parametrize("way", ["titan-train", "--compare-baseline"])
+def test_sigterm_while_a_trainer_sets_up_is_one_line_and_143(way: str) -> None:
+    from titan_core.commands.compare import train_once
+    from titan_core.commands.train import trained
+    from titan_core.errors import StopRequested
+
+    previous = signal.signal(signal.SIGALRM, lambda *_: os.kill(os.getpid(), signal.SIGTERM))
+    started = time.monotonic()
+    try:
+        with signals.handlers_installed(), pytest.raises(StopRequested) as stop:
+            if way == "titan-train":
+                trained(_SetUpThatBlocks())  # type: ignore[arg-type]
+            else:
+                train_once(None, "baseline", _SetUpThatBlocks)  # type: ignore[arg-type]
+    finally:
+        signal.signal(signal.SIGALRM, previous)
+    assert time.monotonic() - started < 5
+    assert stop.value.exit_code == 143
+    assert str(stop.value) == ("titan-train: stopped by SIGTERM while setting the run up, before its first step; "
+                               "nothing new to save")

@@ -29,6 +29,7 @@ from ..runtime.folder_locks import acquire_run_folders
 from ..runtime.launch_env import world_size_from_env
 from ..runtime.run_files import atomic_write_bytes, atomic_write_text
 from ..train.trainer import Trainer
+from .train import trained
 
 __all__ = ["LossCurve", "baseline_of", "compare_baseline", "format_comparison", "relative_gap", "with_run_dir"]
 
@@ -140,8 +141,7 @@ def train_once(resolved: ResolvedConfig, run: str, trainer_class: type[Trainer] 
     """One full Trainer run; its losses by step."""
 
     trainer = trainer_class(resolved)
-    trainer.setup()
-    losses = trainer.train()
+    losses = trained(trainer)  # as a plain run: SIGTERM before the first step stops at once
     # A resumed run trains only the remaining steps; number them as the trainer did.
     first = trainer.step - len(losses) + 1
     return LossCurve(run, list(range(first, trainer.step + 1)), losses)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import signal
 import sys
 import traceback
 from collections.abc import Iterator, Sequence
@@ -17,7 +18,7 @@ from ..config.environment import check_environment
 from ..config.overrides import parse_override_args
 from ..config.toml_out import dumps
 from ..console import rank_prefix, say
-from ..errors import ConfigError, StopRequested, TitanError
+from ..errors import ConfigError, StopRequested, Terminated, TitanError
 from ..plugin import discovery
 from ..runtime.launch_env import world_size_from_env
 from ..runtime.launch_environment import check_launch_environment
@@ -250,6 +251,10 @@ def _main(argv: list[str], trainer_class: type[Trainer] | None) -> int:
         if _is_rank0() and not under_launcher():  # the launcher prints it once for all its workers
             print(INTERRUPTED, file=sys.stderr)
         return 130
+    except Terminated:  # a phase that stops at once on SIGTERM, ended outside the trainer's own report
+        if _is_rank0():
+            say("titan-train: stopped by SIGTERM")
+        return 128 + signal.SIGTERM
 
 
 def _is_rank0() -> bool:

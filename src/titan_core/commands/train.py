@@ -33,7 +33,7 @@ def _take_run_folders(resolved: ResolvedConfig) -> HeldFolders | None:
     return acquire_run_folders(resolved.config)
 
 
-def _trained(trainer: Trainer) -> list[float]:
+def trained(trainer: Trainer) -> list[float]:
     """``trainer.setup()`` then ``trainer.train()``. Until the first step (set-up, the resume's load, the run's
     files) a SIGTERM stops the run at once: nothing is trained yet, so nothing is lost, and a long
     initialisation or a blocking read would otherwise outlast a scheduler's grace period. From the first
@@ -57,7 +57,7 @@ def train(resolved: ResolvedConfig, *, trainer_class: type[Trainer] | None = Non
     try:
         with signals.handlers_installed(), lost_peer(resolved.config.parallelism), \
                 out_of_memory_named("while setting up, validating or saving the run"):
-            losses = _trained(trainer)
+            losses = trained(trainer)
         if trainer.is_rank0 and losses:
             ending = final_loss(losses)
             assert ending is not None
@@ -72,4 +72,4 @@ def train(resolved: ResolvedConfig, *, trainer_class: type[Trainer] | None = Non
     return 0
 
 
-__all__ = ["train"]
+__all__ = ["train", "trained"]
