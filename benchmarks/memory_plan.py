@@ -48,6 +48,10 @@ CPU_CASES: list[tuple[str, int, list[str]]] = [
     ("TP 2", 2, ["--parallelism.tp=2"]),
     ("TP 2, AC full", 2, ["--parallelism.tp=2", "--activation_checkpoint.mode=full"]),
     ("PP 2 (1F1B, 4 micro-batches)", 2, ["--parallelism.pp=2", "--parallelism.pp_microbatches=4"]),
+    # 4 layers, a layer a stage: rank 0 holds 3 micro-batches of stage 0 and 2 of stage 2 at its peak
+    ("PP 2 (Interleaved 1F1B x2, 4 layers, 4 micro-batches)", 2,
+     ["--llama3.n_layers=4", "--parallelism.pp=2", "--parallelism.pp_microbatches=4",
+      "--parallelism.pp_schedule=Interleaved1F1B", "--parallelism.pp_stages_per_rank=2"]),
 ]
 # name, published GiB (max over ranks), settings. torchtitan's defaults at the benchmarks' commit (9dec370,
 # 2024-12-26): seq 8192; under PP as many micro-batches as pipeline ranks (config_manager.py's
@@ -139,11 +143,13 @@ def measured_rank0(args: list[str], nproc: int, cwd: Path, name: str, *, live: b
     return max(float(r["mem_peak_rss_gib"]) for r in records if "mem_peak_rss_gib" in r)
 
 
-def cpu_table(cwd: Path) -> None:
+def cpu_table(cwd: Path, match: str = "") -> None:
     print("| case | ranks | plan live (GiB) | live peak (GiB) | plan / live | plan total (GiB) | resident peak (GiB) "
           "| plan / resident |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for name, nproc, settings in CPU_CASES:
+        if match not in name:
+            continue
         big, small = planned_rank0([*MODEL, *settings], nproc, cwd), planned_rank0([*MODEL, *settings, *TINY], nproc, cwd)
         plan_live, plan_total = big[0] - small[0], big[1] - small[1]
         runs = []
@@ -167,14 +173,14 @@ def published_table(cwd: Path, match: str = "") -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", choices=("published", "cpu"))
-    parser.add_argument("--rows", default="", help="only the published rows whose name holds this text, e.g. 405B")
+    parser.add_argument("--rows", default="", help="only the rows (of either table) whose name holds this text")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         if args.only != "cpu":
             published_table(Path(tmp), args.rows)
             print()
         if args.only != "published":
-            cpu_table(Path(tmp))
+            cpu_table(Path(tmp), args.rows)
 
 
 if __name__ == "__main__":
