@@ -8,6 +8,10 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+import torch
+from torch import nn
+
 
 def test_conformance_classes_raise_no_pytest_deprecation(tmp_path: Path) -> None:
     """The scaffold's tests/test_conformance.py subclasses TrainSpecConformance / ConverterConformance. Their
@@ -27,3 +31,40 @@ def test_conformance_classes_raise_no_pytest_deprecation(tmp_path: Path) -> None
                            "-k", "test_imports", "test_kit.py"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     assert "2 passed" in proc.stdout, proc.stdout[-2000:]
+
+
+class _TiedLM(nn.Module):
+    """The smallest tied model: an embedding and a head that share the [vocab, dim] table."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tok_embeddings = nn.Embedding(8, 4)
+        self.output = nn.Linear(4, 8, bias=False)
+        self.output.weight = self.tok_embeddings.weight
+
+    def tied_weights(self) -> list[tuple[str, str]]:
+        return [("tok_embeddings.weight", "output.weight")]
+
+
+def test_a_tp_plan_that_shards_one_side_of_a_tie_is_named_before_training() -> None:
+    """A GPT-2 plan that shards the tied head column-wise but leaves the embedding out of the plan: the re-tie
+    after tensor parallelism silently put the embedding's plain tensor into the head, and the first forward
+    failed inside torch with 'aten.mm.default got mixed torch.Tensor and DTensor'. Now the re-tie names the tie
+    and both layouts; a plan that shards both sides alike still ties them."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    from titan_core import PluginError
+    from titan_core.parallel import apply_tensor_parallel
+    from titan_core.parallel.fake_group import fake_process_group
+
+    with fake_process_group(rank=0, world_size=2):
+        mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("tp",))
+        with torch.device("meta"):
+            one_sided, both = _TiedLM(), _TiedLM()
+        with pytest.raises(PluginError, match=r"tok_embeddings.weight is a plain tensor, output.weight is a DTensor"):
+            apply_tensor_parallel(one_sided, mesh, {"output": ColwiseParallel()})
+        apply_tensor_parallel(both, mesh, {"tok_embeddings": RowwiseParallel(input_layouts=Replicate()),
+                                           "output": ColwiseParallel()})
+        assert both.output.weight is both.tok_embeddings.weight
