@@ -68,3 +68,22 @@ def test_a_tp_plan_that_shards_one_side_of_a_tie_is_named_before_training() -> N
         apply_tensor_parallel(both, mesh, {"tok_embeddings": RowwiseParallel(input_layouts=Replicate()),
                                            "output": ColwiseParallel()})
         assert both.output.weight is both.tok_embeddings.weight
+
+
+def test_a_registered_spec_names_the_module_that_registered_it() -> None:
+    """`register_train_spec(spec)` (writing-a-train-spec.md, section 2) labelled the spec
+    `<registered in titan_core.plugin.protocols>`, the module of the TrainSpec class, in `--list` and in every
+    error about the plugin ('spec "gpt2b" (<registered in titan_core.plugin.protocols>) failed in the model's
+    forward'): the module that called register_train_spec is the one to name."""
+    import dataclasses
+
+    from titan_core import register_train_spec
+    from titan_core.plugin import discovery
+    from titan_core.testing.tiny_spec import TINY_SPEC
+
+    name = "author_trial_registered"
+    register_train_spec(dataclasses.replace(TINY_SPEC, name=name))
+    try:
+        assert discovery.discover(discovery.SPECS)[name][0].distribution == f"<registered in {__name__}>"
+    finally:
+        discovery._registered[discovery.SPECS].pop(name)
