@@ -87,3 +87,36 @@ def test_a_registered_spec_names_the_module_that_registered_it() -> None:
         assert discovery.discover(discovery.SPECS)[name][0].distribution == f"<registered in {__name__}>"
     finally:
         discovery._registered[discovery.SPECS].pop(name)
+
+
+def test_fast_with_compile_runs_the_compile_check(tmp_path: Path) -> None:
+    """`titan-plugin check gpt2 --fast --compile` printed the five fast rows and 'all checks passed': the compile
+    check that --compile asked for was dropped by --fast without a word. Asked for by name, it runs."""
+    from titan_core.testing.checks import COMPILE_CHECK, Target, checks_for
+
+    for kind in ("spec", "converter"):
+        asked = Target(kind, "x", compile=True, workdir=tmp_path)
+        assert COMPILE_CHECK in checks_for(asked, fast=True)
+        assert COMPILE_CHECK not in checks_for(Target(kind, "x", workdir=tmp_path), fast=True)
+
+
+def test_a_section_field_the_flavor_lacks_is_a_plugin_error_not_a_traceback() -> None:
+    """A [gpt2] section with a field its flavor dataclass lacks (a typo, n_layer): setting it crashed titan-train
+    with a TypeError traceback (exit 1). It is the plugin's error, told in one paragraph (exit code 2); still a
+    TypeError, as writing-a-train-spec.md said."""
+    import dataclasses
+
+    from pydantic import BaseModel, ConfigDict
+
+    from titan_core import PluginError
+    from titan_core.testing.tiny_spec import TINY_SPEC
+
+    class Section(BaseModel):
+        model_config = ConfigDict(extra="forbid")
+        n_layer: int | None = None
+
+    spec = dataclasses.replace(TINY_SPEC, config_model=Section)
+    flavor = next(iter(spec.flavors))
+    with pytest.raises(PluginError, match=r"\['n_layer'\], which are not fields of") as caught:
+        spec.model_args(flavor, Section(n_layer=3), vocab_size=None)
+    assert isinstance(caught.value, TypeError)
