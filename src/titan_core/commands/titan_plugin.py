@@ -25,7 +25,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--spec", default="tiny", help="spec converters are trained on (default: the core's tiny model)")
     c.add_argument("--flavor", help="flavor to train (default: debugmodel, else the spec's default flavor, else "
                                     "its smallest)")
-    c.add_argument("--compile", action="store_true", help="also train with --compile.enable=true")
+    c.add_argument("--compile", action="store_true", help="also train with --compile.enable=true (with --fast too)")
     c.add_argument("--kind", choices=["spec", "converter"], help="what NAME is, when both kinds have it")
     c.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
                    help="import MODULE first, here and in every training run (plugins registered in-process)")

@@ -43,11 +43,23 @@ def _params_by_name(module: nn.Module) -> dict[str, tuple[nn.Module, str, nn.Par
     return found
 
 
+def _layout(param: nn.Parameter) -> str:
+    """How a parameter is laid out: a plain tensor, or a DTensor's placements on its mesh's dimensions."""
+    placements = getattr(param, "placements", None)
+    if placements is None:
+        return "a plain tensor"
+    mesh = getattr(param, "device_mesh", None)
+    dims = getattr(mesh, "mesh_dim_names", None)
+    return f"a DTensor {tuple(placements)}" + (f" on mesh dimensions {tuple(dims)}" if dims else "")
+
+
 def retie_weights(module: nn.Module, ties: Iterable[tuple[str, str]] | None = None) -> int:
     """Point each alias at its source's parameter (where ``module`` holds both); returns how many changed.
 
     ``ties`` defaults to ``module.tied_weights()``. A pipeline stage holding only one side
-    of a tie is left alone here (:func:`check_ties` reports it).
+    of a tie is left alone here (:func:`check_ties` reports it). Two sides laid out differently
+    (a tensor-parallel plan that shards one and not the other) are a PluginError: either module
+    would run on a weight of the other's layout.
     """
     ties = declared_ties(module) if ties is None else list(ties)
     if not ties:
@@ -60,6 +72,14 @@ def retie_weights(module: nn.Module, ties: Iterable[tuple[str, str]] | None = No
         src = params[source][2]
         owner, attr, current = params[alias]
         if current is not src:
+            if _layout(current) != _layout(src):
+                raise PluginError(
+                    f"tied weights {source} and {alias} are laid out differently after tensor parallelism: "
+                    f"{source} is {_layout(src)}, {alias} is {_layout(current)}. A tie is one tensor, so the "
+                    f"tensor-parallel plan must give both modules the same placement (e.g. a vocabulary-sharded "
+                    f"embedding, RowwiseParallel(input_layouts=Replicate()), with a column-wise head: both Shard(0) "
+                    f"of the [vocab, dim] table), or name neither of them."
+                )
             # Not setattr: a module may guard its attributes; _parameters is what named_parameters reads.
             owner._parameters[attr] = src
             changed += 1

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import sys
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -82,14 +83,14 @@ def discover(group: Group) -> dict[str, list[PluginInfo]]:
     return found
 
 
-def _register(group: Group, name: str, obj: object) -> None:
+def _register(group: Group, name: str, obj: object, module: str | None = None) -> None:
     current = _registered[group].get(name)
     if current is not None and current[0] is not obj:
         raise PluginError(
             f'{_KIND[group]} "{name}" is already registered in this process by {current[1].target}; '
             f"register each name once (or choose another name)."
         )
-    module = getattr(obj, "__module__", "<in-process>")
+    module = module or getattr(obj, "__module__", "<in-process>")
     _registered[group][name] = (obj, PluginInfo(name, group, f"<registered in {module}>", "-", "<in-process>"))
     _loaded.pop((group, name), None)
 
@@ -103,7 +104,9 @@ def register_train_spec(spec: TrainSpec | Callable[[], TrainSpec], name: str | N
                 f"register_train_spec({spec!r}): a factory has no spec name to register under; "
                 f"pass name= (the name the spec is requested by)."
             )
-    _register(SPECS, name, spec)
+    # A TrainSpec instance's __module__ is its class's (titan_core.plugin.protocols): name the registering module.
+    caller = None if callable(spec) else sys._getframe(1).f_globals.get("__name__")
+    _register(SPECS, name, spec, caller)
 
 
 def register_model_converter(name: str, converter_cls: type[ModelConverter[Any]]) -> None:

@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict
 from torch import nn
 
 from .._version import PLUGIN_API_VERSION
-from ..errors import ConfigError
+from ..errors import ConfigError, PluginError
 from .resolved import MixedPrecision, promised_parallelism, resolve_mixed_precision
 from .spec_factories import (
     BuildDataloaderFn,
@@ -51,6 +51,11 @@ __all__ = [
     "Tokenizer",
     "TrainSpec",
 ]
+
+
+class SectionFieldError(PluginError, TypeError):
+    """A spec's config section sets a field its flavor dataclass lacks (a bug in the plugin). A TypeError, as
+    it always was, and a PluginError, so the CLI prints one paragraph (exit code 2) instead of a traceback."""
 
 
 @dataclass(frozen=True)
@@ -159,7 +164,11 @@ class TrainSpec:
         names = {f.name for f in dataclasses.fields(args)}
         unknown = sorted(set(overrides) - names)
         if unknown:
-            raise TypeError(f"spec {self.name!r}: config fields {unknown} are not fields of {type(args).__name__}")
+            raise SectionFieldError(
+                f"spec {self.name!r}: its config section [{self.name}] sets {unknown}, which are not fields of its "
+                f"flavor dataclass {type(args).__name__}, so their values cannot reach the model. The plugin's "
+                f"config_model and its flavors disagree: report it to the plugin's authors; meanwhile leave "
+                f"{', '.join(f'{self.name}.{k}' for k in unknown)} unset.")
         if vocab_size is not None and "vocab_size" in names and args.vocab_size is None \
                 and "vocab_size" not in overrides:
             overrides["vocab_size"] = vocab_size
