@@ -175,7 +175,10 @@ def split_layers(n_layers: int, num_stages: int, split_points: list[str], *, few
 
 def _layer_index(point: str, n_layers: int) -> int:
     prefix, _, number = point.partition(".")
-    if prefix != "layers" or not number.isdigit() or not 0 < int(number) < n_layers:
+    # ASCII digits, no more than a layer count has: int() refuses "³" (a digit to isdigit) and a number of over
+    # 4,300 digits, which ended the run as the core's own failure instead of this message.
+    if (prefix != "layers" or not (number.isascii() and number.isdigit()) or len(number) > 18
+            or not 0 < int(number) < n_layers):
         raise ConfigError(
             f'parallelism.pp_split_points: "{point}" is not a layer that can start a stage; use '
             f'"layers.K" with 1 <= K <= {n_layers - 1}.'
