@@ -1,7 +1,7 @@
 """Hostile inputs, wave 9: the dry run's cluster flags (a --target-device size that rounds to no byte divided
 the plan by zero; a --target-device beside --rehearse-rank was ignored), pipeline split points that int()
 refuses, numbers in a Hugging Face config.json beyond what Python converts (an integer beyond any float, an
-integer of over 4,300 digits), and third-party plugins whose plugin_api_version is not a string or whose import
+integer of over 4,300 digits) or than the model takes (a deepseek yarn context of 10^12), and third-party plugins whose plugin_api_version is not a string or whose import
 never returns.
 
 Most cases run a CLI's ``main`` (or the one function the CLI calls) in this process; the hung import runs in a
@@ -119,6 +119,28 @@ def test_a_deepseek_float_field_beyond_any_float_is_named(key: str) -> None:
     config = {**deepseek_config(), key: BEYOND_FLOAT}
     with pytest.raises(ConfigError, match=rf"config\.json sets what the deepseek_v3 spec cannot express: {key}=1000"):
         DeepSeekV3StateDictAdapter().model_args_from_hf(config)
+
+
+@pytest.mark.parametrize(("edit", "named"), [
+    ({"original_max_position_embeddings": BEYOND_FLOAT}, "original_max_position_embeddings=1000"),
+    ({"original_max_position_embeddings": 10**12}, "original_max_position_embeddings=1000000000000 (a whole number "
+                                                   "from 1 to 10,000,000)"),
+    ({"truncate": "false"}, "truncate='false' (true or false)"),
+], ids=["original beyond any float", "original 1e12", "truncate 'false'"])
+def test_a_deepseek_yarn_field_out_of_range_is_named(edit: dict[str, Any], named: str) -> None:
+    """Before: converted (exit 0); the first made titan-generate on the folder end with an OverflowError traceback
+    (the rotary table takes a logarithm of it), and bool("false") read the string as true."""
+    from titan_deepseek.hf_adapter import DeepSeekV3StateDictAdapter
+
+    config = deepseek_config()
+    for field in ("rope_parameters", "rope_scaling"):  # both spellings, equal: titan's own export writes both
+        config[field] = {**config[field], **edit}
+    with pytest.raises(ConfigError, match="config.json sets what the deepseek_v3 spec cannot express: ") as refused:
+        DeepSeekV3StateDictAdapter().model_args_from_hf(config)
+    assert named in str(refused.value)
+    # the guard: the flavor's own yarn fields (an original context of 512, truncate true) still read
+    args = DeepSeekV3StateDictAdapter().model_args_from_hf(deepseek_config())
+    assert (args.rope_original_max_seq_len, args.rope_truncate) == (512, True)
 
 
 def test_a_llama_rope_theta_beyond_any_float_is_named() -> None:
