@@ -1,8 +1,9 @@
 """Hostile inputs, wave 9: the dry run's cluster flags (a --target-device size that rounds to no byte divided
 the plan by zero; a --target-device beside --rehearse-rank was ignored), pipeline split points that int()
 refuses, numbers in a Hugging Face config.json beyond what Python converts (an integer beyond any float, an
-integer of over 4,300 digits) or than the model takes (a deepseek yarn context of 10^12), and third-party plugins whose plugin_api_version is not a string or whose import
-never returns.
+integer of over 4,300 digits) or than the model takes (a deepseek yarn context of 10^12), and third-party
+plugins whose plugin_api_version is not a string, whose spec factory raises or exits, whose repr() raises, or
+whose import never returns.
 
 Most cases run a CLI's ``main`` (or the one function the CLI calls) in this process; the hung import runs in a
 process of its own, bounded by a subprocess timeout. ``pytest -s`` prints the table of (case, exit code, message).
@@ -241,8 +242,21 @@ none_version = spec("none_version", None)
 raising_version = spec("raising_version", RaisingStr())
 long_version = spec("long_version", "1." + "0" * 5000)
 good_version = spec("good_version", "1.0")
+
+def factory_raises():
+    raise ValueError("factory bug on purpose")
+
+def factory_exits():
+    raise SystemExit(0)
+
+class RaisingRepr:
+    def __repr__(self):
+        raise RuntimeError("__repr__ bug on purpose")
+
+raising_repr = RaisingRepr()
 """
-ODD_SPECS = ("float_version", "none_version", "raising_version", "long_version", "good_version")
+ODD_SPECS = ("float_version", "none_version", "raising_version", "long_version", "factory_raises", "factory_exits",
+             "good_version")
 
 
 def install(site: Path, dist: str, module: str, source: str, entry_points: str) -> None:
@@ -258,7 +272,8 @@ def install(site: Path, dist: str, module: str, source: str, entry_points: str) 
 @pytest.fixture
 def odd_plugins(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     install(tmp_path / "site", "titan-oddver", "titan_oddver", ODD_MODULE,
-            "[titan.train_specs]\n" + "".join(f"{name} = titan_oddver:{name}\n" for name in ODD_SPECS))
+            "[titan.train_specs]\n" + "".join(f"{name} = titan_oddver:{name}\n" for name in ODD_SPECS)
+            + "[titan.model_converters]\nraising_repr = titan_oddver:raising_repr\n")
     monkeypatch.syspath_prepend(str(tmp_path / "site"))
     importlib.invalidate_caches()
     monkeypatch.setattr(discovery, "_loaded", {})
@@ -288,14 +303,37 @@ def test_a_plugin_api_version_of_5000_digits_is_refused_and_quoted_short(odd_plu
     assert len(message) < 800, message
 
 
+@pytest.mark.parametrize(("name", "raised"), [("factory_raises", "ValueError: factory bug on purpose"),
+                                              ("factory_exits", "SystemExit: 0")])
+def test_a_spec_factory_that_raises_or_exits_is_the_plugin_s_error(odd_plugins: None, name: str, raised: str,
+                                                                  capsys: pytest.CaptureFixture[str],
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """An entry point may name a zero-argument factory of the spec. Before: what it raised was a traceback (exit 1),
+    and its sys.exit(0) ended titan-train quietly with exit 0, having done nothing."""
+    result = titan_train(capsys, monkeypatch, "--spec", name, "--dry-run")
+    record(f"--spec {name}: a factory that raises {raised.split(':')[0]} (traceback / silent exit 0)", result)
+    harness.assert_one_clean_error(result, f'spec "{name}" failed when its factory was called: entry point '
+                                           f'"{name} = titan_oddver:{name}" of titan-oddver 0.1 raised {raised}. '
+                                           f"Reinstall or fix titan-oddver")
+
+
+def test_a_converter_entry_point_with_a_raising_repr_is_named_by_its_type(odd_plugins: None) -> None:
+    """Before: the refusal quoted repr() of what the entry point named; a repr that raised was a traceback."""
+    with pytest.raises(PluginError, match=r'^converter "raising_repr" resolved to RaisingRepr, not a '
+                                          r"titan_core\.ModelConverter subclass\.$"):
+        discovery.load_converter("raising_repr")
+
+
 def test_list_shows_each_odd_version_as_broken_and_exits_0(odd_plugins: None, capsys: pytest.CaptureFixture[str],
                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     result = titan_train(capsys, monkeypatch, "--list")
-    record("titan-train --list with plugin_api_version 1.10, None, a raising __str__, 5000 digits (traceback)", result)
+    record("titan-train --list with plugin_api_version 1.10, None, a raising __str__, 5000 digits, factories that "
+           "raise or exit (traceback; cut short with exit 0)", result)
     assert result.code == 0 and "Traceback" not in result.text, result.text
     rows = {line.split()[0]: line for line in result.out.splitlines() if line.startswith("  ")}
     assert all("BROKEN: " in rows[name] for name in ODD_SPECS[:-1]), result.out
     assert rows["good_version"].endswith("(plugin API 1.0)"), result.out  # the guard: a good one is served
+    assert "BROKEN: " in rows["raising_repr"] and "float8" in rows, result.out
 
 
 HUNG_MODULE = "import time\ntime.sleep(600)  # waits for a server that never answers\n"

@@ -222,13 +222,29 @@ def _import_target(info: PluginInfo) -> Any:
             obj = getattr(obj, part)
         return obj
     except (Exception, SystemExit, KeyboardInterrupt) as exc:  # sys.exit() there is an error, not a quiet exit 0
-        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-        raise PluginError(
-            f'{_KIND[info.group]} "{info.name}" failed to import: entry point "{info.name} = {info.target}" '
-            f"of {info.distribution} {info.version} raised {type(exc).__name__}: {first_line}. "
-            f"Reinstall or fix {info.distribution} (--traceback shows the full traceback), or disable it with "
-            f"{DISABLE_ENV}={info.distribution}."
-        ) from exc
+        raise _load_failure(info, "failed to import", exc) from exc
+
+
+def _load_failure(info: PluginInfo, failed: str, exc: BaseException) -> PluginError:
+    first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return PluginError(
+        f'{_KIND[info.group]} "{info.name}" {failed}: entry point "{info.name} = {info.target}" '
+        f"of {info.distribution} {info.version} raised {type(exc).__name__}: {first_line}. "
+        f"Reinstall or fix {info.distribution} (--traceback shows the full traceback), or disable it with "
+        f"{DISABLE_ENV}={info.distribution}."
+    )
+
+
+def _finished(info: PluginInfo, finish: Callable[[Any], T], obj: object) -> T:
+    """``finish(obj)``, which calls a spec's factory: what the factory raises is the plugin's error, as what its
+    import raises is. It was a traceback, and a factory's sys.exit(0) ended titan-train quietly with exit 0 (a
+    run that did nothing, a --list cut short)."""
+    try:
+        return finish(obj)
+    except PluginError:
+        raise
+    except (Exception, SystemExit, KeyboardInterrupt) as exc:
+        raise _load_failure(info, "failed when its factory was called", exc) from exc
 
 
 def _bounded(info: PluginInfo, load: Callable[[], T]) -> T:
@@ -259,7 +275,7 @@ def _load(group: Group, name: str, finish: Callable[[Any], T]) -> T:
     if key not in _loaded:
         info = _resolve_one(group, name)
         _refuse_core_section_name(info)
-        obj = _bounded(info, lambda: finish(_import_target(info)))
+        obj = _bounded(info, lambda: _finished(info, finish, _import_target(info)))
         _check_api(info, getattr(obj, "plugin_api_version", PLUGIN_API_VERSION))
         _loaded[key] = obj
     return cast(T, _loaded[key])
@@ -339,7 +355,9 @@ def load_converter(name: str) -> type[ModelConverter[Any]]:
 
     def finish(obj: object) -> type[ModelConverter[Any]]:
         if not (isinstance(obj, type) and issubclass(obj, ModelConverter)):
-            raise PluginError(f'converter "{name}" resolved to {obj!r}, not a titan_core.ModelConverter subclass.')
+            # named by its type, not its repr(): a repr that raised was a traceback, and a long one a page
+            what = f"the class {getattr(obj, '__qualname__', '?')}" if isinstance(obj, type) else type(obj).__name__
+            raise PluginError(f'converter "{name}" resolved to {what}, not a titan_core.ModelConverter subclass.')
         return obj
 
     return _load(CONVERTERS, name, finish)
