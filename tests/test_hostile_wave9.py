@@ -83,6 +83,17 @@ def test_a_target_device_beside_rehearse_rank_is_refused(tmp_path: Path, capsys:
     assert not (tmp_path / "run").exists()
 
 
+def test_a_moe_model_with_an_aux_loss_is_planned_over_pipeline_stages(capsys: pytest.CaptureFixture[str],
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before: the activation probe's forward left the MoE blocks' aux_loss (a non-leaf tensor) on the model, the
+    pipeline split deep-copied it, and torch's refusal was reported as a failure of titan-core's own code (exit 2)."""
+    result = titan_train(capsys, monkeypatch, "--spec", "deepseek_v3", "--flavor", "debugmoe", *DRY[4:],
+                         "--nproc-per-node", "2", "--parallelism.pp=2")
+    record("deepseek_v3 debugmoe --parallelism.pp=2 --dry-run (refused: deepcopy of a non-leaf tensor)", result)
+    assert result.code == 0, result.text
+    assert "dry run: configuration valid; nothing trained" in result.text and "Traceback" not in result.text
+
+
 # ---- parallelism.pp_split_points -----------------------------------------------------------------------------
 
 

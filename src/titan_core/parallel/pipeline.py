@@ -219,6 +219,15 @@ def build_stage_module(model: nn.Module, layer_names: list[str], *, is_first: bo
     return part
 
 
+def discard_forward_records(model: nn.Module) -> None:
+    """Call ``discard_forward_records()`` of every module of ``model`` that offers it, after a forward the
+    training step does not have (torch's shape-finding forward, the dry run's activation probe)."""
+    for module in model.modules():
+        discard = getattr(module, "discard_forward_records", None)
+        if callable(discard):
+            discard()
+
+
 def _stage_class(*, alone: bool = False) -> Any:
     """torch's PipelineStage, told to make its metadata forward leave no records.
 
@@ -240,10 +249,7 @@ def _stage_class(*, alone: bool = False) -> Any:
     class Stage(PipelineStage):
         def _forward_metadata_inference(self, *args: Any, **kwargs: Any) -> Any:
             out = super()._forward_metadata_inference(*args, **kwargs)
-            for module in self.submod.modules():
-                discard = getattr(module, "discard_forward_records", None)
-                if callable(discard):
-                    discard()
+            discard_forward_records(self.submod)
             return out
 
     if not alone or not hasattr(PipelineStage, "_warmup_forward_vote"):
