@@ -381,3 +381,33 @@ def test_a_plugin_whose_import_never_returns_is_named_instead_of_hanging(args: t
     else:
         harness.assert_one_clean_error(result, f"titan-train: error: {said}")
     assert "Traceback" not in result.text
+
+
+# ---- titan-plugin check: its own --spec and --flavor ---------------------------------------------------------
+
+
+@pytest.mark.parametrize(("args", "said"), [
+    (("float8", "--spec", "lama3"), '--spec lama3: no installed spec is named "lama3". Did you mean "llama3"? '
+                                    "Converters are trained on the core's tiny model (the default, --spec tiny)"),
+    (("float8", "--flavor", "nosuch"), '--flavor nosuch: spec "tiny" has no flavor "nosuch". Its flavors: debugmodel.'),
+    (("llama3", "--flavor", "debugmodle"), '--flavor debugmodle: spec "llama3" has no flavor "debugmodle". Did you '
+                                           'mean "debugmodel"? Its flavors: debugmodel, '),
+], ids=["--spec not installed", "--flavor of the tiny model", "--flavor of a spec checked"])
+def test_a_check_s_own_spec_or_flavor_that_does_not_exist_is_a_user_error(args: tuple[str, ...], said: str,
+                                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    """Before: every check ran and failed on it, a table of FAIL rows and exit 1, as if the plugin were at fault."""
+    from titan_core.commands.titan_plugin import main as plugin_main
+
+    result = harness.tool(capsys, plugin_main, "check", "--fast", *args)
+    record(f"titan-plugin check {' '.join(args)} (FAIL rows, exit 1)", result)
+    harness.assert_one_clean_error(result, f"titan-plugin: error: {said}")
+    assert result.out == ""  # no table: nothing ran
+
+
+def test_the_check_s_own_choices_that_exist_are_accepted() -> None:
+    """The guard of the check: choices that exist raise nothing (a converter on the tiny model or llama3, a spec)."""
+    from titan_core.commands.plugin_check import check_training_choices
+
+    check_training_choices({"float8": "converter"}, spec="tiny", flavor=None)
+    check_training_choices({"float8": "converter"}, spec="llama3", flavor="debugmodel_gqa")
+    check_training_choices({"llama3": "spec", "mx": "converter"}, spec="tiny", flavor="debugmodel")
