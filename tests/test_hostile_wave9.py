@@ -155,6 +155,32 @@ def test_a_deepseek_yarn_field_out_of_range_is_named(edit: dict[str, Any], named
     assert (args.rope_original_max_seq_len, args.rope_truncate) == (512, True)
 
 
+@pytest.mark.parametrize(("spec", "key", "said"), [
+    ("qwen3", "head_dim", "head_dim=4611686018427387904 (an even whole number up to 65,536)"),
+    ("deepseek_v3", "qk_nope_head_dim", "qk_nope_head_dim=4611686018427387904 (more than 65,536)"),
+    ("deepseek_v3", "qk_rope_head_dim", "qk_rope_head_dim=4611686018427387904 (more than 65,536)"),
+    ("deepseek_v3", "v_head_dim", "v_head_dim=4611686018427387904 (more than 65,536)"),
+    ("deepseek_v3", "n_shared_experts", "n_shared_experts=4611686018427387904 (more than 4,096)"),
+])
+def test_a_head_size_no_model_has_is_named_before_the_model_is_built(spec: str, key: str, said: str) -> None:
+    """2**62 had no bound: the adapter accepted it, and building the (meta) model failed in torch ("Overflow when
+    unpacking long long"), reported by titan-convert from-hf and titan-generate as titan-core's own failure."""
+    import dataclasses
+
+    if spec == "qwen3":
+        from titan_qwen3.flavors import qwen3_flavors as flavors
+        from titan_qwen3.hf_adapter import Qwen3StateDictAdapter as Adapter
+    else:
+        from titan_deepseek.flavors import deepseek_v3_flavors as flavors
+        from titan_deepseek.hf_adapter import DeepSeekV3StateDictAdapter as Adapter
+    adapter = Adapter()
+    config = adapter.hf_config(dataclasses.replace(flavors["debugmoe"], vocab_size=256))
+    adapter.model_args_from_hf(config)  # the guard: the flavor's own sizes read
+    with pytest.raises(ConfigError, match=f"config.json sets what the {spec} spec cannot express: ") as refused:
+        adapter.model_args_from_hf({**config, key: 2**62})
+    assert said in str(refused.value)
+
+
 def test_a_llama_rope_theta_beyond_any_float_is_named() -> None:
     """The llama adapter's own check of positive numbers had the same OverflowError."""
     import dataclasses

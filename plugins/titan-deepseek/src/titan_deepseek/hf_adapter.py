@@ -212,7 +212,9 @@ _SHAPE = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermedia
 # Bounds no real checkpoint comes near, checked before a (meta) model is built.
 _LIMITS = {"hidden_size": 2**17, "num_hidden_layers": 4096, "num_attention_heads": 4096, "intermediate_size": 2**20,
            "vocab_size": 2**24, "n_routed_experts": 4096, "moe_intermediate_size": 2**20, "kv_lora_rank": 2**16,
-           "q_lora_rank": 2**16}
+           "q_lora_rank": 2**16, "n_shared_experts": 4096,
+           # the head sizes too: 2**62 passed, and building the model failed in torch's own code
+           "qk_nope_head_dim": 2**16, "qk_rope_head_dim": 2**16, "v_head_dim": 2**16}
 
 
 def _rope_fields(config: Mapping[str, Any], max_len: int, problems: list[str]) -> dict[str, Any]:
