@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import shutil
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
-from ..errors import ConfigError, did_you_mean
-from ..plugin.discovery import CONVERTERS, SPECS, discover
+from ..errors import ConfigError, PluginError, did_you_mean
+from ..plugin.discovery import CONVERTERS, SPECS, discover, load_train_spec
 from ..testing import CheckResult, Target
-from ..testing.checks import Check, run_all
+from ..testing.checks import Check, register_if_tiny, run_all
 
 
 def kind_of(name: str) -> str:
@@ -26,6 +26,29 @@ def kind_of(name: str) -> str:
         f'no installed spec or converter is named "{name}"{did_you_mean(name, [*specs, *converters])}. '
         f"`titan-train --list` shows what is installed; install the plugin (pip install ...) first."
     )
+
+
+def check_training_choices(kinds: Mapping[str, str], *, spec: str, flavor: str | None) -> None:
+    """--spec and --flavor are the user's choices: a spec that is not installed, or a flavor the spec lacks, is
+    one error before any check runs. It was a table of failed checks and exit 1, which reads as the plugin's
+    fault."""
+    specs = discover(SPECS)
+    if "converter" in kinds.values() and spec != "tiny" and spec not in specs:
+        raise ConfigError(f'--spec {spec}: no installed spec is named "{spec}".{did_you_mean(spec, list(specs))} '
+                          f"Converters are trained on the core's tiny model (the default, --spec tiny) or on an "
+                          f"installed spec; `titan-train --list` shows them.")
+    if flavor is None:
+        return
+    for name, kind in kinds.items():
+        spec_name = name if kind == "spec" else spec
+        register_if_tiny(spec_name)
+        try:
+            flavors = list(load_train_spec(spec_name).flavors)
+        except PluginError:
+            continue  # a broken spec: the checks' import row says why
+        if flavor not in flavors:
+            raise ConfigError(f'--flavor {flavor}: spec "{spec_name}" has no flavor "{flavor}".'
+                              f"{did_you_mean(flavor, flavors)} Its flavors: {', '.join(flavors)}.")
 
 
 def format_table(name: str, kind: str, results: Sequence[CheckResult]) -> str:
@@ -49,6 +72,7 @@ def check(names: Sequence[str], *, fast: bool, spec: str, compile: bool, kind: s
     """Check every name; print one table each; 1 if any check failed, else 0."""
 
     kinds = {name: kind or kind_of(name) for name in names}  # every name known before anything runs
+    check_training_choices(kinds, spec=spec, flavor=flavor)
     failed = False
     for name in names:
         k = kinds[name]

@@ -103,7 +103,7 @@ def run(args: argparse.Namespace, rest: list[str], argv: list[str], trainer_clas
         trainer_class = chosen_trainer(args.trainer, trainer_class)
     check_launch_environment(args.nproc_per_node)
     check_plan_flags(args.nnodes, args.nproc_per_node, args.target_device,
-                     dry_run=args.dry_run or args.rehearse_rank is not None)
+                     dry_run=args.dry_run or args.rehearse_rank is not None, rehearsal=args.rehearse_rank is not None)
     world_size = (args.nnodes or 1) * args.nproc_per_node if args.nproc_per_node else world_size_from_env()
     if args.rehearse_rank is not None:
         rehearsal_environment(args.rehearse_rank, world_size, dry_run=args.dry_run)
@@ -169,14 +169,21 @@ MAX_RANKS = 2**31 - 1
 
 
 def check_plan_flags(nnodes: int | None, nproc_per_node: int | None, target_device: str | None, *,
-                     dry_run: bool) -> None:
+                     dry_run: bool, rehearsal: bool = False) -> None:
     """--nnodes and --target-device describe a cluster for the dry run's plan; a real run gets its machines
     from its launcher (torchrun --nnodes)."""
-    for flag, value in (("--nnodes", nnodes), ("--target-device", target_device)):
+    for flag, value, modes in (("--nnodes", nnodes, "--dry-run or --rehearse-rank"),
+                               ("--target-device", target_device, "--dry-run")):
         if value is not None and not dry_run:
-            raise ConfigError(f"{flag} plans a cluster run and works with --dry-run or --rehearse-rank only; a run on "
+            raise ConfigError(f"{flag} plans a cluster run and works with {modes} only; a run on "
                               f"several machines starts one torchrun per machine (docs/distributed.md, \"Several "
                               f"machines\").")
+    # A rehearsal trains on this machine's device and measures it: a --target-device there was ignored without a
+    # word, and its figures read as the named device's.
+    if target_device is not None and rehearsal:
+        raise ConfigError(f"--target-device {target_device} is for --dry-run's plan; --rehearse-rank trains on this "
+                          f"machine's device and measures its memory. Leave --target-device out (run the rehearsal "
+                          f"on a machine with that device), or plan with --dry-run --target-device {target_device}.")
     if nnodes is not None and (nnodes < 1 or nproc_per_node is None):
         raise ConfigError(f"--nnodes {nnodes}: give a number of machines >= 1 together with --nproc-per-node "
                           f"(ranks per machine), e.g. --nnodes 64 --nproc-per-node 8.")

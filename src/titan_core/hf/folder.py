@@ -51,7 +51,9 @@ def open_hf_folder(path: str | Path, *, what: str) -> HFFolder:
         raise ConfigError(f"{what}: {path} has no config.json, so it is not a Hugging Face model folder; {fix}.")
     try:
         config = json.loads((path / "config.json").read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+    # ValueError, not only JSONDecodeError: a number of over 4,300 digits is refused by int() inside the parser
+    # (it ended titan-convert and titan-generate with a traceback)
+    except (OSError, ValueError, RecursionError) as exc:
         raise ConfigError(f"{what}: cannot read {path / 'config.json'}: {exc}.") from None
     if not isinstance(config, dict):
         raise ConfigError(f"{what}: {path / 'config.json'} is not a JSON object.")
@@ -91,8 +93,7 @@ def _weight_files(path: Path, *, what: str, fix: str) -> dict[str, set[str] | No
         try:
             weight_map = json.loads((path / INDEX).read_text(encoding="utf-8"))["weight_map"]
             assert isinstance(weight_map, dict)
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError, KeyError, TypeError,
-                AssertionError):
+        except (OSError, ValueError, RecursionError, KeyError, TypeError, AssertionError):  # as config.json
             raise ConfigError(f"{what}: {path / INDEX} is not a safetensors index (no weight_map object).") from None
         by_file: dict[str, set[str] | None] = {}
         for name, file in weight_map.items():

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
+from ..models.hf_names import finite_number
 
 __all__ = ["check_rope_fields"]
 
@@ -28,7 +29,8 @@ _SCALING_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_
 def _same(a: object, b: object) -> bool:
     if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool) \
             and not isinstance(b, bool):
-        return a == b or (math.isfinite(a) and math.isfinite(b) and math.isclose(a, b, rel_tol=1e-9))
+        # finite_number: an integer beyond any float made math.isfinite raise OverflowError
+        return a == b or (finite_number(a) and finite_number(b) and math.isclose(a, b, rel_tol=1e-9))
     return bool(a == b)
 
 

@@ -178,10 +178,21 @@ def is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def finite_number(value: Any) -> bool:
+    """A finite number of config.json (a bool is not one). JSON's integers have no bound, and math.isfinite
+    raises OverflowError for one beyond any float (a 1 and 400 zeros): that is not finite either."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
+
+
 def positive(value: Any, key: str, problems: list[str]) -> float:
     """``value`` as a float when it is a finite positive number; else a problem named after ``key`` is
     added to ``problems`` and 1.0 stands in (the adapter refuses the config with all its problems)."""
-    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0:
+    if finite_number(value) and value > 0:
         return float(value)
     problems.append(f"{key}={value!r} (a positive number)")
     return 1.0

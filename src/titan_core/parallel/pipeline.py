@@ -175,7 +175,10 @@ def split_layers(n_layers: int, num_stages: int, split_points: list[str], *, few
 
 def _layer_index(point: str, n_layers: int) -> int:
     prefix, _, number = point.partition(".")
-    if prefix != "layers" or not number.isdigit() or not 0 < int(number) < n_layers:
+    # ASCII digits, no more than a layer count has: int() refuses "³" (a digit to isdigit) and a number of over
+    # 4,300 digits, which ended the run as the core's own failure instead of this message.
+    if (prefix != "layers" or not (number.isascii() and number.isdigit()) or len(number) > 18
+            or not 0 < int(number) < n_layers):
         raise ConfigError(
             f'parallelism.pp_split_points: "{point}" is not a layer that can start a stage; use '
             f'"layers.K" with 1 <= K <= {n_layers - 1}.'
@@ -216,6 +219,15 @@ def build_stage_module(model: nn.Module, layer_names: list[str], *, is_first: bo
     return part
 
 
+def discard_forward_records(model: nn.Module) -> None:
+    """Call ``discard_forward_records()`` of every module of ``model`` that offers it, after a forward the
+    training step does not have (torch's shape-finding forward, the dry run's activation probe)."""
+    for module in model.modules():
+        discard = getattr(module, "discard_forward_records", None)
+        if callable(discard):
+            discard()
+
+
 def _stage_class(*, alone: bool = False) -> Any:
     """torch's PipelineStage, told to make its metadata forward leave no records.
 
@@ -237,10 +249,7 @@ def _stage_class(*, alone: bool = False) -> Any:
     class Stage(PipelineStage):
         def _forward_metadata_inference(self, *args: Any, **kwargs: Any) -> Any:
             out = super()._forward_metadata_inference(*args, **kwargs)
-            for module in self.submod.modules():
-                discard = getattr(module, "discard_forward_records", None)
-                if callable(discard):
-                    discard()
+            discard_forward_records(self.submod)
             return out
 
     if not alone or not hasattr(PipelineStage, "_warmup_forward_vote"):

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
 
 from .._version import PLUGIN_API_VERSION
-from ..errors import PluginError, did_you_mean
+from ..errors import DeadlinePassed, PluginError, PluginHang, did_you_mean
+from ..runtime.deadlines import call_deadline
 from ..runtime.library_noise import quiet_torchao_extension_loads
 from .entry_points import entry_points_of
 from .section_names import refuse_core_section_name
@@ -150,7 +151,8 @@ def _api_parts(version: str) -> tuple[int, int] | None:
     """``"1.1"`` -> (1, 1); a bare ``"1"`` is 1.0 and a patch part is ignored (both were accepted before
     minors were checked); None for anything else."""
     parts = version.strip().split(".")
-    if not all(p.isascii() and p.isdigit() for p in parts) or len(parts) > 3:
+    # a part of at most 9 digits: int() refuses one of over 4,300 (a traceback in titan-train --list)
+    if not all(p.isascii() and p.isdigit() and len(p) <= 9 for p in parts) or len(parts) > 3:
         return None
     return int(parts[0]), int(parts[1]) if len(parts) > 1 else 0
 
@@ -166,7 +168,7 @@ def api_refusal(api_version: str) -> str | None:
     plugin = _api_parts(api_version)
     assert core is not None
     if plugin is None:
-        return f'"{api_version}" is not a plugin API version: write MAJOR.MINOR, e.g. "{PLUGIN_API_VERSION}"'
+        return f'"{_shown(api_version)}" is not a plugin API version: write MAJOR.MINOR, e.g. "{PLUGIN_API_VERSION}"'
     if plugin[0] != core[0]:
         return f"titan-core {core[0]}.x and {plugin[0]}.x are different contracts"
     if plugin[1] > core[1]:
@@ -174,18 +176,33 @@ def api_refusal(api_version: str) -> str | None:
     return None
 
 
-def _check_api(info: PluginInfo, api_version: str) -> None:
+def _shown(api_version: str) -> str:
+    """A declared version as a message quotes it: the start of one that is longer than any version."""
+    return api_version if len(api_version) <= 40 else f"{api_version[:40]}... ({len(api_version):,} characters)"
+
+
+def _check_api(info: PluginInfo, declared: object) -> None:
+    served = f"{PLUGIN_API_VERSION.split('.')[0]}.0 to {PLUGIN_API_VERSION}"
+    if not isinstance(declared, str):
+        # str() of it was compared before: a float 1.10 passed as "1.1", and an object whose __str__ raised ended
+        # titan-train --list (and any run naming the plugin) with a traceback
+        raise PluginError(
+            f'{_KIND[info.group]} "{info.name}" from {info.distribution} {info.version} declares its '
+            f"plugin_api_version as a {type(declared).__name__}, not a string. Its plugin_api_version must be the "
+            f'API it was written for as text, e.g. "{PLUGIN_API_VERSION}": fix {info.distribution}, or install a '
+            f"version of it built for plugin API {served}."
+        )
+    api_version = declared
     why = api_refusal(api_version)
     if why is None:
         return
-    served = f"{PLUGIN_API_VERSION.split('.')[0]}.0 to {PLUGIN_API_VERSION}"
     fix = (f"Install a version of {info.distribution} built for plugin API {served}, or a titan-core that serves "
            f"plugin API {api_version}." if _api_parts(api_version) else
            f"Its plugin_api_version must be the API it was written for, e.g. \"{PLUGIN_API_VERSION}\": fix "
            f"{info.distribution}, or install a version of it built for plugin API {served}.")
     raise PluginError(
         f'{_KIND[info.group]} "{info.name}" from {info.distribution} {info.version} was written for '
-        f"titan-core plugin API {api_version}, but this titan-core serves plugin API {PLUGIN_API_VERSION} "
+        f"titan-core plugin API {_shown(api_version)}, but this titan-core serves plugin API {PLUGIN_API_VERSION} "
         f"({why}). {fix}"
     )
 
@@ -208,13 +225,51 @@ def _import_target(info: PluginInfo) -> Any:
             obj = getattr(obj, part)
         return obj
     except (Exception, SystemExit, KeyboardInterrupt) as exc:  # sys.exit() there is an error, not a quiet exit 0
-        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-        raise PluginError(
-            f'{_KIND[info.group]} "{info.name}" failed to import: entry point "{info.name} = {info.target}" '
-            f"of {info.distribution} {info.version} raised {type(exc).__name__}: {first_line}. "
-            f"Reinstall or fix {info.distribution} (--traceback shows the full traceback), or disable it with "
-            f"{DISABLE_ENV}={info.distribution}."
-        ) from exc
+        raise _load_failure(info, "failed to import", exc) from exc
+
+
+def _load_failure(info: PluginInfo, failed: str, exc: BaseException) -> PluginError:
+    first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return PluginError(
+        f'{_KIND[info.group]} "{info.name}" {failed}: entry point "{info.name} = {info.target}" '
+        f"of {info.distribution} {info.version} raised {type(exc).__name__}: {first_line}. "
+        f"Reinstall or fix {info.distribution} (--traceback shows the full traceback), or disable it with "
+        f"{DISABLE_ENV}={info.distribution}."
+    )
+
+
+def _finished(info: PluginInfo, finish: Callable[[Any], T], obj: object) -> T:
+    """``finish(obj)``, which calls a spec's factory: what the factory raises is the plugin's error, as what its
+    import raises is. It was a traceback, and a factory's sys.exit(0) ended titan-train quietly with exit 0 (a
+    run that did nothing, a --list cut short)."""
+    try:
+        return finish(obj)
+    except PluginError:
+        raise
+    except (Exception, SystemExit, KeyboardInterrupt) as exc:
+        raise _load_failure(info, "failed when its factory was called", exc) from exc
+
+
+def _bounded(info: PluginInfo, load: Callable[[], T]) -> T:
+    """``load()`` (the import, and a spec's factory) under model.plugin_timeout_s's default: a module that waits
+    for a server that never answers held titan-train, --list included, for ever. The run's own
+    model.plugin_timeout_s is not read yet (plugins are loaded to read the config), so the message names the
+    way out that works: disabling the plugin."""
+    from .guard import plugin_timeout  # guard imports this module
+
+    seconds = plugin_timeout()
+
+    def message() -> str:
+        return (f'{_KIND[info.group]} "{info.name}" ({info.distribution} {info.version}) did not finish loading '
+                f"within {seconds:g} s: entry point \"{info.name} = {info.target}\" hangs (waits for something "
+                f"that never comes, or loops). Report it to the authors of {info.distribution}, or disable it with "
+                f"{DISABLE_ENV}={info.distribution}.")
+
+    try:
+        with call_deadline(seconds, f"loading {info.name}", message=message):
+            return load()
+    except DeadlinePassed:
+        raise PluginHang(message(), method="import", seconds=seconds) from None
 
 
 def _load(group: Group, name: str, finish: Callable[[Any], T]) -> T:
@@ -223,8 +278,8 @@ def _load(group: Group, name: str, finish: Callable[[Any], T]) -> T:
     if key not in _loaded:
         info = _resolve_one(group, name)
         _refuse_core_section_name(info)
-        obj = finish(_import_target(info))
-        _check_api(info, str(getattr(obj, "plugin_api_version", PLUGIN_API_VERSION)))
+        obj = _bounded(info, lambda: _finished(info, finish, _import_target(info)))
+        _check_api(info, getattr(obj, "plugin_api_version", PLUGIN_API_VERSION))
         _loaded[key] = obj
     return cast(T, _loaded[key])
 
@@ -303,7 +358,9 @@ def load_converter(name: str) -> type[ModelConverter[Any]]:
 
     def finish(obj: object) -> type[ModelConverter[Any]]:
         if not (isinstance(obj, type) and issubclass(obj, ModelConverter)):
-            raise PluginError(f'converter "{name}" resolved to {obj!r}, not a titan_core.ModelConverter subclass.')
+            # named by its type, not its repr(): a repr that raised was a traceback, and a long one a page
+            what = f"the class {getattr(obj, '__qualname__', '?')}" if isinstance(obj, type) else type(obj).__name__
+            raise PluginError(f'converter "{name}" resolved to {what}, not a titan_core.ModelConverter subclass.')
         return obj
 
     return _load(CONVERTERS, name, finish)

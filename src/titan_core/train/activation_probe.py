@@ -32,6 +32,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..parallel.pipeline import discard_forward_records
 from ..runtime.torch_compat import dispatch_mode_class, grouped_mm_op
 
 # Ops whose outputs per-op selective checkpointing keeps besides the matmuls: the attention
@@ -239,6 +240,10 @@ def probe_activations(model: nn.Module, *, micro_batch: int, seq_len: int, dtype
         recorder.name_weights(blocks)
         with torch.autograd.graph.saved_tensors_hooks(recorder.pack, lambda t: t), _OpOutputs(recorder):
             logits = model(tokens)
+    # What the forward recorded (a MoE block's aux_loss, a tensor of this forward's graph) stays out of the model
+    # the plan goes on with: pipelining deep-copies the stages, and torch refuses to copy a non-leaf tensor
+    # (deepseek_v3 debugmoe with pp=2 was refused as a failure of the core's own code).
+    discard_forward_records(model)
     per_block = {name: recorder.blocks[names[0]] for names in kinds.values() for name in names}
     ordered = {name: per_block[name] for name, _ in blocks.named_children()}
     return ActivationProbe(ordered, recorder.outside, _nbytes(logits))

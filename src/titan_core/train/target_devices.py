@@ -48,6 +48,8 @@ _ALIASES = {"A100": "A100-80GB", "H100-80GB": "H100", "H100-SXM": "H100", "H100-
 _SIZE = re.compile(r"^\s*([-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:e[-+]?\d+)?)\s*(GiB|GB|G)\s*$", re.IGNORECASE)
 #: No accelerator holds a pebibyte: a size above it is a typo (an exponent, extra digits)
 _MAX_DEVICE_BYTES = 2**50
+#: Nor less than a mebibyte: a size below it is a typo too (1e-10GiB was 0 bytes, and the plan divided by it)
+_MIN_DEVICE_BYTES = 2**20
 
 
 def parse_target_device(text: str) -> TargetDevice:
@@ -60,6 +62,9 @@ def parse_target_device(text: str) -> TargetDevice:
             raise ConfigError(f"--target-device {text}: the memory size must be above 0.")
         if scaled > _MAX_DEVICE_BYTES:
             raise ConfigError(f"--target-device {text}: more memory than any accelerator has (over 1 PiB); give "
+                              f"the memory of one device, e.g. --target-device 80GiB.")
+        if scaled < _MIN_DEVICE_BYTES:
+            raise ConfigError(f"--target-device {text}: less memory than any accelerator has (under 1 MiB); give "
                               f"the memory of one device, e.g. --target-device 80GiB.")
         n_bytes = int(scaled)
         return TargetDevice(f"{value:g} {size.group(2)} device", n_bytes)

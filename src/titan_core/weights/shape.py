@@ -113,7 +113,8 @@ def read_json_object(path: Path, *, unreadable: str, not_object: str) -> dict[st
 
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+    # ValueError, not only JSONDecodeError: a number of over 4,300 digits is refused by int() inside the parser
+    except (OSError, ValueError, RecursionError) as exc:
         raise ConfigError(unreadable.format(path=path, exc=exc)) from None
     if not isinstance(data, dict):
         raise ConfigError(not_object.format(path=path))

@@ -212,7 +212,9 @@ _SHAPE = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermedia
 # Bounds no real checkpoint comes near, checked before a (meta) model is built.
 _LIMITS = {"hidden_size": 2**17, "num_hidden_layers": 4096, "num_attention_heads": 4096, "intermediate_size": 2**20,
            "vocab_size": 2**24, "n_routed_experts": 4096, "moe_intermediate_size": 2**20, "kv_lora_rank": 2**16,
-           "q_lora_rank": 2**16}
+           "q_lora_rank": 2**16, "n_shared_experts": 4096,
+           # the head sizes too: 2**62 passed, and building the model failed in torch's own code
+           "qk_nope_head_dim": 2**16, "qk_rope_head_dim": 2**16, "v_head_dim": 2**16}
 
 
 def _rope_fields(config: Mapping[str, Any], max_len: int, problems: list[str]) -> dict[str, Any]:
@@ -229,8 +231,10 @@ def _rope_fields(config: Mapping[str, Any], max_len: int, problems: list[str]) -
         problems.append(f"a {kind!r} RoPE scaling (only plain RoPE and yarn)")
         return {}
     original = rope.get("original_max_position_embeddings", max_len)
-    if not hf_names.is_int(original) or original < 1:
-        problems.append(f"original_max_position_embeddings={original!r} (a whole number of 1 or more)")
+    # bounded as max_position_embeddings is: a 1 and 400 zeros was converted, and ended titan-generate on the
+    # folder (the rotary table takes its logarithm as a float) with an OverflowError traceback
+    if not hf_names.is_int(original) or not 1 <= original <= 10**7:
+        problems.append(f"original_max_position_embeddings={original!r} (a whole number from 1 to 10,000,000)")
         original = max_len
     factor = rope.get("factor")
     # transformers: without a factor, the ratio of the context to the original one.
@@ -239,7 +243,9 @@ def _rope_fields(config: Mapping[str, Any], max_len: int, problems: list[str]) -
                               "rope_original_max_seq_len": original,
                               "rope_beta_fast": hf_names.positive(rope.get("beta_fast") or 32, "beta_fast", problems),
                               "rope_beta_slow": hf_names.positive(rope.get("beta_slow") or 1, "beta_slow", problems),
-                              "rope_truncate": bool(rope.get("truncate", True))}
+                              "rope_truncate": rope.get("truncate", True)}
+    if not isinstance(fields["rope_truncate"], bool):  # bool() read the string "false" as true
+        problems.append(f"truncate={fields['rope_truncate']!r} (true or false)")
     for key, field in (("mscale", "rope_mscale"), ("mscale_all_dim", "rope_mscale_all_dim"),
                        ("attention_factor", "rope_attention_factor")):
         if rope.get(key):

@@ -19,7 +19,6 @@ reads only its own slice of each tensor.
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -27,7 +26,14 @@ from typing import Any
 import torch
 
 from titan_core import ConfigError
-from titan_core.models.hf_names import DECODER_TOP, decoder_config, inverse, tensors_from_hf, tensors_to_hf
+from titan_core.models.hf_names import (
+    DECODER_TOP,
+    decoder_config,
+    finite_number,
+    inverse,
+    tensors_from_hf,
+    tensors_to_hf,
+)
 
 from .model import LlamaArgs, RopeScaling
 
@@ -225,7 +231,7 @@ def _head_problems(dim: int, heads: int, kv_heads: int, head_dim: Any) -> list[s
 def _positive_number(config: Mapping[str, Any], key: str, default: float, problems: list[str]) -> float:
     """``config[key]`` as a finite positive float; a problem naming the field otherwise."""
     value = config.get(key, default)
-    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0:
+    if finite_number(value) and value > 0:  # an integer beyond any float is not finite
         return float(value)
     problems.append(f"{key}={value!r} (a positive number)")
     return default

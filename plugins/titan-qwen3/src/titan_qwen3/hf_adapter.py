@@ -122,8 +122,9 @@ class Qwen3StateDictAdapter(hf_names.RenamingAdapter):
         elif not problems and heads % kv_heads:
             problems.append(f"num_attention_heads={heads} is not a multiple of num_key_value_heads={kv_heads}")
         head_dim = config.get("head_dim") or (config["hidden_size"] // heads if heads else 0)
-        if not hf_names.is_int(head_dim) or head_dim < 2 or head_dim % 2:
-            problems.append(f"head_dim={head_dim!r} (an even whole number)")
+        # bounded as the other sizes are: 2**62 passed, and building the model failed in torch's own code
+        if not hf_names.is_int(head_dim) or not 2 <= head_dim <= _MAX_HEAD_DIM or head_dim % 2:
+            problems.append(f"head_dim={head_dim!r} (an even whole number up to {_MAX_HEAD_DIM:,})")
         theta = hf_names.positive(_rope_theta(config), "rope_theta", problems)
         eps = hf_names.positive(config.get("rms_norm_eps", 1e-6), "rms_norm_eps", problems)
         max_len = config.get("max_position_embeddings", 40960)
@@ -152,6 +153,7 @@ _MOE_SHAPE = ("num_experts", "num_experts_per_tok", "moe_intermediate_size")
 # Bounds no real checkpoint comes near, checked before a (meta) model is built.
 _LIMITS = {"hidden_size": 2**17, "num_hidden_layers": 4096, "num_attention_heads": 4096, "intermediate_size": 2**20,
            "vocab_size": 2**24, "num_experts": 4096, "moe_intermediate_size": 2**20}
+_MAX_HEAD_DIM = 2**16
 
 
 def _rope_theta(config: Mapping[str, Any]) -> Any:
