@@ -20,6 +20,7 @@ from .._version import PLUGIN_API_VERSION
 from ..errors import DeadlinePassed, PluginError, PluginHang, did_you_mean
 from ..runtime.deadlines import call_deadline
 from ..runtime.library_noise import quiet_torchao_extension_loads
+from .call_timeout import plugin_timeout
 from .entry_points import entry_points_of
 from .section_names import refuse_core_section_name
 
@@ -255,8 +256,6 @@ def _bounded(info: PluginInfo, load: Callable[[], T]) -> T:
     for a server that never answers held titan-train, --list included, for ever. The run's own
     model.plugin_timeout_s is not read yet (plugins are loaded to read the config), so the message names the
     way out that works: disabling the plugin."""
-    from .guard import plugin_timeout  # guard imports this module
-
     seconds = plugin_timeout()
 
     def message() -> str:

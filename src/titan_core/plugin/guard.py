@@ -30,6 +30,7 @@ from ..runtime.out_of_memory import is_out_of_memory, out_of_memory_error
 from ..runtime.peer_failure import is_collective_failure
 from ..runtime.signals import interrupted_by_signal
 from . import discovery
+from .call_timeout import DEFAULT_PLUGIN_TIMEOUT_S, plugin_timeout, set_plugin_timeout
 
 if TYPE_CHECKING:
     from .discovery import Group
@@ -39,18 +40,6 @@ __all__ = ["DEFAULT_PLUGIN_TIMEOUT_S", "accepts_keyword", "call_accepting", "nam
 
 R = TypeVar("R")
 
-# model.plugin_timeout_s: how long one call into a plugin may take (a whole set-up step such as
-# convert() or parallelize_fn, or one forward). Set from the run's config by the Trainer.
-DEFAULT_PLUGIN_TIMEOUT_S = 1800.0
-_timeout_s: list[float] = [DEFAULT_PLUGIN_TIMEOUT_S]
-
-
-def set_plugin_timeout(seconds: float) -> None:
-    _timeout_s[0] = seconds
-
-
-def plugin_timeout() -> float:
-    return _timeout_s[0]
 
 
 def timeout_message(label: str, method: str, seconds: float, *, setting: str = "model.plugin_timeout_s") -> str:
@@ -80,7 +69,7 @@ def plugin_call(group: Group, name: str, method: str, *, timed: bool = True) -> 
     """Re-raise anything but a TitanError from the block as a PluginError naming the plugin and ``method``;
     with ``timed``, a call that outlives ``model.plugin_timeout_s`` is one such error too."""
 
-    seconds = _timeout_s[0]
+    seconds = plugin_timeout()
 
     def message() -> str:  # built only when needed: naming the plugin reads package metadata
         return timeout_message(plugin_label(group, name), method, seconds)
