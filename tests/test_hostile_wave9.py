@@ -207,6 +207,19 @@ def test_rope_fields_that_differ_by_an_integer_beyond_any_float_are_named() -> N
     check_rope_fields({"rope_theta": 10000, "rope_parameters": {"rope_theta": 10000.0}}, Path("c"), what="from-hf")
 
 
+@pytest.mark.parametrize("key", ["rope_scaling", "rope_parameters"])
+@pytest.mark.parametrize("value", ["yarn", [1], 4.0])
+def test_rope_settings_that_are_not_an_object_are_named(key: str, value: Any) -> None:
+    """qwen3's adapter read a rope_scaling of "yarn" or [1] as plain RoPE (it reads keys only from an object):
+    a folder of another model converted without a word. Every spec's folder reader checks the fields."""
+    from titan_core.hf.rope_fields import check_rope_fields
+
+    with pytest.raises(ConfigError, match=rf"sets {key}=.* which is not a JSON object\. RoPE settings are an object"):
+        check_rope_fields({key: value}, Path("config.json"), what="from-hf")
+    for absent in (None, {}):  # the guard: null or an empty object is plain RoPE, as transformers reads it
+        check_rope_fields({key: absent, "rope_theta": 10000.0}, Path("config.json"), what="from-hf")
+
+
 def hf_folder_with(tmp_path: Path, **files: str) -> Path:
     folder = tmp_path / "hf"
     folder.mkdir()

@@ -41,6 +41,14 @@ def _rope_type(rope: Mapping[str, Any]) -> Any:
 def check_rope_fields(config: Mapping[str, Any], path: Path, *, what: str) -> None:
     """ConfigError when rope_parameters, rope_scaling and rope_theta of ``config`` contradict each other."""
     params, legacy, theta = config.get("rope_parameters"), config.get("rope_scaling"), config.get("rope_theta")
+    for key, value in (("rope_parameters", params), ("rope_scaling", legacy)):
+        # An adapter reads the scaling's keys from an object; any other value set here (a string, a list) was
+        # read as plain RoPE by an adapter that tests `isinstance(..., Mapping)`: a different model, silently.
+        if value and not isinstance(value, Mapping):
+            raise ConfigError(
+                f"{what}: {path} sets {key}={value!r:.80}, which is not a JSON object. RoPE settings are an object "
+                f'such as {{"rope_type": "yarn", "factor": 4.0, ...}} (or null, or no {key}, for plain RoPE); '
+                f"fix {key} to the form the model was trained with.")
     fix = ("Keep one spelling (delete rope_scaling, or make it equal to rope_parameters without rope_theta) and "
            "check which one the model was trained with.")
     if isinstance(params, Mapping) and params and isinstance(legacy, Mapping) and legacy:
