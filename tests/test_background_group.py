@@ -42,7 +42,9 @@ box = [f"from {rank}"]
 dist.broadcast_object_list(box, src=0, group=group)
 record = {"rank": rank, "eager": before - eager_before, "at_creation": at_creation, "after": sockets() - before,
           "gathered": gathered, "broadcast": box[0], "env_left": os.environ.get(LAZY_GLOO_ENV)}
-print("RECORD " + json.dumps(record), flush=True)
+# a file per rank: the ranks' prints share torchrun's stdout, where two lines can land on one
+with open(os.path.join(sys.argv[2], f"record{rank}.json"), "w") as out:
+    out.write(json.dumps(record))
 dist.barrier()
 dist.destroy_process_group()
 '''
@@ -54,10 +56,10 @@ def test_the_background_group_opens_connections_only_when_a_collective_needs_the
     env = {k: v for k, v in os.environ.items() if k not in ("TORCH_GLOO_LAZY_INIT", "WORLD_SIZE", "RANK")}
     env.update(PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "4", str(script),
-                           str(tmp_path / "ckpt")], env=env, capture_output=True, text=True, timeout=240)
+                           str(tmp_path / "ckpt"), str(tmp_path)], env=env, capture_output=True, text=True,
+                          timeout=240)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    records = sorted((json.loads(line.split(" ", 1)[1]) for line in proc.stdout.splitlines()
-                      if line.startswith("RECORD ")), key=lambda r: r["rank"])
+    records = sorted((json.loads(f.read_text()) for f in tmp_path.glob("record*.json")), key=lambda r: r["rank"])
     assert [r["rank"] for r in records] == [0, 1, 2, 3], proc.stdout
     for r in records:
         assert r["eager"] >= 3, r  # an eager group: a socket to each of the 3 peers at creation
