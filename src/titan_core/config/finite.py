@@ -11,6 +11,11 @@ float must lie within float32's normal range (or be 0) and an int within int64.
 Checked on the merged raw layers, before any model validates them, so the message
 names the key whatever section it belongs to, and again on the validated values
 (a TOML string such as ``"1e39"`` only becomes a float there).
+
+A literal below even float64's range (``lr = 1e-400``) is 0.0 once parsed, a value the
+check must accept; the TOML readers therefore parse floats with :func:`parse_toml_float`,
+which keeps such a literal as an :class:`UnderflowedFloat` (0.0, remembering its text)
+that the check refuses.
 """
 
 from __future__ import annotations
@@ -23,6 +28,32 @@ from ..errors import ConfigError
 FLOAT32_MAX = 3.4028234663852886e38
 FLOAT32_TINY = 1.1754943508222875e-38  # the smallest normal float32; below it precision is lost, then 0
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+_NONZERO_DIGITS = frozenset("123456789")
+
+
+class UnderflowedFloat(float):
+    """0.0 read from a literal with a non-zero digit (``1e-400``): too small even for float64. Its repr is
+    the literal, so the message shows what the user wrote."""
+
+    literal: str
+
+    def __new__(cls, literal: str) -> UnderflowedFloat:
+        value = super().__new__(cls, 0.0)
+        value.literal = literal
+        return value
+
+    def __repr__(self) -> str:
+        return self.literal
+
+
+def parse_toml_float(text: str) -> float:
+    """``tomllib``'s ``parse_float``: the float of ``text``, or an :class:`UnderflowedFloat` where a
+    non-zero literal parsed to 0.0."""
+    value = float(text)
+    mantissa = text.lower().partition("e")[0]
+    if value == 0.0 and not _NONZERO_DIGITS.isdisjoint(mantissa):
+        return UnderflowedFloat(text)
+    return value
 
 
 def refuse_nonfinite(layer: dict[str, Any]) -> None:
@@ -34,6 +65,9 @@ def refuse_nonfinite(layer: dict[str, Any]) -> None:
 
 
 def _problem(value: float | int) -> str:
+    if isinstance(value, UnderflowedFloat):
+        return (f"too small for any float (it reads as 0, not as the value written); torch computes with "
+                f"float32, whose smallest normal value is {FLOAT32_TINY:.4g}. Set a larger value, or 0.")
     if isinstance(value, float):
         if not math.isfinite(value):
             return ("config values must be finite numbers (NaN and infinity are refused, they would train or "

@@ -17,6 +17,7 @@ from pydantic import BaseModel
 
 from ..errors import ConfigError, did_you_mean
 from ..runtime.os_errors import file_kind
+from .finite import parse_toml_float
 
 T = TypeVar("T")
 
@@ -77,7 +78,8 @@ def _load_toml(path: Path) -> Layer:
             text = raw.decode("utf-8")
         except UnicodeDecodeError:
             text = _with_non_utf8_names(raw)
-        return tomllib.loads(text.removeprefix("\ufeff"))  # a BOM some editors write is not TOML
+        # A BOM some editors write is not TOML.
+        return tomllib.loads(text.removeprefix("\ufeff"), parse_float=parse_toml_float)
     except RecursionError:
         raise ConfigError(f"--config {path}: the TOML nests arrays or tables too deeply to be a config file. "
                           f"Pass a TOML config file.") from None
@@ -94,7 +96,7 @@ def _with_non_utf8_names(raw: bytes) -> str:
     (a binary file) stays refused."""
     text = raw.decode("utf-8", "surrogateescape")
     try:
-        parsed = tomllib.loads(text)
+        parsed = tomllib.loads(text, parse_float=parse_toml_float)
     except tomllib.TOMLDecodeError:
         raise UnicodeDecodeError("utf-8", raw, 0, len(raw), "not UTF-8") from None
     # Only a path may hold such bytes (a file system name); text elsewhere (a description in

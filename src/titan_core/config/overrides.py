@@ -8,6 +8,7 @@ from typing import Any, cast, get_args, get_origin
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from ..errors import ConfigError
+from .finite import parse_toml_float
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -39,7 +40,7 @@ def parse_override_args(args: list[str]) -> list[tuple[str, str]]:
 
 def _toml_scalar(text: str) -> Any:
     try:
-        return tomllib.loads(f"v = {text}")["v"]
+        return tomllib.loads(f"v = {text}", parse_float=parse_toml_float)["v"]
     except tomllib.TOMLDecodeError:
         return text
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
 
 from .._version import PLUGIN_API_VERSION
+from ..console import progress
 from ..errors import DeadlinePassed, PluginError, PluginHang, did_you_mean
 from ..runtime.deadlines import call_deadline
 from ..runtime.library_noise import quiet_torchao_extension_loads
@@ -326,9 +327,27 @@ def load_train_spec(name: str) -> TrainSpec:
         if not isinstance(spec, TrainSpec):
             raise PluginError(f'spec "{name}" resolved to {type(spec).__name__}, not a titan_core.TrainSpec.')
         _require_dataclass_flavors(name, spec)
+        _check_spec_name(name, spec)
         return spec
 
     return _load(SPECS, name, finish)
+
+
+def _check_spec_name(name: str, spec: TrainSpec) -> None:
+    """The spec's config section is ``[TrainSpec.name]``, which may differ from the name it is requested by:
+    refused where that section would shadow a core one (a spec calling itself "training" replaced the core's
+    [training]), and said once where it differs at all (``--NAME.KEY`` is then an unknown section)."""
+    own = spec.name
+    if not isinstance(own, str) or not own:
+        raise PluginError(f'spec "{name}": TrainSpec.name is {own!r:.60}; it must be a non-empty string (it names '
+                          f'the spec\'s config section), e.g. name="{name}".')
+    if own == name:
+        return
+    refuse_core_section_name(own, who=f'spec "{name}" (its TrainSpec.name)',
+                             fix=f'Set TrainSpec.name to "{name}", the name it is registered under.')
+    progress(f'warning: spec "{name}" calls itself "{own}" (TrainSpec.name), so its config section is [{own}] '
+             f'(--{own}.KEY=VALUE), not [{name}]; set TrainSpec.name = "{name}" so the two agree.',
+             is_rank0=os.environ.get("RANK", "0").strip() in ("", "0"))
 
 
 def _require_dataclass_flavors(name: str, spec: TrainSpec) -> None:
