@@ -120,3 +120,55 @@ def test_a_spec_with_a_non_string_name_is_refused(capsys: pytest.CaptureFixture[
     _register_llama3_as("outer_spec", 7)  # type: ignore[arg-type]
     result = titan_train(capsys, monkeypatch, "TrainSpec.name = 7", "--spec", "outer_spec", *DRY[2:])
     harness.assert_one_clean_error(result, 'spec "outer_spec": TrainSpec.name is 7; it must be a non-empty string')
+
+
+# ---- titan-plugin: a new plugin named like an installed one, --flag values that are not flags ----------------
+
+
+def plugin_tool(capsys: pytest.CaptureFixture[str], case: str, *args: str) -> CliResult:
+    from titan_core.commands.titan_plugin import main
+
+    result = harness.tool(capsys, main, *args)
+    TABLE.append((f"titan-plugin {case}", result.code, harness.first_error_line(result)))
+    return result
+
+
+@pytest.mark.parametrize(("kind", "name", "owner", "what"), [
+    ("converter", "float8", "titan-float8", "converter"),
+    ("spec", "llama3", "titan-llama", "spec"),
+    ("spec", "mx", "titan-mx-prototype", "converter"),  # the other kind: the config section [mx] is shared
+])
+def test_new_refuses_the_name_of_an_installed_plugin(kind: str, name: str, owner: str, what: str, tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """Before: it wrote the package; installed, it made two distributions claim the name and neither loaded."""
+    result = plugin_tool(capsys, f"new {kind} {name}", "new", kind, name, "--dir", str(tmp_path / "pkg"))
+    harness.assert_one_clean_error(result, f'a {what} named "{name}" is already installed ({owner} ')
+    assert f'Choose another name, e.g. "my_{name}".' in result.text
+    assert not (tmp_path / "pkg").exists()
+
+
+def test_new_still_writes_a_free_name(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    result = plugin_tool(capsys, "new converter my_float8", "new", "converter", "my_float8", "--dir",
+                         str(tmp_path / "pkg"))
+    assert result.code == 0, result.text
+    assert (tmp_path / "pkg" / "pyproject.toml").is_file()
+
+
+@pytest.mark.parametrize(("flags", "shown"), [(("--flag", "x=1"), "'x=1'"), (("--flag=--",), "'--'")])
+def test_check_refuses_a_flag_value_that_is_not_a_flag_before_any_check(
+        flags: tuple[str, ...], shown: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """Before: the quick checks passed and the first training run failed on it ("unrecognised argument 'x=1'")."""
+    result = plugin_tool(capsys, f"check {' '.join(flags)}", "check", "float8", "--fast", *flags)
+    harness.assert_one_clean_error(result, f"--flag {shown}: not a titan-train flag; give one --SECTION.KEY=VALUE "
+                                           f"per --flag, e.g. --flag --training.steps=10.")
+    assert "import" not in result.text.split("error:")[0]  # refused before the first check ran
+
+
+def test_check_takes_the_flag_form_its_help_shows() -> None:
+    """``--flag --training.steps=5`` (the help's own form) was "argument --flag: expected one argument"."""
+    from titan_core.commands.titan_plugin import _flag_values_joined, build_parser
+
+    argv = _flag_values_joined(["check", "float8", "--flag", "--training.steps=5", "--flag", "--data.seed=3"])
+    args = build_parser().parse_args(argv)
+    assert args.flags == ["--training.steps=5", "--data.seed=3"]
+    assert args.names == ["float8"]

@@ -41,8 +41,34 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _flag_values_joined(argv: list[str]) -> list[str]:
+    """``--flag --training.steps=5`` as ``--flag=--training.steps=5``: the value is itself a flag, which argparse
+    would otherwise take for an option of its own ("expected one argument")."""
+    joined: list[str] = []
+    i = 0
+    while i < len(argv):
+        if argv[i] == "--flag" and i + 1 < len(argv) and argv[i + 1].startswith("--") and argv[i + 1] != "--":
+            joined.append(f"--flag={argv[i + 1]}")
+            i += 2
+            continue
+        joined.append(argv[i])
+        i += 1
+    return joined
+
+
+def _refuse_non_flags(flags: Sequence[object]) -> None:
+    """Each --flag is handed to every training run as one titan-train argument: something that is not a flag there
+    failed only at the check that first trained, after the quick checks had passed."""
+    for flag in flags:
+        if not isinstance(flag, str):  # argparse hands "--flag=--" over as an empty list
+            flag = "--"
+        if not flag.startswith("--") or len(flag) == 2:
+            raise ConfigError(f"--flag {flag!r}: not a titan-train flag; give one --SECTION.KEY=VALUE per --flag, "
+                              f"e.g. --flag --training.steps=10.")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+    argv = _flag_values_joined(list(sys.argv[1:] if argv is None else argv))
     args = build_parser().parse_args(argv)
     try:
         with sigterm_raises():
@@ -74,6 +100,7 @@ def _run(args: argparse.Namespace) -> int:
         if not (math.isfinite(args.call_timeout) and 0 < args.call_timeout <= 604800):
             raise ConfigError(f"--call-timeout {args.call_timeout!r}: give the seconds one plugin call may take, a "
                               f"finite number above 0 (at most 604800, a week), e.g. --call-timeout 300.")
+        _refuse_non_flags(args.flags)
         set_plugin_timeout(args.call_timeout)
         import_modules(args.imports)
         imports = [flag for module in args.imports for flag in ("--import", module)]

@@ -15,6 +15,7 @@ from pathlib import Path
 from string import Template
 
 from ..errors import ConfigError
+from ..plugin.discovery import CONVERTERS, SPECS, discover
 from ..plugin.section_names import refuse_core_section_name
 from . import converter_files, spec_files
 
@@ -37,8 +38,22 @@ def _names(name: str, kind: str) -> dict[str, str]:
         )
 
     refuse_core_section_name(name, who=f'the new {kind}', fix="Choose another name.")
+    _refuse_installed_name(name, kind)
     cls = "".join(part.capitalize() for part in name.split("_"))
     return {"name": name, "Cls": cls, "cls": f"{cls}Converter", "pkg": f"titan_{name}", "dist": f"titan-{name.replace('_', '-')}"}
+
+
+def _refuse_installed_name(name: str, kind: str) -> None:
+    """An installed plugin (of either kind: the name is also the config section) already answers to ``name``:
+    once the new package is installed too, two distributions would claim it and neither would load."""
+    for group, what in ((SPECS, "spec"), (CONVERTERS, "converter")):
+        claims = discover(group).get(name, [])
+        if claims:
+            owners = ", ".join(f"{c.distribution} {c.version}" for c in claims)
+            raise ConfigError(
+                f'a {what} named "{name}" is already installed ({owners}); a new {kind} of that name would clash with '
+                f"it (both would claim the entry point and the config section [{name}]). Choose another name, e.g. "
+                f'"my_{name}".')
 
 
 def write_package(kind: str, name: str, directory: str | Path) -> Path:
