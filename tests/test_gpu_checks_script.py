@@ -84,7 +84,8 @@ def test_a_check_whose_limit_no_longer_fits_the_deadline_is_skipped(tmp_path: Pa
         assert found[name].startswith("skipped: its 7"), found
         assert "s limit no longer fits (" in found[name] and "s left of 72 s)" in found[name]
     assert found["moe_bf16"] == "pass"  # a later check with a shorter limit (45 s) still fits, and runs
-    assert found["rank_70B"] == "skipped: no time is budgeted for it (the 540 s are spent on the checks before it)"
+    assert found["rank_70B"] == ("skipped: no time is budgeted for it in this plan (CHECKS_PLAN=cluster runs it as a "
+                                 "command of its own)")
     summary = (out / "summary.md").read_text()
     assert "| bf16_1B | skipped | - (0) | - (70) | its 70 s limit no longer fits" in summary
 
@@ -110,3 +111,58 @@ def test_cpu_mode_passes_every_check_rewriting_summary_and_archive_after_each(tm
     assert rows == [*HEADLINE, "flex_doc_masking", "moe_bf16"]
     assert "- float8_1B: tokens/s" in headline and "x of bf16_1B" in headline
     assert "| moe_bf16 |" in headline and headline.split("| moe_bf16 |")[1].split("\n")[0].rstrip().endswith("| 1 |")
+
+
+def test_the_cluster_plan_is_the_install_the_smoke_then_one_70B_rank_planned_and_trained() -> None:
+    plan = subprocess.run(["bash", str(SCRIPT)], capture_output=True, text=True, check=True,
+                          env={**os.environ, "CHECKS_PLAN_ONLY": "1", "CHECKS_PLAN": "cluster"}).stdout.split("\n")
+    rows = [line.split() for line in plan if line.strip()]
+    assert [name for name, _, _ in rows] == ["install_wheels", "smoke", "plan_70B", "rank_70B"]
+    limits = {name: int(limit) for name, limit, _ in rows}
+    assert limits["rank_70B"] >= 240 and sum(limits.values()) <= 540
+    text = SCRIPT.read_text()
+    gpu_layout = text.split('CLUSTER=(--flavor 70B')[1].split(")")[0]
+    for flag in ("--nnodes 8 --nproc-per-node 8", "--parallelism.dp_shard=8", "--parallelism.tp=8",
+                 "--training.seq_len=8192"):
+        assert flag in gpu_layout
+
+
+def test_an_unknown_plan_is_refused() -> None:
+    proc = subprocess.run(["bash", str(SCRIPT)], capture_output=True, text=True,
+                          env={**os.environ, "CHECKS_PLAN": "all", "CHECKS_PLAN_ONLY": "1"})
+    assert proc.returncode == 2
+    assert "CHECKS_PLAN=all is not a plan; use CHECKS_PLAN=headline (the default) or cluster" in proc.stderr
+
+
+def test_cpu_mode_of_the_cluster_plan_sets_rank_0s_plan_against_its_rehearsed_peak(tmp_path: Path) -> None:
+    proc, out, runs = run_checks(tmp_path, timeout=600, CHECKS_PLAN="cluster")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert statuses(runs) == dict.fromkeys(["install_wheels", "smoke", "plan_70B", "rank_70B"], "pass")
+    console = (runs / "rank_70B" / "console.txt").read_text()
+    assert "rehearsal done: 4 steps on rank 0 of 4" in console
+    summary = (out / "summary.md").read_text()
+    assert summary.startswith("# titan-core GPU checks: 4 pass, 0 fail, 0 skipped")
+    section = summary.split("## Cluster rehearsal: rank 0's memory plan against its measured peak")[1]
+    row = next(line for line in section.splitlines() if line.startswith("| peak resident set"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[1] == "total - runtime"
+    assert float(cells[2]) > 0 and float(cells[3]) > 0
+    assert abs(float(cells[4]) - float(cells[3]) / float(cells[2])) <= 0.01 * float(cells[4])
+
+
+def test_the_summary_reads_the_rehearsed_ranks_row_of_a_cluster_plan() -> None:
+    sys.path.insert(0, str(REPO / "scripts" / "gpu"))
+    try:
+        from summarize import planned_rank
+    finally:
+        sys.path.pop(0)
+    console = """memory plan: 128 ranks (pp 2 x dp_replicate 1 x dp_shard 8 x tp 8), local batch 1 x seq 8192
+stage  rank  layers  params(M)  params  grads  optim  activ  logits   fsdp  pipe  runtime   live  total  fits
+    0     0      40    1,103.0    4.11   4.11   8.22   1.31    0.00   1.20  0.00     2.50  20.10  21.40   yes
+    1    64      40    1,103.0    4.11   4.11   8.22   1.31    2.10   1.20  0.00     2.50  23.30  24.00   yes
+peak: 24.00 GiB on pipeline rank 1 (global rank 64), 30% of H100: fits
+"""
+    assert planned_rank(console) == {"live": 20.10, "total": 21.40, "runtime": 2.50}
+    assert planned_rank(console, rank=64) == {"live": 23.30, "total": 24.00, "runtime": 2.50}
+    assert planned_rank(console, rank=7) is None
+    assert planned_rank("titan-train: error: does not fit") is None

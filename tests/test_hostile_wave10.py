@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import sys
+import time
 from pathlib import Path
 
 import hostile_harness as harness
@@ -172,3 +174,31 @@ def test_check_takes_the_flag_form_its_help_shows() -> None:
     args = build_parser().parse_args(argv)
     assert args.flags == ["--training.steps=5", "--data.seed=3"]
     assert args.names == ["float8"]
+
+
+# ---- a --config function that never returns ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("body", "what"), [
+    ("def config():\n    time.sleep(3600)\n", "the config function"),
+    ("time.sleep(3600)\n\ndef config():\n    return {}\n", "importing wave10_hang"),  # the module's import hangs
+    # it catches what interrupts it and goes on sleeping: the alarm's exception is a BaseException, not an Exception
+    ("def config():\n    while True:\n        try:\n            time.sleep(3600)\n        except Exception:\n"
+     "            pass\n", "the config function"),
+])
+def test_a_config_function_that_never_returns_is_stopped_with_a_message(
+        body: str, what: str, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before: titan-train waited for ever, printing nothing (on every rank of a launched job)."""
+    from titan_core.config import layers
+
+    (tmp_path / "wave10_hang.py").write_text("import time\n\n" + body)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "wave10_hang", raising=False)
+    monkeypatch.setattr(layers, "USER_CODE_TIMEOUT_S", 1.0)
+    started = time.monotonic()
+    result = titan_train(capsys, monkeypatch, f"--config fn that hangs ({what})", *DRY,
+                         "--config", "wave10_hang:config")
+    assert time.monotonic() - started < 30
+    harness.assert_one_clean_error(result, f"--config wave10_hang:config: {what} did not return within 1 s: it hangs "
+                                           f"(waiting on input, a lock or the network?). Fix it so that it returns")

@@ -5,7 +5,9 @@ seconds, status (pass / fail: why / skipped: why), console.txt and, for titan-tr
 metrics.jsonl. Prints the headline table first (tokens/s, MFU in both conventions, peak
 memory, first-step seconds; ratios against the bf16 run of the same width), then one row per
 check. Throughput figures are the median of the logging windows after the first two records
-(step 1 pays for compiling, the first window for any recompile).
+(step 1 pays for compiling, the first window for any recompile). In the cluster plan
+(CHECKS_PLAN=cluster) it sets the dry run's memory plan of rank 0 (plan_70B's table) against
+that rank's measured peak (rank_70B's metrics).
 Usage: python scripts/gpu/summarize.py RUNS [--budget S --elapsed S]"""
 
 from __future__ import annotations
@@ -67,6 +69,48 @@ def last_line(run: Path) -> str:
     return lines[-1][:200] if lines else ""
 
 
+def planned_rank(console: str, rank: int = 0) -> dict[str, float] | None:
+    """The dry run's row of ``rank`` (its per-rank table: ``stage rank layers ... runtime live total fits``)."""
+    lines = console.splitlines()
+    header = next((i for i, line in enumerate(lines) if line.split()[:2] == ["stage", "rank"]), None)
+    if header is None:
+        return None
+    columns = lines[header].split()
+    for line in lines[header + 1:]:
+        cells = line.split()
+        if len(cells) != len(columns) or not cells[0].isdigit():
+            break
+        if int(cells[1]) == rank:
+            row = dict(zip(columns, cells, strict=True))
+            try:
+                return {key: float(row[key].replace(",", "")) for key in ("live", "total", "runtime")}
+            except (KeyError, ValueError):
+                return None
+    return None
+
+
+def cluster_section(runs: Path) -> list[str]:
+    """Plan against measurement for the rehearsed rank; the plan's fixed runtime allowance (CUDA context,
+    NCCL) is taken off, since the allocator's figures never include it and a fake group has no NCCL."""
+    plan = planned_rank(text(runs / "plan_70B" / "console.txt"))
+    steps = records(runs / "rank_70B")
+    if plan is None or not steps:
+        return []
+    out = ["## Cluster rehearsal: rank 0's memory plan against its measured peak", ""]
+    rows: list[list[object]] = []
+    pairs = [("mem_max_allocated_gib", "live", "peak allocated (CUDA)"),
+             ("mem_max_reserved_gib", "total", "peak reserved (CUDA)"),
+             ("mem_peak_rss_gib", "total", "peak resident set (CPU: the whole process; a plumbing check only)")]
+    for key, column, label in pairs:
+        measured = [r[key] for r in steps if key in r]
+        if measured:
+            planned = plan[column] - plan["runtime"]
+            rows.append([label, f"{column} - runtime", planned, max(measured),
+                         max(measured) / planned if planned > 0 else None])
+    out += table(["measured", "plan column", "plan GiB", "measured GiB", "measured / plan"], rows)
+    return [*out, ""]
+
+
 def summary(runs: Path, *, budget: int | None, elapsed: int | None) -> str:
     order = list(dict.fromkeys(text(runs / "order").split()))
     statuses = {name: text(runs / name / "status", "running or killed") for name in order}
@@ -89,6 +133,8 @@ def summary(runs: Path, *, budget: int | None, elapsed: int | None) -> str:
             if base and a and b:
                 out.append(f"- {name}: tokens/s {a / b:.3f}x of {base}")
         out.append("")
+    if "rank_70B" in order:
+        out += cluster_section(runs)
     rows = []
     for name in order:
         run = runs / name

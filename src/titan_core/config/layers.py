@@ -15,7 +15,8 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel
 
-from ..errors import ConfigError, did_you_mean
+from ..errors import ConfigError, DeadlinePassed, did_you_mean
+from ..runtime.deadlines import call_deadline
 from ..runtime.os_errors import file_kind
 from .finite import parse_toml_float
 
@@ -121,12 +122,26 @@ def _keys_with_undecodable_bytes(value: object, key: str = "") -> list[str]:
     return []
 
 
-def _run_user_code(call: Callable[[], T], message: Callable[[BaseException], str]) -> T:
+# How long a --config module's import or its function may take: as long as a plugin's import may (the
+# config comes before any setting could change it). Longer is a hang: waiting on input, a lock, a network.
+USER_CODE_TIMEOUT_S = 1800.0
+
+
+def _run_user_code(call: Callable[[], T], message: Callable[[BaseException], str], *, what: str) -> T:
     """``call()`` (a --config module's import or its function) with what it prints sent to stderr (stdout may be
-    --print-config's TOML); anything it raises, sys.exit() and Ctrl+C included, is a ConfigError from ``message``."""
+    --print-config's TOML); anything it raises, sys.exit() and Ctrl+C included, is a ConfigError from ``message``,
+    and a call that does not return within USER_CODE_TIMEOUT_S one naming ``what`` as hung."""
+    seconds = USER_CODE_TIMEOUT_S
+
+    def hung() -> str:
+        return (f"{what} did not return within {seconds:g} s: it hangs (waiting on input, a lock or the network?). "
+                f"Fix it so that it returns; --traceback shows where it was.")
+
     try:
-        with contextlib.redirect_stdout(sys.stderr):
+        with contextlib.redirect_stdout(sys.stderr), call_deadline(seconds, what, message=hung):
             return call()
+    except DeadlinePassed as exc:
+        raise ConfigError(hung()) from exc
     except BaseException as exc:  # sys.exit() there is an error, not a quiet exit 0; so is any BaseException
         if isinstance(exc, GeneratorExit):
             raise
@@ -137,7 +152,8 @@ def _call_config_function(ref: str) -> Layer:
     module_name, _, fn_name = ref.partition(":")
     module = _run_user_code(lambda: importlib.import_module(module_name), lambda exc: (
         f"--config {ref}: module {module_name!r} could not be imported ({type(exc).__name__}: {exc}). "
-        f"Check the module path and that it is importable (installed, or on PYTHONPATH)."))
+        f"Check the module path and that it is importable (installed, or on PYTHONPATH)."),
+        what=f"--config {ref}: importing {module_name}")
     fn = getattr(module, fn_name, None)
     if fn is None or not callable(fn):
         names = [n for n in dir(module) if not n.startswith("_") and callable(getattr(module, n))]
@@ -148,7 +164,7 @@ def _call_config_function(ref: str) -> Layer:
         )
     result = _run_user_code(fn, lambda exc: (
         f"--config {ref}: the config function raised {type(exc).__name__}: {exc}. Fix the function "
-        f"(--traceback shows where)."))
+        f"(--traceback shows where)."), what=f"--config {ref}: the config function")
     if isinstance(result, BaseModel):
         # Only what the function set explicitly counts as a layer, so the spec's defaults
         # still apply to everything it left alone.
