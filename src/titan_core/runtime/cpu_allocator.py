@@ -9,6 +9,13 @@ anyway.
 What a one-off phase frees (the tokenizer's per-document objects while the data is packed,
 its worker threads' arenas) would then stay in the heap for the whole run:
 :func:`release_freed_memory` hands it back once that phase is over.
+
+One arena for every thread: glibc gives each new thread that allocates an arena of its own,
+and with freed memory kept, each arena holds its own high-water mark. The collectives' threads
+(gloo's, under FSDP2) allocate whole-size temporaries every step in theirs, memory the training
+thread could reuse; with one arena it does (llama3 debugmodel, FSDP2 x 2, batch 8 x 2048: peak
+RSS 2.37 against 2.45 GiB, the means of four alternating pairs, lower in each pair, step time
+unchanged). Applied before the process group starts its threads.
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ import sys
 
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_MAX = -4
+_M_ARENA_MAX = -8
 
 
 def keep_freed_memory_in_heap() -> bool:
@@ -29,7 +37,8 @@ def keep_freed_memory_in_heap() -> bool:
         mallopt = libc.mallopt
     except (OSError, AttributeError):
         return False
-    return bool(mallopt(_M_MMAP_MAX, 0)) and bool(mallopt(_M_TRIM_THRESHOLD, 2**31 - 1))
+    return (bool(mallopt(_M_MMAP_MAX, 0)) and bool(mallopt(_M_TRIM_THRESHOLD, 2**31 - 1))
+            and bool(mallopt(_M_ARENA_MAX, 1)))
 
 
 def release_freed_memory() -> bool:

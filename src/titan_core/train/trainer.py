@@ -223,6 +223,8 @@ class Trainer:
 
     def init_distributed(self) -> None:
         t, p = self.config.training, self.config.parallelism
+        if self.device.type == "cpu" and t.cpu_malloc_tuning:  # before the process group starts its threads
+            keep_freed_memory_in_heap()
         self.proc = distributed.init_process_group(backend=self.resolved.backend, device=self.device,
                                                    init_timeout_s=p.init_timeout_s,
                                                    collective_timeout_s=p.collective_timeout_s)
@@ -243,8 +245,6 @@ class Trainer:
             self.context_parallel = ContextParallel(group=self.mesh["cp"].get_group(), seq_len=t.seq_len,
                                                     load_balance=p.cp_load_balance,
                                                     document_masking=self.config.data.document_masking)
-        if self.device.type == "cpu" and t.cpu_malloc_tuning:
-            keep_freed_memory_in_heap()
         torch.manual_seed(t.seed)
         if t.deterministic:
             progress(enable_deterministic(), is_rank0=rank_env()[0] == 0)
