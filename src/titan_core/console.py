@@ -25,6 +25,12 @@ def say(*lines: str) -> None:
     sys.stderr.flush()
 
 
+def env_is_rank0() -> bool:
+    """Whether this process is rank 0 by the launcher's RANK (unset: a single process), for lines only one
+    rank should print before the process group exists. Never raises: garbage RANK is reported elsewhere."""
+    return os.environ.get("RANK", "0").strip() in ("0", "")
+
+
 def rank_prefix() -> str:
     """``[rank3] `` in a multi-process run, so interleaved output says who wrote it."""
     world, rank = os.environ.get("WORLD_SIZE", "1").strip(), os.environ.get("RANK", "?").strip()

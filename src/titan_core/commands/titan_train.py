@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from ..config.environment import check_environment
 from ..config.overrides import parse_override_args
 from ..config.toml_out import dumps
-from ..console import rank_prefix, say
+from ..console import env_is_rank0, rank_prefix, say
 from ..errors import ConfigError, StopRequested, Terminated, TitanError
 from ..plugin import discovery
 from ..runtime.launch_env import world_size_from_env
@@ -255,19 +255,13 @@ def _main(argv: list[str], trainer_class: type[Trainer] | None) -> int:
 
         return _report(describe_os_error(exc), with_traceback=args.traceback, cause=exc)
     except KeyboardInterrupt:
-        if _is_rank0() and not under_launcher():  # the launcher prints it once for all its workers
+        if env_is_rank0() and not under_launcher():  # the launcher prints it once for all its workers
             print(INTERRUPTED, file=sys.stderr)
         return 130
     except Terminated:  # a phase that stops at once on SIGTERM, ended outside the trainer's own report
-        if _is_rank0():
+        if env_is_rank0():
             say("titan-train: stopped by SIGTERM")
         return 128 + signal.SIGTERM
-
-
-def _is_rank0() -> bool:
-    import os
-
-    return os.environ.get("RANK", "0").strip() in ("0", "")
 
 
 def _report(exc: TitanError, *, with_traceback: bool, cause: BaseException | None = None) -> int:

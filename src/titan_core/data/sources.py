@@ -19,13 +19,12 @@ Every user mistake raises :class:`ConfigError` naming the path and the fix.
 from __future__ import annotations
 
 import contextlib
-import os
 import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from ..console import progress
+from ..console import env_is_rank0, progress
 from ..errors import ConfigError
 from ..runtime.os_errors import file_kind
 from .corpus import builtin_documents
@@ -137,7 +136,7 @@ PROGRESS_MIN_FILES = 100  # a folder with this many files says what it reads, an
 
 def _read_files(files: list[Path], *, text_field: str, source: str) -> list[str]:
     """Every file's documents in order; for a folder of many files (or a slow read) progress lines on stderr."""
-    is_rank0 = os.environ.get("RANK", "0").strip() in ("0", "")
+    is_rank0 = env_is_rank0()
     many = len(files) >= PROGRESS_MIN_FILES
     if many:
         progress(f"reading data.source {source}: {len(files):,} files", is_rank0=is_rank0)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
 
 from .._version import PLUGIN_API_VERSION
-from ..console import progress
+from ..console import env_is_rank0, progress
 from ..errors import DeadlinePassed, PluginError, PluginHang, did_you_mean
 from ..runtime.deadlines import call_deadline
 from ..runtime.library_noise import quiet_torchao_extension_loads
@@ -347,7 +347,7 @@ def _check_spec_name(name: str, spec: TrainSpec) -> None:
                              fix=f'Set TrainSpec.name to "{name}", the name it is registered under.')
     progress(f'warning: spec "{name}" calls itself "{own}" (TrainSpec.name), so its config section is [{own}] '
              f'(--{own}.KEY=VALUE), not [{name}]; set TrainSpec.name = "{name}" so the two agree.',
-             is_rank0=os.environ.get("RANK", "0").strip() in ("", "0"))
+             is_rank0=env_is_rank0())
 
 
 def _require_dataclass_flavors(name: str, spec: TrainSpec) -> None:
