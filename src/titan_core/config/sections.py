@@ -243,5 +243,5 @@ class ActivationCheckpointSection(Section):
     selective_every: int = Field(0, ge=0, description="selective: checkpoint every Nth block (0 = use per-op selective instead).")
     selective_save_ops: list[str] | None = Field(
         None,
-        description="selective per-op: ops whose outputs are saved (every other matmul is recomputed); unset = the spec's list plus the accelerator kernels this torch has (cuDNN/efficient/flash attention, _scaled_mm, _grouped_mm, flex attention).",
+        description="selective per-op: ops whose outputs are saved (every other matmul is recomputed, and a block's last one is not kept when its backward never reads it); unset = the spec's list plus the accelerator kernels this torch has (cuDNN/efficient/flash attention, _scaled_mm, _grouped_mm, flex attention).",
     )

@@ -14,7 +14,9 @@ Modes (``ActivationCheckpointSection``):
     ops are kept and everything else is recomputed. The list is the config's
     ``selective_save_ops`` when set, else the one the spec supplies (its ops depend
     on the model's kernels). Matmuls (``aten.mm.default``) are special: only every
-    other one is kept, halving their memory at the cost of recomputing the others.
+    other one is kept, halving their memory at the cost of recomputing the others,
+    and once a forward has shown that nothing after a block's last one saves a tensor
+    (a residual sum ends the block), that one is not kept either (:class:`_LastMatmul`).
     With the spec's list, the accelerator kernels that are the dearest to recompute
     (:data:`KERNEL_SAVE_OPS`: cuDNN, memory-efficient and flash attention, float8's
     ``_scaled_mm``, grouped GEMM, FlexAttention) are kept too, those this torch has; a
@@ -93,24 +95,77 @@ def selective_save_ops(ac: ActivationCheckpointSection, spec_save_ops: Sequence[
     return ops + [op for op in kernel_save_ops() if op not in ops]
 
 
+class _LastMatmul:
+    """What one block structure's forwards showed of its last matmul; shared by those blocks' forwards.
+
+    A pre-norm block ends in a residual sum, which saves nothing for backward: the recompute stops
+    (torch's early stop) once every tensor the backward reads is back, which is before the block's
+    last matmul runs. Keeping that matmul's output would hold it from the forward to the block's
+    backward for nothing (Llama's ``w2``: 16 MiB a block at batch 8 x 2048, width 256; under tensor
+    parallelism a whole partial sum). So once a forward has shown the block's matmul count, and that
+    nothing after its last matmul saves a tensor (only sums, views, casts and collectives follow), the
+    next forwards do not keep that output. Blocks of one structure share what was learned
+    (:func:`apply_activation_checkpointing`): in the first step only the first of them keeps it. A
+    block with anything else after its last matmul (a post-norm block's norm reads it) keeps it as
+    before.
+    """
+
+    def __init__(self) -> None:
+        self.forward_count = 0  # matmuls of the latest forward (complete once it has returned)
+        self.saves_after = True  # whether an op after the latest forward's last matmul may save a tensor
+
+    def index_to_skip(self) -> int:
+        """The 1-based index of the matmul whose output goes unkept in the next forward (0: none)."""
+        return 0 if self.saves_after else self.forward_count
+
+    def saw(self, op: Any) -> None:
+        """Notes a forward op after the block's latest matmul."""
+        if not self.saves_after and not _saves_nothing(op):
+            self.saves_after = True
+
+
+# Their backward needs only sizes or dtypes: a residual sum, casts and copies, and the shuffles of
+# a sequence-parallel reduce-scatter along a non-leading dimension (chunk, then cat).
+_SAVE_NOTHING = frozenset(("aten.add.Tensor", "aten.add_.Tensor", "aten.sub.Tensor", "aten._to_copy.default",
+                           "aten.clone.default", "aten.copy_.default", "aten._unsafe_view.default", "aten.cat.default",
+                           "aten.stack.default", "aten.split.Tensor", "aten.split_with_sizes.default",
+                           "aten.chunk.default", "aten.unbind.int"))
+
+
+def _saves_nothing(op: Any) -> bool:
+    """Ops whose backward reads none of their inputs or outputs: sums, views, casts and collectives."""
+    name = str(op)
+    return (name in _SAVE_NOTHING or bool(getattr(op, "is_view", False))
+            or name.startswith(("_c10d_functional.", "c10d_functional.")))
+
+
 def selective_context_fn(save_ops: Sequence[Any]) -> Callable[[], Any]:
-    """A ``context_fn`` for ``checkpoint()`` that saves the outputs of ``save_ops`` (every other mm)."""
+    """A ``context_fn`` for ``checkpoint()`` that saves the outputs of ``save_ops`` (every other mm,
+    not the block's last one when nothing after it saves a tensor: see :class:`_LastMatmul`). Share
+    one among blocks of one structure only: the last matmul is learned per ``context_fn``."""
     from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
     save = set(save_ops)
     mm = torch.ops.aten.mm.default
+    last_matmul = _LastMatmul()
 
     def make_contexts() -> Any:
-        # One counter per forward and per recompute: both must make the same choice
-        # for the n-th matmul, so they count separately.
+        # One counter per forward and per recompute (torch versions that ask the policy again while
+        # recomputing): both must make the same choice for the n-th matmul, so they count separately
+        # and share one index to skip.
         counts: dict[str, int] = defaultdict(int)
+        skipped = last_matmul.index_to_skip() if mm in save else 0
 
         def policy(ctx: SelectiveCheckpointContext, op: object, *args: object, **kwargs: object) -> CheckpointPolicy:
             if op is mm and mm in save:
                 key = "recompute" if ctx.is_recompute else "forward"
                 counts[key] += 1
-                keep = counts[key] % 2 == 1
+                if not ctx.is_recompute:
+                    last_matmul.forward_count, last_matmul.saves_after = counts[key], False
+                keep = counts[key] % 2 == 1 and counts[key] != skipped
                 return CheckpointPolicy.MUST_SAVE if keep else CheckpointPolicy.PREFER_RECOMPUTE
+            if not ctx.is_recompute:
+                last_matmul.saw(op)
             return CheckpointPolicy.MUST_SAVE if op in save else CheckpointPolicy.PREFER_RECOMPUTE
 
         return create_selective_checkpoint_contexts(policy)
@@ -134,6 +189,12 @@ def checkpoint_module(module: nn.Module, context_fn: Callable[[], Any] | None = 
     # hooks FSDP2 adds later) still run around it.
     module.forward = forward
     module._titan_checkpointed = True  # type: ignore[assignment]  # read by layout reports and tests
+
+
+def _structure(block: nn.Module) -> tuple[object, ...]:
+    """What makes two blocks run the same ops: their module types and parameters' names, shapes and dtypes."""
+    return (tuple(type(m).__qualname__ for m in block.modules()),
+            tuple((n, tuple(p.shape), p.dtype) for n, p in block.named_parameters()))
 
 
 def _contexts_with_redirects(context_fn: Callable[[], Any] | None) -> tuple[Any, Any]:
@@ -164,7 +225,7 @@ def apply_activation_checkpointing(
     """
     if ac.mode == "none":
         return []
-    context_fn: Callable[[], Any] | None = None
+    save_ops: list[Any] | None = None
     every = 1
     if ac.mode == "selective":
         if ac.selective_every > 0:
@@ -177,12 +238,18 @@ def apply_activation_checkpointing(
                     "save, and this spec supplies none. Set activation_checkpoint.selective_save_ops "
                     '(e.g. ["aten.mm.default"]), or checkpoint every Nth block with selective_every=N.'
                 )
-            context_fn = selective_context_fn(selective_save_ops(ac, spec_save_ops))
+            save_ops = selective_save_ops(ac, spec_save_ops)
     done = []
+    # One context_fn per block structure: identical blocks learn their last matmul together (and compiled
+    # identical blocks keep sharing one compilation); a dense and an MoE block learn theirs apart.
+    per_structure: dict[tuple[object, ...], Callable[[], Any]] = {}
     for position, (name, block) in enumerate(blocks.items()):
         # Global layer ids: the same blocks are checkpointed whatever the pipeline split.
         index = int(name) if name.isdigit() else position
         if (index + 1) % every == 0:
+            context_fn = None
+            if save_ops is not None:
+                context_fn = per_structure.setdefault(_structure(block), selective_context_fn(save_ops))
             checkpoint_module(block, context_fn)
             done.append(name)
     return done

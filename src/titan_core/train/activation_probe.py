@@ -53,6 +53,20 @@ class BlockActivations:
     matmul_inputs: dict[str, int] = field(default_factory=dict, repr=False)
     kept_matmul_outputs: dict[str, int] = field(default_factory=dict, repr=False)
     _storages: dict[int, int] = field(default_factory=dict, repr=False)  # saved storage -> bytes
+    # Tensors autograd saved so far in the block (every one, parameters and repeats too), and the block's
+    # latest ``aten.mm`` as (those saved before it returned, the bytes it kept, its weight's name).
+    _saves: int = field(default=0, repr=False)
+    _last_mm: tuple[int, int, str | None] = field(default=(0, 0, None), repr=False)
+
+    def forget_unread_last_matmul(self) -> None:
+        """Per-op selective AC keeps no output of the block's last ``aten.mm`` when the recompute stops before
+        it (nothing is saved after its inputs: a residual sum ends the block); see
+        ``parallel.checkpointing._LastMatmul``."""
+        saves_before, kept, weight = self._last_mm
+        if kept and self._saves == saves_before:
+            self.selective_ops -= kept
+            if weight is not None:
+                self.kept_matmul_outputs.pop(weight, None)
 
     def saved_inputs_of(self, weights: AbstractSet[str]) -> int:
         """Bytes of the saved matmul inputs of ``weights`` (names in the block), each storage once."""
@@ -95,7 +109,8 @@ class _OpOutputs(_DispatchMode):  # type: ignore[misc,valid-type]
     def __init__(self, probe: _Recorder) -> None:
         super().__init__()
         self.probe = probe
-        self.mm_count = 0
+        self.mm_count = 0  # per block, as the policy counts
+        self.counted: BlockActivations | None = None
         self.grouped_mm = _grouped_mm_op_default()  # looked up once: every op of the probe is compared with it
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
@@ -113,6 +128,8 @@ class _OpOutputs(_DispatchMode):  # type: ignore[misc,valid-type]
             name = str(func)
             keep = False
             if name in _MATMULS:
+                if block is not self.counted:
+                    self.counted, self.mm_count = block, 0
                 self.mm_count += 1  # the score matmuls count too: SAC's policy sees them as matmuls
                 keep = self.mm_count % 2 == 1  # every other matmul is recomputed
             elif any(part in name for part in _SAVED_NAME_PARTS) and "backward" not in name:
@@ -120,6 +137,7 @@ class _OpOutputs(_DispatchMode):  # type: ignore[misc,valid-type]
             weight = self.probe.weight_of(func, args)
             if weight is not None:
                 block.matmul_inputs[weight] = _storage_key(args[-2])
+            kept = 0
             if keep:
                 leaves = _tensors(out)
                 kept = sum(_nbytes(t) for t in leaves
@@ -127,6 +145,8 @@ class _OpOutputs(_DispatchMode):  # type: ignore[misc,valid-type]
                 block.selective_ops += kept
                 if weight is not None:
                     block.kept_matmul_outputs[weight] = kept
+            if name == "aten.mm.default":
+                block._last_mm = (block._saves, kept, weight)
         return out
 
 
@@ -179,9 +199,11 @@ class _Recorder:
 
     def pack(self, t: torch.Tensor) -> torch.Tensor:
         key = _storage_key(t)
+        target = self.current
+        if target is not None:
+            target._saves += 1
         if key in self.param_storages or self.is_score_matrix(t):
             return t
-        target = self.current
         if target is None:
             if key not in self.outside_storages:
                 self.outside_storages.add(key)
@@ -207,7 +229,8 @@ class _Recorder:
                 if isinstance(first, torch.Tensor):
                     record.input_bytes = _nbytes(first)
 
-            def post(_m: nn.Module, _args: tuple[Any, ...], _out: Any) -> None:
+            def post(_m: nn.Module, _args: tuple[Any, ...], _out: Any, record: BlockActivations = record) -> None:
+                record.forget_unread_last_matmul()
                 self.current = None
 
             handles += [block.register_forward_pre_hook(pre), block.register_forward_hook(post)]
