@@ -120,7 +120,7 @@ class _LastMatmul:
 
     def saw(self, op: Any) -> None:
         """Notes a forward op after the block's latest matmul."""
-        if not self.saves_after and not _saves_nothing(op):
+        if not self.saves_after and not saves_nothing(op):
             self.saves_after = True
 
 
@@ -132,7 +132,7 @@ _SAVE_NOTHING = frozenset(("aten.add.Tensor", "aten.add_.Tensor", "aten.sub.Tens
                            "aten.chunk.default", "aten.unbind.int"))
 
 
-def _saves_nothing(op: Any) -> bool:
+def saves_nothing(op: Any) -> bool:
     """Ops whose backward reads none of their inputs or outputs: sums, views, casts and collectives."""
     name = str(op)
     return (name in _SAVE_NOTHING or bool(getattr(op, "is_view", False))
@@ -191,9 +191,9 @@ def checkpoint_module(module: nn.Module, context_fn: Callable[[], Any] | None = 
     module._titan_checkpointed = True  # type: ignore[assignment]  # read by layout reports and tests
 
 
-def _structure(block: nn.Module) -> tuple[object, ...]:
+def block_structure(block: nn.Module) -> tuple[object, ...]:
     """What makes two blocks run the same ops: their module types and parameters' names, shapes and dtypes."""
-    return (tuple(type(m).__qualname__ for m in block.modules()),
+    return (tuple(type(m).__name__ for m in block.modules()),
             tuple((n, tuple(p.shape), p.dtype) for n, p in block.named_parameters()))
 
 
@@ -249,7 +249,7 @@ def apply_activation_checkpointing(
         if (index + 1) % every == 0:
             context_fn = None
             if save_ops is not None:
-                context_fn = per_structure.setdefault(_structure(block), selective_context_fn(save_ops))
+                context_fn = per_structure.setdefault(block_structure(block), selective_context_fn(save_ops))
             checkpoint_module(block, context_fn)
             done.append(name)
     return done

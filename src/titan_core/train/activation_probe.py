@@ -32,6 +32,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..parallel.checkpointing import block_structure, saves_nothing
 from ..parallel.pipeline import discard_forward_records
 from ..runtime.torch_compat import dispatch_mode_class, grouped_mm_op
 
@@ -53,17 +54,16 @@ class BlockActivations:
     matmul_inputs: dict[str, int] = field(default_factory=dict, repr=False)
     kept_matmul_outputs: dict[str, int] = field(default_factory=dict, repr=False)
     _storages: dict[int, int] = field(default_factory=dict, repr=False)  # saved storage -> bytes
-    # Tensors autograd saved so far in the block (every one, parameters and repeats too), and the block's
-    # latest ``aten.mm`` as (those saved before it returned, the bytes it kept, its weight's name).
-    _saves: int = field(default=0, repr=False)
-    _last_mm: tuple[int, int, str | None] = field(default=(0, 0, None), repr=False)
+    # The block's latest ``aten.mm`` as (the bytes it kept, its weight's name), and whether an op after it may
+    # save a tensor (the policy's own test, ``parallel.checkpointing.saves_nothing``).
+    _last_mm: tuple[int, str | None] = field(default=(0, None), repr=False)
+    _saves_after_last_mm: bool = field(default=True, repr=False)
 
     def forget_unread_last_matmul(self) -> None:
-        """Per-op selective AC keeps no output of the block's last ``aten.mm`` when the recompute stops before
-        it (nothing is saved after its inputs: a residual sum ends the block); see
-        ``parallel.checkpointing._LastMatmul``."""
-        saves_before, kept, weight = self._last_mm
-        if kept and self._saves == saves_before:
+        """Per-op selective AC keeps no output of the block's last ``aten.mm`` when only sums, views, casts and
+        collectives follow it; see ``parallel.checkpointing._LastMatmul``."""
+        kept, weight = self._last_mm
+        if kept and not self._saves_after_last_mm:
             self.selective_ops -= kept
             if weight is not None:
                 self.kept_matmul_outputs.pop(weight, None)
@@ -146,7 +146,9 @@ class _OpOutputs(_DispatchMode):  # type: ignore[misc,valid-type]
                 if weight is not None:
                     block.kept_matmul_outputs[weight] = kept
             if name == "aten.mm.default":
-                block._last_mm = (block._saves, kept, weight)
+                block._last_mm, block._saves_after_last_mm = (kept, weight), False
+            elif not saves_nothing(func):
+                block._saves_after_last_mm = True
         return out
 
 
@@ -199,11 +201,9 @@ class _Recorder:
 
     def pack(self, t: torch.Tensor) -> torch.Tensor:
         key = _storage_key(t)
-        target = self.current
-        if target is not None:
-            target._saves += 1
         if key in self.param_storages or self.is_score_matrix(t):
             return t
+        target = self.current
         if target is None:
             if key not in self.outside_storages:
                 self.outside_storages.add(key)
@@ -254,7 +254,7 @@ def probe_activations(model: nn.Module, *, micro_batch: int, seq_len: int, dtype
     blocks = model.get_submodule(blocks_attr)
     kinds: dict[tuple[object, ...], list[str]] = {}
     for name, block in blocks.named_children():
-        kinds.setdefault(_block_structure(block), []).append(name)
+        kinds.setdefault(block_structure(block), []).append(name)
     leaders = [names[0] for names in kinds.values()]
     recorder = _Recorder(model, leaders, blocks_attr, seq_len)
     tokens = torch.zeros((micro_batch, seq_len), dtype=torch.long, device="meta")
@@ -270,11 +270,6 @@ def probe_activations(model: nn.Module, *, micro_batch: int, seq_len: int, dtype
     per_block = {name: recorder.blocks[names[0]] for names in kinds.values() for name in names}
     ordered = {name: per_block[name] for name, _ in blocks.named_children()}
     return ActivationProbe(ordered, recorder.outside, _nbytes(logits))
-
-
-def _block_structure(block: nn.Module) -> tuple[object, ...]:
-    return (tuple(type(m).__name__ for m in block.modules()),
-            tuple((n, tuple(p.shape), p.dtype) for n, p in block.named_parameters()))
 
 
 @contextlib.contextmanager
