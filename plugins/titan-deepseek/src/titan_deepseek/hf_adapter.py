@@ -179,19 +179,22 @@ class DeepSeekV3StateDictAdapter(hf_names.RenamingAdapter):
         rope = _rope_fields(config, max_len, problems)
         if problems:
             raise ConfigError("config.json sets what the deepseek_v3 spec cannot express: " + "; ".join(problems) + ".")
-        # Every layer dense (first_k_dense_replace >= layers): no experts at all.
+        # Every layer dense (first_k_dense_replace >= layers): no experts at all, and the MoE fields, which
+        # transformers' config carries whatever the layers are (and hf_config writes for a dense model), are
+        # not read: a dense model takes the defaults, which DeepSeekV3Args requires of a dense shape.
         sparse = c["first_k_dense_replace"] < c["num_hidden_layers"]
+        moe: dict[str, Any] = dict(
+            n_routed_experts=c["n_routed_experts"], num_experts_per_tok=c["num_experts_per_tok"],
+            moe_intermediate_size=c["moe_intermediate_size"], n_shared_experts=c["n_shared_experts"],
+            first_k_dense_replace=c["first_k_dense_replace"], n_group=c["n_group"], topk_group=c["topk_group"],
+            routed_scaling_factor=scaling, norm_topk_prob=c["norm_topk_prob"]) if sparse else {}
         try:
             return DeepSeekV3Args(
                 dim=c["hidden_size"], n_layers=c["num_hidden_layers"], n_heads=c["num_attention_heads"],
                 vocab_size=c["vocab_size"], intermediate_size=c["intermediate_size"], norm_eps=eps, max_seq_len=max_len,
                 tie_embeddings=c["tie_word_embeddings"], q_lora_rank=q_lora or 0, kv_lora_rank=c["kv_lora_rank"],
                 qk_nope_head_dim=c["qk_nope_head_dim"], qk_rope_head_dim=c["qk_rope_head_dim"],
-                v_head_dim=c["v_head_dim"], rope_interleave=c["rope_interleave"], **rope,
-                n_routed_experts=c["n_routed_experts"] if sparse else 0,
-                num_experts_per_tok=c["num_experts_per_tok"], moe_intermediate_size=c["moe_intermediate_size"],
-                n_shared_experts=c["n_shared_experts"], first_k_dense_replace=c["first_k_dense_replace"] if sparse else 0, n_group=c["n_group"],
-                topk_group=c["topk_group"], routed_scaling_factor=scaling, norm_topk_prob=c["norm_topk_prob"],
+                v_head_dim=c["v_head_dim"], rope_interleave=c["rope_interleave"], **rope, **moe,
             )
         except (ValueError, ArithmeticError) as exc:
             raise ConfigError(f"config.json describes a shape the deepseek_v3 model cannot take: {exc}") from None
@@ -241,13 +244,25 @@ def _rope_fields(config: Mapping[str, Any], max_len: int, problems: list[str]) -
     factor = hf_names.positive(max_len / original if factor is None else factor, "rope factor", problems)
     fields: dict[str, Any] = {"rope_theta": theta, "rope_type": "yarn", "rope_factor": factor,
                               "rope_original_max_seq_len": original,
-                              "rope_beta_fast": hf_names.positive(rope.get("beta_fast") or 32, "beta_fast", problems),
-                              "rope_beta_slow": hf_names.positive(rope.get("beta_slow") or 1, "beta_slow", problems),
                               "rope_truncate": rope.get("truncate", True)}
+    # An explicit value is used or refused, never replaced: transformers' `get("beta_fast") or 32` read a
+    # beta_fast of 0 (yarn divides by it) as 32, a model other than the file's.
+    for key, default in (("beta_fast", 32.0), ("beta_slow", 1.0)):
+        value = rope.get(key)
+        fields[f"rope_{key}"] = default if value is None else hf_names.positive(value, key, problems)
     if not isinstance(fields["rope_truncate"], bool):  # bool() read the string "false" as true
         problems.append(f"truncate={fields['rope_truncate']!r} (true or false)")
-    for key, field in (("mscale", "rope_mscale"), ("mscale_all_dim", "rope_mscale_all_dim"),
-                       ("attention_factor", "rope_attention_factor")):
-        if rope.get(key):
-            fields[field] = hf_names.positive(rope[key], key, problems)
+    for key, field in (("mscale", "rope_mscale"), ("mscale_all_dim", "rope_mscale_all_dim")):
+        value = rope.get(key)
+        if value is None:
+            continue
+        # 0 means unset here, as transformers reads it (`if mscale and mscale_all_dim`); a negative one is refused.
+        if hf_names.finite_number(value) and value >= 0:
+            fields[field] = float(value)
+        else:
+            problems.append(f"{key}={value!r} (0 or a positive number)")
+    # transformers uses an explicit attention_factor as given (0 would zero the rotary table): refused, not
+    # derived as if it were absent.
+    if rope.get("attention_factor") is not None:
+        fields["rope_attention_factor"] = hf_names.positive(rope["attention_factor"], "attention_factor", problems)
     return fields

@@ -37,6 +37,7 @@ Nothing here knows about parallelism.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -57,6 +58,14 @@ if TYPE_CHECKING:
 
 # transformers builds the two latent norms with RMSNorm's default epsilon, whatever rms_norm_eps says.
 LATENT_NORM_EPS = 1e-6
+
+
+# The fields only MoE layers read: a dense shape (n_routed_experts=0) must leave them at their defaults.
+MOE_ONLY_FIELDS = frozenset({
+    "num_experts_per_tok", "moe_intermediate_size", "n_shared_experts", "first_k_dense_replace", "n_group",
+    "topk_group", "routed_scaling_factor", "norm_topk_prob", "score_func", "moe_aux_loss_coeff",
+    "moe_bias_update_rate",
+})
 
 
 @dataclass(frozen=True)
@@ -119,6 +128,7 @@ class DeepSeekV3Args:
                              f"embeddings")
         if self.rope_type not in ("default", "yarn"):
             raise ValueError(f"DeepSeekV3Args: rope_type={self.rope_type!r} is not one of default, yarn")
+        self._check_rope()
         if self.n_routed_experts:
             check_routing(self.n_routed_experts, self.num_experts_per_tok, score_func=self.score_func,
                           n_group=self.n_group, topk_group=self.topk_group)
@@ -126,6 +136,61 @@ class DeepSeekV3Args:
                 raise ValueError(f"DeepSeekV3Args: first_k_dense_replace={self.first_k_dense_replace} leaves none "
                                  f"of the {self.n_layers} layers with experts; lower it or use a dense flavor "
                                  f"(n_routed_experts=0)")
+        else:
+            # Settings only MoE layers read, given to a dense shape, would be ignored without a word (identical
+            # losses). Only values that differ from the field's default: a flavor or a config.json that merely
+            # carries the default still loads.
+            moe_only = [f"{f.name}={getattr(self, f.name)!r}" for f in dataclasses.fields(self)
+                        if f.name in MOE_ONLY_FIELDS and getattr(self, f.name) != f.default]
+            if moe_only:
+                raise ValueError(f"DeepSeekV3Args: {', '.join(moe_only)} only act on MoE layers, and this shape has "
+                                 f"none (n_routed_experts=0, a dense flavor): the setting would do nothing. Use a "
+                                 f"MoE flavor (e.g. debugmoe), or leave it out")
+
+    def _check_rope(self) -> None:
+        """ValueError for rotary settings that would crash the table's computation or silently mean something
+        else. Here, not in the config section, so flags, flavors and Hugging Face config.json files all pass."""
+        if not (math.isfinite(self.rope_theta) and self.rope_theta > 0):
+            raise ValueError(f"DeepSeekV3Args: rope_theta={self.rope_theta} must be a finite number > 0: the rotary "
+                             f"frequencies are powers of it (DeepSeek-V3 uses 10000)")
+        if self.rope_type != "yarn":
+            return
+        # yarn's correction range divides by log(rope_theta): 0 at 1 (ZeroDivisionError when the table is
+        # built, at the first sample or step), and below 1 it turns the ramp around.
+        if self.rope_theta <= 1:
+            raise ValueError(f"DeepSeekV3Args: rope_theta={self.rope_theta} with rope_type='yarn': yarn's correction "
+                             f"range divides by log(rope_theta), which is 0 at 1 and negative below; give a "
+                             f"rope_theta above 1 (DeepSeek-V3 uses 10000), or rope_type='default'")
+        # below 1 yarn would shorten the wavelengths it is meant to stretch (transformers warns likewise)
+        if not (math.isfinite(self.rope_factor) and self.rope_factor >= 1):
+            raise ValueError(f"DeepSeekV3Args: rope_factor={self.rope_factor} (config.json: rope_scaling.factor) "
+                             f"with rope_type='yarn': yarn stretches the original context by this factor, so it "
+                             f"must be a finite number >= 1 (DeepSeek-V3 uses 40); use rope_type='default' for no "
+                             f"stretch")
+        if self.rope_original_max_seq_len < 1:
+            raise ValueError(f"DeepSeekV3Args: rope_original_max_seq_len={self.rope_original_max_seq_len} "
+                             f"(config.json: original_max_position_embeddings) must be 1 or more: yarn takes the "
+                             f"logarithm of the original context length (DeepSeek-V3 uses 4096)")
+        # Each beta is a number of turns that yarn divides by, and then takes the logarithm of the quotient.
+        for name in ("rope_beta_fast", "rope_beta_slow"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value > 0):
+                raise ValueError(f"DeepSeekV3Args: {name}={value} (config.json: {name.removeprefix('rope_')}) must "
+                                 f"be a finite number > 0: yarn divides by it (DeepSeek-V3 uses beta_fast=32, "
+                                 f"beta_slow=1)")
+        if self.rope_beta_fast < self.rope_beta_slow:
+            # The ramp would run backwards: stretch the fast channels and keep the slow ones.
+            raise ValueError(f"DeepSeekV3Args: rope_beta_fast={self.rope_beta_fast} is below rope_beta_slow="
+                             f"{self.rope_beta_slow}: yarn keeps the channels turning more than beta_fast times and "
+                             f"stretches those turning fewer than beta_slow times, so beta_fast must be the larger "
+                             f"(DeepSeek-V3 uses 32 and 1); swap them")
+        # 0 means unset for these three (as transformers reads mscale); a negative one would make the attention
+        # temperature 0 (a division by zero) or flip the sign of the rotary table.
+        for name in ("rope_mscale", "rope_mscale_all_dim", "rope_attention_factor"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"DeepSeekV3Args: {name}={value} (config.json: {name.removeprefix('rope_')}) must "
+                                 f"be a finite number >= 0 (0: unset); DeepSeek-V3 uses mscale=1, mscale_all_dim=1")
 
     @property
     def qk_head_dim(self) -> int:

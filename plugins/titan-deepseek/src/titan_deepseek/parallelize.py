@@ -1,5 +1,5 @@
 """Layout checks for deepseek_v3 (the spec's validate_fn): what PP needs of the model's shape, and the
-layouts multi-token prediction does not support yet.
+layouts multi-token prediction does not support yet (and its loss weight given without the block).
 
 Runs before any process group exists, after the core has checked the degrees against the
 world size. Tensor parallelism splits the attention heads, the dense MLPs, the vocabulary and
@@ -20,7 +20,17 @@ def validate_deepseek_v3_layout(
     from titan_core.parallel.pipeline import validate_pipeline
     from titan_core.parallel.tp_plans import check_decoder_tp
 
+    from .model import DeepSeekV3Args
+
     tp, pp = parallelism.tp, parallelism.pp
+    # Here rather than in DeepSeekV3Args: the weight only matters to training, and a model built without the
+    # block from args that carry one (dataclasses.replace(args, mtp_layers=0)) is legitimate.
+    if not args.mtp_layers and args.mtp_loss_weight != DeepSeekV3Args.mtp_loss_weight:
+        raise ConfigError(
+            f"deepseek_v3.mtp_loss_weight={args.mtp_loss_weight} weighs the multi-token-prediction loss, but "
+            f"mtp_layers=0 builds no prediction block, so the setting would do nothing. Set "
+            f"--deepseek_v3.mtp_layers=1 to train the block, or leave mtp_loss_weight out."
+        )
     if args.mtp_layers:
         split = [f"{name}={degree}" for name, degree in (("tp", tp), ("pp", pp), ("cp", parallelism.cp)) if degree > 1]
         if split:
