@@ -5,11 +5,15 @@ from __future__ import annotations
 import shutil
 import sys
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 
-from ..errors import ConfigError, PluginError, did_you_mean
+from ..config.overrides import parse_override_args
+from ..errors import ConfigError, PluginError, TitanError, did_you_mean
+from ..plan.resolve import resolve_config
 from ..plugin.discovery import CONVERTERS, SPECS, discover, load_train_spec
 from ..testing import CheckResult, Target
 from ..testing.checks import Check, register_if_tiny, run_all
+from .titan_train import build_parser as train_parser
 
 
 def kind_of(name: str) -> str:
@@ -26,6 +30,54 @@ def kind_of(name: str) -> str:
         f'no installed spec or converter is named "{name}"{did_you_mean(name, [*specs, *converters])}. '
         f"`titan-train --list` shows what is installed; install the plugin (pip install ...) first."
     )
+
+
+def checked_kind(name: str, kind: str) -> str:
+    """``kind`` (from --kind) when ``name`` is installed as one; a ConfigError before any check runs when it is
+    installed as the other kind only (its import failed as a check, a table and exit 1, which reads as the
+    plugin's fault) or not installed at all (``kind_of``'s message)."""
+    if kind == "spec":
+        register_if_tiny(name)  # the core's tiny model is a spec only once asked for
+    specs, converters = discover(SPECS), discover(CONVERTERS)
+    if name in (specs if kind == "spec" else converters):
+        return kind
+    if name not in specs and name not in converters:
+        return kind_of(name)  # raises: not installed, with a did-you-mean
+    other = "converter" if kind == "spec" else "spec"
+    raise ConfigError(f'--kind {kind}: "{name}" is an installed {other}, not a {kind}; check it with --kind {other}, '
+                      f"or leave --kind out (it is needed only for a name that is both).")
+
+
+def check_flag_values(kinds: Mapping[str, str], *, spec: str, flavor: str | None, flags: Sequence[str],
+                      run_flags: Sequence[str] = ()) -> None:
+    """The --flag values, validated against the config each training run resolves (the core's sections and the
+    plugin's), before any check runs: a value the config refuses made every training check fail with the config
+    error in its detail, and exit 1, as if the plugin were at fault. ``run_flags``: the check's own additions
+    (--import, --model.plugin_timeout_s). Only the user's values are judged: where the config without them fails (a plugin
+    that does not load or validate), nothing is said here and the checks report it."""
+    if not flags:
+        return
+    def pairs_of(argv: Sequence[str]) -> list[tuple[str, str]]:
+        parsed, rest = train_parser().parse_known_args(list(argv))
+        named = [(key, getattr(parsed, flag)) for flag, key in
+                 (("spec", "model.spec"), ("flavor", "model.flavor"), ("converters", "model.converters"))
+                 if getattr(parsed, flag) is not None]
+        return named + parse_override_args(rest)
+
+    for name, kind in kinds.items():
+        try:
+            target = Target(kind, name, spec=spec, flavor=flavor, workdir=Path("."))
+            base = [("model.spec", target.spec_name), ("model.flavor", target.flavor_name),
+                    ("training.seq_len", str(target.seq_len)), ("training.steps", "5"),
+                    *((("model.converters", name),) if kind == "converter" else ()), *pairs_of(run_flags)]
+            resolve_config(config_source=None, override_pairs=base, world_size=1)
+        except TitanError:
+            continue  # not the user's flags: the checks say what is wrong with the plugin
+        try:
+            resolve_config(config_source=None, override_pairs=[*base, *pairs_of(flags)], world_size=1)
+        except ConfigError as exc:
+            raise ConfigError(f"--flag {' '.join(flags)}: every training run of the checks would refuse it: {exc}"
+                              ) from None
 
 
 def check_training_choices(kinds: Mapping[str, str], *, spec: str, flavor: str | None) -> None:
@@ -68,11 +120,14 @@ def format_table(name: str, kind: str, results: Sequence[CheckResult]) -> str:
 
 
 def check(names: Sequence[str], *, fast: bool, spec: str, compile: bool, kind: str | None,
-          extra_flags: Sequence[str], flavor: str | None = None) -> int:
-    """Check every name; print one table each; 1 if any check failed, else 0."""
+          extra_flags: Sequence[str], flavor: str | None = None, user_flags: Sequence[str] = ()) -> int:
+    """Check every name; print one table each; 1 if any check failed, else 0. ``user_flags``: the --flag values
+    (the tail of ``extra_flags``), validated before any check runs."""
 
-    kinds = {name: kind or kind_of(name) for name in names}  # every name known before anything runs
+    kinds = {name: checked_kind(name, kind) if kind else kind_of(name) for name in names}  # known before any runs
     check_training_choices(kinds, spec=spec, flavor=flavor)
+    check_flag_values(kinds, spec=spec, flavor=flavor, flags=user_flags,
+                      run_flags=extra_flags[:len(extra_flags) - len(user_flags)])
     failed = False
     for name in names:
         k = kinds[name]

@@ -106,7 +106,7 @@ def _run(args: argparse.Namespace) -> int:
         imports = [flag for module in args.imports for flag in ("--import", module)]
         limit = [f"--model.plugin_timeout_s={args.call_timeout!r}"]
         return check(args.names, fast=args.fast, spec=args.spec, compile=args.compile, kind=args.kind,
-                     extra_flags=[*imports, *limit, *args.flags], flavor=args.flavor)
+                     extra_flags=[*imports, *limit, *args.flags], flavor=args.flavor, user_flags=args.flags)
 
     path = write_package(args.kind, args.name, args.dir)
     print(f"wrote {args.kind} plugin {args.name} to {path}\nnext: pip install {path} && "

@@ -91,27 +91,31 @@ def _inputs(sources: list[str], files: list[list[Path] | None]) -> list[Path | s
 
 
 def describe_inputs(req: PrepareRequest, tok: Tokenizer, files: list[list[Path] | None],
-                    sha256: Callable[[Path], str], *, duplicates: dict[Path, Path] | None = None) -> dict[str, Any]:
+                    sha256: Callable[[Path], str], *, duplicates: dict[int, Path] | None = None) -> dict[str, Any]:
     """Everything the output depends on (checked again on resume): settings, tokenizer, every file's hash
-    (``sha256``: taken before anything read the file; ``duplicates``: the files skipped as a repeat of
-    another, recorded with ``duplicate_of``)."""
+    (``sha256``: taken before anything read the file; ``duplicates``: by input number, the files skipped as a
+    repeat of another, recorded with ``duplicate_of``; by number, since a file listed twice has one path)."""
     repeats = duplicates or {}
 
-    def entry(p: Path) -> dict[str, Any]:
+    def entry(p: Path, number: int) -> dict[str, Any]:
         record = {"path": str(p.resolve()), "size": p.stat().st_size, "sha256": sha256(p)}
-        if p in repeats:
-            record["duplicate_of"] = str(repeats[p].resolve())
+        if number in repeats:
+            record["duplicate_of"] = str(repeats[number].resolve())
         return record
 
     sources: list[dict[str, Any]] = []
+    number = 0  # each input's number, counted as plan_tasks counts: builtin and hf: take one
     for source, paths in zip(req.sources, files):
         if source.startswith(HF_PREFIX):
             sources.append({"source": source, "split": req.hf_split})
+            number += 1
         elif paths is None:
             sources.append({"source": "builtin"})
+            number += 1
         else:
             sources.append({"source": str(Path(source).expanduser().resolve()),
-                            "files": [entry(p) for p in paths]})
+                            "files": [entry(p, number + i) for i, p in enumerate(paths)]})
+            number += len(paths)
     return {
         "format": FORMAT, "version": VERSION, "dtype": dtype_for_vocab(tok.vocab_size),
         "shard_tokens": req.shard_tokens, "text_field": req.text_field,
@@ -197,7 +201,7 @@ def prepare(req: PrepareRequest, load_tokenizer: Callable[[str], Tokenizer]) -> 
     describing = ThreadPoolExecutor(max_workers=1, thread_name_prefix="titan-source-describe")
     try:
         described = describing.submit(describe_inputs, req, tok, files, source_hashes.sha256,
-                                      duplicates={d.path: d.of for d in repeats})
+                                      duplicates={d.number: d.of for d in repeats})
         saved = _check_out(req, described.result)
         if saved is not None and saved.get("done"):
             index = json.loads(read_regular(req.out / INDEX_NAME))
@@ -212,12 +216,12 @@ def prepare(req: PrepareRequest, load_tokenizer: Callable[[str], Tokenizer]) -> 
         writer = ShardWriter(req.out, dtype=dtype_for_vocab(tok.vocab_size), shard_tokens=req.shard_tokens,
                              inputs=described.result, saved=saved)
         progress = Progress(req.progress)
-        for repeat in repeats:
-            print(repeat.line(), file=sys.stderr, flush=True)
+        for line in dict.fromkeys(repeat.line() for repeat in repeats):  # a file listed three times: said once
+            print(line, file=sys.stderr, flush=True)
         order = ReadOrder(source_hashes, _inputs(req.sources, files))
         try:
             try:
-                _run(req, writer, progress, tok, load_tokenizer, files, frozenset(d.path for d in repeats), order)
+                _run(req, writer, progress, tok, load_tokenizer, files, frozenset(d.number for d in repeats), order)
                 order.all_packed()
                 source_hashes.check(listed, req.out)  # before the index: it must describe what was packed
                 index = writer.finish()
@@ -252,7 +256,7 @@ def _tell_repeats(writer: ShardWriter, inputs: Sequence[Path | str]) -> None:
 
 
 def _run(req: PrepareRequest, writer: ShardWriter, progress: Progress, tok: Tokenizer,
-         load_tokenizer: Callable[[str], Tokenizer], files: list[list[Path] | None], skip: frozenset[Path],
+         load_tokenizer: Callable[[str], Tokenizer], files: list[list[Path] | None], skip: frozenset[int],
          order: ReadOrder) -> None:
     tasks = itertools.islice(plan_tasks(req.sources, text_field=req.text_field, hf_split=req.hf_split,
                                         hf_timeout_s=req.hf_timeout_s, files=files, skip=skip, opening=order.opening),

@@ -42,8 +42,14 @@ class Duplicate(NamedTuple):
     path: Path
     of: Path
     how: str  # "a link to", "the file linked to by", "the same file as", "a hard link of", "byte-identical to"
+    # Its input number (``tasks.plan_tasks``: the sources' files and builtin/hf: sources, counted in order). The
+    # same file listed twice is two equal paths: only the number tells the repeat from the first, which is read.
+    number: int = -1
 
     def line(self) -> str:
+        if self.path == self.of:  # listed twice (as a.jsonl and ./a.jsonl, or as a folder and a file in it)
+            return (f"prepare: skipped {self.path}: listed more than once, read only where it first comes "
+                    "(--keep-duplicates packs it again)")
         return f"prepare: skipped {self.path}: {self.how} {self.of}, already read (--keep-duplicates packs it again)"
 
 
@@ -51,16 +57,31 @@ def _flat(files: list[list[Path] | None]) -> list[Path]:
     return [p for paths in files if paths is not None for p in paths]
 
 
+def _numbered(files: list[list[Path] | None]) -> list[tuple[int, Path]]:
+    """Every listed file with its input number, counted as ``tasks.plan_tasks`` counts (builtin and hf: take one)."""
+    numbered: list[tuple[int, Path]] = []
+    number = 0
+    for paths in files:
+        if paths is None:
+            number += 1
+            continue
+        for path in paths:
+            numbered.append((number, path))
+            number += 1
+    return numbered
+
+
 def find_duplicates(files: list[list[Path] | None], hashes: dict[Path, str]) -> list[Duplicate]:
-    """Each file that repeats one listed before it (in source order). ``hashes`` collects the SHA-256 of the
-    files hashed here (those sharing a size), so they are not read twice."""
+    """Each file that repeats one listed before it (in source order), with its input number: the first time a file
+    comes it is read, every later time it is a repeat. ``hashes`` collects the SHA-256 of the files hashed here
+    (those sharing a size), so they are not read twice."""
     found: list[Duplicate] = []
     first_by_inode: dict[tuple[int, int], Path] = {}
     # Each size's first file, hashed only once a second file of its size comes (None once hashed); the first
     # file of each content by its hash. One hash and two dict lookups per file: linear in the file count.
     unhashed_by_size: dict[int, Path | None] = {}
     first_by_hash: dict[str, Path] = {}
-    for path in _flat(files):
+    for number, path in _numbered(files):
         st = path.stat()
         same = first_by_inode.get((st.st_dev, st.st_ino))
         if same is not None:
@@ -70,7 +91,7 @@ def find_duplicates(files: list[list[Path] | None], hashes: dict[Path, str]) -> 
                 how = "the file linked to by"
             else:
                 how = "the same file as" if same.resolve() == path.resolve() else "a hard link of"
-            found.append(Duplicate(path, same, how))
+            found.append(Duplicate(path, same, how, number))
             continue
         first_by_inode[(st.st_dev, st.st_ino)] = path
         if st.st_size not in unhashed_by_size:  # the first of its size: nothing to compare it with yet
@@ -82,7 +103,7 @@ def find_duplicates(files: list[list[Path] | None], hashes: dict[Path, str]) -> 
             unhashed_by_size[st.st_size] = None
         twin = first_by_hash.setdefault(_hash(path, hashes), path)
         if twin is not path:
-            found.append(Duplicate(path, twin, "byte-identical to"))
+            found.append(Duplicate(path, twin, "byte-identical to", number))
     return found
 
 

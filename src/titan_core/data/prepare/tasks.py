@@ -54,11 +54,12 @@ class Task(NamedTuple):
 
 
 def plan_tasks(sources: list[str], *, text_field: str, hf_split: str, hf_timeout_s: float = 60.0,
-               files: Sequence[list[Path] | None] | None = None, skip: frozenset[Path] = frozenset(),
+               files: Sequence[list[Path] | None] | None = None, skip: frozenset[int] = frozenset(),
                opening: Callable[[int], None] = lambda number: None) -> Iterator[Task]:
     """Every task of ``sources``, in source order (local sources were checked by the caller). ``files``: each
     source's files as the caller listed (and hashed) them, so what is packed is what is recorded; ``skip``: the
-    duplicates left out (provenance.py); ``opening``: told each input's number (the sources' files and the
+    input numbers of the duplicates left out (provenance.py: by number, not path, since a file listed twice is
+    read where it first comes); ``opening``: told each input's number (the sources' files and the
     builtin and hf: sources, counted in order, skipped files too) before anything of it is read."""
     number = 0
     for index, source in enumerate(sources):
@@ -75,7 +76,7 @@ def plan_tasks(sources: list[str], *, text_field: str, hf_split: str, hf_timeout
         else:
             listed = files[index] if files is not None else None
             for path in listed if listed is not None else source_files(source):
-                if path not in skip:
+                if number not in skip:
                     opening(number)
                     yield from _file_tasks(path, text_field)
                 number += 1
