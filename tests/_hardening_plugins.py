@@ -3,7 +3,7 @@
 * converter ``hang_convert``: ``convert()`` never returns (it sleeps forever);
 * converter ``optimizer`` and spec ``training``: names of core config sections;
 * spec ``no_layers``: llama3's model under a spec without ``parallelize_fn`` whose blocks are not
-  where the core's default parallelize_fn looks (an error of the core's own code, not the plugin's).
+  where the core's default parallelize_fn looks (refused naming the spec and ``blocks_attr=``).
 """
 
 from __future__ import annotations

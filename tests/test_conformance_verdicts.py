@@ -80,7 +80,8 @@ def test_tp_refused_up_front_passes_a_crash_in_the_workers_or_no_tp_at_all_fails
     crashed = run_check(Target("converter", "tp_crashes", workdir=tmp_path / "c", extra_flags=flags),
                         next(c for c in CONVERTER_CHECKS if c.name == "TP 2 works or refuses"))
     assert crashed.status == "fail" and crashed.figure == "failed in workers", crashed
-    assert "ColwiseParallel currently only support nn.Linear" in crashed.detail
+    assert "the tensor-parallel plan gives a column- or row-wise style to modules that are neither linear nor " \
+        "embedding layers" in crashed.detail
     assert "refuses in __init__ (parallel_dims.tp_enabled)" in crashed.detail
     ignored = run_check(Target("spec", "ignores_tp", workdir=tmp_path / "i", extra_flags=flags),
                         next(c for c in SPEC_CHECKS if c.name == "TP 2 = 1 process"))

@@ -368,11 +368,27 @@ def test_a_tokenizer_whose_ids_exceed_its_vocabulary_is_blamed(tmp_path: Path) -
     assert snapshot(tmp_path / "in") == before
 
 
-def test_an_error_of_the_cores_own_code_inside_a_plugin_call_is_not_called_a_plugin_bug(tmp_path: Path) -> None:
+def test_an_error_of_the_cores_own_code_inside_a_plugin_call_is_not_called_a_plugin_bug() -> None:
+    from titan_core.errors import CoreErrorInPluginCall
+    from titan_core.models.model_parts import output_head
+    from titan_core.plugin.guard import plugin_call
+
+    def plugins_forward() -> None:  # the plugin's code hands the core's helper something it cannot use
+        output_head(None, False)  # type: ignore[arg-type]
+
+    with pytest.raises(CoreErrorInPluginCall) as caught, plugin_call("titan.train_specs", "x", "the model's forward"):
+        plugins_forward()
+    assert "titan-core's output_head (models/model_parts.py:" in str(caught.value)
+    assert "comes from titan-core's own code, not from the plugin's" in str(caught.value)
+
+
+def test_a_spec_whose_blocks_the_default_parallelize_fn_cannot_find_is_told_where_to_say(tmp_path: Path) -> None:
+    """Was the example of the test above (the core's lookup of model.layers raised inside the plugin call); the
+    lookup now names the spec, the attribute that holds the blocks and blocks_attr=."""
     text = refused(run(*PLUGINS, "--spec", "no_layers", "--no_layers.n_layers=1", "--training.seq_len=32",
                        "--training.local_batch_size=2", f"--job.run_dir={tmp_path / 'run'}", "--training.steps=1"),
-                   "titan-core's _blocks (parallel/default.py:", "comes from titan-core's own code, not from the plugin's")
-    assert "This is a problem in the plugin" not in text
+                   "looks for the model's blocks in model.layers", "_NoLayers has int there (it has model.blocks)")
+    assert "titan-core's own code" not in text
 
 
 def test_world_size_without_rank_and_nproc_under_a_launcher_environment_are_refused_at_once(tmp_path: Path) -> None:

@@ -110,7 +110,7 @@ def test_a_good_lighthouse_address_and_moe_settings_pass(tmp_path: Path, monkeyp
     """The checks refuse only what is wrong: an http://HOST:PORT address (IPv6 too) and in-range layer ids pass."""
     isolate(monkeypatch)
     for address in ("http://127.0.0.1:29510", "http://[::1]:29510", "http://lighthouse.example:80/"):
-        result = run_in_process(capsys, *QWEN3_MOE, f"--job.run_dir={tmp_path / 'run'}", "--print-config",
+        result = run_in_process(capsys, *QWEN3_MOE[:-1], f"--job.run_dir={tmp_path / 'run'}", "--print-config",
                                 *FT, f"--fault_tolerance.lighthouse={address}", "--qwen3.mlp_only_layers=[0,5]",
                                 "--fault_tolerance.quorum_timeout_s=86400")
         assert result.code == 0 and not error_lines(result), result.text

@@ -18,6 +18,7 @@ from torch import nn
 from titan_core import (
     ActivationCheckpointSection,
     ConfigError,
+    PluginError,
     default_parallelize_fn,
 )
 from titan_core.models.init import init_model_weights
@@ -36,9 +37,9 @@ def test_tp_without_a_plan_is_a_config_error() -> None:
         _parallelize(nn.Linear(2, 2), default_parallelize_fn(None, spec_name="spec x"), tp=2)
 
 
-def test_a_plan_naming_a_missing_module_is_a_config_error() -> None:
+def test_a_plan_naming_a_missing_module_is_the_plugins_error() -> None:
     model = TinyTransformer(TinyArgs(vocab_size=16))
-    with pytest.raises(ConfigError, match=r"does not have: \['layers.0.mlp.fc_in'\]"):
+    with pytest.raises(PluginError, match=r"does not have: \['layers.0.mlp.fc_in'\]"):
         apply_tensor_parallel(model, None, {"layers.0.attention.wq": object(), "layers.0.mlp.fc_in": object()})
 
 

@@ -23,6 +23,7 @@ from torch import nn
 
 from ..errors import PluginError
 from ..models.init import init_model_weights
+from ..models.model_parts import head_was_handed_over
 from ..models.ties import declared_ties
 from ..parallel import spec_parallelize_fn
 from ..plugin.discovery import CONVERTERS, SPECS
@@ -123,11 +124,13 @@ class SpecCalls:
         with self.guard("the model's init_parameter/init_buffers", timed=True):
             init_model_weights(part, seed=seed, buffers_only=buffers_only)
 
-    def forward(self, model: nn.Module, inputs: torch.Tensor, **kwargs: torch.Tensor) -> torch.Tensor:
-        """The model's forward, whose logits must be ``[batch, seq, vocab]`` for ``[batch, seq]`` inputs."""
+    def forward(self, model: nn.Module, inputs: torch.Tensor, *, vocab: int | None = None,
+                **kwargs: torch.Tensor) -> torch.Tensor:
+        """The model's forward, whose logits must be ``[batch, seq, vocab]`` for ``[batch, seq]`` inputs (``vocab``:
+        the least width, checked when given and the forward did not hand its head to the core's chunked loss)."""
         with self.guard("the model's forward", timed=True):
             logits: object = model(inputs, **kwargs)
-        check_logits(logits, inputs, spec=self.spec.name)
+        check_logits(logits, inputs, spec=self.spec.name, vocab=None if head_was_handed_over() else vocab)
         return cast(torch.Tensor, logits)  # check_logits refused anything else
 
     def optimizers(self, model_parts: list[nn.Module], config: OptimizerSection, *,

@@ -47,6 +47,7 @@ before a save is left out.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import warnings
@@ -162,6 +163,11 @@ class CheckpointManager:
         before training rather than at the first save ``interval`` steps later.
         """
         if not self.config.enable:
+            # Said, not silent: a rerun that forgot --checkpoint.enable=true starts over next to the checkpoints.
+            with contextlib.suppress(OSError):  # an unreadable folder: nothing to say, nothing is read from it
+                if self.is_rank0 and self.folder.is_dir() and layout.latest_checkpoint(self.folder) is not None:
+                    self._log(f"checkpointing is off (checkpoint.enable=false): starting from step 1, ignoring the "
+                              f"checkpoints in {self.folder} (--checkpoint.enable=true resumes from the newest)")
             return None
         self._agree_on_rank0(lambda: layout.ensure_folder(self.folder))
         decision = self._agree_on_rank0(lambda: self._decide_resume(newest=newest))

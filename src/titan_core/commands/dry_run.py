@@ -53,6 +53,7 @@ def dry_run(resolved: ResolvedConfig, *, target_device: str | None = None, ranks
     if resolved.model_shape_note:
         progress(resolved.model_shape_note, is_rank0=is_rank0)
     built = build.build_meta_model(resolved)
+    build.check_parallelize_settings(resolved, built.model)
     build.announce_model(resolved, built.n_params, is_rank0=is_rank0)
     if not planned:  # this process alone, on this machine: the check the run itself makes
         build.check_fits(resolved, built.n_params)

@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING
 from ..config.environment import check_environment
 from ..config.overrides import parse_override_args
 from ..config.toml_out import dumps
-from ..console import env_is_rank0, rank_prefix, say
+from ..config.unused_settings import idle_settings
+from ..console import env_is_rank0, progress, rank_prefix, say
 from ..errors import ConfigError, StopRequested, Terminated, TitanError
 from ..plugin import discovery
 from ..runtime.launch_env import world_size_from_env
@@ -93,7 +94,24 @@ def _override_pairs(args: argparse.Namespace, rest: list[str]) -> list[tuple[str
     return pairs + parse_override_args(rest)
 
 
+#: the flags that each choose what the command does instead of training (at most one is given)
+MODE_FLAGS: tuple[tuple[str, str], ...] = (
+    ("list", "--list"), ("print_config", "--print-config"), ("schema", "--schema"), ("dry_run", "--dry-run"),
+    ("compare_baseline", "--compare-baseline"), ("rehearse_rank", "--rehearse-rank"),
+)
+
+
+def check_one_mode(args: argparse.Namespace) -> None:
+    """ConfigError for two flags that each choose what the command does: one of them used to be dropped without a
+    word (``--compare-baseline --dry-run`` only planned, ``--print-config --dry-run`` only printed)."""
+    given = [flag for attr, flag in MODE_FLAGS if getattr(args, attr) not in (None, False)]
+    if len(given) > 1:
+        raise ConfigError(f"{' and '.join(given)} each choose what titan-train does, and only one can run: give one "
+                          f"of them per command.")
+
+
 def run(args: argparse.Namespace, rest: list[str], argv: list[str], trainer_class: type[Trainer] | None = None) -> int:
+    check_one_mode(args)
     discovery.import_modules(args.imports)
     if args.list:
         return print_plugin_list(with_traceback=args.traceback)
@@ -137,6 +155,10 @@ def run(args: argparse.Namespace, rest: list[str], argv: list[str], trainer_clas
         print(json.dumps(resolved.job_model.model_json_schema(), indent=2))
         return 0
     check_environment(resolved.config)
+    relaunching = bool(args.nproc_per_node) and world_size_from_env() == 1 and args.rehearse_rank is None \
+        and not args.dry_run
+    for line in idle_settings(resolved.config):  # the launcher's rank 0 worker says it, once
+        progress(line, is_rank0=env_is_rank0() and not relaunching)
     if args.rehearse_rank is not None:
         from .rehearse import rehearse  # start-up: as below
 
@@ -202,8 +224,10 @@ def rehearsal_environment(rank: int, world_size: int, *, dry_run: bool) -> None:
     if dry_run:
         raise ConfigError("--rehearse-rank trains one rank; --dry-run plans every rank: use one or the other.")
     if world_size < 2:
-        raise ConfigError("--rehearse-rank R needs the layout's size: --nproc-per-node M (and --nnodes N for "
-                          "several machines), e.g. --nnodes 8 --nproc-per-node 8 --rehearse-rank 0.")
+        given = f"the layout given has {world_size} rank" if world_size == 1 else "no layout was given"
+        raise ConfigError(f"--rehearse-rank {rank} rehearses one rank of a layout of several ({given}): give its "
+                          f"size with --nproc-per-node M (and --nnodes N for several machines), e.g. --nnodes 8 "
+                          f"--nproc-per-node 8 --rehearse-rank 0. A one-rank job is a plain run: drop --rehearse-rank.")
     if not 0 <= rank < world_size:
         raise ConfigError(f"--rehearse-rank {rank}: the layout has ranks 0 to {world_size - 1}.")
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK="0", LOCAL_WORLD_SIZE="1")

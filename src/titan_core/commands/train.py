@@ -23,14 +23,14 @@ if TYPE_CHECKING:
     from ..runtime.folder_locks import HeldFolders
 
 
-def _take_run_folders(resolved: ResolvedConfig) -> HeldFolders | None:
+def _take_run_folders(resolved: ResolvedConfig, *, rehearsal: bool) -> HeldFolders | None:
     """Rank 0 owns the folders the run writes for the life of the run (the --nproc-per-node launcher holds
     them for its workers)."""
 
     rank, _, _ = rank_env()
     if rank != 0 or lock_held_by_launcher(Path(resolved.config.job.run_dir)):
         return None
-    return acquire_run_folders(resolved.config)
+    return acquire_run_folders(resolved.config, rehearsal=rehearsal)
 
 
 def trained(trainer: Trainer) -> list[float]:
@@ -47,11 +47,12 @@ def trained(trainer: Trainer) -> list[float]:
                             "nothing new to save", signum=signal.SIGTERM, quiet=rank_env()[0] != 0) from None
 
 
-def train(resolved: ResolvedConfig, *, trainer_class: type[Trainer] | None = None) -> int:
-    """Train with ``trainer_class`` (``--trainer``; default the Trainer, or with fault tolerance its own)."""
+def train(resolved: ResolvedConfig, *, trainer_class: type[Trainer] | None = None, rehearsal: bool = False) -> int:
+    """Train with ``trainer_class`` (``--trainer``; default the Trainer, or with fault tolerance its own);
+    ``rehearsal``: the run is ``--rehearse-rank``'s, in a rehearsal's own folder."""
     distributed.die_with_launcher()
     cls = trainer_for_run(trainer_class, fault_tolerant=resolved.config.fault_tolerance.enable)
-    lock = _take_run_folders(resolved)
+    lock = _take_run_folders(resolved, rehearsal=rehearsal)
     trainer = cls(resolved)
     clean = False
     try:

@@ -104,6 +104,13 @@ def hidden_states_for_loss() -> Iterator[HeadRequest]:
         _HEAD_REQUEST.reset(token)
 
 
+def head_was_handed_over() -> bool:
+    """Whether the forward that just ran inside :func:`hidden_states_for_loss` returned hidden states (its head
+    handed to the core) rather than logits."""
+    request = _HEAD_REQUEST.get()
+    return request is not None and request.head is not None
+
+
 def final_norm_and_head(h: torch.Tensor, norm: nn.Module | None, output: nn.Module | None) -> torch.Tensor:
     """The end of a decoder's forward: the final norm, then the head (logits). A pipeline stage
     the splitter left without them returns what it has (hidden states). Inside

@@ -18,6 +18,7 @@ or restore the saved weight decay over the configured one.
 
 from __future__ import annotations
 
+import difflib
 import fnmatch
 from dataclasses import dataclass
 from typing import Any
@@ -94,6 +95,29 @@ def assign(module: nn.Module, config: OptimizerSection) -> dict[str, list[tuple[
     return out
 
 
+def rule_left_empty(module: nn.Module, config: OptimizerSection) -> str | None:
+    """Why an ``optimizer.param_groups`` rule takes no parameter of the whole ``module``, in a sentence; None when
+    every rule takes some. Such a rule's settings apply to nothing: a misspelt pattern, or one whose parameters an
+    earlier rule (first match wins) already took."""
+    names = [clean_name(n) for n, p in module.named_parameters() if p.requires_grad]
+    taken = {g: [n for n, _ in members] for g, members in assign(module, config).items()}
+    for i, rule in enumerate(config.param_groups):
+        if taken[rule.name]:
+            continue
+        matched = [n for n in names if any(fnmatch.fnmatchcase(n, p) for p in rule.patterns)]
+        head = f"optimizer.param_groups rule {rule.name!r} (patterns {rule.patterns}) takes no parameter"
+        if matched:
+            earlier = [r.name for r in config.param_groups[:i] if any(n in taken[r.name] for n in matched)]
+            return (f"{head}: every parameter it matches ({matched[0]}, ...) is taken first by the earlier rule "
+                    f"{earlier[0]!r} (the first rule that matches a parameter takes it). Put the rule before "
+                    f"{earlier[0]!r}, narrow that rule's patterns, or remove this one")
+        near = difflib.get_close_matches(rule.patterns[0], names, n=3, cutoff=0.5) or names[:3]
+        return (f"{head}: none of the model's {len(names)} parameter names matches, so its settings would apply to "
+                f"nothing. Names are like {', '.join(near)} (fnmatch: '*' matches any run of characters, dots "
+                f"included). Fix the patterns, or remove the rule")
+    return None
+
+
 def torch_groups(module: nn.Module, config: OptimizerSection) -> list[dict[str, Any]]:
     """torch.optim param groups for one model part (empty groups left out); each carries its name and lr_mult.
 
@@ -164,5 +188,5 @@ def run_layout(model_parts: list[nn.Module], config: OptimizerSection) -> dict[s
     dist.all_gather_object(gathered, local)
     return merge_layouts([g for g in gathered if g is not None])
 
-__all__ = ["GroupSetting", "assign", "describe_difference", "layout", "merge_layouts", "muon_matrices", "run_layout", "settings",
-           "torch_groups"]
+__all__ = ["GroupSetting", "assign", "describe_difference", "layout", "merge_layouts", "muon_matrices", "rule_left_empty", "run_layout",
+           "settings", "torch_groups"]

@@ -86,6 +86,18 @@ def kernel_save_ops() -> list[Any]:
     return ops
 
 
+def require_save_op_names(ac: ActivationCheckpointSection, spec_save_ops: Sequence[str]) -> None:
+    """ConfigError for per-op selective checkpointing with no op to save (neither the config nor the spec names
+    one); the dry run asks this too, so it refuses what the run would."""
+    names = ac.selective_save_ops if ac.selective_save_ops is not None else list(spec_save_ops)
+    if not names:
+        raise ConfigError(
+            "activation_checkpoint.mode=selective with selective_every=0 (per-op) needs a list of ops to "
+            "save, and this spec supplies none. Set activation_checkpoint.selective_save_ops "
+            '(e.g. ["aten.mm.default"]), or checkpoint every Nth block with selective_every=N.'
+        )
+
+
 def selective_save_ops(ac: ActivationCheckpointSection, spec_save_ops: Sequence[str]) -> list[Any]:
     """The ops per-op selective checkpointing keeps: the config's list as written, else the spec's
     with the accelerator kernels added."""
@@ -231,13 +243,7 @@ def apply_activation_checkpointing(
         if ac.selective_every > 0:
             every = ac.selective_every
         else:
-            names = ac.selective_save_ops if ac.selective_save_ops is not None else list(spec_save_ops)
-            if not names:
-                raise ConfigError(
-                    "activation_checkpoint.mode=selective with selective_every=0 (per-op) needs a list of ops to "
-                    "save, and this spec supplies none. Set activation_checkpoint.selective_save_ops "
-                    '(e.g. ["aten.mm.default"]), or checkpoint every Nth block with selective_every=N.'
-                )
+            require_save_op_names(ac, spec_save_ops)
             save_ops = selective_save_ops(ac, spec_save_ops)
     done = []
     # One context_fn per block structure: identical blocks learn their last matmul together (and compiled

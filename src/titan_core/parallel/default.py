@@ -29,7 +29,7 @@ from ..config.sections import (
     ParallelismSection,
     TrainingSection,
 )
-from ..errors import ConfigError
+from ..errors import ConfigError, PluginError
 from ..plugin.protocols import TensorParallelStyles, TrainSpec
 from ..plugin.spec_factories import ParallelizeFn, TensorParallelPlanFn
 from .checkpointing import apply_activation_checkpointing
@@ -44,13 +44,19 @@ if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
 
 
-def _blocks(model: nn.Module, blocks_attr: str) -> Mapping[str, nn.Module]:
+def model_blocks(model: nn.Module, blocks_attr: str = "layers", *, spec_name: str = "this spec") -> Mapping[str, nn.Module]:
+    """The model's blocks by layer id, where the default parallelize_fn applies activation checkpointing, compile
+    and FSDP2; a PluginError (the spec's structure, not the core's bug) when ``model.<blocks_attr>`` holds none."""
     blocks = getattr(model, blocks_attr, None)
     if not isinstance(blocks, (nn.ModuleDict, nn.ModuleList)):
-        raise TypeError(
-            f"the default parallelize_fn looks for the model's blocks in model.{blocks_attr} (an nn.ModuleDict "
-            f"keyed by layer id, or an nn.ModuleList); {type(model).__name__} has {type(blocks).__name__}. "
-            f"Pass blocks_attr= to default_parallelize_fn, or write your own parallelize_fn."
+        others = [n for n, m in model.named_children() if isinstance(m, (nn.ModuleDict, nn.ModuleList))]
+        hint = f" (it has {', '.join(f'model.{n}' for n in others)})" if others else ""
+        raise PluginError(
+            f"{spec_name}: the default parallelize_fn (a TrainSpec without parallelize_fn gets it) looks for the "
+            f"model's blocks in model.{blocks_attr}, an nn.ModuleDict keyed by layer id or an nn.ModuleList; "
+            f"{type(model).__name__} has {type(blocks).__name__} there{hint}. Set TrainSpec.parallelize_fn="
+            f"default_parallelize_fn(tp_plan_fn, blocks_attr=...) naming the attribute that holds them, or write "
+            f"your own parallelize_fn."
         )
     if isinstance(blocks, nn.ModuleList):
         return {str(i): b for i, b in enumerate(blocks)}
@@ -94,7 +100,7 @@ def default_parallelize_fn(
                 )
             plan = tp_plan_fn(model, styles=tp_styles, loss_parallel=parallelism.loss_parallel)
             assert mesh is not None  # tp > 1: a multi-process run, which has a mesh
-            apply_tensor_parallel(model, mesh["tp"], plan)
+            apply_tensor_parallel(model, mesh["tp"], plan, owner=spec_name)
         # After the TP plan, which leaves MoE blocks replicated; a stage may hold dense layers only.
         has_experts = bool(experts_modules(model)) or not parallel_dims.pp_enabled
         if parallelism.etp > 1 and not parallel_dims.ep_enabled and has_experts:
@@ -109,7 +115,7 @@ def default_parallelize_fn(
                 apply_expert_and_tensor_parallel(model, ep_mesh, what=spec_name)
             elif has_experts:
                 apply_expert_parallel(model, ep_mesh, what=spec_name)
-        blocks = _blocks(model, blocks_attr)
+        blocks = model_blocks(model, blocks_attr, spec_name=spec_name)
         apply_activation_checkpointing(blocks, activation_checkpoint, spec_save_ops=save_ops)
         if compile.enable:
             # Context parallelism's attention exchanges chunks between ranks eagerly: each block's graph breaks there.
@@ -130,7 +136,7 @@ def _compute_dtype(training: TrainingSection, mesh: DeviceMesh | None) -> torch.
     return resolve_compute_dtype(training.dtype, torch.device(mesh.device_type))
 
 
-__all__ = ["TensorParallelPlanFn", "default_parallelize_fn"]
+__all__ = ["TensorParallelPlanFn", "default_parallelize_fn", "model_blocks"]
 
 
 def spec_parallelize_fn(spec: TrainSpec) -> ParallelizeFn:

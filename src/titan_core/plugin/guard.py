@@ -175,16 +175,30 @@ def named_by(fn: Callable[..., object], added: Mapping[str, object] | None) -> d
     return {k: v for k, v in (added or {}).items() if k in named}
 
 
-def check_logits(logits: object, inputs: object, *, spec: str) -> None:
-    """The model must return [batch, seq_len, vocab] logits for [batch, seq_len] inputs."""
+def check_logits(logits: object, inputs: object, *, spec: str, vocab: int | None = None) -> None:
+    """The model must return [batch, seq_len, vocab] floating-point logits for [batch, seq_len] inputs: at least
+    ``vocab`` wide (every token id a label may hold has a score), and part of the autograd graph when gradients
+    are on. Each was a torch error deep in the loss or the backward ("Target 1148 is out of bounds", "element 0
+    of tensors does not require grad"), a traceback that named no plugin. ``vocab`` None: the width is not
+    checked (the forward returned hidden states for the core's chunked loss)."""
     import torch
 
     shape = tuple(getattr(logits, "shape", ()))
     expected = tuple(inputs.shape) if isinstance(inputs, torch.Tensor) else ()
+    who = f"{plugin_label('titan.train_specs', spec)} failed in the model's forward"
     if not isinstance(logits, torch.Tensor) or len(shape) != 3 or shape[:2] != expected:
         got = f"shape {list(shape)}" if isinstance(logits, torch.Tensor) else type(logits).__name__
         raise PluginError(
-            f"{plugin_label('titan.train_specs', spec)} failed in the model's forward: it returned {got} for inputs "
-            f"of shape {list(expected)}; a model must return logits of shape [batch, seq_len, vocab] "
-            f"({list(expected) + ['vocab']}). Fix the model's forward."
+            f"{who}: it returned {got} for inputs of shape {list(expected)}; a model must return logits of shape "
+            f"[batch, seq_len, vocab] ({list(expected) + ['vocab']}). Fix the model's forward."
         )
+    if not logits.is_floating_point():
+        raise PluginError(f"{who}: it returned {str(logits.dtype).removeprefix('torch.')} logits; logits are "
+                          f"floating-point scores (the loss takes their softmax). Fix the model's forward.")
+    if vocab is not None and shape[2] < vocab:
+        raise PluginError(f"{who}: it returned scores for {shape[2]} tokens, but the vocabulary has {vocab} (token "
+                          f"ids up to {vocab - 1} are labels); the last dimension of the logits must cover it. Fix "
+                          f"the model's output head (its width is the model's vocab_size).")
+    if torch.is_grad_enabled() and not logits.requires_grad:
+        raise PluginError(f"{who}: it returned logits outside the autograd graph (detached, or computed under "
+                          f"torch.no_grad), so no parameter could learn from the loss. Fix the model's forward.")

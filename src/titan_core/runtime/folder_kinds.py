@@ -15,6 +15,8 @@ TITAN_CHECKPOINT_MARKER = "titan_checkpoint.json"
 # transformers' save_pretrained: one weights file, or an index over shards
 HF_WEIGHTS_SINGLE = "model.safetensors"
 HF_WEIGHTS_INDEX = "model.safetensors.index.json"
+# written by ``titan-train --rehearse-rank`` into its run folder: one rank's shards and figures, not a run's
+REHEARSAL_MARKER = "rehearsal.json"
 
 
 def is_titan_checkpoint(path: Path) -> bool:
@@ -25,3 +27,7 @@ def is_hf_folder(path: Path) -> bool:
     path = Path(path)
     return (path / "config.json").is_file() and (
         (path / HF_WEIGHTS_SINGLE).is_file() or (path / HF_WEIGHTS_INDEX).is_file())
+
+
+def is_rehearsal_folder(path: Path) -> bool:
+    return (Path(path) / REHEARSAL_MARKER).is_file()

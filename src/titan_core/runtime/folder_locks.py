@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..errors import ConfigError, RunFolderBusy
-from .folder_kinds import is_hf_folder, is_titan_checkpoint
+from .folder_kinds import REHEARSAL_MARKER, is_hf_folder, is_rehearsal_folder, is_titan_checkpoint
 from .run_lock import RunLock, _holder_text, acquire_run_lock, flock_entry
 
 if TYPE_CHECKING:
@@ -78,6 +78,16 @@ def _what_it_is(folder: Path) -> str | None:
     if is_hf_folder(folder):
         return "a Hugging Face model folder (config.json and safetensors)"
     return None
+
+
+def refuse_rehearsal_folder(run_dir: Path) -> None:
+    """A run in a rehearsal's folder would resume from (or be refused by) one rank's checkpoint shards, and its
+    metrics would continue a fake process group's."""
+    if is_rehearsal_folder(run_dir):
+        raise ConfigError(
+            f"the run folder {run_dir} holds a rehearsal (titan-train --rehearse-rank: one rank's checkpoint shards "
+            f"and figures under a fake process group, {REHEARSAL_MARKER}), not a training run. Give the run a folder "
+            f"of its own (e.g. --job.run_dir=runs/NAME), or delete the rehearsal's folder first.")
 
 
 def refuse_foreign_folders(folders: list[WrittenFolder]) -> None:
@@ -187,13 +197,16 @@ def _held_exclusively(path: Path) -> bool:
     return fields is None or fields[3] == "WRITE"
 
 
-def acquire_run_folders(config: JobConfig, *, run_folder_only: bool = False) -> HeldFolders:
+def acquire_run_folders(config: JobConfig, *, run_folder_only: bool = False, rehearsal: bool = False) -> HeldFolders:
     """Lock every folder the run writes, or raise (RunFolderBusy / ConfigError) having changed nothing.
 
     ``run_folder_only``: the caller's runs write below the run folder only (--compare-baseline).
+    ``rehearsal``: the caller is ``--rehearse-rank``, whose run folder is a rehearsal's own.
     """
     folders = written_folders(config)[:1] if run_folder_only else written_folders(config)
     refuse_foreign_folders(folders)
+    if not rehearsal:
+        refuse_rehearsal_folder(folders[0].path)
     locker = _Locker()
     try:
         _lock_all(locker, folders)  # the folders that exist: a refused run has created nothing yet

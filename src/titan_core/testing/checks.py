@@ -292,8 +292,11 @@ def _plugin_step(t: Target, method: str) -> Iterator[None]:
 def check_select_convert(t: Target) -> str:
     """``select`` names existing modules only; ``convert`` changes exactly those (on meta)."""
     register_if_tiny(t.spec_name)
-    resolved = resolve_config(config_source=None, override_pairs=[("model.spec", t.spec_name),
-                              ("model.converters", t.name)], world_size=1)
+    # The flavor and sequence length the training checks use: a spec whose flavor is shorter than the
+    # default seq_len was refused here while every training check passed.
+    resolved = resolve_config(config_source=None, override_pairs=[
+        ("model.spec", t.spec_name), ("model.flavor", t.flavor_name), ("model.converters", t.name),
+        ("training.seq_len", str(t.seq_len))], world_size=1)
     spec = resolved.spec
     model = meta_model(spec, resolved.model_args)
     (conv,) = converter_calls(build_converters(resolved))

@@ -18,10 +18,13 @@ from torch import nn
 from ..boundary.meta_model import meta_model
 from ..boundary.plugin_boundary import ConverterCalls
 from ..console import progress
+from ..errors import ConfigError, PluginError
 from ..models.ties import check_ties
 from ..optim.containers import LRSchedulersContainer, OptimizersContainer
+from ..optim.param_groups import rule_left_empty
 from ..optim.settings import settings_checked
 from ..plan.resolve import ResolvedConfig
+from ..plugin.guard import plugin_label
 from ..plugin.protocols import ModelConverter, RunContext, TensorParallelStyles
 from .converters import ConversionTable, apply_converters, register_converter_hooks
 from .memory_estimate import check_model_fits, local_ranks_from_env
@@ -44,9 +47,51 @@ class MetaModel:
 def build_meta_model(resolved: ResolvedConfig) -> MetaModel:
     """``spec.model_cls(model_args)`` on the meta device: no memory is used until the model is sharded."""
     model = meta_model(resolved.calls, resolved.model_args)
+    check_buffers_recomputed(model, spec=resolved.spec.name)
     ties = resolved.calls.tied_weights(model)  # tied weights are checked after every set-up step
     check_ties([model], ties, after="the meta build")
+    # Checked on the whole model, before a pipeline split leaves each rank only its own stage's parameters.
+    if resolved.spec.build_optimizers_fn is None and resolved.config.optimizer.param_groups:
+        empty = rule_left_empty(model, resolved.config.optimizer)
+        if empty is not None:
+            raise ConfigError(f"{empty}.")
     return MetaModel(model, ties, sum(p.numel() for p in model.parameters()))
+
+
+def check_buffers_recomputed(model: nn.Module, *, spec: str) -> None:
+    """PluginError for a model with buffers of its own and no ``init_buffers()``: ``to_empty`` leaves them holding
+    whatever memory held (a causal mask came out 41% True, future tokens visible), and nothing recomputes them.
+    Checked on the model as built, before converters add buffers of their own."""
+    if callable(getattr(model, "init_buffers", None)):
+        return
+    names = [name for name, _ in model.named_buffers()]
+    if names:
+        shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+        raise PluginError(
+            f"{plugin_label('titan.train_specs', spec)}: model class {type(model).__name__} has buffers ({shown}) "
+            f"but no init_buffers() method. The core builds the model on the meta device and gives it memory with "
+            f"to_empty, so what the constructor computed into a buffer is lost and the buffer holds garbage; "
+            f"define init_buffers() to recompute them (docs/writing-a-train-spec.md, section 4, \"The model "
+            f"contract\"), or compute the values in forward.")
+
+
+def check_parallelize_settings(resolved: ResolvedConfig, model: nn.Module) -> None:
+    """What the spec's parallelize_fn would refuse, checked without applying it (the dry run): with the core's
+    default one, a model whose blocks are not in ``model.layers``; per-op selective activation checkpointing with
+    no op to save, or an op name this torch lacks. Run after the meta build, which has imported the model's
+    modules (and any custom ops they register)."""
+    from ..parallel.checkpointing import require_save_op_names, resolve_ops  # start-up: DTensor, seconds
+    from ..parallel.default import model_blocks  # start-up: as above
+
+    ac, spec = resolved.config.activation_checkpoint, resolved.spec
+    if spec.parallelize_fn is None:
+        model_blocks(model, spec_name=plugin_label("titan.train_specs", spec.name))
+    if ac.mode != "selective" or ac.selective_every > 0:
+        return
+    if ac.selective_save_ops is not None:
+        resolve_ops(ac.selective_save_ops)
+    elif spec.parallelize_fn is None:  # the core's parallelize_fn: a spec's own may checkpoint its own way
+        require_save_op_names(ac, spec.selective_ac_save_ops)
 
 
 def announce_model(resolved: ResolvedConfig, n_params: int, *, is_rank0: bool) -> None:

@@ -21,7 +21,8 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 from ..boundary.plugin_boundary import ConverterCalls, converter_calls
-from ..errors import ConfigError, did_you_mean
+from ..errors import ConfigError, PluginError, did_you_mean
+from ..optim.param_groups import clean_name
 from ..plugin.protocols import ModelConverter, TrainSpec
 
 logger = logging.getLogger(__name__)
@@ -144,10 +145,15 @@ def apply_converters(
             raise ConfigError(_empty_message(name, by_name, selections[name], owner, names))
 
     table = ConversionTable()
+    on_meta = all(p.device.type == "meta" for p in model.parameters())
     for call in calls:
         name, fqns = call.name, owned[call.name]
         before = {fqn: describe(model.get_submodule(fqn)) for fqn in fqns}
+        names_before = [n for n, _ in model.named_parameters()]
         call.convert(model, fqns)
+        _refuse_renamed_parameters(name, names_before, [n for n, _ in model.named_parameters()])
+        if on_meta:
+            _refuse_real_parameters(name, model)
         for fqn in fqns:
             try:
                 after = describe(model.get_submodule(fqn))
@@ -160,6 +166,63 @@ def apply_converters(
     for name in names:
         logger.info("converter %s: %d modules", name, len(owned[name]))
     return table
+
+
+def _refuse_renamed_parameters(name: str, before: list[str], after: list[str]) -> None:
+    """A converter must keep the model's parameters at their names: the model's ``init_parameter`` picks each first
+    value by name (a wrapper level, ``wo.weight`` -> ``wo.inner.weight``, drew another init without a word),
+    and checkpoints, the optimizer's groups and Hugging Face export key by them."""
+    now = set(after)
+    gone = [n for n in before if n not in now]
+    if gone:
+        leaf = gone[0].rsplit(".", 1)
+        owner = leaf[0] + "." if len(leaf) == 2 else ""
+        moved = next((n for n in after if n.startswith(owner) and n.endswith("." + leaf[-1]) and n not in before), None)
+        where = f" (now {moved}?)" if moved else ""
+        raise PluginError(
+            f'converter "{name}": {len(gone)} parameter(s) of the model are no longer at their names after convert() '
+            f"(e.g. {gone[0]}{where}). The model's init_parameter gives each parameter its first value by its name, "
+            f"and checkpoints and the optimizer's groups key by it: keep the converted module's parameters where "
+            f"they were (replace the module by a subclass, or register the wrapped module's parameters on the "
+            f"wrapper itself).")
+
+
+def _refuse_real_parameters(name: str, model: nn.Module) -> None:
+    """A converter given a meta model that leaves a parameter with real memory: ``to_empty`` then discards it and
+    the model's ``init_parameter`` gives it its first value, so the value the converter set was lost without a
+    word (``titan-plugin check`` refused it; a run did not)."""
+    real = [(fqn, p.device) for fqn, p in model.named_parameters() if p.device.type != "meta"]
+    if real:
+        fqn, device = real[0]
+        raise PluginError(
+            f'converter "{name}" left {len(real)} parameter(s) off the meta device after convert() (e.g. {fqn} on '
+            f"{device}). The core builds the model on meta and gives it memory afterwards (to_empty), which "
+            f"discards such a value, and the model's init_parameter gives every parameter its first value: create "
+            f"new parameters on the device of the module they join (device=module.weight.device).")
+
+
+def check_converted_modules_learn(model_parts: list[nn.Module], table: ConversionTable) -> None:
+    """After the first backward: PluginError naming the converter when a parameter of a module it converted
+    requires a gradient and got none. A replacement layer that detaches its weight trained nothing in those
+    layers, and the run (and ``titan-plugin check``) went on with only the untouched layers learning."""
+    owners = {row.module: row.converter for row in table.rows}
+    if not owners:
+        return
+    starved: dict[str, list[str]] = {}
+    for part in model_parts:
+        for raw_name, param in part.named_parameters():
+            if not param.requires_grad or param.grad is not None:
+                continue
+            name = clean_name(raw_name)
+            owner = next((conv for fqn, conv in owners.items() if name.startswith(f"{fqn}.")), None)
+            if owner is not None:
+                starved.setdefault(owner, []).append(name)
+    for converter, names in starved.items():
+        raise PluginError(
+            f'converter "{converter}": {len(names)} parameter(s) of the modules it converted got no gradient in the '
+            f"first step (e.g. {names[0]}), so training would never change them. Its replacement module must use "
+            f"its parameters in the autograd graph (not through .detach() or .data, nor under torch.no_grad), or "
+            f"set requires_grad=False on those it means to freeze.")
 
 
 def _check_exist(name: str, selected: list[str], modules: dict[str, nn.Module]) -> None:

@@ -13,15 +13,24 @@ with no collective (checkpoint/manager.py's ``lone_rank``): ``step-N`` holds ``_
 index of its tensors and the identity record; the other ranks' files do not exist, so
 ``checkpoint.resume=auto`` never resumes in a rehearsal (it starts fresh). This process is
 the only one, so it prints what rank 0 prints and writes the run folder whatever R is.
+
+The run folder is a rehearsal's own (``rehearsal.json`` marks it): a rehearsal refuses a folder
+holding anything else (a real run's checkpoints would be replaced by one rank's shards, its
+metrics set aside), and a real run refuses a rehearsal's folder (runtime/folder_locks.py).
 """
 
 from __future__ import annotations
+
+import json
+from pathlib import Path
 
 import torch
 
 from ..errors import ConfigError
 from ..observability.metrics import memory_stats
 from ..plan.resolve import ResolvedConfig
+from ..runtime.folder_kinds import REHEARSAL_MARKER, is_rehearsal_folder
+from ..runtime.run_files import atomic_write_text
 from .memory_plan import check_plannable
 from .trainer import StepResult, Trainer
 
@@ -38,6 +47,38 @@ def check_rehearsable(resolved: ResolvedConfig, *, rank: int) -> None:
     if c.fault_tolerance.enable or c.fault_tolerance.local_replicas:
         raise ConfigError("--rehearse-rank rehearses one rank of one job: turn fault_tolerance off.")
     check_plannable(dims.dp_shard * dims.cp)  # FSDP2's set-up cuts each weight into one piece per shard rank
+
+
+#: what a training run writes into its run folder (config.toml at its start; metrics from its first step)
+RUN_FILES = ("config.toml", "metrics.jsonl", "metrics.superseded.jsonl")
+
+
+def claim_rehearsal_folder(resolved: ResolvedConfig, *, rank: int) -> None:
+    """Mark the run folder as a rehearsal's, creating it; ConfigError, writing nothing, for a folder holding a
+    training run's files (other files, such as a script's console log, may sit beside a rehearsal)."""
+    run_dir = Path(resolved.config.job.run_dir).expanduser()
+    if run_dir.is_dir() and not is_rehearsal_folder(run_dir):
+        checkpoints = run_dir / resolved.config.checkpoint.folder
+        try:
+            held = [name for name in RUN_FILES if (run_dir / name).exists()]
+            if checkpoints.is_dir() and any(checkpoints.iterdir()):
+                held.append(f"{resolved.config.checkpoint.folder}/")
+        except OSError as exc:
+            raise ConfigError(f"cannot read the run folder {run_dir}: {exc.strerror or exc}. Give the rehearsal a "
+                              f"folder of its own (--job.run_dir=runs/NAME-rehearsal).") from None
+        if held:
+            raise ConfigError(
+                f"--rehearse-rank {rank}: the run folder {run_dir} holds a training run's files ({', '.join(held)}). "
+                f"A rehearsal saves one rank's checkpoint shards and its own metrics there, which would replace the "
+                f"run's and break its resume. Give the rehearsal a folder of its own, e.g. "
+                f"--job.run_dir={run_dir}-rehearsal.")
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(run_dir / REHEARSAL_MARKER, json.dumps(
+            {"rehearsal": {"rank": rank, "world_size": resolved.world_size}}, indent=2) + "\n")
+    except OSError as exc:
+        raise ConfigError(f"cannot write the run folder {run_dir}: {exc.strerror or exc}. Point --job.run_dir at "
+                          f"a writable folder.") from None
 
 
 class RehearsalTrainer(Trainer):
@@ -72,4 +113,4 @@ class RehearsalTrainer(Trainer):
               f"peak memory {peak:.2f} GiB {kind}", flush=True)
 
 
-__all__ = ["BANNER", "RehearsalTrainer", "check_rehearsable"]
+__all__ = ["BANNER", "RehearsalTrainer", "check_rehearsable", "claim_rehearsal_folder"]

@@ -73,7 +73,7 @@ from ..weights.load import load_starting_weights
 from ..weights.shape import check_shape_file_unchanged, record_shape_file
 from . import build
 from .chunked_loss import chunkable_head, chunked_cross_entropy_and_z
-from .converters import ConversionTable
+from .converters import ConversionTable, check_converted_modules_learn
 from .ema import WeightAverage
 from .evaluation import TrainingEvaluation, build_training_evaluation, run_training_evaluation
 from .finite_watch import FiniteWatch
@@ -196,6 +196,8 @@ class Trainer:
         self.device: torch.device = resolved.device
         self.is_rank0 = rank_env()[0] == 0  # init_distributed confirms it from the process group
         self.step = 0
+        self.gradients_checked = False  # after this process's first backward (check_converted_modules_learn)
+        self.started_at_step = 0  # the step this run started from (set again after a resume)
         self.step_valid_tokens = 0
         self.pp_batch_rows = 0
         self.pp_schedule_steps = 0
@@ -569,6 +571,11 @@ class Trainer:
             return {}
         return {"positions": to_device(positions, self.device)}
 
+    def declared_vocab(self) -> int | None:
+        """The vocabulary the model's args declare (the least width of its logits), or None."""
+        vocab = getattr(self.model_args, "vocab_size", None)
+        return vocab if isinstance(vocab, int) else None
+
     def forward_backward(self, inputs: torch.Tensor, labels: torch.Tensor,
                          positions: torch.Tensor | None = None) -> torch.Tensor:
         """One micro-batch; returns its loss weighted by its share of the step's valid tokens
@@ -581,7 +588,8 @@ class Trainer:
         with self.autocast(), self.loss_context(), self.sequence_attention(positions):
             with self.profiler.phase("forward"), self.head_request() as request:
                 labelled = {LABELS_KWARG: labels} if self.passes_labels else {}
-                output = self.calls.forward(self.model_parts[0], inputs, **self.model_kwargs(positions), **labelled)
+                output = self.calls.forward(self.model_parts[0], inputs, vocab=self.declared_vocab(),
+                                            **self.model_kwargs(positions), **labelled)
             if self.context_parallel is not None:
                 self.context_parallel.check_redirected(spec_name=self.spec.name)
             loss = token_weighted(self.micro_batch_loss(output, labels, request, valid=valid), valid=valid,
@@ -637,6 +645,9 @@ class Trainer:
                             measure: StepMeasurement | None) -> StepResult:
         self.optimizer.zero_grad()
         loss = self.step_forward_backward(batches)
+        if not self.gradients_checked:
+            check_converted_modules_learn(self.model_parts, self.conversion_table)
+            self.gradients_checked = True
         if measure is not None:
             measure.after_backward()  # the gradients before clipping
         pp_group = self.mesh["pp"].get_group() if self.dims.pp_enabled else None
@@ -710,8 +721,8 @@ class Trainer:
         # multi-token prediction block) are measured and clipped as well; the terms they hand over are dropped.
         labelled = {LABELS_KWARG: to_device(labels, self.device)} if self.passes_labels else {}
         with attention_logits(adjust) as request, self.autocast(), self.head_request():
-            self.calls.forward(self.model_parts[0], to_device(inputs, self.device), **self.model_kwargs(positions),
-                               **labelled)
+            self.calls.forward(self.model_parts[0], to_device(inputs, self.device), vocab=self.declared_vocab(),
+                               **self.model_kwargs(positions), **labelled)
         self.loss_terms.drop_pending()
         self.moe.drop_forward()
         reshard(self.model_parts)  # FSDP2 keeps some blocks gathered after a forward: the clip changes the shards
@@ -745,9 +756,17 @@ class Trainer:
 
     def handle_nonfinite(self, loss: float, grad_norm: float) -> StepResult:
         if not self.config.training.skip_nonfinite_steps:
+            what = f"step {self.step + 1}: non-finite {'loss' if not math.isfinite(loss) else 'gradient norm'}"
+            if self.step == self.started_at_step:  # no update has run: the learning rate cannot be the cause
+                raise NonFiniteError(
+                    f"{what} (loss={loss}, grad_norm={grad_norm}) in this run's first step, before any update: the "
+                    f"weights are as the run started them, so the learning rate is not the cause. The model's "
+                    f"forward or init (spec \"{self.spec.name}\"), a converter "
+                    f"({', '.join(self.config.model.converters) or 'none in this run'}) or the starting weights "
+                    f"produced it; a run without the converters, or from fresh weights, tells them apart."
+                )
             raise NonFiniteError(
-                f"step {self.step + 1}: non-finite {'loss' if not math.isfinite(loss) else 'gradient norm'} "
-                f"(loss={loss}, grad_norm={grad_norm}). Training stopped before the optimizer step, so the last "
+                f"{what} (loss={loss}, grad_norm={grad_norm}). Training stopped before the optimizer step, so the last "
                 f"checkpoint holds the last good state. Lower optimizer.lr, check the data, or set "
                 f"--training.skip_nonfinite_steps=true to skip such steps."
             )
@@ -781,6 +800,7 @@ class Trainer:
         # host read waits for the device work of the unlogged steps before it too.
         window_start, window_steps = time.perf_counter(), 0
         first_step = self.step + 1
+        self.started_at_step = self.step  # after the resume: a non-finite first step cannot be the LR's doing
         self.stop_vote = StopVote(self.device, distributed=self.dims.distributed)
         while self.step < t.steps:
             window_steps += 1
@@ -955,7 +975,8 @@ class Trainer:
         with self.autocast(), self.loss_context(), self.sequence_attention(positions):
             if self.pipeline is None:
                 with self.head_request() as request:
-                    output = self.calls.forward(self.model_parts[0], inputs, **self.model_kwargs(positions))
+                    output = self.calls.forward(self.model_parts[0], inputs, vocab=self.declared_vocab(),
+                                                **self.model_kwargs(positions))
                 valid = count_valid(labels)
                 return _plain(token_loss_sum(self.micro_batch_loss(output, labels, request, valid=valid),
                                              valid=valid)).double()

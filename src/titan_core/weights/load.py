@@ -237,9 +237,13 @@ def plan_hf_load(folder: HFFolder, *, adapter: StateDictAdapter, expected: dict[
         problems.append(f"{len(missing)} model tensor(s) are in no file, e.g. {missing[0]}")
     if problems:
         more = f" (and {len(problems) - 3} more problems)" if len(problems) > 3 else ""
+        cause = "The folder is damaged or its config.json belongs to another checkpoint."
+        if missing and len(problems) == 1:  # nothing else is wrong: the model may have more than config.json says
+            cause = ("The folder lacks them (damaged, or saved without part of the model), or a model setting given "
+                     "beside its config.json adds modules it does not hold (such as a prediction block): leave that "
+                     "setting out, or start those modules from scratch in a run without this folder.")
         raise ConfigError(f"{what}: {folder.path} does not fit the model its config.json describes: "
-                          f"{'; '.join(problems[:3])}{more}. The folder is damaged or its config.json belongs to "
-                          f"another checkpoint.")
+                          f"{'; '.join(problems[:3])}{more}. {cause}")
     return plan
 
 

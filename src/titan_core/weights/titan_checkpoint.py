@@ -54,6 +54,24 @@ def saved_param_shapes(path: Path) -> dict[str, tuple[int, ...]]:
     return read_record(Path(path)).identity.param_shapes
 
 
+def _misfit(path: Path, *, saved: dict[str, tuple[int, ...]], current: dict[str, tuple[int, ...]]) -> str | None:
+    """Why the checkpoint's tensors do not fit the model's, in a sentence; None when they fit."""
+    absent = [k for k in sorted(current) if k not in saved]
+    wrong = [f"{k}: checkpoint {list(saved[k])}, model {list(v)}" for k, v in sorted(current.items())
+             if k in saved and saved[k] != v]
+    if absent and not wrong:
+        # Only modules the saving run did not have (a model setting that adds a block, such as a multi-token
+        # prediction layer): "choose the flavor" would not help, the setting that added them would.
+        return (f"checkpoint {path} holds no weights for {len(absent)} tensors this model has (e.g. {absent[0]}): "
+                f"the model has modules the run that saved it had not. Leave out the model setting that adds them "
+                f"(give the model settings that run had), or train those modules from scratch in a new run")
+    if absent or wrong:
+        first = wrong[0] if wrong else f"{absent[0]}: not in the checkpoint"
+        return (f"checkpoint {path} does not fit this model ({len(absent) + len(wrong)} tensors differ, e.g. "
+                f"{first}); give the flavor and model settings it was trained with")
+    return None
+
+
 def load_model_weights(path: Path, model_parts: list[nn.Module], *, weights: Literal["raw", "ema"] = "raw") -> int:
     """Load the checkpoint's model tensors into ``model_parts`` (a collective); returns the step it holds.
 
@@ -64,12 +82,8 @@ def load_model_weights(path: Path, model_parts: list[nn.Module], *, weights: Lit
     distributed = dist.is_available() and dist.is_initialized()
     rank, world = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
     error = integrity.verify_share(path, record.files, rank=rank, world=world)
-    current = states.collect_param_shapes(model_parts)
-    wrong = [f"{k}: checkpoint {list(record.identity.param_shapes.get(k, ()))}, model {list(v)}"
-             for k, v in sorted(current.items()) if record.identity.param_shapes.get(k) != v]
-    if wrong and error is None:
-        error = (f"checkpoint {path} does not fit this model ({len(wrong)} tensors differ, e.g. {wrong[0]}); "
-                 f"choose the flavor it was trained with")
+    if error is None:
+        error = _misfit(path, saved=record.identity.param_shapes, current=states.collect_param_shapes(model_parts))
     if distributed:
         errors: list[str | None] = [None] * world
         dist.all_gather_object(errors, error)
