@@ -176,7 +176,10 @@ def _replace(model: nn.Module, fqn: str, new: nn.Module) -> None:
 
 
 class _EveryBlockLinear(ModelConverter):
+    """Replaces every block's nn.Linear by what ``replacement`` (each subclass's own) makes of it."""
+
     plugin_api_version = "1.0"
+    replacement: Any  # (linear) -> the module put in its place
 
     def select(self, model: nn.Module) -> list[str]:
         return [n for n, m in model.named_modules() if n.startswith("layers.") and type(m) is nn.Linear]
@@ -184,9 +187,6 @@ class _EveryBlockLinear(ModelConverter):
     def convert(self, model: nn.Module, fqns: list[str]) -> None:
         for fqn in fqns:
             _replace(model, fqn, self.replacement(model.get_submodule(fqn)))
-
-    def replacement(self, linear: nn.Linear) -> nn.Module:
-        raise NotImplementedError
 
 
 class QuantizedNoGradient(nn.Linear):

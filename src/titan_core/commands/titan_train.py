@@ -155,8 +155,9 @@ def run(args: argparse.Namespace, rest: list[str], argv: list[str], trainer_clas
         print(json.dumps(resolved.job_model.model_json_schema(), indent=2))
         return 0
     check_environment(resolved.config)
-    relaunching = bool(args.nproc_per_node) and world_size_from_env() == 1 and args.rehearse_rank is None \
-        and not args.dry_run
+    # The workers of a --nproc-per-node launch say it (their rank 0), not the launcher.
+    relaunching = bool(args.nproc_per_node) and world_size_from_env() == 1 and not (
+        args.rehearse_rank is not None or args.dry_run or args.compare_baseline)
     for line in idle_settings(resolved.config):  # the launcher's rank 0 worker says it, once
         progress(line, is_rank0=env_is_rank0() and not relaunching)
     if args.rehearse_rank is not None:

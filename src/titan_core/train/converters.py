@@ -217,7 +217,8 @@ def check_converted_modules_learn(model_parts: list[nn.Module], table: Conversio
             owner = next((conv for fqn, conv in owners.items() if name.startswith(f"{fqn}.")), None)
             if owner is not None:
                 starved.setdefault(owner, []).append(name)
-    for converter, names in starved.items():
+    if starved:
+        converter, names = next(iter(starved.items()))  # the first converter's: one message
         raise PluginError(
             f'converter "{converter}": {len(names)} parameter(s) of the modules it converted got no gradient in the '
             f"first step (e.g. {names[0]}), so training would never change them. Its replacement module must use "

@@ -15,7 +15,7 @@ index of its tensors and the identity record; the other ranks' files do not exis
 the only one, so it prints what rank 0 prints and writes the run folder whatever R is.
 
 The run folder is a rehearsal's own (``rehearsal.json`` marks it): a rehearsal refuses a folder
-holding anything else (a real run's checkpoints would be replaced by one rank's shards, its
+holding a training run's files (its checkpoints would be replaced by one rank's shards, its
 metrics set aside), and a real run refuses a rehearsal's folder (runtime/folder_locks.py).
 """
 
@@ -30,7 +30,7 @@ from ..errors import ConfigError
 from ..observability.metrics import memory_stats
 from ..plan.resolve import ResolvedConfig
 from ..runtime.folder_kinds import REHEARSAL_MARKER, is_rehearsal_folder
-from ..runtime.run_files import atomic_write_text
+from ..runtime.run_files import SUPERSEDED_FILE, atomic_write_text
 from .memory_plan import check_plannable
 from .trainer import StepResult, Trainer
 
@@ -50,7 +50,7 @@ def check_rehearsable(resolved: ResolvedConfig, *, rank: int) -> None:
 
 
 #: what a training run writes into its run folder (config.toml at its start; metrics from its first step)
-RUN_FILES = ("config.toml", "metrics.jsonl", "metrics.superseded.jsonl")
+RUN_FILES = ("config.toml", "metrics.jsonl", SUPERSEDED_FILE)
 
 
 def claim_rehearsal_folder(resolved: ResolvedConfig, *, rank: int) -> None:
